@@ -1,0 +1,369 @@
+"""VTA hardware configuration: the single source of truth for every width, size and timing constant.
+
+A :class:`VTAConfig` is read from a JSON file with the keys of apache VTA's ``vta_config.json``
+(plus ``LOG_BLOCK_IN``/``LOG_BLOCK_OUT`` as separate keys, and the timing keys of the cycle model).
+Every derived quantity (widths, block sizes, element sizes, buffer depths, instruction layouts) is
+computed here, once. Configurations are immutable and passed explicitly; there is no global
+environment.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Dict, Mapping, Union
+
+from .layout import Layout, LayoutOverflowError, instruction_layouts
+
+__all__ = ["VTAConfig", "ConfigError", "CONFIG_DIR", "load_config", "available_configs"]
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+#: largest contiguous DMA transfer of the driver (``VTA_MAX_XFER``), bytes
+MAX_XFER = 1 << 25
+#: DRAM page size of the simulated physical memory (``VTA_PAGE_BITS``)
+PAGE_BYTES = 1 << 12
+#: widest SRAM bank in bits (``pkg_config.py``)
+MAX_BANK_BITS = 1024
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the key or field at fault."""
+
+
+_LOG_KEYS = ("LOG_INP_WIDTH", "LOG_WGT_WIDTH", "LOG_ACC_WIDTH", "LOG_BATCH", "LOG_BLOCK_IN",
+             "LOG_BLOCK_OUT", "LOG_UOP_BUFF_SIZE", "LOG_INP_BUFF_SIZE", "LOG_WGT_BUFF_SIZE",
+             "LOG_ACC_BUFF_SIZE", "LOG_BUS_WIDTH")
+_TIMING_KEYS = ("GEMM_CYCLES_PER_UOP", "ALU_CYCLES_PER_UOP_IMM", "ALU_CYCLES_PER_UOP_VEC",
+                "MEM_BYTES_PER_CYCLE", "DMA_OVERHEAD_CYCLES", "INSN_ISSUE_CYCLES", "CLOCK_MHZ")
+_EXTENSION_KEYS = ("EXT_CLIP", "EXT_PAD_MIN")
+
+
+@dataclass(frozen=True)
+class VTAConfig:
+    """An immutable VTA configuration with all derived values.
+
+    The fields are the JSON keys. Build one with :meth:`from_json`, :meth:`from_dict` or
+    :func:`load_config` (by preset name); all of them validate.
+    """
+
+    name: str = "default"
+    TARGET: str = "sim"
+    HW_VER: str = "0.0.2"
+    LOG_INP_WIDTH: int = 3
+    LOG_WGT_WIDTH: int = 3
+    LOG_ACC_WIDTH: int = 5
+    LOG_BATCH: int = 0
+    LOG_BLOCK_IN: int = 4
+    LOG_BLOCK_OUT: int = 4
+    LOG_UOP_BUFF_SIZE: int = 15
+    LOG_INP_BUFF_SIZE: int = 15
+    LOG_WGT_BUFF_SIZE: int = 18
+    LOG_ACC_BUFF_SIZE: int = 17
+    LOG_BUS_WIDTH: int = 6
+    # cycle-model constants (see DESIGN.md, "The cycle model")
+    GEMM_CYCLES_PER_UOP: int = 4
+    ALU_CYCLES_PER_UOP_IMM: int = 5
+    ALU_CYCLES_PER_UOP_VEC: int = 6
+    MEM_BYTES_PER_CYCLE: int = 8
+    DMA_OVERHEAD_CYCLES: int = 4
+    INSN_ISSUE_CYCLES: int = 1
+    CLOCK_MHZ: int = 100
+    # Intel Labs extensions present in this design
+    EXT_CLIP: bool = False
+    EXT_PAD_MIN: bool = False
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], name: str = "custom") -> "VTAConfig":
+        """Build and validate a configuration from a JSON-like mapping.
+
+        ``LOG_BLOCK`` sets both ``LOG_BLOCK_IN`` and ``LOG_BLOCK_OUT`` unless they are given.
+        Unknown keys are rejected so that typos do not pass silently.
+        """
+        data = dict(data)
+        known = {f.name for f in fields(cls)} - {"name"}
+        if "LOG_BLOCK" in data:
+            block = data.pop("LOG_BLOCK")
+            data.setdefault("LOG_BLOCK_IN", block)
+            data.setdefault("LOG_BLOCK_OUT", block)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"config {name!r}: unknown key(s) {unknown}; known keys are "
+                              f"{sorted(known | {'LOG_BLOCK'})}")
+        for key in _LOG_KEYS + _TIMING_KEYS:
+            if key in data and (isinstance(data[key], bool) or not isinstance(data[key], int)):
+                raise ConfigError(f"config {name!r}: {key} must be an integer, got {data[key]!r}")
+        for key in _EXTENSION_KEYS:
+            if key in data and not isinstance(data[key], bool):
+                raise ConfigError(f"config {name!r}: {key} must be true or false, got {data[key]!r}")
+        return cls(name=name, **data)
+
+    @classmethod
+    def from_json(cls, path: Union[str, Path]) -> "VTAConfig":
+        """Read a configuration file; its stem becomes the configuration name."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"config file {path}: not valid JSON ({err})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path}: expected a JSON object of keys")
+        return cls.from_dict(data, name=path.stem)
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def _validate(self) -> None:
+        def fail(msg: str) -> None:
+            raise ConfigError(f"config {self.name!r}: {msg}")
+
+        for key in _LOG_KEYS + _TIMING_KEYS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                fail(f"{key} must be an integer, got {value!r}")
+            if value < 0:
+                fail(f"{key} must be non-negative, got {value}")
+        for key in ("GEMM_CYCLES_PER_UOP", "ALU_CYCLES_PER_UOP_IMM", "ALU_CYCLES_PER_UOP_VEC",
+                    "MEM_BYTES_PER_CYCLE", "CLOCK_MHZ"):
+            if getattr(self, key) < 1:
+                fail(f"{key} must be at least 1, got {getattr(self, key)}")
+        if (self.LOG_INP_WIDTH, self.LOG_WGT_WIDTH, self.LOG_ACC_WIDTH) != (3, 3, 5):
+            fail("LOG_INP_WIDTH/LOG_WGT_WIDTH/LOG_ACC_WIDTH must be 3/3/5 (int8 inputs and weights, "
+                 f"int32 accumulators) for the templates, got {self.LOG_INP_WIDTH}/"
+                 f"{self.LOG_WGT_WIDTH}/{self.LOG_ACC_WIDTH}")
+        for key, depth_key in (("LOG_INP_BUFF_SIZE", "log_inp_depth"),
+                               ("LOG_WGT_BUFF_SIZE", "log_wgt_depth"),
+                               ("LOG_ACC_BUFF_SIZE", "log_acc_depth"),
+                               ("LOG_UOP_BUFF_SIZE", "log_uop_depth")):
+            if getattr(self, depth_key) < 1:
+                fail(f"{key}={getattr(self, key)} leaves fewer than two entries in the buffer")
+        for mem, elem_bytes in (("INP", self.inp_elem_bytes), ("WGT", self.wgt_elem_bytes),
+                                ("ACC", self.acc_elem_bytes)):
+            if elem_bytes > PAGE_BYTES:
+                fail(f"{mem} element of {elem_bytes} bytes exceeds the {PAGE_BYTES}-byte DRAM page")
+        try:
+            self.layouts
+        except LayoutOverflowError as err:
+            fail(f"instruction field overflow: {err}")
+        if self.log_uop_depth > 16 + 0 and self.layouts["MEM"]["sram_base"].width < self.log_uop_depth:
+            fail("LOG_UOP_BUFF_SIZE too large for the 16-bit sram_base field")
+
+    # ------------------------------------------------------------------ element widths (bits)
+    @property
+    def INP_WIDTH(self) -> int:
+        return 1 << self.LOG_INP_WIDTH
+
+    @property
+    def WGT_WIDTH(self) -> int:
+        return 1 << self.LOG_WGT_WIDTH
+
+    @property
+    def ACC_WIDTH(self) -> int:
+        return 1 << self.LOG_ACC_WIDTH
+
+    @property
+    def LOG_OUT_WIDTH(self) -> int:
+        return self.LOG_INP_WIDTH
+
+    @property
+    def OUT_WIDTH(self) -> int:
+        return 1 << self.LOG_OUT_WIDTH
+
+    # ------------------------------------------------------------------ GEMM core shape
+    @property
+    def BATCH(self) -> int:
+        return 1 << self.LOG_BATCH
+
+    @property
+    def BLOCK_IN(self) -> int:
+        return 1 << self.LOG_BLOCK_IN
+
+    @property
+    def BLOCK_OUT(self) -> int:
+        return 1 << self.LOG_BLOCK_OUT
+
+    # ------------------------------------------------------------------ buffer sizes (bytes)
+    @property
+    def UOP_BUFF_SIZE(self) -> int:
+        return 1 << self.LOG_UOP_BUFF_SIZE
+
+    @property
+    def INP_BUFF_SIZE(self) -> int:
+        return 1 << self.LOG_INP_BUFF_SIZE
+
+    @property
+    def WGT_BUFF_SIZE(self) -> int:
+        return 1 << self.LOG_WGT_BUFF_SIZE
+
+    @property
+    def ACC_BUFF_SIZE(self) -> int:
+        return 1 << self.LOG_ACC_BUFF_SIZE
+
+    @property
+    def LOG_OUT_BUFF_SIZE(self) -> int:
+        return self.LOG_ACC_BUFF_SIZE + self.LOG_OUT_WIDTH - self.LOG_ACC_WIDTH
+
+    @property
+    def OUT_BUFF_SIZE(self) -> int:
+        return 1 << self.LOG_OUT_BUFF_SIZE
+
+    # ------------------------------------------------------------------ matrix (element) widths
+    @property
+    def INP_MATRIX_WIDTH(self) -> int:
+        """Bits of one input element: BATCH x BLOCK_IN int8 lanes."""
+        return self.INP_WIDTH * self.BATCH * self.BLOCK_IN
+
+    @property
+    def WGT_MATRIX_WIDTH(self) -> int:
+        return self.WGT_WIDTH * self.BLOCK_OUT * self.BLOCK_IN
+
+    @property
+    def ACC_MATRIX_WIDTH(self) -> int:
+        return self.ACC_WIDTH * self.BATCH * self.BLOCK_OUT
+
+    @property
+    def OUT_MATRIX_WIDTH(self) -> int:
+        return self.OUT_WIDTH * self.BATCH * self.BLOCK_OUT
+
+    @property
+    def BUS_WIDTH(self) -> int:
+        return 1 << self.LOG_BUS_WIDTH
+
+    @property
+    def INP_MAT_AXI_RATIO(self) -> int:
+        return self.INP_MATRIX_WIDTH // self.BUS_WIDTH
+
+    @property
+    def WGT_MAT_AXI_RATIO(self) -> int:
+        return self.WGT_MATRIX_WIDTH // self.BUS_WIDTH
+
+    @property
+    def ACC_MAT_AXI_RATIO(self) -> int:
+        return self.ACC_MATRIX_WIDTH // self.BUS_WIDTH
+
+    @property
+    def OUT_MAT_AXI_RATIO(self) -> int:
+        return self.OUT_MATRIX_WIDTH // self.BUS_WIDTH
+
+    # ------------------------------------------------------------------ element bytes
+    INS_ELEM_BYTES = 16
+    UOP_ELEM_BYTES = 4
+
+    @property
+    def inp_elem_bytes(self) -> int:
+        return self.INP_MATRIX_WIDTH // 8
+
+    @property
+    def wgt_elem_bytes(self) -> int:
+        return self.WGT_MATRIX_WIDTH // 8
+
+    @property
+    def acc_elem_bytes(self) -> int:
+        return self.ACC_MATRIX_WIDTH // 8
+
+    @property
+    def out_elem_bytes(self) -> int:
+        return self.OUT_MATRIX_WIDTH // 8
+
+    # ------------------------------------------------------------------ buffer depths (entries)
+    @property
+    def log_uop_depth(self) -> int:
+        return self.LOG_UOP_BUFF_SIZE - 5 + 3
+
+    @property
+    def log_inp_depth(self) -> int:
+        return self.LOG_INP_BUFF_SIZE - self.LOG_BATCH - self.LOG_BLOCK_IN - self.LOG_INP_WIDTH + 3
+
+    @property
+    def log_wgt_depth(self) -> int:
+        return self.LOG_WGT_BUFF_SIZE - self.LOG_BLOCK_OUT - self.LOG_BLOCK_IN - self.LOG_WGT_WIDTH + 3
+
+    @property
+    def log_acc_depth(self) -> int:
+        return self.LOG_ACC_BUFF_SIZE - self.LOG_BATCH - self.LOG_BLOCK_OUT - self.LOG_ACC_WIDTH + 3
+
+    @property
+    def uop_depth(self) -> int:
+        return 1 << self.log_uop_depth
+
+    @property
+    def inp_depth(self) -> int:
+        return 1 << self.log_inp_depth
+
+    @property
+    def wgt_depth(self) -> int:
+        return 1 << self.log_wgt_depth
+
+    @property
+    def acc_depth(self) -> int:
+        return 1 << self.log_acc_depth
+
+    # ------------------------------------------------------------------ names, banking, layouts
+    @property
+    def bitstream(self) -> str:
+        """Bitstream name of ``pkg_config.py``, ``BxIN[xOUT]_i8w8a32_uop_inp_wgt_acc``."""
+        block = (f"{self.BLOCK_IN}" if self.BLOCK_IN == self.BLOCK_OUT
+                 else f"{self.BLOCK_IN}x{self.BLOCK_OUT}")
+        return (f"{self.BATCH}x{block}_i{self.INP_WIDTH}w{self.WGT_WIDTH}a{self.ACC_WIDTH}_"
+                f"{self.LOG_UOP_BUFF_SIZE}_{self.LOG_INP_BUFF_SIZE}_{self.LOG_WGT_BUFF_SIZE}_"
+                f"{self.LOG_ACC_BUFF_SIZE}")
+
+    @property
+    def MODEL(self) -> str:
+        return f"{self.TARGET}_{self.bitstream}"
+
+    def sram_banking(self, memory: str) -> Dict[str, int]:
+        """SRAM organisation of ``memory`` in {"inp", "wgt", "out"} as ``pkg_config.py`` derives it."""
+        bus = {"inp": self.INP_MATRIX_WIDTH, "wgt": self.WGT_MATRIX_WIDTH,
+               "out": self.OUT_MATRIX_WIDTH}[memory]
+        size = {"inp": self.INP_BUFF_SIZE, "wgt": self.WGT_BUFF_SIZE,
+                "out": self.OUT_BUFF_SIZE}[memory]
+        width = min(bus, MAX_BANK_BITS)
+        return {"bus_width": bus, "banks": math.ceil(bus / MAX_BANK_BITS), "width": width,
+                "depth": size * 8 // bus, "axi_ratio": width // self.BUS_WIDTH}
+
+    @cached_property
+    def layouts(self) -> Dict[str, Layout]:
+        """Bit layouts of MEM, GEMM, ALU instructions and the UOP (see :mod:`vta_ext.layout`)."""
+        return instruction_layouts(self.log_uop_depth, self.log_inp_depth, self.log_wgt_depth,
+                                   self.log_acc_depth)
+
+    def elem_bytes(self, memory_type: int) -> int:
+        """DRAM bytes of one element of memory id ``memory_type`` (UOP 0 ... ACC_8BIT 5)."""
+        table = {0: self.UOP_ELEM_BYTES, 1: self.wgt_elem_bytes, 2: self.inp_elem_bytes,
+                 3: self.acc_elem_bytes, 4: self.out_elem_bytes,
+                 5: self.acc_elem_bytes * self.INP_WIDTH // self.ACC_WIDTH}
+        try:
+            return table[memory_type]
+        except KeyError:
+            raise ConfigError(f"unknown memory type {memory_type}") from None
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON keys of this configuration (without the name)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
+
+    def __repr__(self) -> str:
+        return (f"VTAConfig({self.name!r}: {self.BATCH}x{self.BLOCK_IN}x{self.BLOCK_OUT}, "
+                f"inp {self.INP_BUFF_SIZE // 1024} KiB, wgt {self.WGT_BUFF_SIZE // 1024} KiB, "
+                f"acc {self.ACC_BUFF_SIZE // 1024} KiB, uop {self.UOP_BUFF_SIZE // 1024} KiB)")
+
+
+def available_configs() -> list:
+    """Names of the configuration presets shipped in ``vta_ext/configs``."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+
+
+def load_config(name_or_path: Union[str, Path, VTAConfig] = "default") -> VTAConfig:
+    """Load a preset by name (``"default"``) or a JSON file by path; a config passes through."""
+    if isinstance(name_or_path, VTAConfig):
+        return name_or_path
+    path = Path(name_or_path)
+    if path.suffix != ".json":
+        path = CONFIG_DIR / f"{name_or_path}.json"
+        if not path.exists():
+            raise ConfigError(f"no configuration preset named {name_or_path!r}; "
+                              f"available: {available_configs()}")
+    return VTAConfig.from_json(path)

@@ -1,0 +1,158 @@
+"""Bit-field layouts of VTA instructions and micro-ops, derived from a configuration.
+
+Apache VTA declares its instructions as C bit-fields of ``uint64_t`` (``hw_spec.h``). With GCC and
+Clang a field never straddles a 64-bit storage unit: when it does not fit in the bits left in the
+current word it starts at the next word, leaving padding bits. The micro-op follows the same rule
+with a 32-bit unit. This module reproduces that rule so that the encodings are bit-identical to the
+original for every configuration, and reports fields that would overflow the 128-bit instruction
+or the 32-bit micro-op.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Tuple
+
+INSN_BITS = 128
+UOP_BITS = 32
+
+OPCODE_BITS = 3
+MEMOP_ID_BITS = 3
+MEMOP_SRAM_ADDR_BITS = 16
+MEMOP_DRAM_ADDR_BITS = 32
+MEMOP_SIZE_BITS = 16
+MEMOP_STRIDE_BITS = 16
+MEMOP_PAD_BITS = 4
+LOOP_ITER_BITS = 14
+ALU_OPCODE_BITS = 3
+ALU_IMM_BITS = 16
+
+HEADER_FIELDS = (
+    ("opcode", OPCODE_BITS),
+    ("pop_prev_dep", 1),
+    ("pop_next_dep", 1),
+    ("push_prev_dep", 1),
+    ("push_next_dep", 1),
+)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One bit-field: ``width`` bits starting at bit ``lsb`` of the little-endian word."""
+
+    name: str
+    lsb: int
+    width: int
+
+    @property
+    def mask(self) -> int:
+        return (1 << self.width) - 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The fields of one instruction or micro-op format, in declaration order."""
+
+    name: str
+    fields: Tuple[Field, ...]
+    total_bits: int
+
+    def __getitem__(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"{self.name} has no field {name!r}")
+
+    @property
+    def used_bits(self) -> int:
+        """Bit index one past the last field."""
+        return max(f.lsb + f.width for f in self.fields)
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{f.name}[{f.lsb}:{f.lsb + f.width - 1}]" for f in self.fields)
+        return f"Layout({self.name}: {body})"
+
+
+class LayoutOverflowError(ValueError):
+    """A configuration makes an instruction or micro-op field fall outside its word."""
+
+
+def pack_bitfields(name: str, fields: Iterable[Tuple[str, int]], unit: int, total_bits: int) -> Layout:
+    """Place ``fields`` LSB first with the C rule: no field crosses a ``unit``-bit boundary.
+
+    Raises
+    ------
+    LayoutOverflowError
+        If a field does not fit in ``total_bits``; the message names the field.
+    """
+    placed: List[Field] = []
+    pos = 0
+    for fname, width in fields:
+        if width <= 0 or width > unit:
+            raise LayoutOverflowError(f"{name}.{fname}: width {width} is not in 1..{unit}")
+        if pos // unit != (pos + width - 1) // unit:
+            pos = (pos // unit + 1) * unit
+        if pos + width > total_bits:
+            raise LayoutOverflowError(
+                f"{name}.{fname} ({width} bits) would occupy bits {pos}..{pos + width - 1}, beyond the "
+                f"{total_bits}-bit {name.lower()} word; reduce the buffer sizes (LOG_*_BUFF_SIZE) or the "
+                f"block sizes of the configuration")
+        placed.append(Field(fname, pos, width))
+        pos += width
+    return Layout(name, tuple(placed), total_bits)
+
+
+def instruction_layouts(log_uop_depth: int, log_inp_depth: int, log_wgt_depth: int,
+                        log_acc_depth: int) -> Dict[str, Layout]:
+    """Layouts of the MEM (LOAD/STORE), GEMM and ALU instructions and the UOP micro-op.
+
+    Parameters
+    ----------
+    log_uop_depth, log_inp_depth, log_wgt_depth, log_acc_depth
+        log2 of the number of entries of each on-chip buffer.
+
+    Returns
+    -------
+    dict
+        ``{"MEM": Layout, "GEMM": Layout, "ALU": Layout, "UOP": Layout}``.
+    """
+    mem = pack_bitfields("MEM", HEADER_FIELDS + (
+        ("memory_type", MEMOP_ID_BITS),
+        ("sram_base", MEMOP_SRAM_ADDR_BITS),
+        ("dram_base", MEMOP_DRAM_ADDR_BITS),
+        ("pad_min", 1),  # extension: bit 58, zero in apache streams
+        ("y_size", MEMOP_SIZE_BITS),
+        ("x_size", MEMOP_SIZE_BITS),
+        ("x_stride", MEMOP_STRIDE_BITS),
+        ("y_pad_0", MEMOP_PAD_BITS),
+        ("y_pad_1", MEMOP_PAD_BITS),
+        ("x_pad_0", MEMOP_PAD_BITS),
+        ("x_pad_1", MEMOP_PAD_BITS),
+    ), 64, INSN_BITS)
+    compute_head = HEADER_FIELDS + (
+        ("reset_reg", 1),
+        ("uop_bgn", log_uop_depth),
+        ("uop_end", log_uop_depth + 1),
+        ("iter_out", LOOP_ITER_BITS),
+        ("iter_in", LOOP_ITER_BITS),
+        ("dst_factor_out", log_acc_depth),
+        ("dst_factor_in", log_acc_depth),
+    )
+    gemm = pack_bitfields("GEMM", compute_head + (
+        ("src_factor_out", log_inp_depth),
+        ("src_factor_in", log_inp_depth),
+        ("wgt_factor_out", log_wgt_depth),
+        ("wgt_factor_in", log_wgt_depth),
+    ), 64, INSN_BITS)
+    alu = pack_bitfields("ALU", compute_head + (
+        ("src_factor_out", log_acc_depth),
+        ("src_factor_in", log_acc_depth),
+        ("alu_opcode", ALU_OPCODE_BITS),
+        ("use_imm", 1),
+        ("imm", ALU_IMM_BITS),
+    ), 64, INSN_BITS)
+    uop = pack_bitfields("UOP", (
+        ("dst_idx", log_acc_depth),
+        ("src_idx", max(log_acc_depth, log_inp_depth)),
+        ("wgt_idx", log_wgt_depth),
+    ), 32, UOP_BITS)
+    return {"MEM": mem, "GEMM": gemm, "ALU": alu, "UOP": uop}
