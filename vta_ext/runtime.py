@@ -1,0 +1,449 @@
+"""The VTA runtime: a program builder that turns runtime calls into a binary instruction stream.
+
+It plays the role of the original C runtime (``vta/runtime/runtime.cc``): 2-D loads with padding
+and 2-D stores, micro-op kernels with up to two loop levels, GEMM and ALU pushes, dependency-token
+push/pop with the runtime's NOP rules, and synchronisation, which appends the final handshakes and
+FINISH. Micro-op kernels are cached in the micro-op SRAM; evicted kernels stay valid in the DRAM
+staging area until the next synchronisation (the Intel Labs fork's behaviour, not the apache quirk).
+
+The result of :meth:`CommandQueue.synchronize` is a :class:`Program`: a DRAM image holding the data
+buffers, the encoded instruction stream(s) and the micro-op staging area, ready to be executed by
+:class:`vta_ext.sim.FunctionalSimulator` any number of times with new data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .config import MAX_XFER, PAGE_BYTES, VTAConfig
+from .isa import (AluInsn, AluOp, FieldRangeError, FinishInsn, GemmInsn, Insn, MemInsn, MemType,
+                  Opcode, Stage, Uop, disassemble, encode_stream)
+
+__all__ = ["CommandQueue", "UopKernel", "Program", "DramBuffer", "RuntimeError_", "Segment"]
+
+
+class RuntimeError_(RuntimeError):
+    """Invalid use of the runtime API (the message says which call and why)."""
+
+
+@dataclass(frozen=True)
+class DramBuffer:
+    """A page-aligned region of the simulated physical DRAM."""
+
+    name: str
+    phys_addr: int
+    nbytes: int
+
+    def __repr__(self) -> str:
+        return f"DramBuffer({self.name!r}, phys={self.phys_addr:#x}, {self.nbytes} B)"
+
+
+class UopKernel:
+    """A micro-op kernel: up to two affine loop levels around a list of micro-ops.
+
+    Parameters
+    ----------
+    mode : {"gemm", "alu"}
+        Which compute instruction runs the kernel.
+    reset : bool
+        GEMM only: zero the accumulators instead of multiply-accumulate.
+    alu_opcode, use_imm, imm
+        ALU only: the operation, and the immediate operand if ``use_imm``.
+    """
+
+    MAX_LOOPS = 2
+
+    def __init__(self, mode: str, reset: bool = False, alu_opcode: Optional[int] = None,
+                 use_imm: bool = False, imm: int = 0) -> None:
+        if mode not in ("gemm", "alu"):
+            raise RuntimeError_(f"UopKernel mode must be 'gemm' or 'alu', got {mode!r}")
+        if mode == "alu" and alu_opcode is None:
+            raise RuntimeError_("an ALU UopKernel needs alu_opcode")
+        if mode == "gemm" and (alu_opcode is not None or use_imm):
+            raise RuntimeError_("a GEMM UopKernel takes no ALU opcode or immediate")
+        if not -(1 << 15) <= int(imm) < (1 << 15):
+            raise FieldRangeError(f"ALU immediate {imm} does not fit int16")
+        self.mode = mode
+        self.reset = bool(reset)
+        self.alu_opcode = None if alu_opcode is None else int(alu_opcode)
+        self.use_imm = bool(use_imm)
+        self.imm = int(imm)
+        self.loops: List[Tuple[int, int, int, int]] = []
+        self.uops: List[Uop] = []
+        self._open_loops = 0
+
+    def loop_begin(self, extent: int, dst_factor: int, src_factor: int, wgt_factor: int = 0) -> None:
+        """Open a loop level (before any micro-op is pushed; at most two levels)."""
+        if self.uops:
+            raise RuntimeError_("UopKernel.loop_begin after push: loops must enclose all micro-ops")
+        if len(self.loops) >= self.MAX_LOOPS:
+            raise RuntimeError_(f"UopKernel supports at most {self.MAX_LOOPS} loop levels")
+        if extent < 1:
+            raise RuntimeError_(f"UopKernel loop extent must be >= 1, got {extent}")
+        self.loops.append((int(extent), int(dst_factor), int(src_factor), int(wgt_factor)))
+        self._open_loops += 1
+
+    def loop_end(self) -> None:
+        if self._open_loops == 0:
+            raise RuntimeError_("UopKernel.loop_end without a matching loop_begin")
+        self._open_loops -= 1
+
+    def push(self, dst_idx: int, src_idx: int = 0, wgt_idx: int = 0) -> None:
+        """Append a micro-op (ALU kernels use ``dst_idx`` and ``src_idx`` only)."""
+        if self.mode == "alu" and wgt_idx:
+            raise RuntimeError_("ALU micro-ops have no weight index")
+        self.uops.append(Uop(int(dst_idx), int(src_idx), int(wgt_idx)))
+
+    @property
+    def size(self) -> int:
+        return len(self.uops)
+
+    def signature(self) -> tuple:
+        """Value identity used by the micro-op cache."""
+        return (self.mode, self.reset, self.alu_opcode, self.use_imm, self.imm, tuple(self.loops),
+                tuple((u.dst_idx, u.src_idx, u.wgt_idx) for u in self.uops))
+
+    def instruction(self, uop_bgn: int) -> Insn:
+        """The GEMM/ALU instruction that runs this kernel from SRAM position ``uop_bgn``.
+
+        GEMM: loop 0 is the outer loop and loop 1 the inner one. ALU: a single loop is the *inner*
+        loop (the original runtime's rule); two loops map as for GEMM.
+        """
+        loops = list(self.loops)
+        if self.mode == "alu" and len(loops) == 1:
+            loops = [(1, 0, 0, 0)] + loops
+        loops += [(1, 0, 0, 0)] * (2 - len(loops))
+        (n_out, d_out, s_out, w_out), (n_in, d_in, s_in, w_in) = loops
+        common = dict(uop_bgn=uop_bgn, uop_end=uop_bgn + self.size, iter_out=n_out, iter_in=n_in,
+                      dst_factor_out=d_out, dst_factor_in=d_in, src_factor_out=s_out,
+                      src_factor_in=s_in)
+        if self.mode == "gemm":
+            return GemmInsn(reset_reg=self.reset, wgt_factor_out=w_out, wgt_factor_in=w_in, **common)
+        return AluInsn(alu_opcode=self.alu_opcode, use_imm=self.use_imm, imm=self.imm, **common)
+
+    def __repr__(self) -> str:
+        what = "GEMM-reset" if self.reset else ("GEMM" if self.mode == "gemm" else
+                                                f"ALU-{AluOp(self.alu_opcode).name}")
+        return f"UopKernel({what}, loops={self.loops}, {self.size} uops)"
+
+
+@dataclass
+class Segment:
+    """Instructions and micro-op staging of one synchronisation (one device run)."""
+
+    insns: List[Insn]
+    staging: List[UopKernel]
+    uop_loads: List[Tuple[MemInsn, int]]  # (LOAD UOP, element offset in staging) to relocate
+    insn_phys: int = 0
+    uop_phys: int = 0
+
+    @property
+    def insn_count(self) -> int:
+        return len(self.insns)
+
+
+class _UopCache:
+    """Residency of micro-op kernels in the micro-op SRAM, and the DRAM staging of one segment."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.resident: Dict[tuple, int] = {}  # signature -> SRAM start
+        self.order: List[Tuple[tuple, int, int]] = []  # (signature, start, end) in SRAM order
+        self.sram_end = 0
+        self.staging: List[UopKernel] = []
+        self.staging_offset: Dict[tuple, int] = {}
+        self.staging_size = 0
+
+    def place(self, kernel: UopKernel) -> Tuple[int, Optional[int]]:
+        """Return (SRAM start, staging offset to load from, or None if already resident)."""
+        sig = kernel.signature()
+        if sig in self.resident:
+            return self.resident[sig], None
+        if kernel.size == 0:
+            raise RuntimeError_("cannot push an empty micro-op kernel")
+        if kernel.size > self.depth:
+            raise RuntimeError_(f"micro-op kernel of {kernel.size} uops exceeds the micro-op buffer "
+                                f"({self.depth} entries); split the kernel")
+        start = self.sram_end if self.sram_end + kernel.size <= self.depth else 0
+        end = start + kernel.size
+        kept = []
+        for entry in self.order:  # evict every kernel overlapping [start, end)
+            e_sig, e_start, e_end = entry
+            if e_start < end and start < e_end:
+                del self.resident[e_sig]
+            else:
+                kept.append(entry)
+        self.order = kept + [(sig, start, end)]
+        self.resident[sig] = start
+        self.sram_end = end
+        if sig not in self.staging_offset:  # evicted kernels keep their staging copy
+            self.staging_offset[sig] = self.staging_size
+            self.staging.append(kernel)
+            self.staging_size += kernel.size
+        return start, self.staging_offset[sig]
+
+
+class CommandQueue:
+    """Builds a VTA program from runtime calls (see ``docs/runtime-api.md``).
+
+    Parameters
+    ----------
+    config : VTAConfig
+        The hardware configuration; passed explicitly, never global.
+    """
+
+    def __init__(self, config: VTAConfig) -> None:
+        self.config = config
+        self.buffers: Dict[str, DramBuffer] = {}
+        self._next_page = 1  # physical address 0 is never valid
+        self.segments: List[Segment] = []
+        self._start_segment()
+
+    # ------------------------------------------------------------------ memory
+    def alloc(self, nbytes: int, name: str) -> DramBuffer:
+        """Allocate ``nbytes`` of page-aligned simulated DRAM under a unique ``name``."""
+        if name in self.buffers:
+            raise RuntimeError_(f"a DRAM buffer named {name!r} already exists")
+        if nbytes <= 0:
+            raise RuntimeError_(f"DRAM buffer {name!r}: size must be positive, got {nbytes}")
+        pages = -(-nbytes // PAGE_BYTES)
+        buf = DramBuffer(name, self._next_page * PAGE_BYTES, int(nbytes))
+        self._next_page += pages
+        self.buffers[name] = buf
+        return buf
+
+    # ------------------------------------------------------------------ instructions
+    def _start_segment(self) -> None:
+        self._insns: List[Insn] = []
+        self._uops = _UopCache(self.config.uop_depth)
+        self._uop_loads: List[Tuple[MemInsn, int]] = []
+        self._pending_pop_prev = {s: False for s in Stage}
+        self._pending_pop_next = {s: False for s in Stage}
+
+    def _append(self, insn: Insn, stage: Stage) -> Insn:
+        insn.pop_prev_dep = self._pending_pop_prev[stage]
+        insn.pop_next_dep = self._pending_pop_next[stage]
+        self._pending_pop_prev[stage] = self._pending_pop_next[stage] = False
+        self._insns.append(insn)
+        return insn
+
+    def _check_overflow(self) -> None:
+        if (len(self._insns) + 6) * self.config.INS_ELEM_BYTES > MAX_XFER:
+            self._close_segment()
+
+    def _dram_base(self, buf: DramBuffer, elem_offset: int, mem: int, what: str) -> int:
+        elem = self.config.elem_bytes(mem)
+        if buf.phys_addr % elem:
+            raise RuntimeError_(f"{what}: buffer {buf.name!r} at {buf.phys_addr:#x} is not aligned to "
+                                f"the {elem}-byte {MemType(mem).name} element")
+        return buf.phys_addr // elem + int(elem_offset)
+
+    def load_2d(self, src: DramBuffer, src_elem_offset: int, x_size: int, y_size: int,
+                x_stride: int, x_pad_before: int, y_pad_before: int, x_pad_after: int,
+                y_pad_after: int, dst_sram_index: int, mem_type: int, pad_min: bool = False) -> None:
+        """Append a 2-D LOAD of ``y_size`` rows of ``x_size`` elements into an on-chip buffer."""
+        mem = MemType(mem_type)
+        if mem in (MemType.OUT, MemType.UOP):
+            raise RuntimeError_(f"load_2d into {mem.name} is not a data load")
+        stage = Stage.LOAD if mem in (MemType.INP, MemType.WGT) else Stage.COMPUTE
+        insn = MemInsn(opcode=Opcode.LOAD, memory_type=mem, sram_base=dst_sram_index,
+                       dram_base=self._dram_base(src, src_elem_offset, mem, "load_2d"),
+                       pad_min=pad_min, y_size=y_size, x_size=x_size, x_stride=x_stride,
+                       y_pad_0=y_pad_before, y_pad_1=y_pad_after, x_pad_0=x_pad_before,
+                       x_pad_1=x_pad_after)
+        self._append(insn, stage)
+        self._check_overflow()
+
+    def store_2d(self, src_sram_index: int, mem_type: int, dst: DramBuffer, dst_elem_offset: int,
+                 x_size: int, y_size: int, x_stride: int) -> None:
+        """Append a 2-D STORE of accumulator rows (truncated to the output width) to DRAM."""
+        if MemType(mem_type) != MemType.OUT:
+            raise RuntimeError_(f"store_2d must use MemType.OUT, got {MemType(mem_type).name}")
+        insn = MemInsn(opcode=Opcode.STORE, memory_type=MemType.OUT, sram_base=src_sram_index,
+                       dram_base=self._dram_base(dst, dst_elem_offset, MemType.OUT, "store_2d"),
+                       y_size=y_size, x_size=x_size, x_stride=x_stride)
+        self._append(insn, Stage.STORE)
+        self._check_overflow()
+
+    def _push_kernel(self, kernel: UopKernel, mode: str) -> None:
+        if kernel.mode != mode:
+            raise RuntimeError_(f"push_{mode} got a {kernel.mode} kernel")
+        if kernel._open_loops:
+            raise RuntimeError_(f"{kernel!r} has {kernel._open_loops} unclosed loop(s)")
+        start, staging_offset = self._uops.place(kernel)
+        if staging_offset is not None:
+            load = MemInsn(opcode=Opcode.LOAD, memory_type=MemType.UOP, sram_base=start,
+                           y_size=1, x_size=kernel.size, x_stride=kernel.size)
+            self._append(load, Stage.COMPUTE)
+            self._uop_loads.append((load, staging_offset))
+        self._append(kernel.instruction(start), Stage.COMPUTE)
+        self._check_overflow()
+
+    def push_gemm(self, kernel: UopKernel) -> None:
+        """Append a GEMM running ``kernel`` (and the micro-op load if it is not resident)."""
+        self._push_kernel(kernel, "gemm")
+
+    def push_alu(self, kernel: UopKernel) -> None:
+        """Append an ALU instruction running ``kernel``."""
+        self._push_kernel(kernel, "alu")
+
+    # ------------------------------------------------------------------ dependencies
+    @staticmethod
+    def _pipeline_stage(insn: Insn) -> Optional[Stage]:
+        if insn.opcode in (Opcode.GEMM, Opcode.ALU, Opcode.FINISH):
+            return Stage.COMPUTE
+        if insn.opcode == Opcode.STORE:
+            return Stage.STORE
+        if insn.x_size == 0:
+            return None
+        if insn.memory_type in (MemType.ACC, MemType.ACC_8BIT, MemType.UOP):
+            return Stage.COMPUTE
+        return Stage.LOAD
+
+    def _push_noop(self, stage: Stage, push_prev: bool, push_next: bool) -> None:
+        opcode = Opcode.STORE if stage == Stage.STORE else Opcode.LOAD
+        mem = MemType.INP if stage == Stage.LOAD else MemType.UOP
+        self._append(MemInsn(opcode=opcode, memory_type=mem, push_prev_dep=push_prev,
+                             push_next_dep=push_next), stage)
+
+    def _commit_pending_pop(self, stage: Stage) -> None:
+        if self._pending_pop_prev[stage] or self._pending_pop_next[stage]:
+            self._push_noop(stage, False, False)
+
+    @staticmethod
+    def _check_pair(from_stage: Stage, to_stage: Stage) -> Tuple[Stage, Stage]:
+        a, b = Stage(from_stage), Stage(to_stage)
+        if abs(a - b) != 1:
+            raise RuntimeError_(f"no dependency queue between {a.name} and {b.name}")
+        return a, b
+
+    def dep_push(self, from_stage: Stage, to_stage: Stage) -> None:
+        """Signal a token from ``from_stage`` to the adjacent ``to_stage``."""
+        a, b = self._check_pair(from_stage, to_stage)
+        self._commit_pending_pop(a)
+        if self._insns:
+            last = self._insns[-1]
+            if self._pipeline_stage(last) == a:
+                if a < b and not last.push_next_dep:
+                    last.push_next_dep = True
+                    return
+                if a > b and not last.push_prev_dep:
+                    last.push_prev_dep = True
+                    return
+        self._push_noop(a, push_prev=a > b, push_next=a < b)
+
+    def dep_pop(self, from_stage: Stage, to_stage: Stage) -> None:
+        """Make the next instruction of ``to_stage`` wait for a token from ``from_stage``."""
+        a, b = self._check_pair(from_stage, to_stage)
+        pending = self._pending_pop_prev if a < b else self._pending_pop_next
+        if pending[b]:
+            self._commit_pending_pop(b)
+        pending[b] = True
+
+    # ------------------------------------------------------------------ synchronisation
+    def _close_segment(self) -> None:
+        self.dep_push(Stage.STORE, Stage.COMPUTE)
+        self.dep_push(Stage.LOAD, Stage.COMPUTE)
+        self.dep_pop(Stage.STORE, Stage.COMPUTE)
+        self.dep_pop(Stage.LOAD, Stage.COMPUTE)
+        self._commit_pending_pop(Stage.COMPUTE)
+        self._insns.append(FinishInsn())
+        self.segments.append(Segment(self._insns, self._uops.staging, self._uop_loads))
+        self._start_segment()
+
+    def synchronize(self) -> "Program":
+        """Finish the current instruction stream (handshakes + FINISH) and return the program."""
+        if self._insns:
+            self._close_segment()
+        return self.program()
+
+    def program(self) -> "Program":
+        """Lay out every finished segment in DRAM and return the executable :class:`Program`."""
+        if not self.segments:
+            raise RuntimeError_("no instructions: call synchronize() after emitting some")
+        cfg = self.config
+        top_page = self._next_page
+        placements = []
+        for seg in self.segments:
+            seg.insn_phys = top_page * PAGE_BYTES
+            top_page += -(-seg.insn_count * cfg.INS_ELEM_BYTES // PAGE_BYTES)
+            uop_bytes = sum(k.size for k in seg.staging) * cfg.UOP_ELEM_BYTES
+            seg.uop_phys = top_page * PAGE_BYTES
+            top_page += max(1, -(-uop_bytes // PAGE_BYTES))
+            placements.append(seg)
+        dram = np.zeros((top_page - 1) * PAGE_BYTES, np.uint8)
+        base = PAGE_BYTES
+        for seg in self.segments:
+            for load, offset in seg.uop_loads:
+                load.dram_base = seg.uop_phys // cfg.UOP_ELEM_BYTES + offset
+            stream = encode_stream(cfg, seg.insns)
+            dram[seg.insn_phys - base: seg.insn_phys - base + len(stream)] = np.frombuffer(stream, np.uint8)
+            uops = b"".join(u.encode(cfg) for k in seg.staging for u in k.uops)
+            dram[seg.uop_phys - base: seg.uop_phys - base + len(uops)] = np.frombuffer(uops, np.uint8)
+        return Program(cfg, dram, base, [(s.insn_phys, s.insn_count) for s in self.segments],
+                       dict(self.buffers), [i for s in self.segments for i in s.insns])
+
+
+@dataclass
+class Program:
+    """An executable VTA program: a DRAM image with data buffers, instructions and micro-ops."""
+
+    config: VTAConfig
+    dram: np.ndarray
+    dram_base: int
+    segments: List[Tuple[int, int]]
+    buffers: Dict[str, DramBuffer]
+    insns: List[Insn] = field(repr=False)
+
+    def _view(self, name: str, nbytes: Optional[int] = None) -> np.ndarray:
+        try:
+            buf = self.buffers[name]
+        except KeyError:
+            raise KeyError(f"program has no DRAM buffer {name!r}; buffers: {sorted(self.buffers)}") from None
+        nbytes = buf.nbytes if nbytes is None else nbytes
+        if nbytes > buf.nbytes:
+            raise ValueError(f"{nbytes} bytes do not fit DRAM buffer {buf!r}")
+        start = buf.phys_addr - self.dram_base
+        return self.dram[start:start + nbytes]
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        """Copy the bytes of ``array`` (C order) into buffer ``name`` of the DRAM image."""
+        data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+        self._view(name, data.size)[:] = data
+
+    def read(self, name: str, dtype, shape: Sequence[int]) -> np.ndarray:
+        """A copy of buffer ``name`` as an array of ``dtype`` and ``shape``."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        return self._view(name, count * dtype.itemsize).view(dtype).reshape(shape).copy()
+
+    def run(self, simulator=None):
+        """Execute every segment on ``simulator`` (a new functional simulator if None).
+
+        Returns
+        -------
+        SimStats
+            The counters accumulated over all segments.
+        """
+        from .sim import FunctionalSimulator
+
+        sim = simulator if simulator is not None else FunctionalSimulator(self.config)
+        total = None
+        for insn_phys, count in self.segments:
+            stats = sim.run(self.dram, self.dram_base, insn_phys, count)
+            total = stats if total is None else total + stats
+        return total
+
+    @property
+    def insn_count(self) -> int:
+        return len(self.insns)
+
+    def disassemble(self) -> str:
+        return disassemble(self.config, self.insns)
+
+    def __repr__(self) -> str:
+        return (f"Program({self.config.name}, {self.insn_count} instructions in "
+                f"{len(self.segments)} segment(s), {self.dram.size // 1024} KiB DRAM, "
+                f"buffers {sorted(self.buffers)})")
