@@ -87,6 +87,8 @@ class VTAConfig:
         known = {f.name for f in fields(cls)} - {"name"}
         if "LOG_BLOCK" in data:
             block = data.pop("LOG_BLOCK")
+            if isinstance(block, bool) or not isinstance(block, int):
+                raise ConfigError(f"config {name!r}: LOG_BLOCK must be an integer, got {block!r}")
             data.setdefault("LOG_BLOCK_IN", block)
             data.setdefault("LOG_BLOCK_OUT", block)
         unknown = sorted(set(data) - known)

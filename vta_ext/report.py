@@ -1,0 +1,80 @@
+"""The build report: which operators run on VTA, which on the CPU, and why."""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+__all__ = ["OpPlacement", "BuildReport", "last_build_report"]
+
+logger = logging.getLogger("vta_ext")
+
+VTA = "vta"
+CPU = "cpu"
+LAYOUT_REASON = "layout transform around a VTA operator"
+
+
+@dataclass(frozen=True)
+class OpPlacement:
+    """Where one operator runs and why."""
+
+    op: str
+    device: str
+    reason: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        extra = f" [{self.detail}]" if self.detail else ""
+        return f"{self.device.upper():<4} {self.op:<28} {self.reason}{extra}"
+
+
+@dataclass
+class BuildReport:
+    """All placement decisions of one ``relax.build`` for ``ext_vta``."""
+
+    config: str
+    placements: List[OpPlacement] = field(default_factory=list)
+
+    def add(self, op: str, device: str, reason: str, detail: str = "") -> None:
+        self.placements.append(OpPlacement(op, device, reason, detail))
+
+    @property
+    def on_vta(self) -> List[OpPlacement]:
+        return [p for p in self.placements if p.device == VTA]
+
+    @property
+    def on_cpu(self) -> List[OpPlacement]:
+        return [p for p in self.placements if p.device == CPU]
+
+    def summary(self) -> str:
+        """One log line: counts per device and operator."""
+        vta = Counter(p.op for p in self.on_vta)
+        cpu = Counter(p.op for p in self.on_cpu if p.reason != LAYOUT_REASON)
+        layout = sum(p.reason == LAYOUT_REASON for p in self.on_cpu)
+        fmt = lambda c: ", ".join(f"{n}x {op}" for op, n in sorted(c.items())) or "nothing"
+        return (f"ext_vta build ({self.config}): VTA runs {fmt(vta)}; CPU runs {fmt(cpu)} "
+                f"plus {layout} layout transform(s)")
+
+    def __str__(self) -> str:
+        return "\n".join([self.summary()] + [f"  {p}" for p in self.placements])
+
+    def __repr__(self) -> str:
+        return f"BuildReport({self.config!r}, {len(self.on_vta)} on VTA, {len(self.on_cpu)} on CPU)"
+
+
+_LAST: List[Optional[BuildReport]] = [None]
+
+
+def publish(report: BuildReport) -> None:
+    """Record ``report`` as the latest one and log its summary line."""
+    _LAST[0] = report
+    logger.info(report.summary())
+    for p in report.placements:
+        if p.device == CPU:
+            logger.info("  %s", p)
+
+
+def last_build_report() -> Optional[BuildReport]:
+    """The report of the most recent ``relax.build`` for ``ext_vta`` in this process."""
+    return _LAST[0]

@@ -1,0 +1,96 @@
+"""The ``ext_vta`` target and the hook that makes ``tvm.relax.build(mod, target="ext_vta")`` use VTA.
+
+Importing :mod:`vta_ext` registers the target tag ``ext_vta`` (kind ``ext_dev``, keys
+``vta``/``cpu``, the configuration name carried in ``model``) and wraps TVM's ``default`` Relax
+pipelines: when the target in scope is a VTA target, the VTA passes run first (offload of matched
+operators, see :mod:`vta_ext.offload`), then TVM's own default pipeline, then a pass that gives
+every remaining PrimFunc the llvm host target. Other targets are untouched.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import tvm
+from tvm import relax
+
+__all__ = ["TARGET_TAG", "register_target", "vta_target", "is_vta_target", "config_of_target"]
+
+TARGET_TAG = "ext_vta"
+DEFAULT_MODEL = "default"
+
+
+def register_target() -> None:
+    """Register the ``ext_vta`` tag (idempotent)."""
+    tvm.target.register_tag(TARGET_TAG, {
+        "kind": "ext_dev", "keys": ["vta", "cpu"], "device": "vta", "model": DEFAULT_MODEL,
+        "host": {"kind": "llvm"},
+    }, override=True)
+
+
+def vta_target(config: str = DEFAULT_MODEL) -> tvm.target.Target:
+    """The ``ext_vta`` target for configuration preset ``config`` (e.g. ``"default"``)."""
+    return tvm.target.Target({"tag": TARGET_TAG, "model": config}) if config != DEFAULT_MODEL \
+        else tvm.target.Target(TARGET_TAG)
+
+
+def is_vta_target(target: Optional[tvm.target.Target]) -> bool:
+    """True for targets made from the ``ext_vta`` tag (recognised by kind and keys)."""
+    return target is not None and target.kind.name == "ext_dev" and "vta" in list(target.keys)
+
+
+def config_of_target(target: tvm.target.Target):
+    """The :class:`~vta_ext.config.VTAConfig` named by the target's ``model`` attribute."""
+    from .config import load_config
+
+    model = str(target.attrs.get("model", DEFAULT_MODEL)) if target.attrs else DEFAULT_MODEL
+    return load_config(model or DEFAULT_MODEL)
+
+
+@tvm.transform.module_pass(opt_level=0, name="VTAStampHostTarget")
+def stamp_host_target(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Give every PrimFunc without a target the llvm host target (there is no ext_dev device API;
+    all tensors live on the CPU and VTA programs run through packed calls)."""
+    llvm = tvm.target.Target("llvm")
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, tvm.tirx.PrimFunc) and "target" not in (func.attrs or {}):
+            mod[gvar] = func.with_attr("target", llvm)
+    return mod
+
+
+def _vta_passes(target: tvm.target.Target) -> tvm.transform.Pass:
+    from .offload import OffloadToVTA
+
+    return tvm.transform.Sequential([
+        OffloadToVTA(config_of_target(target)),
+        relax.transform.DeadCodeElimination(),
+    ], name="VTAOffload")
+
+
+_ORIGINAL_PIPELINES = {}
+
+
+def _dispatching(name: str):
+    original = _ORIGINAL_PIPELINES[name]
+
+    def factory(**kwargs):
+        inner = original(**kwargs)
+
+        @tvm.transform.module_pass(opt_level=0, name=f"VTADispatch_{name}")
+        def dispatch(mod, _ctx):
+            target = tvm.target.Target.current(allow_none=True)
+            if is_vta_target(target):
+                return tvm.transform.Sequential([_vta_passes(target), inner, stamp_host_target])(mod)
+            return inner(mod)
+
+        return dispatch
+
+    return factory
+
+
+def install_pipeline_hook() -> None:
+    """Wrap the ``default`` and ``default_build`` Relax pipelines (idempotent)."""
+    for name in ("default", "default_build"):
+        if name in _ORIGINAL_PIPELINES or name not in relax.pipeline.PIPELINE_MAP:
+            continue
+        _ORIGINAL_PIPELINES[name] = relax.pipeline.PIPELINE_MAP[name]
+        relax.pipeline.PIPELINE_MAP[name] = _dispatching(name)
