@@ -5,8 +5,8 @@ The description is the GEMM core of one VTA instruction step::
     acc[i, j] += int32(inp[i, k]) * int32(wgt[j, k])     i < BATCH, j < BLOCK_OUT, k < BLOCK_IN
 
 on tiles living in the on-chip scopes ``local.inp_buffer`` / ``local.wgt_buffer`` /
-``local.acc_buffer``. The implementation is a ``T.call_extern`` marker whose arguments are the element
-offsets of the three tiles inside their (flattened) buffers; the Python lowering
+``local.acc_buffer``. The implementation is a ``T.call_extern`` marker whose arguments are the data pointer and
+element offset of each of the three tiles inside its (flattened) buffer; the Python lowering
 (:mod:`vta_ext.lower.codegen`) turns it into a GEMM micro-op.
 
 With ``BATCH == 1`` the unit batch loop is *not* part of the description (``blockize`` moves unit
@@ -79,8 +79,8 @@ def _make_gemm(bi: int, bc: int, bo: int):
         with T.sblock("root"):
             T.reads(C[0:bi, 0:bo], A[0:bi, 0:bc], B[0:bo, 0:bc])
             T.writes(C[0:bi, 0:bo])
-            T.evaluate(T.call_extern("int32", GEMM_EXTERN, C.elem_offset, A.elem_offset,
-                                     B.elem_offset))
+            T.evaluate(T.call_extern("int32", GEMM_EXTERN, C.data, C.elem_offset, A.data,
+                                     A.elem_offset, B.data, B.elem_offset))
 
     return desc, impl
 
@@ -115,7 +115,7 @@ def _make_reset(bi: int, bo: int):
         with T.sblock("root"):
             T.reads()
             T.writes(C[0:bi, 0:bo])
-            T.evaluate(T.call_extern("int32", RESET_EXTERN, C.elem_offset))
+            T.evaluate(T.call_extern("int32", RESET_EXTERN, C.data, C.elem_offset))
 
     return desc, impl
 

@@ -1,0 +1,627 @@
+"""Solver driver: MiniZinc data from a workload and an instruction, Gecode runs, statistics.
+
+:func:`solve` builds the data of ``models/embed.mzn``, runs ``minizinc --solver gecode``
+(minimising the padding cost), decodes the structural variables and the scalar node
+coordinates, and returns a :class:`SolveResult` with per-solve :class:`SolveStats`.
+Options: the constraint set (``"strict"``, ``"relaxed"`` or explicit switches), the search
+order, the dimension-order portfolio of Rieber et al. eq. (12) run in parallel processes
+(first answer wins) and the per-group domain bound of eq. (11), a time limit, and the
+enumeration of the N best distinct solutions (each further solve excludes the structures
+already found).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .instructions import InstructionGraph
+from .workload import Workload
+
+__all__ = ["CONSTRAINTS", "CONSTRAINT_SETS", "SEARCHES", "SolveStats", "RawSolution", "SolveResult",
+           "EmbeddingNotFound", "SolverError", "solve", "portfolio_orders", "build_data"]
+
+MODEL = Path(__file__).resolve().parent / "models" / "embed.mzn"
+
+#: switchable constraints of the model, by name
+CONSTRAINTS = ("iso", "alldiff", "rect", "origin", "dense", "linear", "symmetry", "pad")
+#: named constraint sets: ``strict`` is the paper's sec. 5 list (plus padding and symmetry
+#: breaking); ``relaxed`` (sec. 6) drops dense and linear access: filter dims may fold into
+#: an instruction axis by stencil unrolling, and strides are allowed
+CONSTRAINT_SETS: Dict[str, Tuple[str, ...]] = {
+    "strict": ("iso", "alldiff", "rect", "origin", "dense", "linear", "symmetry", "pad"),
+    "relaxed": ("iso", "alldiff", "rect", "origin", "symmetry", "pad"),
+}
+#: search orders: ``struct`` = structural variables first (output axes first), then the
+#: scalar nodes output-first; ``nodes`` = the paper's order on scalar nodes only (outputs,
+#: multiplies, inputs) with structure and padding last
+SEARCHES = ("struct", "nodes")
+
+#: weights of the cost: padding (per doubling of a dim's extent), per stencil-unrolled
+#: bit, per strided factor, and for binding the weights to A
+PAD_WEIGHT, UNROLL_WEIGHT, STRIDE_WEIGHT, BIND_WEIGHT = 1000, 20, 5, 2
+
+
+class EmbeddingNotFound(RuntimeError):
+    """No embedding: the constraint set is infeasible for this operator, or the time ran out.
+
+    Attributes
+    ----------
+    status : str
+        ``"infeasible"`` or ``"timeout"``.
+    """
+
+    def __init__(self, status: str, message: str):
+        self.status = status
+        super().__init__(message)
+
+
+class SolverError(RuntimeError):
+    """MiniZinc or Gecode failed (message carries the solver's own error text)."""
+
+
+@dataclass
+class SolveStats:
+    """Statistics of one solve.
+
+    Attributes
+    ----------
+    wall_seconds : float
+        End-to-end wall time (data generation, MiniZinc flattening and Gecode).
+    flatten_seconds, solve_seconds : float
+        MiniZinc flattening and Gecode times as reported by ``-s``.
+    nodes, failures : int
+        Gecode search-tree nodes and failures.
+    asset : str
+        The winning portfolio asset (dimension order), or ``"default"``.
+    runs : int
+        Number of MiniZinc processes started.
+    """
+
+    wall_seconds: float = 0.0
+    flatten_seconds: float = 0.0
+    solve_seconds: float = 0.0
+    nodes: int = 0
+    failures: int = 0
+    asset: str = "default"
+    runs: int = 0
+
+    def __repr__(self) -> str:
+        return (f"SolveStats(wall={self.wall_seconds:.3f}s, flatten={self.flatten_seconds:.3f}s, "
+                f"solve={self.solve_seconds:.3f}s, nodes={self.nodes}, failures={self.failures}, "
+                f"asset={self.asset})")
+
+
+@dataclass
+class RawSolution:
+    """One solution of the constraint program, in the original dim order of the workload.
+
+    Attributes
+    ----------
+    binding : int
+        1: A reads ``inputs[0]``, B reads ``inputs[1]``; 2: swapped.
+    bit_dims : tuple of int
+        Loop dim (0-based, original order) walked by each instruction bit (axes in order,
+        innermost bit first).
+    bit_steps : tuple of int
+        Step of each bit.
+    pad : tuple of int
+        Padding per loop dim.
+    cost : int
+        Objective value.
+    optimal : bool
+        True if Gecode proved the cost optimal (under the nogoods of earlier solutions).
+    p : list of tuple of int
+        Coordinates of every multiply node (rows in ``InstructionGraph.mult_nodes`` order).
+    data_nodes : dict
+        Operand -> list of tensor coordinates of its data nodes (``operand_nodes`` order).
+    stats : SolveStats
+    """
+
+    binding: int
+    bit_dims: Tuple[int, ...]
+    bit_steps: Tuple[int, ...]
+    pad: Tuple[int, ...]
+    cost: int
+    optimal: bool
+    p: List[Tuple[int, ...]]
+    data_nodes: Dict[str, List[Tuple[int, ...]]]
+    stats: SolveStats = field(default_factory=SolveStats)
+
+    def key(self) -> Tuple:
+        """Structural identity (distinct solutions differ here)."""
+        return (self.binding, self.bit_dims, self.bit_steps)
+
+
+@dataclass
+class SolveResult:
+    """All solutions of one :func:`solve` call.
+
+    Attributes
+    ----------
+    status : str
+        ``"ok"``, ``"infeasible"`` or ``"timeout"``.
+    solutions : list of RawSolution
+        Best first.
+    stats : SolveStats
+        Totals over all runs (wall time end to end).
+    message : str
+        Human-readable outcome.
+    """
+
+    status: str
+    solutions: List[RawSolution]
+    stats: SolveStats
+    message: str = ""
+
+    def __repr__(self) -> str:
+        return f"SolveResult({self.status}, {len(self.solutions)} solution(s), {self.stats!r})"
+
+
+# ---------------------------------------------------------------------- data
+def _bits(instr: InstructionGraph) -> Tuple[List[int], List[int]]:
+    bax, bpos = [], []
+    for a, L in enumerate(instr.log_sizes):
+        for b in range(L):
+            bax.append(a)
+            bpos.append(b)
+    return bax, bpos
+
+
+def _bindings(instr: InstructionGraph, wl: Workload, commutative: bool) -> List[Tuple[int, int, int]]:
+    b = [(0, 1, 2)]
+    if commutative and instr.operand_axes["A"] != instr.operand_axes["B"]:
+        b.append((1, 0, 2))
+    return b
+
+
+def _arr(vals) -> str:
+    return "[" + ",".join(_v(v) for v in vals) + "]"
+
+
+def _v(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(int(v))
+
+
+def _nd(name: str, ranges: Sequence[str], flat: Sequence) -> str:
+    return f"{name} = array{len(ranges)}d({','.join(ranges)},{_arr(flat)});"
+
+
+def build_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str], *,
+               commutative: bool = True, bound: bool = False, bound_stride: int = 1) -> str:
+    """MiniZinc data (dzn text) for ``models/embed.mzn``.
+
+    Raises
+    ------
+    ValueError
+        If a tensor uses one loop dim in two subscripts (the allDiff decomposition needs
+        the loop dims partitioned among a tensor's subscripts).
+    """
+    bad = set(constraints) - set(CONSTRAINTS)
+    if bad:
+        raise ValueError(f"unknown constraint(s) {sorted(bad)}; known: {CONSTRAINTS}")
+    D = len(wl.dims)
+    ext = list(wl.extents)
+    tensors = wl.tensors
+    for t in tensors:
+        for d in range(D):
+            if sum(1 for e in range(t.rank) if t.coef[e][d]) > 1:
+                raise ValueError(f"tensor {t.name}: loop dim {wl.dims[d]} occurs in two subscripts; "
+                                 "the allDiff decomposition needs a partition (rewrite the operator)")
+    Nmax = max(instr.sizes)
+    use_pad = "pad" in constraints
+    padmax = [max(Nmax - 1, x - 1) if use_pad else 0 for x in ext]
+    padall = max(padmax)
+    bax, bpos = _bits(instr)
+    NBIT = len(bax)
+    nodes = instr.mult_nodes()
+    NQ = len(nodes)
+    qbit = [[(q[bax[b]] >> bpos[b]) & 1 for b in range(NBIT)] for q in nodes]
+    qmax = nodes.index(tuple(n - 1 for n in instr.sizes)) + 1
+    ops = ("A", "B", "C")
+    opax = [[a in instr.operand_axes[o] for a in instr.axes] for o in ops]
+    nn = [len(instr.operand_nodes(o)) for o in ops]
+    nnmax = max(nn)
+    rep = []
+    for o in ops:
+        row = []
+        for j, dn in enumerate(instr.operand_nodes(o)):
+            q = [0] * len(instr.axes)
+            for a, v in zip(instr.operand_axes[o], dn):
+                q[instr.axes.index(a)] = v
+            row.append(nodes.index(tuple(q)) + 1)
+        rep.append(row + [0] * (nnmax - len(row)))
+    binds = _bindings(instr, wl, commutative)
+    NB = len(binds)
+    EMAX = max(t.rank for t in tensors)
+    NE, COEF, CST, INE, VIS, COMPAT, LINEAR = [], [], [], [], [], [], []
+    for bd in binds:
+        bt = [tensors[i] for i in bd]
+        NE.append([t.rank for t in bt])
+        for t in bt:
+            for e in range(EMAX):
+                for d in range(D):
+                    COEF.append(t.coef[e][d] if e < t.rank else 0)
+                    INE.append(e < t.rank and t.coef[e][d] != 0)
+                CST.append(t.const[e] if e < t.rank else 0)
+            vis = set(t.visible())
+            VIS.extend(d in vis for d in range(D))
+        for a, an in enumerate(instr.axes):
+            for d in range(D):
+                ok = instr.reduction[a] == wl.reduction[d]
+                lin = True
+                for o, t in zip(ops, bt):
+                    inop = an in instr.operand_axes[o]
+                    ok = ok and (inop == (d in t.visible()))
+                    if inop:
+                        lin = lin and t.is_linear(d)
+                COMPAT.append(ok)
+                LINEAR.append(lin)
+    # per-bit dims admissible under some binding: the dataflow edges (iso) and linear access
+    # (linear) are posted in full in the model; this only shrinks domains before flattening
+    bdom = []
+    for b in range(NBIT):
+        a = bax[b]
+        dom = set()
+        for k in range(NB):
+            for d in range(D):
+                i = (k * len(instr.axes) + a) * D + d
+                if ("iso" not in constraints or COMPAT[i]) and ("linear" not in constraints or LINEAR[i]):
+                    dom.add(d + 1)
+        bdom.append(dom)
+    thi = []
+    for k in range(3):
+        hi = 0
+        for bd in binds:
+            t = tensors[bd[k]]
+            for e in range(t.rank):
+                hi = max(hi, t.const[e] + sum(c * (x + pm - 1) for c, x, pm in zip(t.coef[e], ext, padmax)))
+        thi.append(hi)
+    strided = "dense" not in constraints
+    stmax = max(ext) if strided else 1
+    maxstep = max(1, max(x + pm for x, pm in zip(ext, padmax)))
+    logc = []
+    for d in range(D):
+        for v in range(padall + 1):
+            logc.append(round(PAD_WEIGHT * math.log2((ext[d] + v) / ext[d])))
+    c0 = instr.operand_node_of("C", nodes[0])
+    red_ax = [i for i, r in enumerate(instr.reduction) if r]
+    chainq = [int(q != nodes[0] and all(q[i] == 0 for i in range(len(q)) if i not in red_ax)) for q in nodes]
+    spatq = [int(instr.operand_node_of("C", q) != c0) for q in nodes]
+    prevq, lowb = [0], [1]
+    for q in range(1, NQ):
+        low = next(b for b in range(NBIT) if qbit[q][b])
+        prev = list(qbit[q])
+        prev[low] = 0
+        prevq.append(qbit.index(prev) + 1)
+        lowb.append(low + 1)
+    bnd = [min(x + pm - 1, Nmax * bound_stride - 1) for x, pm in zip(ext, padmax)]
+    lines = [
+        f"D = {D};", f"ext = {_arr(ext)};", f"PADMAX = {_arr(padmax)};",
+        f"NAX = {len(instr.axes)};", f"NBIT = {NBIT};",
+        f"BAX = {_arr([a + 1 for a in bax])};", f"BPOS = {_arr(bpos)};",
+        f"NQ = {NQ};", _nd("QBIT", ["1..NQ", "1..NBIT"], sum(qbit, [])), f"QMAX = {qmax};",
+        _nd("OPAX", ["1..3", "1..NAX"], sum(opax, [])), f"NN = {_arr(nn)};", f"NNMAX = {nnmax};",
+        _nd("REP", ["1..3", f"1..{nnmax}"], sum(rep, [])),
+        f"NB = {NB};", f"EMAX = {EMAX};",
+        _nd("NE", ["1..NB", "1..3"], sum(NE, [])),
+        _nd("COEF", ["1..NB", "1..3", "1..EMAX", "1..D"], COEF),
+        _nd("CST", ["1..NB", "1..3", "1..EMAX"], CST),
+        _nd("INE", ["1..NB", "1..3", "1..EMAX", "1..D"], INE),
+        _nd("VIS", ["1..NB", "1..3", "1..D"], VIS),
+        _nd("COMPAT", ["1..NB", "1..NAX", "1..D"], COMPAT),
+        _nd("LINEAR", ["1..NB", "1..NAX", "1..D"], LINEAR),
+        f"BINDCOST = {_arr([BIND_WEIGHT * k for k in range(NB)])};",
+        f"TLO = {_arr([0, 0, 0])};", f"THI = {_arr(thi)};",
+        f"MAXSTEP = {maxstep};", f"STMAX = {stmax};", f"PADALL = {padall};",
+        _nd("LOGC", ["1..D", f"0..{padall}"], logc),
+        f"UNROLLW = {UNROLL_WEIGHT};", f"STRIDEW = {STRIDE_WEIGHT};",
+        f"POW2 = array1d(0..{NBIT}, {_arr([2 ** i for i in range(NBIT + 1)])});",
+        f"CHAINQ = {_arr(chainq)};", f"SPATQ = {_arr(spatq)};",
+        f"PREVQ = {_arr(prevq)};", f"LOWB = {_arr(lowb)};",
+        f"ISRED = {_arr(list(wl.reduction))};",
+        _nd("PADDENSE", ["1..D", f"0..{NBIT}"],
+            [(-(-x // 2 ** k)) * 2 ** k - x for x in ext for k in range(NBIT + 1)]),
+        "BDOM = [" + ",".join("{" + ",".join(str(d) for d in sorted(x)) + "}" for x in bdom) + "];",
+    ]
+    for c in CONSTRAINTS:
+        lines.append(f"c_{c} = {_v(c in constraints)};")
+    lines.append(f"c_bound = {_v(bound)};")
+    lines.append(f"BOUND = {_arr(bnd)};")
+    return "\n".join(lines) + "\n"
+
+
+def _search_ann(instr: InstructionGraph, search: str) -> str:
+    bax, bpos = _bits(instr)
+    # output axes first (axes of C, then the others), outermost bit of each axis first
+    cax = [instr.axes.index(a) for a in instr.operand_axes["C"]]
+    order_ax = cax + [a for a in range(len(instr.axes)) if a not in cax]
+    bits = [b for a in order_ax for b in sorted((b for b in range(len(bax)) if bax[b] == a),
+                                                  key=lambda b: -bpos[b])]
+    blist = ",".join(f"bdim[{b + 1}]" for b in bits)
+    slist = ",".join(f"bstep[{b + 1}]" for b in bits)
+    nodes_ann = ("int_search([T[1,3,j,e] | j in 1..NN[3], e in ES], input_order, indomain_min), "
+                 "int_search([p[q,d] | q in Q, d in DIMS], input_order, indomain_min), "
+                 "int_search([T[k,1,j,e] | k in BIND, j in 1..NN[1], e in ES], input_order, indomain_min), "
+                 "int_search([T[k,2,j,e] | k in BIND, j in 1..NN[2], e in ES], input_order, indomain_min)")
+    if not bits:
+        blist = slist = ""
+    # structure: binding, the dim of each bit, then padding (cheapest first) and strides
+    struct = (f"int_search([bind], input_order, indomain_min), "
+              + (f"int_search([{blist}], input_order, indomain_min), " if bits else "")
+              + "int_search(pad, input_order, indomain_min)"
+              + (f", int_search([{slist}], input_order, indomain_min)" if bits else ""))
+    if search == "struct":
+        return f"seq_search([{struct}, {nodes_ann}])"
+    if search == "nodes":
+        return f"seq_search([{nodes_ann}, {struct}])"
+    raise ValueError(f"unknown search {search!r}; use one of {SEARCHES}")
+
+
+_OUT = ('output ["SOL bind=\\(bind) bdim=\\(bdim) bstep=\\(bstep) pad=\\(pad) cost=\\(cost)\\n",\n'
+        '        "P=\\(p)\\n", "T=\\([T[fix(bind),t,j,e] | t in OPS, j in 1..NNMAX, e in ES])\\n"];\n')
+
+
+def _ints(s: str) -> List[int]:
+    return [int(x) for x in re.findall(r"-?\d+", s)]
+
+
+@dataclass
+class _Run:
+    proc: subprocess.Popen
+    order: Tuple[int, ...]
+    asset: str
+    t0: float
+
+
+def _launch(wl: Workload, instr: InstructionGraph, constraints, search, timeout, workdir, tag,
+            nogoods: Sequence[RawSolution], order: Sequence[int], commutative, bound, bound_stride,
+            optimise: bool) -> subprocess.Popen:
+    wlp = wl.permuted(order)
+    inv = {old: new for new, old in enumerate(order)}
+    data = build_data(wlp, instr, constraints, commutative=commutative, bound=bound, bound_stride=bound_stride)
+    ng = []
+    for s in nogoods:
+        conj = [f"bind = {s.binding}"]
+        conj += [f"bdim[{b + 1}] = {inv[d] + 1}" for b, d in enumerate(s.bit_dims)]
+        conj += [f"bstep[{b + 1}] = {st}" for b, st in enumerate(s.bit_steps)]
+        ng.append("constraint not (" + " /\\ ".join(conj) + ");")
+    mzn = Path(workdir) / f"{tag}.mzn"
+    dzn = Path(workdir) / f"{tag}.dzn"
+    goal = "minimize cost" if optimise else "satisfy"
+    mzn.write_text(f'include "{MODEL}";\n' + "\n".join(ng) + "\n"
+                   f"solve :: {_search_ann(instr, search)} {goal};\n" + _OUT)
+    dzn.write_text(data)
+    cmd = ["minizinc", "--solver", "gecode", "-s", "--time-limit", str(int(timeout * 1000)), str(mzn), str(dzn)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _parse(out: str, err: str, rc: int, wl: Workload, instr: InstructionGraph, order: Sequence[int]
+           ) -> Tuple[str, Optional[RawSolution], Dict[str, float]]:
+    stats: Dict[str, float] = {}
+    for m in re.finditer(r"%%%mzn-stat: (\w+)=(\S+)", out):
+        try:
+            stats[m.group(1)] = float(m.group(2))
+        except ValueError:
+            pass
+    sols = re.findall(r"SOL bind=(\d+) bdim=\[(.*?)\] bstep=\[(.*?)\] pad=\[(.*?)\] cost=(-?\d+)\nP=\[(.*?)\]\nT=\[(.*?)\]",
+                      out, re.S)
+    complete = "==========" in out
+    if not sols:
+        if "=====UNSATISFIABLE=====" in out:
+            return "infeasible", None, stats
+        if rc != 0 and "UNKNOWN" not in out:
+            raise SolverError(f"minizinc failed (exit {rc}) on {wl.name}: {err.strip()[-2000:]}")
+        return "timeout", None, stats
+    b, bd, bs, pad, cost, P, T = sols[-1]
+    D = len(wl.dims)
+    bdp = [order[x - 1] for x in _ints(bd)]             # permuted dim -> original dim
+    padp = _ints(pad)
+    pad_orig = [0] * D
+    for new, old in enumerate(order):
+        pad_orig[old] = padp[new]
+    pv = _ints(P)
+    nq = instr.num_mults
+    prow = []
+    for q in range(nq):
+        row = pv[q * D:(q + 1) * D]
+        orig = [0] * D
+        for new, old in enumerate(order):
+            orig[old] = row[new]
+        prow.append(tuple(orig))
+    tv = _ints(T)
+    binds = _bindings(instr, wl, True)
+    EMAX = max(t.rank for t in wl.tensors)
+    nnmax = max(len(instr.operand_nodes(o)) for o in "ABC")
+    bind = int(b)
+    data_nodes = {}
+    for k, o in enumerate("ABC"):
+        rank = wl.tensors[binds[bind - 1][k]].rank
+        lst = []
+        for j in range(len(instr.operand_nodes(o))):
+            base = (k * nnmax + j) * EMAX
+            lst.append(tuple(tv[base:base + rank]))
+        data_nodes[o] = lst
+    sol = RawSolution(bind, tuple(bdp), tuple(_ints(bs)), tuple(pad_orig), int(cost), complete, prow, data_nodes)
+    return "ok", sol, stats
+
+
+def portfolio_orders(wl: Workload, instr: InstructionGraph) -> List[Tuple[int, ...]]:
+    """Dimension orders of the portfolio (Rieber et al., eq. 12).
+
+    One asset per choice of distinct spatial dims for the instruction's spatial axes and of
+    reduction dims for its reduction axes, placed first (in axis order) so that the
+    lexicographic search meets them first: ``n_s!/(n_s-k_s)! * n_r!/(n_r-k_r)!`` assets.
+    The workload's own order comes first.
+    """
+    sp = [d for d in range(len(wl.dims)) if not wl.reduction[d]]
+    rd = [d for d in range(len(wl.dims)) if wl.reduction[d]]
+    ks = min(sum(1 for r in instr.reduction if not r), len(sp))
+    kr = min(sum(1 for r in instr.reduction if r), len(rd))
+    orders = [tuple(range(len(wl.dims)))]
+    for s in itertools.permutations(sp, ks):
+        for r in itertools.permutations(rd, kr):
+            head = list(s) + list(r)
+            o = tuple(head + [d for d in range(len(wl.dims)) if d not in head])
+            if o not in orders:
+                orders.append(o)
+    return orders
+
+
+def _asset_name(wl: Workload, order: Sequence[int]) -> str:
+    return "".join(wl.dims[o][0] if len(wl.dims[o]) == 1 else f"({wl.dims[o]})" for o in order)
+
+
+def solve(wl: Workload, instr: InstructionGraph, mode: Union[str, Sequence[str]] = "strict", *,
+          solutions: int = 1, timeout: float = 30.0, search: str = "struct", portfolio: bool = False,
+          bound: bool = False, bound_stride: int = 1, jobs: int = 2, commutative: bool = True,
+          optimise: bool = True, disable: Sequence[str] = ()) -> SolveResult:
+    """Solve the embedding constraint program.
+
+    Parameters
+    ----------
+    wl : Workload
+    instr : InstructionGraph
+    mode : str or sequence of str
+        ``"strict"``, ``"relaxed"``, or an explicit list of constraint names
+        (:data:`CONSTRAINTS`).
+    solutions : int
+        Number of best distinct solutions to enumerate (each is a further solve with the
+        earlier structures excluded).
+    timeout : float
+        Seconds for the whole call; on expiry the status is ``"timeout"``.
+    search : str
+        ``"struct"`` (default, fastest) or ``"nodes"`` (the paper's node order).
+    portfolio : bool
+        Run the dimension-order assets of eq. (12) in ``jobs`` parallel processes; the first
+        finished solve wins.
+    bound : bool
+        Post the per-group domain bound of eq. (11): node coordinates below
+        ``max(instruction sizes) * bound_stride``.
+    commutative : bool
+        Let either input bind to operand A.
+    optimise : bool
+        Minimise the padding cost (otherwise the first solution is returned).
+    disable : sequence of str
+        Constraint names removed from the set.
+
+    Returns
+    -------
+    SolveResult
+        ``status`` is ``"ok"`` with at least one solution, ``"infeasible"`` or ``"timeout"``.
+    """
+    cons = CONSTRAINT_SETS[mode] if isinstance(mode, str) else tuple(mode)
+    if isinstance(mode, str) and mode not in CONSTRAINT_SETS:
+        raise ValueError(f"unknown mode {mode!r}; use one of {sorted(CONSTRAINT_SETS)} or a constraint list")
+    cons = tuple(c for c in cons if c not in disable)
+    if shutil.which("minizinc") is None:
+        raise SolverError("the `minizinc` executable is not on PATH; install MiniZinc 2.6 with Gecode "
+                          "(Debian: apt-get install minizinc)")
+    t_start = time.perf_counter()
+    total = SolveStats()
+    found: List[RawSolution] = []
+    status = "ok"
+    orders = portfolio_orders(wl, instr) if portfolio else [tuple(range(len(wl.dims)))]
+    workdir = tempfile.mkdtemp(prefix="csp_embed_")
+    try:
+        for it in range(solutions):
+            remaining = timeout - (time.perf_counter() - t_start)
+            if remaining <= 0.05:
+                status = "timeout" if not found else "ok"
+                break
+            st, sol, stats, asset, runs = _solve_once(wl, instr, cons, search, remaining, workdir, f"s{it}",
+                                                      found, orders, commutative, bound, bound_stride,
+                                                      jobs, optimise)
+            total.runs += runs
+            total.flatten_seconds += stats.get("flatTime", 0.0)
+            total.solve_seconds += stats.get("solveTime", 0.0)
+            total.nodes += int(stats.get("nodes", 0))
+            total.failures += int(stats.get("failures", 0))
+            if sol is None:
+                if not found:
+                    status = st
+                break
+            sol.stats = SolveStats(0.0, stats.get("flatTime", 0.0), stats.get("solveTime", 0.0),
+                                   int(stats.get("nodes", 0)), int(stats.get("failures", 0)), asset, runs)
+            total.asset = found[0].stats.asset if found else asset
+            found.append(sol)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    total.wall_seconds = time.perf_counter() - t_start
+    for s in found:
+        s.stats.wall_seconds = total.wall_seconds
+    if status == "ok":
+        msg = f"{len(found)} embedding(s) of {instr.name} into {wl.name} ({' '.join(cons)})"
+    elif status == "timeout":
+        msg = (f"no embedding of {instr.name} into {wl.name} found within {timeout:g} s "
+               f"(constraints: {' '.join(cons)}); raise the timeout or relax the constraints")
+    else:
+        msg = (f"no embedding of {instr.name} into {wl.name} exists under the constraints "
+               f"{' '.join(cons)}; try mode='relaxed' or enable padding")
+    return SolveResult(status, found, total, msg)
+
+
+def _solve_once(wl, instr, cons, search, timeout, workdir, tag, nogoods, orders, commutative, bound,
+                bound_stride, jobs, optimise):
+    pending = list(enumerate(orders))
+    running: List[_Run] = []
+    best_fail = ("infeasible", {})
+    n_runs = 0
+    n_infeasible = 0
+    t0 = time.perf_counter()
+    try:
+        while pending or running:
+            while pending and len(running) < max(1, jobs):
+                i, order = pending.pop(0)
+                left = timeout - (time.perf_counter() - t0)
+                if left <= 0.05:
+                    pending.clear()
+                    break
+                proc = _launch(wl, instr, cons, search, left, workdir, f"{tag}_a{i}", nogoods, order,
+                               commutative, bound, bound_stride, optimise)
+                n_runs += 1
+                running.append(_Run(proc, order, _asset_name(wl, order) if len(orders) > 1 else "default",
+                                    time.perf_counter()))
+            if not running:
+                break
+            done = None
+            while done is None:
+                for r in running:
+                    if r.proc.poll() is not None:
+                        done = r
+                        break
+                else:
+                    if len(running) == 1:
+                        running[0].proc.wait()
+                        done = running[0]
+                    else:
+                        time.sleep(0.005)
+            running.remove(done)
+            out, err = done.proc.communicate()
+            st, sol, stats = _parse(out, err, done.proc.returncode, wl, instr, done.order)
+            if sol is not None:
+                return st, sol, stats, done.asset, n_runs
+            if st == "timeout":
+                best_fail = ("timeout", stats)
+            else:
+                n_infeasible += 1
+                if best_fail[0] != "timeout":
+                    best_fail = ("infeasible", stats)
+                # an asset is a reordering of the same problem: infeasible for one is infeasible for all
+                pending.clear()
+        return best_fail[0], None, best_fail[1], "", n_runs
+    finally:
+        for r in running:
+            if r.proc.poll() is None:
+                r.proc.kill()
+            r.proc.communicate()

@@ -1,0 +1,681 @@
+"""Vectorised functional simulator of VTA, with the semantics of the apache fsim.
+
+:class:`FunctionalSimulator` plays the role of the fsim ``Device``: it owns the on-chip buffers
+(input, weight, accumulator and micro-op SRAMs, which persist across runs), the four dependency
+token queues and the profiler counters, and executes a binary instruction stream stored in a DRAM
+image, like ``VTADeviceRun(device, insn_phys, insn_count, wait_cycles)``.
+
+Semantics (``spec/vta-reference-facts.md`` §3, apache fsim):
+
+* LOAD copies a 2-D block of ``y_size`` rows of ``x_size`` elements (DRAM row stride ``x_stride``)
+  into a dense SRAM block with ``x_pad_0/x_pad_1/y_pad_0/y_pad_1`` elements of zero padding.
+  ``ACC_8BIT`` reads int8 values (16 DRAM bytes per element by default) and sign-extends them into
+  the int32 accumulator lanes. Extension ``pad_min`` pads with -128 (INP, WGT) or INT32_MIN (ACC,
+  ACC_8BIT; 0x80000000 for UOP words) instead of zero.
+* STORE truncates each int32 accumulator lane to its low 8 bits (no saturation); the memory type
+  must be OUT and the pads zero.
+* GEMM accumulates ``inp[i] . wgt[j]`` into ``acc`` over the affine ``(iter_out, iter_in, uop)``
+  grid, wrapping modulo 2^32; ``reset_reg`` zeroes the accumulators instead.
+* ALU computes ``dst = f(dst, imm)`` or ``dst = f(dst, src)`` lane-wise on accumulators: MIN, MAX,
+  ADD and MUL (wrapping), SHR (arithmetic right shift; a negative amount shifts left), and the
+  extension CLIP (``use_imm`` only; ``max(min(a, hi), lo)`` with the int8 bounds packed in the
+  immediate). Shift amounts are taken modulo 32, as the x86 shift instructions under the compiled
+  fsim do.
+* Each instruction goes to the in-order queue of its module (load: LOAD INP/WGT; compute: LOAD
+  UOP/ACC/ACC_8BIT, GEMM, ALU, FINISH; store: STORE). Dependency pops are taken before execution
+  and pushes made after it, through the token queues l2g, s2g, g2l and g2s. The run ends when
+  FINISH has executed; instructions still queued in other modules at that point are dropped, as in
+  fsim. The token counts persist across runs, as fsim's global queues do.
+
+Where the original loops forever or aborts, this simulator raises :class:`SimulationError` naming
+the instruction (index and disassembly): unsatisfiable token waits (deadlock), SRAM or DRAM indices
+out of range (no wrapping), a STORE of a non-OUT memory type or with padding, unknown opcodes,
+memory types or ALU operations, and dependency flags that name a queue the module does not have.
+
+Implementation: the stream is decoded at once from its 64-bit words; every instruction executes as
+whole-array numpy operations. A GEMM is mapped onto batched float32 matrix products (exact: each
+product of int8 values is at most 2^14 in magnitude and chunks of at most 1024 lanes keep every
+partial sum within 2^24) by classifying its three loop axes (outer, inner, micro-op) into
+reduction, row, column and batch axes from which indices they leave invariant.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..config import VTAConfig
+from ..isa import AluOp, MemType, Opcode, clip_bounds, decode_insn, insn_stage
+from ..layout import Layout
+from .stats import SimStats
+
+__all__ = ["FunctionalSimulator", "SimulationError", "run_binary"]
+
+_LOAD, _COMPUTE, _STORE = 0, 1, 2
+_MODULE_NAMES = ("load", "compute", "store")
+_INT32_MIN = -(1 << 31)
+#: largest number of int8 x int8 products summed in one float32 dot product (2^24 / 2^14)
+_EXACT_LANES = 1 << 10
+#: element budget of the operand gathers of one batched GEMM step
+_GATHER_BUDGET = 1 << 22
+#: largest number of (iter_out, iter_in, uop) executions materialised at once
+_GRID_BUDGET = 1 << 22
+_LOADABLE = frozenset((MemType.UOP, MemType.WGT, MemType.INP, MemType.ACC, MemType.ACC_8BIT))
+_MEM_IDS = frozenset(int(m) for m in MemType)
+_ALU_OPS = frozenset(int(o) for o in AluOp)
+
+
+class SimulationError(RuntimeError):
+    """An instruction stream that the hardware cannot execute.
+
+    Attributes
+    ----------
+    insn_index : int or None
+        Index of the offending instruction in the stream (None for stream-level errors).
+    insn_text : str
+        Disassembly of that instruction ("" if none).
+    """
+
+    def __init__(self, message: str, insn_index: Optional[int] = None, insn_text: str = "") -> None:
+        self.insn_index = insn_index
+        self.insn_text = insn_text
+        where = f"instruction #{insn_index} ({insn_text}): " if insn_index is not None else ""
+        super().__init__(where + message)
+
+
+def _extract(words: np.ndarray, layout: Layout) -> Dict[str, List[int]]:
+    """Every field of ``layout`` for every instruction, as Python int lists.
+
+    ``words`` is an ``(n, 2)`` uint64 array (the two little-endian words of each instruction).
+    The signed ``imm`` field is sign-extended.
+    """
+    out: Dict[str, List[int]] = {}
+    for f in layout.fields:
+        word = words[:, f.lsb // 64]
+        value = ((word >> np.uint64(f.lsb % 64)) & np.uint64(f.mask)).astype(np.int64)
+        if f.name == "imm":
+            value = np.where(value >= (1 << (f.width - 1)), value - (1 << f.width), value)
+        out[f.name] = value.tolist()
+    return out
+
+
+@dataclass
+class _Stream:
+    """A decoded instruction stream: header columns and per-format field columns."""
+
+    raw: np.ndarray  # (n, 16) uint8
+    opcode: List[int]
+    pop_prev: List[int]
+    pop_next: List[int]
+    push_prev: List[int]
+    push_next: List[int]
+    mem: Dict[str, List[int]]
+    gemm: Dict[str, List[int]]
+    alu: Dict[str, List[int]]
+
+    @classmethod
+    def decode(cls, config: VTAConfig, raw: np.ndarray) -> "_Stream":
+        words = raw.view("<u8").reshape(-1, 2)
+        w0 = words[:, 0]
+        head = [((w0 >> np.uint64(bit)) & np.uint64(mask)).astype(np.int64).tolist()
+                for bit, mask in ((0, 7), (3, 1), (4, 1), (5, 1), (6, 1))]
+        return cls(raw, *head, mem=_extract(words, config.layouts["MEM"]),
+                   gemm=_extract(words, config.layouts["GEMM"]),
+                   alu=_extract(words, config.layouts["ALU"]))
+
+    def __len__(self) -> int:
+        return len(self.opcode)
+
+
+def _alu_apply(op: int, a: np.ndarray, b, imm: int) -> np.ndarray:
+    """``f(a, b)`` lane-wise on int32 values with the fsim rules (wrapping arithmetic).
+
+    ``b`` is an int32 array shaped like ``a``, or an ``np.int32`` scalar (immediate).
+    """
+    if op == AluOp.MIN:
+        return np.minimum(a, b)
+    if op == AluOp.MAX:
+        return np.maximum(a, b)
+    if op == AluOp.ADD:
+        return (a.view(np.uint32) + np.asarray(b, np.int32).view(np.uint32)).view(np.int32)
+    if op == AluOp.MUL:
+        return (a.view(np.uint32) * np.asarray(b, np.int32).view(np.uint32)).view(np.int32)
+    if op == AluOp.SHR:
+        b64 = np.asarray(b, np.int64)
+        right = a >> (b64 & 31).astype(np.int32)
+        left = (a.view(np.uint32) << ((-b64) & 31).astype(np.uint32)).view(np.int32)
+        return np.where(b64 >= 0, right, left).astype(np.int32, copy=False)
+    if op == AluOp.CLIP:
+        lo, hi = clip_bounds(imm)
+        return np.maximum(np.minimum(a, np.int32(hi)), np.int32(lo))
+    raise ValueError(f"unknown ALU opcode {op}")  # callers check first
+
+
+class FunctionalSimulator:
+    """The VTA functional simulator (a simulated ``Device``).
+
+    Parameters
+    ----------
+    config : VTAConfig
+        Hardware configuration (block sizes, buffer depths, instruction layouts).
+
+    Notes
+    -----
+    The SRAM contents and the dependency-token counts persist across :meth:`run` calls on the same
+    object; :meth:`reset` clears them. :attr:`stats` accumulates the counters of every run until
+    :meth:`clear_stats`; each :meth:`run` returns the counters of that run alone.
+    """
+
+    def __init__(self, config: VTAConfig) -> None:
+        if (config.INP_WIDTH, config.WGT_WIDTH, config.ACC_WIDTH) != (8, 8, 32):
+            raise ValueError("the functional simulator supports int8 inputs/weights and int32 "
+                             f"accumulators only, got {config!r}")
+        self.config = config
+        self.stats = SimStats()
+        self._batch, self._bin, self._bout = config.BATCH, config.BLOCK_IN, config.BLOCK_OUT
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Zero every SRAM and empty the dependency-token queues."""
+        cfg = self.config
+        # inputs and weights are held as float32 (exact for int8) so GEMMs run on BLAS;
+        # the weight buffer is kept transposed, [BLOCK_IN][BLOCK_OUT] per element
+        self._inp = np.zeros((cfg.inp_depth, self._batch, self._bin), np.float32)
+        self._wgt_t = np.zeros((cfg.wgt_depth, self._bin, self._bout), np.float32)
+        self.acc = np.zeros((cfg.acc_depth, self._batch, self._bout), np.int32)
+        self._uop_raw = np.zeros(cfg.uop_depth, np.uint32)
+        self._uop_dst = np.zeros(cfg.uop_depth, np.int64)
+        self._uop_src = np.zeros(cfg.uop_depth, np.int64)
+        self._uop_wgt = np.zeros(cfg.uop_depth, np.int64)
+        self.tokens: Dict[str, int] = {"l2g": 0, "s2g": 0, "g2l": 0, "g2s": 0}
+
+    def clear_stats(self) -> None:
+        """Reset the cumulative counters (``vta.simulator.profiler_clear``)."""
+        self.stats.clear()
+
+    def sram(self, memory: str) -> np.ndarray:
+        """A copy of one on-chip buffer in its canonical lane layout.
+
+        Parameters
+        ----------
+        memory : {"inp", "wgt", "acc", "uop"}
+            ``inp``: int8 (depth, BATCH, BLOCK_IN); ``wgt``: int8 (depth, BLOCK_OUT, BLOCK_IN);
+            ``acc``: int32 (depth, BATCH, BLOCK_OUT); ``uop``: uint32 (depth,).
+        """
+        if memory == "inp":
+            return self._inp.astype(np.int8)
+        if memory == "wgt":
+            return self._wgt_t.transpose(0, 2, 1).astype(np.int8)
+        if memory == "acc":
+            return self.acc.copy()
+        if memory == "uop":
+            return self._uop_raw.copy()
+        raise ValueError(f"unknown memory {memory!r}; expected inp, wgt, acc or uop")
+
+    # ------------------------------------------------------------------ entry point
+    def run(self, dram: np.ndarray, dram_base: int, insn_phys: int, insn_count: int) -> SimStats:
+        """Execute ``insn_count`` instructions stored at physical address ``insn_phys``.
+
+        Parameters
+        ----------
+        dram : numpy.ndarray
+            The DRAM image, a writable 1-D uint8 array; STOREs write into it.
+        dram_base : int
+            Physical address of ``dram[0]``. ``dram_base`` fields of instructions are physical
+            addresses divided by the element size of their memory type.
+        insn_phys : int
+            Physical address of the first instruction (16 bytes each).
+        insn_count : int
+            Number of instructions.
+
+        Returns
+        -------
+        SimStats
+            The counters of this run (also added to :attr:`stats`).
+
+        Raises
+        ------
+        SimulationError
+            On a deadlock, an out-of-range access, or an invalid instruction.
+        """
+        if not isinstance(dram, np.ndarray) or dram.dtype != np.uint8 or dram.ndim != 1:
+            raise TypeError("dram must be a 1-D numpy uint8 array")
+        if not dram.flags.writeable:
+            raise ValueError("dram must be writable (STOREs write into it)")
+        if insn_count <= 0:
+            raise SimulationError(f"insn_count must be positive, got {insn_count}")
+        start = int(insn_phys) - int(dram_base)
+        end = start + 16 * int(insn_count)
+        if start < 0 or end > dram.size:
+            raise SimulationError(
+                f"instruction stream [{insn_phys:#x}, {insn_phys + 16 * insn_count:#x}) lies outside "
+                f"the DRAM image [{dram_base:#x}, {dram_base + dram.size:#x})")
+        raw = dram[start:end].copy().reshape(insn_count, 16)
+        self._stream = _Stream.decode(self.config, raw)
+        self._dram, self._dram_base = dram, int(dram_base)
+        before = self.stats.copy()
+        try:
+            queues = self._dispatch()
+            self._schedule(queues)
+        finally:
+            self._dram = self._stream = None
+        return self.stats - before
+
+    # ------------------------------------------------------------------ scheduling
+    def _describe(self, i: int) -> str:
+        raw = bytes(self._stream.raw[i])
+        try:
+            insn = decode_insn(self.config, raw)
+            return f"{insn_stage(insn).name.lower()}: {insn}"
+        except ValueError:  # unknown opcode or enum value: show the raw bits
+            return f"raw {raw.hex()}"
+
+    def _error(self, i: int, message: str) -> SimulationError:
+        return SimulationError(message, i, self._describe(i))
+
+    def _dispatch(self) -> Tuple[List[int], List[int], List[int]]:
+        """Split the stream into the three module queues and check the header fields."""
+        s = self._stream
+        queues: Tuple[List[int], List[int], List[int]] = ([], [], [])
+        mem_type = s.mem["memory_type"]
+        for i, op in enumerate(s.opcode):
+            if op == Opcode.LOAD:
+                module = _LOAD if mem_type[i] in (MemType.INP, MemType.WGT) else _COMPUTE
+            elif op == Opcode.STORE:
+                module = _STORE
+            elif op in (Opcode.GEMM, Opcode.ALU, Opcode.FINISH):
+                module = _COMPUTE
+            else:
+                raise self._error(i, f"unknown opcode {op}")
+            if module == _LOAD and (s.pop_prev[i] or s.push_prev[i]):
+                raise self._error(i, "a load-module instruction has no previous module: "
+                                     "pop_prev/push_prev must be 0")
+            if module == _STORE and (s.pop_next[i] or s.push_next[i]):
+                raise self._error(i, "a store-module instruction has no next module: "
+                                     "pop_next/push_next must be 0")
+            queues[module].append(i)
+        return queues
+
+    # token queues per module: (pop_prev, pop_next, push_prev, push_next)
+    _QUEUES = (
+        (None, "g2l", None, "l2g"),      # load
+        ("l2g", "s2g", "g2l", "g2s"),    # compute
+        ("g2s", None, "s2g", None),      # store
+    )
+
+    def _schedule(self, queues: Tuple[List[int], List[int], List[int]]) -> None:
+        """Run the three modules round-robin until FINISH; detect deadlocks."""
+        s, tokens = self._stream, self.tokens
+        heads = [0, 0, 0]
+        while True:
+            progress = False
+            for module in (_LOAD, _COMPUTE, _STORE):
+                pop_p, pop_n, push_p, push_n = self._QUEUES[module]
+                queue = queues[module]
+                while heads[module] < len(queue):
+                    i = queue[heads[module]]
+                    want_p, want_n = s.pop_prev[i], s.pop_next[i]
+                    if (want_p and tokens[pop_p] == 0) or (want_n and tokens[pop_n] == 0):
+                        break
+                    if want_n:
+                        tokens[pop_n] -= 1
+                    if want_p:
+                        tokens[pop_p] -= 1
+                    self._execute(i)
+                    if s.push_prev[i]:
+                        tokens[push_p] += 1
+                    if s.push_next[i]:
+                        tokens[push_n] += 1
+                    heads[module] += 1
+                    progress = True
+                    if s.opcode[i] == Opcode.FINISH:
+                        return
+            if not progress:
+                self._raise_stuck(queues, heads)
+
+    def _raise_stuck(self, queues, heads) -> None:
+        s = self._stream
+        blocked = []
+        for module in (_LOAD, _COMPUTE, _STORE):
+            if heads[module] < len(queues[module]):
+                i = queues[module][heads[module]]
+                pop_p, pop_n, _, _ = self._QUEUES[module]
+                need = [q for q, want in ((pop_p, s.pop_prev[i]), (pop_n, s.pop_next[i])) if want
+                        and self.tokens[q] == 0]
+                blocked.append((i, f"{_MODULE_NAMES[module]} module waits for a token on "
+                                   f"{' and '.join(need)}"))
+        tokens = ", ".join(f"{k}={v}" for k, v in self.tokens.items())
+        if not blocked:
+            raise SimulationError(f"the stream of {len(s)} instructions ended without FINISH "
+                                  f"(tokens: {tokens})")
+        first = blocked[0][0]
+        lines = "; ".join(f"#{i} ({self._describe(i)}): {why}" for i, why in blocked)
+        raise SimulationError(f"deadlock: no module can make progress and FINISH was not reached; "
+                              f"blocked: {lines} (tokens: {tokens})", first, self._describe(first))
+
+    def _execute(self, i: int) -> None:
+        op = self._stream.opcode[i]
+        if op == Opcode.LOAD:
+            self._load(i)
+        elif op == Opcode.STORE:
+            self._store(i)
+        elif op == Opcode.GEMM:
+            self._gemm(i)
+        elif op == Opcode.ALU:
+            self._alu(i)
+        # FINISH: nothing to compute
+
+    # ------------------------------------------------------------------ LOAD / STORE
+    def _mem_fields(self, i: int):
+        m = self._stream.mem
+        return (m["memory_type"][i], m["sram_base"][i], m["dram_base"][i], m["pad_min"][i],
+                m["y_size"][i], m["x_size"][i], m["x_stride"][i], m["y_pad_0"][i],
+                m["y_pad_1"][i], m["x_pad_0"][i], m["x_pad_1"][i])
+
+    def _dram_rows(self, i: int, what: str, dram_base: int, elem: int, y_size: int, x_size: int,
+                   x_stride: int) -> np.ndarray:
+        """A strided ``(y_size, x_size * elem)`` byte view of the DRAM rows of a transfer."""
+        if y_size == 0:  # only padding is written; DRAM is not touched
+            return np.zeros((0, x_size * elem), np.uint8)
+        start = dram_base * elem - self._dram_base
+        end = start + ((y_size - 1) * x_stride + x_size) * elem
+        if start < 0 or end > self._dram.size:
+            raise self._error(i, f"{what} DRAM range [{start + self._dram_base:#x}, "
+                                 f"{end + self._dram_base:#x}) lies outside the DRAM image "
+                                 f"[{self._dram_base:#x}, {self._dram_base + self._dram.size:#x})")
+        base = self._dram[start:]
+        return np.lib.stride_tricks.as_strided(base, shape=(y_size, x_size * elem),
+                                               strides=(x_stride * elem, 1), writeable=True)
+
+    def _load(self, i: int) -> None:
+        (mem, sram_base, dram_base, pad_min, y_size, x_size, x_stride, y_pad_0, y_pad_1, x_pad_0,
+         x_pad_1) = self._mem_fields(i)
+        if x_size == 0:
+            return
+        cfg = self.config
+        if mem not in _LOADABLE:
+            raise self._error(i, f"LOAD of unknown memory type {mem}")
+        depth = {MemType.UOP: cfg.uop_depth, MemType.WGT: cfg.wgt_depth, MemType.INP: cfg.inp_depth,
+                 MemType.ACC: cfg.acc_depth, MemType.ACC_8BIT: cfg.acc_depth}[mem]
+        # fsim counts before it checks anything else
+        if mem == MemType.INP:
+            self.stats.inp_load_nbytes += x_size * y_size * cfg.inp_elem_bytes
+        elif mem == MemType.WGT:
+            self.stats.wgt_load_nbytes += x_size * y_size * cfg.wgt_elem_bytes
+        elif mem == MemType.UOP:
+            self.stats.uop_load_nbytes += x_size * y_size * cfg.UOP_ELEM_BYTES
+        else:
+            self.stats.acc_load_nbytes += x_size * y_size * cfg.acc_elem_bytes
+        x_total = x_pad_0 + x_size + x_pad_1
+        y_total = y_pad_0 + y_size + y_pad_1
+        if sram_base + x_total * y_total > depth:
+            raise self._error(i, f"LOAD {MemType(mem).name} writes SRAM elements "
+                                 f"[{sram_base}, {sram_base + x_total * y_total}) beyond the "
+                                 f"buffer depth {depth}")
+        elem = cfg.elem_bytes(mem)
+        data = self._dram_rows(i, "LOAD", dram_base, elem, y_size, x_size, x_stride)
+        data = data.reshape(y_size, x_size, elem)
+        padded = bool(y_pad_0 or y_pad_1 or x_pad_0 or x_pad_1)
+
+        if mem == MemType.INP:
+            target = self._inp.reshape(cfg.inp_depth, -1)
+            values, pad_value = data.view(np.int8), -128
+        elif mem == MemType.WGT:
+            target = self._wgt_t.reshape(cfg.wgt_depth, -1)
+            w = data.view(np.int8).reshape(y_size, x_size, self._bout, self._bin)
+            values, pad_value = w.transpose(0, 1, 3, 2).reshape(y_size, x_size, -1), -128
+        elif mem == MemType.ACC:
+            target = self.acc.reshape(cfg.acc_depth, -1)
+            values, pad_value = np.ascontiguousarray(data).view("<i4"), _INT32_MIN
+        elif mem == MemType.ACC_8BIT:
+            target = self.acc.reshape(cfg.acc_depth, -1)
+            values, pad_value = data.view(np.int8), _INT32_MIN
+        else:  # UOP
+            target = self._uop_raw.reshape(cfg.uop_depth, 1)
+            values, pad_value = np.ascontiguousarray(data).view("<u4"), 1 << 31
+        block = target[sram_base:sram_base + x_total * y_total].reshape(y_total, x_total, -1)
+        if padded:
+            block[...] = pad_value if pad_min else 0
+        block[y_pad_0:y_pad_0 + y_size, x_pad_0:x_pad_0 + x_size] = values
+        if mem == MemType.UOP:
+            self._decode_uops(sram_base, sram_base + x_total * y_total)
+
+    def _decode_uops(self, begin: int, end: int) -> None:
+        layout = self.config.layouts["UOP"]
+        words = self._uop_raw[begin:end]
+        for name, target in (("dst_idx", self._uop_dst), ("src_idx", self._uop_src),
+                             ("wgt_idx", self._uop_wgt)):
+            f = layout[name]
+            target[begin:end] = (words >> np.uint32(f.lsb)) & np.uint32(f.mask)
+
+    def _store(self, i: int) -> None:
+        (mem, sram_base, dram_base, _pad_min, y_size, x_size, x_stride, y_pad_0, y_pad_1, x_pad_0,
+         x_pad_1) = self._mem_fields(i)
+        if x_size == 0:
+            return
+        cfg = self.config
+        if mem != MemType.OUT:
+            name = MemType(mem).name if mem in _MEM_IDS else str(mem)
+            raise self._error(i, f"STORE supports memory type OUT only, got {name}")
+        if y_pad_0 or y_pad_1 or x_pad_0 or x_pad_1:
+            raise self._error(i, "STORE must not have padding")
+        self.stats.out_store_nbytes += x_size * y_size * cfg.out_elem_bytes
+        count = x_size * y_size
+        if sram_base + count > cfg.acc_depth:
+            raise self._error(i, f"STORE reads accumulator elements [{sram_base}, "
+                                 f"{sram_base + count}) beyond the buffer depth {cfg.acc_depth}")
+        rows = self._dram_rows(i, "STORE", dram_base, cfg.out_elem_bytes, y_size, x_size, x_stride)
+        data = self.acc[sram_base:sram_base + count].astype(np.int8).view(np.uint8)
+        data = data.reshape(y_size, -1)
+        if x_stride < x_size and y_size > 1:  # overlapping rows: later rows win, as in order
+            for y in range(y_size):
+                rows[y] = data[y]
+        else:
+            rows[...] = data
+
+    # ------------------------------------------------------------------ GEMM / ALU
+    def _compute_fields(self, i: int, table: Dict[str, List[int]]):
+        return tuple(table[k][i] for k in ("uop_bgn", "uop_end", "iter_out", "iter_in",
+                                           "dst_factor_out", "dst_factor_in",
+                                           "src_factor_out", "src_factor_in"))
+
+    def _check_uops(self, i: int, bgn: int, end: int) -> None:
+        if end < bgn:
+            raise self._error(i, f"uop_end {end} is below uop_bgn {bgn}")
+        if end > self.config.uop_depth:
+            raise self._error(i, f"micro-op range [{bgn}, {end}) exceeds the micro-op buffer "
+                                 f"depth {self.config.uop_depth}")
+
+    def _check_index(self, i: int, what: str, base: np.ndarray, f_out: int, f_in: int,
+                     n_out: int, n_in: int, depth: int) -> None:
+        top = int(base.max()) + (n_out - 1) * f_out + (n_in - 1) * f_in
+        if top >= depth:
+            raise self._error(i, f"{what} index reaches {top}, beyond the buffer depth {depth}")
+
+    @staticmethod
+    def _grid(base: np.ndarray, f_out: int, f_in: int, n_out: int, n_in: int) -> np.ndarray:
+        """Indices ``base[u] + y * f_out + x * f_in`` on the ``(n_out, n_in, n_uop)`` grid."""
+        return (base[None, None, :] + (np.arange(n_out, dtype=np.int64) * f_out)[:, None, None]
+                + (np.arange(n_in, dtype=np.int64) * f_in)[None, :, None])
+
+    def _y_chunks(self, n_out: int, n_in: int, n_uop: int):
+        """Split the outer loop so that at most ``_GRID_BUDGET`` executions are materialised."""
+        step = max(1, _GRID_BUDGET // max(1, n_in * n_uop))
+        for y0 in range(0, n_out, step):
+            yield y0, min(step, n_out - y0)
+
+    def _gemm(self, i: int) -> None:
+        g = self._stream.gemm
+        bgn, end, n_out, n_in, d_out, d_in, s_out, s_in = self._compute_fields(i, g)
+        w_out, w_in, reset = g["wgt_factor_out"][i], g["wgt_factor_in"][i], g["reset_reg"][i]
+        self._check_uops(i, bgn, end)
+        n_uop = end - bgn
+        if not reset:
+            self.stats.gemm_counter += n_out * n_in * n_uop
+        if n_uop == 0 or n_out == 0 or n_in == 0:
+            return
+        cfg = self.config
+        dst, src, wgt = self._uop_dst[bgn:end], self._uop_src[bgn:end], self._uop_wgt[bgn:end]
+        self._check_index(i, "GEMM accumulator", dst, d_out, d_in, n_out, n_in, cfg.acc_depth)
+        if reset:
+            for y0, ny in self._y_chunks(n_out, n_in, n_uop):
+                idx = self._grid(dst + y0 * d_out, d_out, d_in, ny, n_in)
+                self.acc[idx.ravel()] = 0
+            return
+        self._check_index(i, "GEMM input", src, s_out, s_in, n_out, n_in, cfg.inp_depth)
+        self._check_index(i, "GEMM weight", wgt, w_out, w_in, n_out, n_in, cfg.wgt_depth)
+        for y0, ny in self._y_chunks(n_out, n_in, n_uop):
+            self._gemm_block(dst + y0 * d_out, src + y0 * s_out, wgt + y0 * w_out, ny, n_in,
+                             (d_out, d_in), (s_out, s_in), (w_out, w_in))
+
+    def _gemm_block(self, dst, src, wgt, n_out, n_in, d_f, s_f, w_f) -> None:
+        """Accumulate one GEMM grid as batched matrix products (see the module docstring)."""
+        sizes = (n_out, n_in, len(dst))
+
+        def invariant(factors, base):
+            return (factors[0] == 0, factors[1] == 0, bool(np.all(base == base[0])))
+
+        acc_inv, inp_inv, wgt_inv = invariant(d_f, dst), invariant(s_f, src), invariant(w_f, wgt)
+        roles: Dict[str, List[int]] = {"B": [], "M": [], "N": [], "K": []}
+        for axis, size in enumerate(sizes):
+            if size == 1:
+                roles["B"].append(axis)
+            elif acc_inv[axis]:
+                roles["K"].append(axis)   # reduction: the accumulator index does not move
+            elif wgt_inv[axis]:
+                roles["M"].append(axis)   # rows: the weight does not move
+            elif inp_inv[axis]:
+                roles["N"].append(axis)   # columns: the input does not move
+            else:
+                roles["B"].append(axis)   # batch of independent products
+        perm = roles["B"] + roles["M"] + roles["N"] + roles["K"]
+        nb, nm, nn, nk = (int(np.prod([sizes[a] for a in roles[r]], dtype=np.int64))
+                          for r in "BMNK")
+
+        def arranged(base, factors):
+            grid = self._grid(base, factors[0], factors[1], n_out, n_in)
+            return grid.transpose(perm).reshape(nb, nm, nn, nk)
+
+        acc_idx = arranged(dst, d_f)[:, :, :, 0]      # (B, M, N)
+        inp_idx = arranged(src, s_f)[:, :, 0, :]      # (B, M, K)
+        wgt_idx = arranged(wgt, w_f)[:, 0, :, :]      # (B, N, K)
+        batch, b_in, b_out = self._batch, self._bin, self._bout
+        per_point = nm * batch * nk * b_in + nk * b_in * nn * b_out + nm * batch * nn * b_out
+        step = max(1, _GATHER_BUDGET // per_point)
+        k_step = max(1, _EXACT_LANES // b_in)
+        for b0 in range(0, nb, step):
+            bs = slice(b0, min(nb, b0 + step))
+            total = None
+            for k0 in range(0, nk, k_step):
+                ks = slice(k0, min(nk, k0 + k_step))
+                a = self._inp[inp_idx[bs, :, ks]]           # (b, M, k, BATCH, BI)
+                w = self._wgt_t[wgt_idx[bs, :, ks]]         # (b, N, k, BI, BO)
+                nbk, kk = a.shape[0], a.shape[2]
+                a = a.transpose(0, 1, 3, 2, 4).reshape(nbk, nm * batch, kk * b_in)
+                w = w.transpose(0, 2, 3, 1, 4).reshape(nbk, kk * b_in, nn * b_out)
+                part = np.matmul(a, w)
+                if total is None:
+                    total = part if nk <= k_step else part.astype(np.float64)
+                else:
+                    total += part
+            # (b, M*BATCH, N*BO) -> (b, M, N, BATCH, BO), exact integers -> int32 modulo 2^32
+            vals = total.reshape(-1, nm, batch, nn, b_out).transpose(0, 1, 3, 2, 4)
+            vals = vals.astype(np.int64).astype(np.int32).reshape(-1, batch, b_out)
+            self._accumulate(acc_idx[bs].reshape(-1), vals)
+
+    def _accumulate(self, idx: np.ndarray, vals: np.ndarray) -> None:
+        """``acc[idx] += vals`` modulo 2^32, correct for repeated indices."""
+        acc_u = self.acc.view(np.uint32)
+        if idx.size <= 1 or np.bincount(idx - idx.min()).max() <= 1:
+            acc_u[idx] += vals.view(np.uint32)
+        else:
+            np.add.at(acc_u, idx, vals.view(np.uint32))
+
+    def _alu(self, i: int) -> None:
+        a_ = self._stream.alu
+        bgn, end, n_out, n_in, d_out, d_in, s_out, s_in = self._compute_fields(i, a_)
+        op, use_imm, imm = a_["alu_opcode"][i], a_["use_imm"][i], a_["imm"][i]
+        if op not in _ALU_OPS:
+            raise self._error(i, f"unknown ALU opcode {op}")
+        if op == AluOp.CLIP and not use_imm:
+            raise self._error(i, "ALU CLIP takes its bounds from the immediate: use_imm must be 1")
+        self._check_uops(i, bgn, end)
+        n_uop = end - bgn
+        self.stats.alu_counter += n_out * n_in * n_uop
+        if n_uop == 0 or n_out == 0 or n_in == 0:
+            return
+        depth = self.config.acc_depth
+        dst_u, src_u = self._uop_dst[bgn:end], self._uop_src[bgn:end]
+        self._check_index(i, "ALU destination", dst_u, d_out, d_in, n_out, n_in, depth)
+        self._check_index(i, "ALU source", src_u, s_out, s_in, n_out, n_in, depth)
+        for y0, ny in self._y_chunks(n_out, n_in, n_uop):
+            dst = self._grid(dst_u + y0 * d_out, d_out, d_in, ny, n_in).reshape(-1)
+            src = self._grid(src_u + y0 * s_out, s_out, s_in, ny, n_in).reshape(-1)
+            if use_imm:
+                self._alu_imm(op, imm, dst)
+            else:
+                self._alu_vec(op, dst, src)
+
+    def _alu_imm(self, op: int, imm: int, dst: np.ndarray) -> None:
+        """``dst = f(dst, imm)`` in execution order; repeated destinations apply repeatedly."""
+        b = np.int32(imm)
+        order = np.argsort(dst, kind="stable")
+        sorted_dst = dst[order]
+        first = np.ones(dst.size, bool)
+        first[1:] = sorted_dst[1:] != sorted_dst[:-1]
+        if first.all():
+            self.acc[dst] = _alu_apply(op, self.acc[dst], b, imm)
+            return
+        starts = np.flatnonzero(first)
+        rank = np.arange(dst.size) - np.repeat(starts, np.diff(np.append(starts, dst.size)))
+        for r in range(int(rank.max()) + 1):  # one application per round to every destination
+            sel = sorted_dst[rank == r]
+            self.acc[sel] = _alu_apply(op, self.acc[sel], b, imm)
+
+    def _alu_vec(self, op: int, dst: np.ndarray, src: np.ndarray) -> None:
+        """``dst = f(dst, src)`` with the results of strictly sequential execution."""
+        n = dst.size
+        depth = self.acc.shape[0]
+        writer = np.full(depth, n, np.int64)
+        writer[dst] = np.arange(n)  # last writer of each destination
+        unique = np.bincount(dst, minlength=1).max() <= 1
+        if unique and not np.any(writer[src] < np.arange(n)):
+            # no execution reads a value written by an earlier one
+            self.acc[dst] = _alu_apply(op, self.acc[dst], self.acc[src], 0)
+            return
+        written = writer < n
+        if op in (AluOp.MIN, AluOp.MAX, AluOp.ADD, AluOp.MUL) and not written[src].any():
+            # a reduction into repeated destinations from sources that are never written:
+            # the operation is associative and commutative, so order does not matter
+            vals = self.acc[src]
+            if op == AluOp.MIN:
+                np.minimum.at(self.acc, dst, vals)
+            elif op == AluOp.MAX:
+                np.maximum.at(self.acc, dst, vals)
+            elif op == AluOp.ADD:
+                np.add.at(self.acc.view(np.uint32), dst, vals.view(np.uint32))
+            else:
+                np.multiply.at(self.acc.view(np.uint32), dst, vals.view(np.uint32))
+            return
+        # general case: maximal runs in which nothing reads or rewrites an element written earlier
+        dst_l, src_l = dst.tolist(), src.tolist()
+        start, seen = 0, set()
+        for e in range(n + 1):
+            if e == n or dst_l[e] in seen or src_l[e] in seen:
+                d, s = dst[start:e], src[start:e]
+                self.acc[d] = _alu_apply(op, self.acc[d], self.acc[s], 0)
+                if e == n:
+                    break
+                start, seen = e, set()
+            seen.add(dst_l[e])
+
+
+def run_binary(config: VTAConfig, dram: np.ndarray, dram_base: int, insn_phys: int,
+               insn_count: int) -> SimStats:
+    """Run a binary instruction stream on a fresh :class:`FunctionalSimulator`.
+
+    See :meth:`FunctionalSimulator.run` for the parameters.
+    """
+    return FunctionalSimulator(config).run(dram, dram_base, insn_phys, insn_count)
