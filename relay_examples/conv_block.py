@@ -85,13 +85,19 @@ def main(argv=None) -> int:
 
     print("\n== Build report")
     print(report)
-    print("\n== VTA calls (functional simulator counters)")
+    print("\n== VTA calls: functional simulator counters and cycle model")
+    total_cycles = 0
     for i, run in enumerate(runs):
+        cycles = run.cycles
+        total_cycles += cycles.total_cycles
         print(f"  [{i}] conv2d {run.workload['in_channels']}->{run.workload['out_channels']} "
               f"{run.workload['height']}x{run.workload['width']} s{run.workload['stride_h']}: "
-              f"{run.seconds * 1e3:.1f} ms")
+              f"simulated in {run.seconds * 1e3:.1f} ms wall time")
         for key, value in run.stats.as_dict().items():
             print(f"        {key:<18} {value:>12,}")
+        print("        " + cycles.summary().replace("\n", "\n        "))
+    print(f"  total: {total_cycles:,} cycles = {total_cycles / (1e3 * runs[0].cycles.config.CLOCK_MHZ):.3f} ms "
+          f"at {runs[0].cycles.config.CLOCK_MHZ} MHz (cycle model, config {args.config!r})")
     print("\n== Wall time (this machine)")
     for name, (build_s, run_s) in timings.items():
         print(f"  {name:<8} build {build_s:6.2f} s   run {run_s * 1e3:8.1f} ms")

@@ -19,11 +19,12 @@ import tvm_ffi
 
 from .config import VTAConfig, load_config
 
-__all__ = ["compiled_op", "OpRun", "run_log", "clear_run_log", "simulator_for"]
+__all__ = ["compiled_op", "OpRun", "run_log", "clear_run_log", "simulator_for", "cycle_report"]
 
 logger = logging.getLogger("vta_ext")
 
 _COMPILED: Dict[str, object] = {}
+_CYCLES: Dict[str, object] = {}
 _SIMULATORS: Dict[str, object] = {}
 
 
@@ -35,6 +36,12 @@ class OpRun:
     workload: dict
     stats: object
     seconds: float
+    key: str = ""
+
+    @property
+    def cycles(self):
+        """The cycle-model report of this operator's program (static: data does not matter)."""
+        return cycle_report(self.key)
 
     def __repr__(self) -> str:
         return f"OpRun({self.op}, {self.seconds * 1e3:.1f} ms, {self.stats})"
@@ -95,4 +102,14 @@ def _run(*args) -> None:
     start = time.perf_counter()
     result, stats = op.run(*inputs, simulator=simulator_for(op.program.config))
     np.from_dlpack(out)[...] = result
-    _RUN_LOG.append(OpRun(spec["op"], spec["workload"], stats, time.perf_counter() - start))
+    _RUN_LOG.append(OpRun(spec["op"], spec["workload"], stats, time.perf_counter() - start, key))
+
+
+def cycle_report(key: str):
+    """Cycle-model timing of the compiled operator ``key`` (computed once, then cached)."""
+    if key not in _CYCLES:
+        from .sim.cycles import CycleModel
+
+        op = compiled_op(key)
+        _CYCLES[key] = CycleModel(op.program.config).run_program(op.program)
+    return _CYCLES[key]

@@ -57,7 +57,13 @@ class BuildReport:
                 f"plus {layout} layout transform(s)")
 
     def __str__(self) -> str:
-        return "\n".join([self.summary()] + [f"  {p}" for p in self.placements])
+        lines = [self.summary()]
+        lines += [f"  {p}" for p in self.placements if p.reason != LAYOUT_REASON]
+        layout = Counter(p.op for p in self.on_cpu if p.reason == LAYOUT_REASON)
+        if layout:
+            lines.append(f"  CPU  {sum(layout.values())} layout transform(s) around VTA operators: "
+                         + ", ".join(f"{n}x {op}" for op, n in sorted(layout.items())))
+        return "\n".join(lines)
 
     def __repr__(self) -> str:
         return f"BuildReport({self.config!r}, {len(self.on_vta)} on VTA, {len(self.on_cpu)} on CPU)"
