@@ -8,25 +8,41 @@ the input rows are loaded, the accumulators reset, one GEMM instruction runs the
 requantise (SHR 8, MAX -128, MIN 127) and a STORE writes the int8 result. The result is checked
 against numpy before timing.
 
-Two micro-op layouts are measured: ``cols-in-uops`` (micro-ops enumerate the output column blocks,
-the shape a matrix-multiply template produces) and ``rows-in-uops`` (micro-ops enumerate the rows
-of the tile, as in convolution templates where micro-ops walk the output pixels).
+Three program shapes are measured: ``cols-in-uops`` (one GEMM instruction per tile; micro-ops
+enumerate the output column blocks, the shape a matrix-multiply template produces),
+``rows-in-uops`` (micro-ops enumerate the rows of the tile, as in convolution templates where
+micro-ops walk the output pixels) and ``block-per-insn`` (one GEMM instruction per output block,
+16,384 GEMMs of 32 micro-op executions: measures the per-instruction overhead of fine-grained
+programs).
+
+Each BLAS thread count is measured in its own child process (``OPENBLAS_NUM_THREADS`` must be
+set before numpy is imported). On the shared 2-core machine one thread is both faster and far more
+stable than two for these matrix sizes (64 x 512 x 512 per instruction).
 
 Usage::
 
-    python scripts/bench_fsim.py [--size 512] [--repeats 5] [--csv docs/figures/bench_fsim.csv]
+    python scripts/bench_fsim.py [--size 512] [--repeats 7] [--blas-threads 1 2]
+                                 [--csv docs/figures/bench_fsim.csv]
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-import numpy as np
+if "--child" in sys.argv:  # pin BLAS threads before numpy loads OpenBLAS
+    _threads = sys.argv[sys.argv.index("--child") + 1]
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = _threads
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -46,8 +62,9 @@ def build_gemm_program(cfg: VTAConfig, m: int, k: int, n: int, layout: str) -> T
         Configuration with ``BATCH == 1``.
     m, k, n : int
         Matrix sizes; ``k`` and ``n`` must be multiples of the block sizes.
-    layout : {"cols-in-uops", "rows-in-uops"}
-        Which loop the micro-ops enumerate (see the module docstring).
+    layout : {"cols-in-uops", "rows-in-uops", "block-per-insn"}
+        Which loop the micro-ops enumerate, or one GEMM instruction per output block (see the
+        module docstring).
     """
     if cfg.BATCH != 1:
         raise ValueError("the benchmark program assumes BATCH == 1")
@@ -69,6 +86,7 @@ def build_gemm_program(cfg: VTAConfig, m: int, k: int, n: int, layout: str) -> T
         reset.push(j, 0, 0)
     reset.loop_end()
     gemm = UopKernel("gemm")
+    gemms = [gemm]
     if layout == "cols-in-uops":
         gemm.loop_begin(rows, nb, kb, 0)   # rows of the tile
         gemm.loop_begin(kb, 0, 1, 1)       # reduction over K blocks
@@ -79,10 +97,20 @@ def build_gemm_program(cfg: VTAConfig, m: int, k: int, n: int, layout: str) -> T
         gemm.loop_begin(kb, 0, 1, 1)       # reduction over K blocks
         for r in range(rows):              # rows of the tile
             gemm.push(r * nb, r * kb, 0)
+    elif layout == "block-per-insn":
+        gemms = []
+        for r in range(rows):
+            for j in range(nb):
+                one = UopKernel("gemm")
+                one.loop_begin(kb, 0, 1, 1)    # reduction over K blocks
+                one.push(r * nb + j, r * kb, j * kb)
+                one.loop_end()
+                gemms.append(one)
     else:
         raise ValueError(f"unknown layout {layout!r}")
-    gemm.loop_end()
-    gemm.loop_end()
+    if layout != "block-per-insn":
+        gemm.loop_end()
+        gemm.loop_end()
     requant = []
     for op, imm in ((AluOp.SHR, 8), (AluOp.MAX, -128), (AluOp.MIN, 127)):
         alu = UopKernel("alu", alu_opcode=op, use_imm=True, imm=imm)
@@ -100,7 +128,8 @@ def build_gemm_program(cfg: VTAConfig, m: int, k: int, n: int, layout: str) -> T
         if t:
             q.dep_pop(Stage.STORE, Stage.COMPUTE)      # accumulators of the last tile stored
         q.push_gemm(reset)
-        q.push_gemm(gemm)
+        for kernel in gemms:
+            q.push_gemm(kernel)
         if t + 1 < m // rows:
             q.dep_push(Stage.COMPUTE, Stage.LOAD)
         for alu in requant:
@@ -139,7 +168,8 @@ def bench(cfg: VTAConfig, size: int, layout: str, repeats: int, seed: int) -> Di
     prog.write("w", w_packed)
     sim = FunctionalSimulator(cfg)
     stats = prog.run(sim)
-    out = prog.read("out", np.int8, (size, size // cfg.BLOCK_OUT, cfg.BLOCK_OUT)).reshape(size, size)
+    out = prog.read("out", np.int8, (size, size // cfg.BLOCK_OUT, cfg.BLOCK_OUT))
+    out = out.reshape(size, size)
     if not np.array_equal(out, reference(a, w)):
         raise SystemExit(f"{layout}: simulator result differs from numpy")
     macs = size ** 3
@@ -154,26 +184,44 @@ def bench(cfg: VTAConfig, size: int, layout: str, repeats: int, seed: int) -> Di
     return {"workload": f"gemm {size}x{size}x{size} int8", "uop_layout": layout,
             "tile_rows": rows, "instructions": prog.insn_count, "macs": macs,
             "time_min_s": round(best, 5), "time_median_s": round(median, 5),
-            "mac_per_s_min_time": f"{macs / best:.3e}", "mac_per_s_median_time": f"{macs / median:.3e}",
+            "mac_per_s_min_time": f"{macs / best:.3e}",
+            "mac_per_s_median_time": f"{macs / median:.3e}",
             "repeats": repeats, "correct": True}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=512, help="M = K = N (default 512)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0xDEADB)
     parser.add_argument("--config", default="default")
-    parser.add_argument("--layouts", nargs="+", default=["cols-in-uops", "rows-in-uops"])
+    parser.add_argument("--layouts", nargs="+",
+                        default=["cols-in-uops", "rows-in-uops", "block-per-insn"])
+    parser.add_argument("--blas-threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--csv", default=str(ROOT / "docs" / "figures" / "bench_fsim.csv"))
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
-    rows = [bench(cfg, args.size, layout, args.repeats, args.seed) for layout in args.layouts]
-    header = ["uop_layout", "instructions", "macs", "time_min_s", "time_median_s",
+    if args.child is not None:  # measure in this process, report JSON rows
+        rows = [dict(bench(cfg, args.size, layout, args.repeats, args.seed),
+                     blas_threads=args.child) for layout in args.layouts]
+        print(json.dumps(rows))
+        return 0
+    rows = []
+    for threads in args.blas_threads:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(threads),
+               "--size", str(args.size), "--repeats", str(args.repeats), "--seed", str(args.seed),
+               "--config", args.config, "--layouts", *args.layouts]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            sys.stderr.write(done.stdout + done.stderr)
+            return done.returncode
+        rows += json.loads(done.stdout.strip().splitlines()[-1])
+    header = ["blas_threads", "uop_layout", "instructions", "time_min_s", "time_median_s",
               "mac_per_s_min_time", "mac_per_s_median_time"]
     widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in header]
-    print(f"functional simulator, {rows[0]['workload']}, config {cfg.name}, "
-          f"{args.repeats} repeats (MAC/s = simulated multiply-accumulates per wall second)")
+    print(f"functional simulator, {rows[0]['workload']} ({rows[0]['macs']} MACs, checked against "
+          f"numpy), config {cfg.name}, {args.repeats} repeats")
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for r in rows:
         print("  ".join(str(r[h]).ljust(w) for h, w in zip(header, widths)))

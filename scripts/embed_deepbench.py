@@ -29,7 +29,7 @@ from tvm_csp_embed.workload import conv2d  # noqa: E402
 DEFAULT_LAYERS = REPO.parent / "shared" / "data" / "deepbench_conv_inference.csv"
 FIELDS = ["id", "mode", "layout", "solution", "status", "solve_seconds", "flatten_seconds", "gecode_seconds",
           "nodes", "failures", "x_dims", "y_dims", "z_dims", "binding", "padding", "padded_volume",
-          "stock_padded_volume", "footprint_bytes", "instruction_count", "cost", "asset", "message"]
+          "stock_padded_volume", "padding_saved", "footprint_bytes", "instruction_count", "cost", "asset", "message"]
 
 
 def read_layers(path: Path):
@@ -97,6 +97,7 @@ def run(args) -> list:
                          "binding": "A<-" + emb.binding["A"],
                          "padding": " ".join(f"{d}+{p}" for d, p in emb.padding.items()) or "none",
                          "padded_volume": round(emb.padded_volume_ratio, 4),
+                         "padding_saved": round(stock_volume(wl, instr) / emb.padded_volume_ratio, 4),
                          "footprint_bytes": emb.footprint_bytes, "instruction_count": emb.instruction_count,
                          "cost": emb.cost, "message": "optimal" if raw.optimal else "best found"})
     return rows

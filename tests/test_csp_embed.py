@@ -127,7 +127,7 @@ def test_portfolio_and_bound_agree_with_default():
 
 def test_proofs_catch_a_corrupted_embedding():
     import dataclasses
-    e = embed(matmul(16, 16, 16, True), G, "strict")
+    e = embed(matmul(16, 32, 32, True), G, "strict")
     bad_raw = dataclasses.replace(e.raw, data_nodes={**e.raw.data_nodes,
                                                      "A": [(0, (z + 1) % 16) for _, z in e.raw.data_nodes["A"]]})
     with pytest.raises(ProofError, match="not an operator edge"):
@@ -147,3 +147,13 @@ def test_embedding_record_is_printable_and_consistent():
     assert e.instruction_count == 1 * 1 * 5 * 5 * 2 * 3 * 3
     assert e.footprint_bytes == 1 * 2 * 7 * 7 * 16 + 1 * 2 * 3 * 3 * 256 + 1 * 5 * 5 * 16
     assert "x=1 y=k16 z=c16" in repr(e)
+
+
+def test_footprint_objective_ranks_by_packed_bytes():
+    wl = conv2d(1, 1, 10, 10, 16, 3, 3, pad=(1, 1))
+    by_vol, _ = embed_all(wl, G, "relaxed", solutions=4)
+    best_fp = embed(wl, G, "relaxed", objective="footprint", footprint_candidates=4)
+    assert best_fp.footprint_bytes == min(e.footprint_bytes for e in by_vol)
+    prove([best_fp])
+    with pytest.raises(ValueError, match="objective"):
+        embed(wl, G, "relaxed", objective="speed")

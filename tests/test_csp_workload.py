@@ -26,8 +26,8 @@ def _te_conv_nchw(n=1, c=3, h=7, w=7, kk=4, r=3, s=3, pad=1, stride=2):
                             data[a, b, y - pad, x - pad], tvm.tirx.const(0, "int8")), "pad")
     OH, OW = (h + 2 * pad - r) // stride + 1, (w + 2 * pad - s) // stride + 1
     rc, ry, rx = te.reduce_axis((0, c), "c"), te.reduce_axis((0, r), "r"), te.reduce_axis((0, s), "s")
-    out = te.compute((n, kk, OH, OW), lambda b, k, y, x: te.sum(
-        padded[b, rc, y * stride + ry, x * stride + rx].astype("int32") * weight[k, rc, ry, rx].astype("int32"),
+    out = te.compute((n, kk, OH, OW), lambda n, k, oh, ow: te.sum(
+        padded[n, rc, oh * stride + ry, ow * stride + rx].astype("int32") * weight[k, rc, ry, rx].astype("int32"),
         axis=[rc, ry, rx]), "out")
     return data, weight, padded, out
 

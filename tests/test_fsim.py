@@ -103,7 +103,8 @@ def uop_words(uops: Sequence[Uop], cfg: VTAConfig = CFG) -> np.ndarray:
 UOP_OFF = 0x8000
 
 
-def with_uops(dram: np.ndarray, uops: Sequence[Uop], sram: int = 0, cfg: VTAConfig = CFG) -> MemInsn:
+def with_uops(dram: np.ndarray, uops: Sequence[Uop], sram: int = 0,
+              cfg: VTAConfig = CFG) -> MemInsn:
     """Write ``uops`` into the image and return the LOAD UOP that brings them on chip."""
     put(dram, UOP_OFF + 4 * sram, uop_words(uops, cfg))
     return load(MemType.UOP, sram, UOP_OFF + 4 * sram, 1, len(uops), cfg=cfg)
@@ -141,7 +142,8 @@ class ScalarReference:
         if mem in (MemType.INP, MemType.WGT, MemType.ACC_8BIT):
             return [b - 256 if b >= 128 else b for b in raw]
         if mem == MemType.ACC:
-            return [int.from_bytes(raw[k:k + 4], "little", signed=True) for k in range(0, len(raw), 4)]
+            return [int.from_bytes(raw[k:k + 4], "little", signed=True)
+                    for k in range(0, len(raw), 4)]
         return [Uop.decode(self.cfg, raw)]
 
     def run(self, dram: np.ndarray, base: int, insns: Sequence[Insn]) -> None:
@@ -205,7 +207,8 @@ class ScalarReference:
     def gemm(self, insn: GemmInsn) -> None:
         cfg = self.cfg
         if not insn.reset_reg:
-            self.stats["gemm_counter"] += insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+            n_uop = insn.uop_end - insn.uop_bgn
+            self.stats["gemm_counter"] += insn.iter_out * insn.iter_in * n_uop
         for y, x, uop in self.executions(insn):
             a = uop.dst_idx + y * insn.dst_factor_out + x * insn.dst_factor_in
             if insn.reset_reg:
@@ -265,7 +268,8 @@ class ProgramGenerator:
     def __init__(self, cfg: VTAConfig, rng: np.random.Generator) -> None:
         self.cfg, self.rng = cfg, rng
         self.dram = image()
-        self.dram[self.DATA_OFF:self.DATA_OFF + 0x8000] = rng.integers(0, 256, 0x8000, dtype=np.uint8)
+        self.dram[self.DATA_OFF:self.DATA_OFF + 0x8000] = rng.integers(0, 256, 0x8000,
+                                                                       dtype=np.uint8)
         # accumulators: keep ACC data moderate so that GEMM/ALU wrap only sometimes
         self.uop_cursor = 0
 
@@ -311,7 +315,8 @@ class ProgramGenerator:
         return insn
 
     def alu(self) -> AluInsn:
-        op = int(self.rng.choice([AluOp.MIN, AluOp.MAX, AluOp.ADD, AluOp.SHR, AluOp.MUL, AluOp.CLIP]))
+        op = int(self.rng.choice([AluOp.MIN, AluOp.MAX, AluOp.ADD, AluOp.SHR, AluOp.MUL,
+                                  AluOp.CLIP]))
         use_imm = op == AluOp.CLIP or self.rng.random() < 0.5
         if op == AluOp.CLIP:
             lo, hi = sorted((self.r(-128, 127), self.r(-128, 127)))
@@ -343,7 +348,8 @@ class ProgramGenerator:
                 if kind < 0.25:
                     phase.append(self.uop_load())
                 elif kind < 0.4:
-                    phase.append(self.mem_load(int(self.rng.choice([MemType.ACC, MemType.ACC_8BIT]))))
+                    mem = int(self.rng.choice([MemType.ACC, MemType.ACC_8BIT]))
+                    phase.append(self.mem_load(mem))
                 elif kind < 0.7:
                     phase.append(self.gemm())
                 else:
@@ -925,3 +931,63 @@ def test_run_binary_and_input_validation() -> None:
     readonly.flags.writeable = False
     with pytest.raises(ValueError):
         sim.run(readonly, BASE, BASE + INSN_OFF, 2)
+
+
+# ====================================================================== plan cache
+def test_identical_instructions_follow_new_micro_ops() -> None:
+    """The same GEMM/ALU bits after a micro-op reload use the new micro-ops (plan cache key)."""
+    rng = np.random.default_rng(12)
+    sim, dram, inp, wgt, acc0 = gemm_setup(rng)
+    gemm = GemmInsn(uop_bgn=0, uop_end=1, iter_in=2, dst_factor_in=1, src_factor_in=1)
+    alu = AluInsn(alu_opcode=AluOp.ADD, use_imm=True, imm=5, uop_bgn=0, uop_end=1)
+    put(dram, UOP_OFF, uop_words([Uop(0, 0, 0)]))
+    put(dram, UOP_OFF + 4, uop_words([Uop(4, 2, 1)]))
+    load_a = load(MemType.UOP, 0, UOP_OFF, 1, 1)
+    load_b = load(MemType.UOP, 0, UOP_OFF + 4, 1, 1)
+    run(sim, dram, finish_stream([load_a, gemm, alu, load_b, gemm, alu]))
+    expected = acc0.copy()
+    for (dst, src, w) in ((0, 0, 0), (4, 2, 1)):
+        for x in range(2):
+            expected[dst + x] += wgt[w] @ inp[src + x]
+        expected[dst] += 5
+    expected = (expected + (1 << 31)) % (1 << 32) - (1 << 31)
+    np.testing.assert_array_equal(acc_values(sim)[:8], expected)
+
+
+def test_rerun_on_the_same_simulator_gives_the_same_result() -> None:
+    """Cached decoding and plans (kept across reset) reproduce a fresh simulator's result."""
+    gen = ProgramGenerator(CFG, np.random.default_rng(21))
+    insns = gen.program(rounds=3)
+    sim = FunctionalSimulator(CFG)
+    first_dram = gen.dram.copy()
+    first = run(sim, first_dram, insns)
+    first_acc = acc_values(sim)
+    sim.reset()
+    second_dram = gen.dram.copy()
+    second = run(sim, second_dram, insns)
+    assert first == second
+    np.testing.assert_array_equal(first_dram, second_dram)
+    np.testing.assert_array_equal(acc_values(sim), first_acc)
+
+
+def test_gemm_matrix_roles_with_batch_2() -> None:
+    """Rows (outer loop), columns (inner loop) and a micro-op reduction with BATCH = 2."""
+    cfg = load_config("2x16x16")
+    rng = np.random.default_rng(13)
+    sim, dram = FunctionalSimulator(cfg), image()
+    rows, cols, red = 3, 4, 2
+    inp = rng.integers(-128, 128, (rows * red, 2, 16), dtype=np.int8)
+    wgt = rng.integers(-128, 128, (cols * red, 16, 16), dtype=np.int8)
+    put(dram, 0x0, inp)
+    put(dram, 0x1000, wgt)
+    uops = [Uop(0, k, k) for k in range(red)]  # acc[r*cols + c] += inp[r*red + k] . wgt[c*red + k]
+    gemm = GemmInsn(uop_bgn=0, uop_end=red, iter_out=rows, iter_in=cols, dst_factor_out=cols,
+                    dst_factor_in=1, src_factor_out=red, src_factor_in=0, wgt_factor_out=0,
+                    wgt_factor_in=red)
+    run(sim, dram, finish_stream([load(MemType.INP, 0, 0x0, 1, rows * red, cfg=cfg),
+                                  load(MemType.WGT, 0, 0x1000, 1, cols * red, cfg=cfg),
+                                  with_uops(dram, uops, cfg=cfg), gemm]), cfg)
+    x = inp.reshape(rows, red, 2, 16).astype(np.int64)
+    w = wgt.reshape(cols, red, 16, 16).astype(np.int64)
+    expected = np.einsum("rkbi,ckoi->rcbo", x, w).reshape(rows * cols, 2 * 16)
+    np.testing.assert_array_equal(acc_values(sim)[:rows * cols], expected)

@@ -74,7 +74,8 @@ def elementwise_program(cfg: VTAConfig, inputs: Sequence[np.ndarray], pads=((0, 
     return prog, (out_rows, out_cols)
 
 
-def run_program(cfg: VTAConfig, prog: Program, shape: Tuple[int, int]) -> Tuple[np.ndarray, SimStats]:
+def run_program(cfg: VTAConfig, prog: Program,
+                shape: Tuple[int, int]) -> Tuple[np.ndarray, SimStats]:
     stats = prog.run(FunctionalSimulator(cfg))
     return prog.read("out", np.int8, acc_shape(cfg, *shape)), stats
 

@@ -376,12 +376,18 @@ def decode(raw: RawSolution, wl: Workload, instr: InstructionGraph, mode: str = 
 
 
 def embed_all(wl: Workload, instr: Optional[InstructionGraph] = None, mode: str = "strict", *,
-              solutions: int = 1, cfg: Any = None, baseline: Optional[str] = None, **kw) -> Tuple[List[Embedding], SolveResult]:
+              solutions: int = 1, cfg: Any = None, baseline: Optional[str] = None, objective: str = "volume",
+              footprint_candidates: int = 8, **kw) -> Tuple[List[Embedding], SolveResult]:
     """Solve and decode up to ``solutions`` best distinct embeddings.
 
     baseline : str, optional
         Also solve this constraint set (e.g. ``"strict"``, the stock mapping) and record its
         padded volume in every embedding's ``baseline`` (see ``padding_saved``).
+    objective : str
+        ``"volume"`` (default): the solver minimises the padded volume (plus small penalties
+        for stencil unrolling and strides).  ``"footprint"``: the ``footprint_candidates`` best
+        embeddings by volume are ranked by packed-tensor bytes (a post-hoc ranking, not an
+        in-model objective).
 
     Returns
     -------
@@ -390,9 +396,15 @@ def embed_all(wl: Workload, instr: Optional[InstructionGraph] = None, mode: str 
     """
     if instr is None:
         instr = gemm(cfg if cfg is not None else (1, 16, 16))
-    res = solve(wl, instr, mode, solutions=solutions, **kw)
+    if objective not in ("volume", "footprint"):
+        raise ValueError(f"objective {objective!r}: use 'volume' or 'footprint'")
+    n = solutions if objective == "volume" else max(solutions, footprint_candidates)
+    res = solve(wl, instr, mode, solutions=n, **kw)
     name = mode if isinstance(mode, str) else "custom"
     embs = [decode(s, wl, instr, name, cfg) for s in res.solutions]
+    if objective == "footprint":
+        embs = sorted(embs, key=lambda e: (e.footprint_bytes, e.cost))[:solutions]
+        res.solutions = [e.raw for e in embs]
     if baseline and embs:
         bres = solve(wl, instr, baseline, solutions=1, **kw)
         if bres.solutions:
@@ -405,7 +417,7 @@ def embed_all(wl: Workload, instr: Optional[InstructionGraph] = None, mode: str 
 
 
 def embed(wl: Workload, instr: Optional[InstructionGraph] = None, mode: str = "strict", *, cfg: Any = None,
-          baseline: Optional[str] = None, **kw) -> Embedding:
+          baseline: Optional[str] = None, objective: str = "volume", **kw) -> Embedding:
     """The best embedding of ``instr`` (default: VTA GEMM of ``cfg``) into ``wl``.
 
     Parameters
@@ -418,6 +430,8 @@ def embed(wl: Workload, instr: Optional[InstructionGraph] = None, mode: str = "s
         Used for the default instruction and for element sizes of the footprints.
     baseline : str, optional
         Constraint set whose best padded volume is recorded for comparison.
+    objective : str
+        ``"volume"`` or ``"footprint"`` (see :func:`embed_all`).
     **kw
         Passed to :func:`tvm_csp_embed.solve.solve` (``timeout``, ``portfolio``, ...).
 
@@ -426,7 +440,7 @@ def embed(wl: Workload, instr: Optional[InstructionGraph] = None, mode: str = "s
     EmbeddingNotFound
         ``status="timeout"`` with "no embedding found within T s", or ``"infeasible"``.
     """
-    embs, res = embed_all(wl, instr, mode, solutions=1, cfg=cfg, baseline=baseline, **kw)
+    embs, res = embed_all(wl, instr, mode, solutions=1, cfg=cfg, baseline=baseline, objective=objective, **kw)
     if not embs:
         raise EmbeddingNotFound(res.status, res.message)
     return embs[0]

@@ -533,6 +533,7 @@ def from_primfunc(func, name: Optional[str] = None) -> Workload:
     """
     import tvm
     from tvm import tirx
+    _LOAD = tvm.ir.TensorLoad  # a buffer load in TVM 0.27 (``.source``, ``.indices``)
     stmt = func.body
     # unwrap the root block
     loops = []
@@ -588,7 +589,7 @@ def from_primfunc(func, name: Optional[str] = None) -> Workload:
 
     def is_self(e):
         e = _strip_cast(e)
-        return isinstance(e, tirx.BufferLoad) and e.buffer.same_as(body.buffer)
+        return isinstance(e, _LOAD) and e.source.same_as(body.buffer)
     if is_self(val.a):
         prod = _strip_cast(val.b)
     elif is_self(val.b):
@@ -604,9 +605,9 @@ def from_primfunc(func, name: Optional[str] = None) -> Workload:
         e = _strip_cast(e)
         if isinstance(e, (tirx.Select,)) or (isinstance(e, tvm.ir.Call) and "if_then_else" in str(e.op)):
             raise ConformabilityError("no conditionals", str(e))
-        if not isinstance(e, tirx.BufferLoad):
+        if not isinstance(e, _LOAD):
             raise ConformabilityError("multiply-accumulate body", str(e), f"{role} must be a buffer load")
-        buf = e.buffer
+        buf = e.source
         subs = [_affine(ix, vidx, D, f"{buf.name}[...]") for ix in e.indices]
         return TensorAccess(buf.name, tuple(f"{buf.name}{i}" for i in range(len(subs))),
                             tuple(int(x) for x in buf.shape), tuple(s[0] for s in subs),

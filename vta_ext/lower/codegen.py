@@ -522,7 +522,8 @@ def _analyse_alu(conv: _Converter, inner, dbuf: SramBuf, didx: Aff, value, produ
                             f"{dbuf.name}{didx}); VTA ALU stages must keep the accumulator layout")
     if src_buf.scope != ACC_SCOPE:
         raise LoweringError(f"{what}: operand {src_buf.name} is not in {ACC_SCOPE}")
-    dbuf.alias = src_buf
+    if dbuf is not src_buf:
+        dbuf.alias = src_buf
     elem = dbuf.elem
     if B[0] == "imm":
         if not -(1 << 15) <= B[1] < (1 << 15):
@@ -548,14 +549,24 @@ def _analyse_alu(conv: _Converter, inner, dbuf: SramBuf, didx: Aff, value, produ
     return Alu(int(op), use_imm, imm, dbuf, sbuf, d_out.div(elem), s_out.div(elem), merged)
 
 
-def _to_ir(conv: _Converter, items: list) -> list:
+def _check_live(buf: SramBuf, heads: Dict[str, SramBuf], what: str) -> None:
+    """In-place ALU stages overwrite their operand: only the newest value of an alias group may be
+    read."""
+    head = heads.get(buf.root.name)
+    if head is not None and head is not buf:
+        raise LoweringError(f"{what} reads {buf.name}, whose accumulator storage was already "
+                            f"overwritten in place by {head.name}; element-wise stages must form a "
+                            "chain")
+
+
+def _to_ir(conv: _Converter, items: list, producers=None, heads=None) -> list:
     """Second pass over the converter output: analyse DMA/ALU, wrap GEMM markers."""
-    cfg = conv.cfg
     out = []
-    producers = set()
+    producers = set() if producers is None else producers
+    heads = {} if heads is None else heads
     for it in items:
         if isinstance(it, Loop):
-            out.append(Loop(it.var, it.extent, _to_ir(conv, it.body), it.vthread))
+            out.append(Loop(it.var, it.extent, _to_ir(conv, it.body, producers, heads), it.vthread))
             continue
         kind = it[0]
         if kind == "load":
@@ -568,11 +579,16 @@ def _to_ir(conv: _Converter, items: list) -> list:
                 mem = MemType.ACC
                 if conv.globals.get(b, "int32") != "int32":
                     raise LoweringError(f"load of {b} ({conv.globals.get(b)}) into the accumulator: "
-                                        "only int32 tensors can be loaded into {ACC_SCOPE}")
+                                        f"only int32 tensors can be loaded into {ACC_SCOPE}")
+            heads.pop(a.root.name, None)
             out.append(_analyse_dma("load", inner, a, aidx, b, bidx, conds, mem))
         elif kind == "alu":
             _, inner, dbuf, didx, value = it
             alu = _analyse_alu(conv, inner, dbuf, didx, value, producers)
+            _check_live(dbuf.alias or dbuf, heads, f"ALU stage writing {dbuf.name}")
+            if alu.src is not dbuf:
+                _check_live(alu.src, heads, f"ALU stage writing {dbuf.name}")
+            heads[dbuf.root.name] = dbuf
             producers.add(dbuf.name)
             out.append(alu)
         elif kind == "gemm":
@@ -581,11 +597,14 @@ def _to_ir(conv: _Converter, items: list) -> list:
                 if b.scope != sc:
                     raise LoweringError(f"GEMM operand {b.name} is in {b.scope}, expected {sc}")
             producers.add(ab.name)
+            heads.pop(ab.root.name, None)
             out.append(GemmCall(False, (ab, acc), (ib, inp), (wb, wgt)))
         elif kind == "reset":
+            heads.pop(it[1].root.name, None)
             out.append(GemmCall(True, (it[1], it[2]), None, None))
         elif kind == "store":
             _, inner, sbuf, sidx, g, gidx = it
+            _check_live(sbuf, heads, f"the store to {g}")
             out.append(_analyse_dma("store", inner, sbuf, sidx, g, gidx, None, MemType.OUT))
         else:
             raise LoweringError(f"internal: unknown item {kind}")
@@ -771,19 +790,6 @@ def _apply_sync(items, planner: _SyncPlanner) -> list:
 # =================================================================================================
 # 2b. on-chip allocation
 # =================================================================================================
-def _collect_leaves(items, acc):
-    for it in items:
-        if isinstance(it, Loop):
-            _collect_leaves(it.body, acc)
-        elif isinstance(it, Region):
-            _collect_leaves(it.items, acc)
-        elif isinstance(it, GemmKernel):
-            _collect_leaves(it.body, acc)
-        else:
-            acc.append(it)
-    return acc
-
-
 def _allocate(cfg: VTAConfig, bufs: Dict[str, SramBuf], nthreads: int) -> Dict[str, int]:
     depth = {INP_SCOPE: cfg.inp_depth, WGT_SCOPE: cfg.wgt_depth, ACC_SCOPE: cfg.acc_depth}
     used = {s: 0 for s in SCOPES}

@@ -32,14 +32,24 @@ the instruction (index and disassembly): unsatisfiable token waits (deadlock), S
 out of range (no wrapping), a STORE of a non-OUT memory type or with padding, unknown opcodes,
 memory types or ALU operations, and dependency flags that name a queue the module does not have.
 
-Implementation: the stream is decoded at once from its 64-bit words; every instruction executes as
-whole-array numpy operations. A GEMM is mapped onto batched float32 matrix products (exact: each
-product of int8 values is at most 2^14 in magnitude and chunks of at most 1024 lanes keep every
-partial sum within 2^24) by classifying its three loop axes (outer, inner, micro-op) into
-reduction, row, column and batch axes from which indices they leave invariant.
+Implementation: the stream is decoded at once from its 64-bit words (and the decoding is reused
+when the same stream runs again); every instruction executes as whole-array numpy operations. A
+GEMM is mapped onto batched float32 matrix products (exact: each product of int8 values is at most
+2^14 in magnitude and chunks of at most 1024 lanes keep every partial sum within 2^24) by
+classifying its three loop axes (outer, inner, micro-op) into reduction, row, column and batch axes
+from which indices they leave invariant. An ALU instruction runs as one vector operation when no
+execution reads a value written by an earlier one, as an unordered reduction (``ufunc.at``) when
+an associative operation accumulates into repeated destinations from sources it never writes, and
+otherwise as a sequence of hazard-free runs, so results always equal strictly sequential
+execution. These index analyses ("plans") depend only on the instruction bits and the micro-op
+words, and are cached under that key.
+
+Speed: on a shared 2-core machine single-threaded BLAS (``OPENBLAS_NUM_THREADS=1``) is faster and
+more stable than two threads for the matrix sizes of VTA programs; see ``scripts/bench_fsim.py``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -61,6 +71,8 @@ _EXACT_LANES = 1 << 10
 _GATHER_BUDGET = 1 << 22
 #: largest number of (iter_out, iter_in, uop) executions materialised at once
 _GRID_BUDGET = 1 << 22
+#: total index elements kept in the plan cache before it is cleared
+_PLAN_CACHE_ELEMS = 1 << 24
 _LOADABLE = frozenset((MemType.UOP, MemType.WGT, MemType.INP, MemType.ACC, MemType.ACC_8BIT))
 _MEM_IDS = frozenset(int(m) for m in MemType)
 _ALU_OPS = frozenset(int(o) for o in AluOp)
@@ -100,9 +112,21 @@ def _extract(words: np.ndarray, layout: Layout) -> Dict[str, List[int]]:
     return out
 
 
+_MEM_KEYS = ("memory_type", "sram_base", "dram_base", "pad_min", "y_size", "x_size", "x_stride",
+             "y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1")
+_COMPUTE_KEYS = ("uop_bgn", "uop_end", "iter_out", "iter_in", "dst_factor_out", "dst_factor_in",
+                 "src_factor_out", "src_factor_in")
+_GEMM_KEYS = _COMPUTE_KEYS + ("wgt_factor_out", "wgt_factor_in", "reset_reg")
+_ALU_KEYS = _COMPUTE_KEYS + ("alu_opcode", "use_imm", "imm")
+
+
 @dataclass
 class _Stream:
-    """A decoded instruction stream: header columns and per-format field columns."""
+    """A decoded instruction stream.
+
+    ``fields[i]`` is the tuple of the fields of instruction ``i`` in the order of ``_MEM_KEYS``,
+    ``_GEMM_KEYS`` or ``_ALU_KEYS`` (by opcode; None for FINISH and unknown opcodes).
+    """
 
     raw: np.ndarray  # (n, 16) uint8
     opcode: List[int]
@@ -110,9 +134,8 @@ class _Stream:
     pop_next: List[int]
     push_prev: List[int]
     push_next: List[int]
-    mem: Dict[str, List[int]]
-    gemm: Dict[str, List[int]]
-    alu: Dict[str, List[int]]
+    fields: List[Optional[tuple]]
+    plan_key: np.ndarray  # raw with the dependency flags cleared (plans do not depend on them)
 
     @classmethod
     def decode(cls, config: VTAConfig, raw: np.ndarray) -> "_Stream":
@@ -120,9 +143,19 @@ class _Stream:
         w0 = words[:, 0]
         head = [((w0 >> np.uint64(bit)) & np.uint64(mask)).astype(np.int64).tolist()
                 for bit, mask in ((0, 7), (3, 1), (4, 1), (5, 1), (6, 1))]
-        return cls(raw, *head, mem=_extract(words, config.layouts["MEM"]),
-                   gemm=_extract(words, config.layouts["GEMM"]),
-                   alu=_extract(words, config.layouts["ALU"]))
+        opcode = head[0]
+        per_format = {}
+        for ops, layout, keys in (((Opcode.LOAD, Opcode.STORE), "MEM", _MEM_KEYS),
+                                  ((Opcode.GEMM,), "GEMM", _GEMM_KEYS),
+                                  ((Opcode.ALU,), "ALU", _ALU_KEYS)):
+            rows = np.flatnonzero(np.isin(w0 & np.uint64(7), np.array(ops, np.uint64)))
+            if rows.size:
+                cols = _extract(words[rows], config.layouts[layout])
+                per_format.update(zip(rows.tolist(), zip(*(cols[k] for k in keys))))
+        fields = [per_format.get(i) for i in range(len(opcode))]
+        plan_key = raw.copy()
+        plan_key[:, 0] &= 0x87
+        return cls(raw, *head, fields=fields, plan_key=plan_key)
 
     def __len__(self) -> int:
         return len(self.opcode)
@@ -152,6 +185,26 @@ def _alu_apply(op: int, a: np.ndarray, b, imm: int) -> np.ndarray:
     raise ValueError(f"unknown ALU opcode {op}")  # callers check first
 
 
+def _indexer(idx: np.ndarray):
+    """``idx`` itself, or ``(slice, shape)`` if its elements are consecutive (a cheap view)."""
+    flat = idx.reshape(-1)
+    n = flat.size
+    if n and int(flat[-1]) - int(flat[0]) == n - 1 and (n == 1 or bool(np.all(np.diff(flat) == 1))):
+        return slice(int(flat[0]), int(flat[0]) + n), idx.shape
+    return np.ascontiguousarray(idx)
+
+
+def _size(index) -> int:
+    return 1 if type(index) is tuple else index.size
+
+
+def _gather(array: np.ndarray, index) -> np.ndarray:
+    """``array[idx]`` for an index made by :func:`_indexer` (shape ``idx.shape + element``)."""
+    if type(index) is tuple:
+        return array[index[0]].reshape(index[1] + array.shape[1:])
+    return array[index]
+
+
 class FunctionalSimulator:
     """The VTA functional simulator (a simulated ``Device``).
 
@@ -173,6 +226,11 @@ class FunctionalSimulator:
                              f"accumulators only, got {config!r}")
         self.config = config
         self.stats = SimStats()
+        self._last_stream: Optional[_Stream] = None
+        # execution plans of GEMM/ALU instructions, keyed by their bits and micro-op words; they
+        # do not depend on SRAM data, so they survive reset()
+        self._plans: Dict[bytes, list] = {}
+        self._plan_elems = 0
         self._batch, self._bin, self._bout = config.BATCH, config.BLOCK_IN, config.BLOCK_OUT
         self.reset()
 
@@ -190,6 +248,21 @@ class FunctionalSimulator:
         self._uop_src = np.zeros(cfg.uop_depth, np.int64)
         self._uop_wgt = np.zeros(cfg.uop_depth, np.int64)
         self.tokens: Dict[str, int] = {"l2g": 0, "s2g": 0, "g2l": 0, "g2s": 0}
+        # per loadable memory type: 2-D target view, depth, DRAM element bytes, counted bytes,
+        # counter name, pad-min value
+        self._load_specs = {
+            MemType.INP: (self._inp.reshape(cfg.inp_depth, -1), cfg.inp_depth,
+                          cfg.inp_elem_bytes, cfg.inp_elem_bytes, "inp_load_nbytes", -128),
+            MemType.WGT: (self._wgt_t.reshape(cfg.wgt_depth, -1), cfg.wgt_depth,
+                          cfg.wgt_elem_bytes, cfg.wgt_elem_bytes, "wgt_load_nbytes", -128),
+            MemType.ACC: (self.acc.reshape(cfg.acc_depth, -1), cfg.acc_depth,
+                          cfg.acc_elem_bytes, cfg.acc_elem_bytes, "acc_load_nbytes", _INT32_MIN),
+            MemType.ACC_8BIT: (self.acc.reshape(cfg.acc_depth, -1), cfg.acc_depth,
+                               cfg.elem_bytes(MemType.ACC_8BIT), cfg.acc_elem_bytes,
+                               "acc_load_nbytes", _INT32_MIN),
+            MemType.UOP: (self._uop_raw.reshape(cfg.uop_depth, 1), cfg.uop_depth,
+                          cfg.UOP_ELEM_BYTES, cfg.UOP_ELEM_BYTES, "uop_load_nbytes", 1 << 31),
+        }
 
     def clear_stats(self) -> None:
         """Reset the cumulative counters (``vta.simulator.profiler_clear``)."""
@@ -250,10 +323,14 @@ class FunctionalSimulator:
         end = start + 16 * int(insn_count)
         if start < 0 or end > dram.size:
             raise SimulationError(
-                f"instruction stream [{insn_phys:#x}, {insn_phys + 16 * insn_count:#x}) lies outside "
+                f"instruction stream [{insn_phys:#x}, {insn_phys + 16 * insn_count:#x}) lies "
+                f"outside "
                 f"the DRAM image [{dram_base:#x}, {dram_base + dram.size:#x})")
-        raw = dram[start:end].copy().reshape(insn_count, 16)
-        self._stream = _Stream.decode(self.config, raw)
+        raw = dram[start:end].reshape(insn_count, 16)
+        cached = self._last_stream
+        if cached is None or cached.raw.shape != raw.shape or not np.array_equal(cached.raw, raw):
+            cached = self._last_stream = _Stream.decode(self.config, raw.copy())
+        self._stream = cached
         self._dram, self._dram_base = dram, int(dram_base)
         before = self.stats.copy()
         try:
@@ -279,10 +356,9 @@ class FunctionalSimulator:
         """Split the stream into the three module queues and check the header fields."""
         s = self._stream
         queues: Tuple[List[int], List[int], List[int]] = ([], [], [])
-        mem_type = s.mem["memory_type"]
         for i, op in enumerate(s.opcode):
             if op == Opcode.LOAD:
-                module = _LOAD if mem_type[i] in (MemType.INP, MemType.WGT) else _COMPUTE
+                module = _LOAD if s.fields[i][0] in (MemType.INP, MemType.WGT) else _COMPUTE
             elif op == Opcode.STORE:
                 module = _STORE
             elif op in (Opcode.GEMM, Opcode.ALU, Opcode.FINISH):
@@ -368,77 +444,62 @@ class FunctionalSimulator:
         # FINISH: nothing to compute
 
     # ------------------------------------------------------------------ LOAD / STORE
-    def _mem_fields(self, i: int):
-        m = self._stream.mem
-        return (m["memory_type"][i], m["sram_base"][i], m["dram_base"][i], m["pad_min"][i],
-                m["y_size"][i], m["x_size"][i], m["x_stride"][i], m["y_pad_0"][i],
-                m["y_pad_1"][i], m["x_pad_0"][i], m["x_pad_1"][i])
-
-    def _dram_rows(self, i: int, what: str, dram_base: int, elem: int, y_size: int, x_size: int,
-                   x_stride: int) -> np.ndarray:
-        """A strided ``(y_size, x_size * elem)`` byte view of the DRAM rows of a transfer."""
-        if y_size == 0:  # only padding is written; DRAM is not touched
-            return np.zeros((0, x_size * elem), np.uint8)
+    def _dram_bytes(self, i: int, what: str, dram_base: int, elem: int, y_size: int, x_size: int,
+                    x_stride: int) -> np.ndarray:
+        """The DRAM bytes of a transfer as ``(y_size * x_size * elem,)``, or a strided
+        ``(y_size, x_size * elem)`` view if the rows are not contiguous."""
         start = dram_base * elem - self._dram_base
+        contiguous = x_stride == x_size or y_size == 1
         end = start + ((y_size - 1) * x_stride + x_size) * elem
         if start < 0 or end > self._dram.size:
             raise self._error(i, f"{what} DRAM range [{start + self._dram_base:#x}, "
                                  f"{end + self._dram_base:#x}) lies outside the DRAM image "
                                  f"[{self._dram_base:#x}, {self._dram_base + self._dram.size:#x})")
-        base = self._dram[start:]
-        return np.lib.stride_tricks.as_strided(base, shape=(y_size, x_size * elem),
+        if contiguous:
+            return self._dram[start:start + y_size * x_size * elem]
+        return np.lib.stride_tricks.as_strided(self._dram[start:], shape=(y_size, x_size * elem),
                                                strides=(x_stride * elem, 1), writeable=True)
 
     def _load(self, i: int) -> None:
         (mem, sram_base, dram_base, pad_min, y_size, x_size, x_stride, y_pad_0, y_pad_1, x_pad_0,
-         x_pad_1) = self._mem_fields(i)
+         x_pad_1) = self._stream.fields[i]
         if x_size == 0:
             return
-        cfg = self.config
-        if mem not in _LOADABLE:
+        spec = self._load_specs.get(mem)
+        if spec is None:
             raise self._error(i, f"LOAD of unknown memory type {mem}")
-        depth = {MemType.UOP: cfg.uop_depth, MemType.WGT: cfg.wgt_depth, MemType.INP: cfg.inp_depth,
-                 MemType.ACC: cfg.acc_depth, MemType.ACC_8BIT: cfg.acc_depth}[mem]
-        # fsim counts before it checks anything else
-        if mem == MemType.INP:
-            self.stats.inp_load_nbytes += x_size * y_size * cfg.inp_elem_bytes
-        elif mem == MemType.WGT:
-            self.stats.wgt_load_nbytes += x_size * y_size * cfg.wgt_elem_bytes
-        elif mem == MemType.UOP:
-            self.stats.uop_load_nbytes += x_size * y_size * cfg.UOP_ELEM_BYTES
-        else:
-            self.stats.acc_load_nbytes += x_size * y_size * cfg.acc_elem_bytes
+        target, depth, elem, counted, counter, min_value = spec
+        count = x_size * y_size
+        # fsim counts before it checks anything else; padding is not counted
+        setattr(self.stats, counter, getattr(self.stats, counter) + count * counted)
         x_total = x_pad_0 + x_size + x_pad_1
         y_total = y_pad_0 + y_size + y_pad_1
         if sram_base + x_total * y_total > depth:
             raise self._error(i, f"LOAD {MemType(mem).name} writes SRAM elements "
                                  f"[{sram_base}, {sram_base + x_total * y_total}) beyond the "
                                  f"buffer depth {depth}")
-        elem = cfg.elem_bytes(mem)
-        data = self._dram_rows(i, "LOAD", dram_base, elem, y_size, x_size, x_stride)
-        data = data.reshape(y_size, x_size, elem)
-        padded = bool(y_pad_0 or y_pad_1 or x_pad_0 or x_pad_1)
-
-        if mem == MemType.INP:
-            target = self._inp.reshape(cfg.inp_depth, -1)
-            values, pad_value = data.view(np.int8), -128
-        elif mem == MemType.WGT:
-            target = self._wgt_t.reshape(cfg.wgt_depth, -1)
-            w = data.view(np.int8).reshape(y_size, x_size, self._bout, self._bin)
-            values, pad_value = w.transpose(0, 1, 3, 2).reshape(y_size, x_size, -1), -128
-        elif mem == MemType.ACC:
-            target = self.acc.reshape(cfg.acc_depth, -1)
-            values, pad_value = np.ascontiguousarray(data).view("<i4"), _INT32_MIN
-        elif mem == MemType.ACC_8BIT:
-            target = self.acc.reshape(cfg.acc_depth, -1)
-            values, pad_value = data.view(np.int8), _INT32_MIN
-        else:  # UOP
-            target = self._uop_raw.reshape(cfg.uop_depth, 1)
-            values, pad_value = np.ascontiguousarray(data).view("<u4"), 1 << 31
-        block = target[sram_base:sram_base + x_total * y_total].reshape(y_total, x_total, -1)
-        if padded:
-            block[...] = pad_value if pad_min else 0
-        block[y_pad_0:y_pad_0 + y_size, x_pad_0:x_pad_0 + x_size] = values
+        values = None
+        if count:
+            data = self._dram_bytes(i, "LOAD", dram_base, elem, y_size, x_size, x_stride)
+            data = data.reshape(-1)  # copies strided rows
+            if mem == MemType.WGT:  # DRAM lanes [BLOCK_OUT][BLOCK_IN] -> SRAM [BLOCK_IN][BLOCK_OUT]
+                values = data.view(np.int8).reshape(count, self._bout, self._bin).transpose(0, 2, 1)
+                values = values.reshape(count, -1)
+            elif mem in (MemType.INP, MemType.ACC_8BIT):  # int8 lanes (ACC_8BIT sign-extends)
+                values = data.view(np.int8).reshape(count, -1)
+            elif mem == MemType.ACC:
+                values = data.view("<i4").reshape(count, -1)
+            else:  # UOP words
+                values = data.view("<u4").reshape(count, 1)
+        if not (y_pad_0 or y_pad_1 or x_pad_0 or x_pad_1):
+            if count:
+                target[sram_base:sram_base + count] = values
+        else:
+            block = target[sram_base:sram_base + x_total * y_total].reshape(y_total, x_total, -1)
+            block[...] = min_value if pad_min else 0
+            if count:
+                block[y_pad_0:y_pad_0 + y_size, x_pad_0:x_pad_0 + x_size] = \
+                    values.reshape(y_size, x_size, -1)
         if mem == MemType.UOP:
             self._decode_uops(sram_base, sram_base + x_total * y_total)
 
@@ -452,7 +513,7 @@ class FunctionalSimulator:
 
     def _store(self, i: int) -> None:
         (mem, sram_base, dram_base, _pad_min, y_size, x_size, x_stride, y_pad_0, y_pad_1, x_pad_0,
-         x_pad_1) = self._mem_fields(i)
+         x_pad_1) = self._stream.fields[i]
         if x_size == 0:
             return
         cfg = self.config
@@ -461,26 +522,27 @@ class FunctionalSimulator:
             raise self._error(i, f"STORE supports memory type OUT only, got {name}")
         if y_pad_0 or y_pad_1 or x_pad_0 or x_pad_1:
             raise self._error(i, "STORE must not have padding")
-        self.stats.out_store_nbytes += x_size * y_size * cfg.out_elem_bytes
         count = x_size * y_size
+        self.stats.out_store_nbytes += count * cfg.out_elem_bytes
         if sram_base + count > cfg.acc_depth:
             raise self._error(i, f"STORE reads accumulator elements [{sram_base}, "
                                  f"{sram_base + count}) beyond the buffer depth {cfg.acc_depth}")
-        rows = self._dram_rows(i, "STORE", dram_base, cfg.out_elem_bytes, y_size, x_size, x_stride)
-        data = self.acc[sram_base:sram_base + count].astype(np.int8).view(np.uint8)
+        if count == 0:
+            return
+        rows = self._dram_bytes(i, "STORE", dram_base, cfg.out_elem_bytes, y_size, x_size,
+                                x_stride)
+        data = self.acc[sram_base:sram_base + count].astype(np.int8).view(np.uint8)  # truncates
+        if rows.ndim == 1:
+            rows[...] = data.reshape(-1)
+            return
         data = data.reshape(y_size, -1)
-        if x_stride < x_size and y_size > 1:  # overlapping rows: later rows win, as in order
+        if x_stride < x_size:  # overlapping rows: later rows win, as in sequential order
             for y in range(y_size):
                 rows[y] = data[y]
         else:
             rows[...] = data
 
     # ------------------------------------------------------------------ GEMM / ALU
-    def _compute_fields(self, i: int, table: Dict[str, List[int]]):
-        return tuple(table[k][i] for k in ("uop_bgn", "uop_end", "iter_out", "iter_in",
-                                           "dst_factor_out", "dst_factor_in",
-                                           "src_factor_out", "src_factor_in"))
-
     def _check_uops(self, i: int, bgn: int, end: int) -> None:
         if end < bgn:
             raise self._error(i, f"uop_end {end} is below uop_bgn {bgn}")
@@ -500,38 +562,105 @@ class FunctionalSimulator:
         return (base[None, None, :] + (np.arange(n_out, dtype=np.int64) * f_out)[:, None, None]
                 + (np.arange(n_in, dtype=np.int64) * f_in)[None, :, None])
 
-    def _y_chunks(self, n_out: int, n_in: int, n_uop: int):
+    @staticmethod
+    def _y_chunks(n_out: int, n_in: int, n_uop: int):
         """Split the outer loop so that at most ``_GRID_BUDGET`` executions are materialised."""
         step = max(1, _GRID_BUDGET // max(1, n_in * n_uop))
         for y0 in range(0, n_out, step):
             yield y0, min(step, n_out - y0)
 
+    def _plan(self, i: int, bgn: int, end: int, build) -> list:
+        """The cached execution plan of instruction ``i`` (built by ``build()`` on a miss).
+
+        A plan depends only on the instruction's bits (without dependency flags) and on the
+        micro-op words it reads, which together form the key.
+        """
+        key = self._stream.plan_key[i].tobytes() + self._uop_raw[bgn:end].tobytes()
+        plan = self._plans.get(key)
+        if plan is None:
+            plan, elems = build()
+            if elems <= _GRID_BUDGET:
+                if self._plan_elems + elems > _PLAN_CACHE_ELEMS:
+                    self._plans.clear()
+                    self._plan_elems = 0
+                self._plans[key] = plan
+                self._plan_elems += elems + 64
+        return plan
+
     def _gemm(self, i: int) -> None:
-        g = self._stream.gemm
-        bgn, end, n_out, n_in, d_out, d_in, s_out, s_in = self._compute_fields(i, g)
-        w_out, w_in, reset = g["wgt_factor_out"][i], g["wgt_factor_in"][i], g["reset_reg"][i]
+        (bgn, end, n_out, n_in, d_out, d_in, s_out, s_in, w_out, w_in,
+         reset) = self._stream.fields[i]
         self._check_uops(i, bgn, end)
         n_uop = end - bgn
         if not reset:
             self.stats.gemm_counter += n_out * n_in * n_uop
         if n_uop == 0 or n_out == 0 or n_in == 0:
             return
+        plan = self._plan(i, bgn, end, lambda: self._gemm_plan(i, self._stream.fields[i]))
+        if reset:
+            for idx in plan:
+                self.acc[idx if type(idx) is not tuple else idx[0]] = 0
+            return
+        batch, b_in, b_out = self._batch, self._bin, self._bout
+        acc_u = self.acc.view(np.uint32)
+        for acc_idx, unique, nm, nn, parts in plan:
+            total = None
+            for inp_idx, wgt_idx in parts:
+                a = _gather(self._inp, inp_idx)             # (b, M, k, BATCH, BI)
+                w = _gather(self._wgt_t, wgt_idx)           # (b, N, k, BI, BO)
+                nb, kk = a.shape[0], a.shape[2]
+                a = a.transpose(0, 1, 3, 2, 4).reshape(nb, nm * batch, kk * b_in)
+                w = w.transpose(0, 2, 3, 1, 4).reshape(nb, kk * b_in, nn * b_out)
+                part = np.matmul(a, w)                      # exact: |partial sums| <= 2^24
+                if len(parts) == 1:
+                    total = part
+                elif total is None:
+                    total = part.astype(np.float64)
+                else:
+                    total += part
+            vals = total.astype(np.int32 if len(parts) == 1 else np.int64)
+            if len(parts) > 1:
+                vals = vals.astype(np.int32)                # wrap modulo 2^32
+            vals = vals.reshape(-1, nm, batch, nn, b_out)
+            if batch > 1:
+                vals = vals.transpose(0, 1, 3, 2, 4)
+            vals = vals.reshape(-1, batch, b_out).view(np.uint32)
+            if type(acc_idx) is tuple:
+                acc_u[acc_idx[0]] += vals
+            elif unique:
+                acc_u[acc_idx] += vals
+            else:
+                np.add.at(acc_u, acc_idx, vals)
+
+    def _gemm_plan(self, i: int, fields: tuple):
+        """Check the indices of a GEMM and arrange them as batched matrix products.
+
+        Returns ``(plan, number of index elements)``. For a reset GEMM the plan is a list of
+        accumulator index arrays. Otherwise it is a list of steps ``(acc_idx, unique, M, N,
+        parts)``; ``parts`` holds ``(inp_idx (b, M, k), wgt_idx (b, N, k))`` pairs over chunks of
+        the reduction axis, whose products add up to the ``(b, M, N)`` accumulators ``acc_idx``.
+        """
+        (bgn, end, n_out, n_in, d_out, d_in, s_out, s_in, w_out, w_in, reset) = fields
         cfg = self.config
         dst, src, wgt = self._uop_dst[bgn:end], self._uop_src[bgn:end], self._uop_wgt[bgn:end]
         self._check_index(i, "GEMM accumulator", dst, d_out, d_in, n_out, n_in, cfg.acc_depth)
         if reset:
-            for y0, ny in self._y_chunks(n_out, n_in, n_uop):
-                idx = self._grid(dst + y0 * d_out, d_out, d_in, ny, n_in)
-                self.acc[idx.ravel()] = 0
-            return
+            plan = [_indexer(self._grid(dst + y0 * d_out, d_out, d_in, ny, n_in).reshape(-1))
+                    for y0, ny in self._y_chunks(n_out, n_in, end - bgn)]
+            return plan, sum(p.size for p in plan if type(p) is not tuple)
         self._check_index(i, "GEMM input", src, s_out, s_in, n_out, n_in, cfg.inp_depth)
         self._check_index(i, "GEMM weight", wgt, w_out, w_in, n_out, n_in, cfg.wgt_depth)
-        for y0, ny in self._y_chunks(n_out, n_in, n_uop):
-            self._gemm_block(dst + y0 * d_out, src + y0 * s_out, wgt + y0 * w_out, ny, n_in,
-                             (d_out, d_in), (s_out, s_in), (w_out, w_in))
+        plan, elems = [], 0
+        for y0, ny in self._y_chunks(n_out, n_in, end - bgn):
+            steps = self._gemm_steps(dst + y0 * d_out, src + y0 * s_out, wgt + y0 * w_out, ny,
+                                     n_in, (d_out, d_in), (s_out, s_in), (w_out, w_in))
+            plan += steps
+            elems += sum(_size(st[0]) + sum(_size(p[0]) + _size(p[1]) for p in st[4])
+                         for st in steps)
+        return plan, elems
 
-    def _gemm_block(self, dst, src, wgt, n_out, n_in, d_f, s_f, w_f) -> None:
-        """Accumulate one GEMM grid as batched matrix products (see the module docstring)."""
+    def _gemm_steps(self, dst, src, wgt, n_out, n_in, d_f, s_f, w_f) -> list:
+        """Classify the three loop axes and build the batched-matmul steps of one grid."""
         sizes = (n_out, n_in, len(dst))
 
         def invariant(factors, base):
@@ -551,8 +680,7 @@ class FunctionalSimulator:
             else:
                 roles["B"].append(axis)   # batch of independent products
         perm = roles["B"] + roles["M"] + roles["N"] + roles["K"]
-        nb, nm, nn, nk = (int(np.prod([sizes[a] for a in roles[r]], dtype=np.int64))
-                          for r in "BMNK")
+        nb, nm, nn, nk = (math.prod(sizes[a] for a in roles[r]) for r in "BMNK")
 
         def arranged(base, factors):
             grid = self._grid(base, factors[0], factors[1], n_out, n_in)
@@ -565,38 +693,19 @@ class FunctionalSimulator:
         per_point = nm * batch * nk * b_in + nk * b_in * nn * b_out + nm * batch * nn * b_out
         step = max(1, _GATHER_BUDGET // per_point)
         k_step = max(1, _EXACT_LANES // b_in)
+        steps = []
         for b0 in range(0, nb, step):
             bs = slice(b0, min(nb, b0 + step))
-            total = None
-            for k0 in range(0, nk, k_step):
-                ks = slice(k0, min(nk, k0 + k_step))
-                a = self._inp[inp_idx[bs, :, ks]]           # (b, M, k, BATCH, BI)
-                w = self._wgt_t[wgt_idx[bs, :, ks]]         # (b, N, k, BI, BO)
-                nbk, kk = a.shape[0], a.shape[2]
-                a = a.transpose(0, 1, 3, 2, 4).reshape(nbk, nm * batch, kk * b_in)
-                w = w.transpose(0, 2, 3, 1, 4).reshape(nbk, kk * b_in, nn * b_out)
-                part = np.matmul(a, w)
-                if total is None:
-                    total = part if nk <= k_step else part.astype(np.float64)
-                else:
-                    total += part
-            # (b, M*BATCH, N*BO) -> (b, M, N, BATCH, BO), exact integers -> int32 modulo 2^32
-            vals = total.reshape(-1, nm, batch, nn, b_out).transpose(0, 1, 3, 2, 4)
-            vals = vals.astype(np.int64).astype(np.int32).reshape(-1, batch, b_out)
-            self._accumulate(acc_idx[bs].reshape(-1), vals)
-
-    def _accumulate(self, idx: np.ndarray, vals: np.ndarray) -> None:
-        """``acc[idx] += vals`` modulo 2^32, correct for repeated indices."""
-        acc_u = self.acc.view(np.uint32)
-        if idx.size <= 1 or np.bincount(idx - idx.min()).max() <= 1:
-            acc_u[idx] += vals.view(np.uint32)
-        else:
-            np.add.at(acc_u, idx, vals.view(np.uint32))
+            flat = np.ascontiguousarray(acc_idx[bs]).reshape(-1)
+            unique = flat.size <= 1 or int(np.bincount(flat - flat.min()).max()) <= 1
+            parts = [(_indexer(inp_idx[bs, :, k0:k0 + k_step]),
+                      _indexer(wgt_idx[bs, :, k0:k0 + k_step]))
+                     for k0 in range(0, nk, k_step)]
+            steps.append((_indexer(flat), unique, nm, nn, parts))
+        return steps
 
     def _alu(self, i: int) -> None:
-        a_ = self._stream.alu
-        bgn, end, n_out, n_in, d_out, d_in, s_out, s_in = self._compute_fields(i, a_)
-        op, use_imm, imm = a_["alu_opcode"][i], a_["use_imm"][i], a_["imm"][i]
+        bgn, end, n_out, n_in, d_out, d_in, s_out, s_in, op, use_imm, imm = self._stream.fields[i]
         if op not in _ALU_OPS:
             raise self._error(i, f"unknown ALU opcode {op}")
         if op == AluOp.CLIP and not use_imm:
@@ -606,70 +715,84 @@ class FunctionalSimulator:
         self.stats.alu_counter += n_out * n_in * n_uop
         if n_uop == 0 or n_out == 0 or n_in == 0:
             return
+        plan = self._plan(i, bgn, end, lambda: self._alu_plan(i, self._stream.fields[i]))
+        acc = self.acc
+        b_imm = np.int32(imm)
+        for kind, first, second in plan:
+            if kind == "vec":        # no execution reads what an earlier one wrote
+                acc[first] = _alu_apply(op, acc[first], acc[second], imm)
+            elif kind == "imm":      # one application per round to distinct destinations
+                for dst in first:
+                    acc[dst] = _alu_apply(op, acc[dst], b_imm, imm)
+            elif kind == "reduce":   # associative reduction from sources never written
+                vals = acc[second]
+                if op == AluOp.MIN:
+                    np.minimum.at(acc, first, vals)
+                elif op == AluOp.MAX:
+                    np.maximum.at(acc, first, vals)
+                elif op == AluOp.ADD:
+                    np.add.at(acc.view(np.uint32), first, vals.view(np.uint32))
+                else:
+                    np.multiply.at(acc.view(np.uint32), first, vals.view(np.uint32))
+            else:                    # "runs": hazard-free runs executed one after another
+                for dst, src in zip(first, second):
+                    acc[dst] = _alu_apply(op, acc[dst], acc[src], imm)
+
+    def _alu_plan(self, i: int, fields: tuple):
+        """Check the indices of an ALU instruction and plan a sequentially exact execution.
+
+        Returns ``(plan, number of index elements)``; the plan is a list of
+        ``(kind, first, second)`` entries (see :meth:`_alu`).
+        """
+        bgn, end, n_out, n_in, d_out, d_in, s_out, s_in, op, use_imm, _imm = fields
         depth = self.config.acc_depth
         dst_u, src_u = self._uop_dst[bgn:end], self._uop_src[bgn:end]
         self._check_index(i, "ALU destination", dst_u, d_out, d_in, n_out, n_in, depth)
         self._check_index(i, "ALU source", src_u, s_out, s_in, n_out, n_in, depth)
-        for y0, ny in self._y_chunks(n_out, n_in, n_uop):
+        plan, elems = [], 0
+        for y0, ny in self._y_chunks(n_out, n_in, end - bgn):
             dst = self._grid(dst_u + y0 * d_out, d_out, d_in, ny, n_in).reshape(-1)
             src = self._grid(src_u + y0 * s_out, s_out, s_in, ny, n_in).reshape(-1)
-            if use_imm:
-                self._alu_imm(op, imm, dst)
-            else:
-                self._alu_vec(op, dst, src)
+            plan.append(self._alu_imm_plan(dst) if use_imm else self._alu_vec_plan(op, dst, src))
+            elems += 2 * dst.size
+        return plan, elems
 
-    def _alu_imm(self, op: int, imm: int, dst: np.ndarray) -> None:
-        """``dst = f(dst, imm)`` in execution order; repeated destinations apply repeatedly."""
-        b = np.int32(imm)
+    @staticmethod
+    def _alu_imm_plan(dst: np.ndarray) -> tuple:
+        """``dst = f(dst, imm)`` only reads its own destination: repeated destinations are
+        applied in rounds, round ``r`` holding the ``r``-th occurrence of each destination."""
         order = np.argsort(dst, kind="stable")
         sorted_dst = dst[order]
         first = np.ones(dst.size, bool)
         first[1:] = sorted_dst[1:] != sorted_dst[:-1]
         if first.all():
-            self.acc[dst] = _alu_apply(op, self.acc[dst], b, imm)
-            return
+            return ("imm", [dst], None)
         starts = np.flatnonzero(first)
         rank = np.arange(dst.size) - np.repeat(starts, np.diff(np.append(starts, dst.size)))
-        for r in range(int(rank.max()) + 1):  # one application per round to every destination
-            sel = sorted_dst[rank == r]
-            self.acc[sel] = _alu_apply(op, self.acc[sel], b, imm)
+        return ("imm", [sorted_dst[rank == r] for r in range(int(rank.max()) + 1)], None)
 
-    def _alu_vec(self, op: int, dst: np.ndarray, src: np.ndarray) -> None:
+    def _alu_vec_plan(self, op: int, dst: np.ndarray, src: np.ndarray) -> tuple:
         """``dst = f(dst, src)`` with the results of strictly sequential execution."""
         n = dst.size
-        depth = self.acc.shape[0]
-        writer = np.full(depth, n, np.int64)
-        writer[dst] = np.arange(n)  # last writer of each destination
-        unique = np.bincount(dst, minlength=1).max() <= 1
+        writer = np.full(self.config.acc_depth, n, np.int64)
+        writer[dst] = np.arange(n)
+        unique = np.bincount(dst).max() <= 1
         if unique and not np.any(writer[src] < np.arange(n)):
-            # no execution reads a value written by an earlier one
-            self.acc[dst] = _alu_apply(op, self.acc[dst], self.acc[src], 0)
-            return
-        written = writer < n
-        if op in (AluOp.MIN, AluOp.MAX, AluOp.ADD, AluOp.MUL) and not written[src].any():
-            # a reduction into repeated destinations from sources that are never written:
-            # the operation is associative and commutative, so order does not matter
-            vals = self.acc[src]
-            if op == AluOp.MIN:
-                np.minimum.at(self.acc, dst, vals)
-            elif op == AluOp.MAX:
-                np.maximum.at(self.acc, dst, vals)
-            elif op == AluOp.ADD:
-                np.add.at(self.acc.view(np.uint32), dst, vals.view(np.uint32))
-            else:
-                np.multiply.at(self.acc.view(np.uint32), dst, vals.view(np.uint32))
-            return
+            return ("vec", dst, src)
+        if op in (AluOp.MIN, AluOp.MAX, AluOp.ADD, AluOp.MUL) and not (writer[src] < n).any():
+            return ("reduce", dst, src)
         # general case: maximal runs in which nothing reads or rewrites an element written earlier
         dst_l, src_l = dst.tolist(), src.tolist()
-        start, seen = 0, set()
+        runs_d, runs_s, start, seen = [], [], 0, set()
         for e in range(n + 1):
             if e == n or dst_l[e] in seen or src_l[e] in seen:
-                d, s = dst[start:e], src[start:e]
-                self.acc[d] = _alu_apply(op, self.acc[d], self.acc[s], 0)
+                runs_d.append(dst[start:e])
+                runs_s.append(src[start:e])
                 if e == n:
                     break
                 start, seen = e, set()
             seen.add(dst_l[e])
+        return ("runs", runs_d, runs_s)
 
 
 def run_binary(config: VTAConfig, dram: np.ndarray, dram_base: int, insn_phys: int,

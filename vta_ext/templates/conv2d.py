@@ -23,9 +23,9 @@ import numpy as np
 
 from ..config import VTAConfig, load_config
 
-__all__ = ["Conv2dWorkload", "Conv2dKnobs", "Epilogue", "EPILOGUE_ORIGINAL", "EPILOGUE_PIPELINE",
+__all__ = ["Conv2dWorkload", "Conv2dKnobs", "estimate_sram_usage", "suggest_knobs", "Epilogue", "EPILOGUE_ORIGINAL", "EPILOGUE_PIPELINE",
            "normalize_epilogue", "conv2d_compute", "schedule_conv2d", "build_conv2d",
-           "CompiledConv2d", "Conv2dError", "reference_conv2d"]
+           "build_conv2d_cached", "CompiledConv2d", "Conv2dError", "reference_conv2d"]
 
 
 class Conv2dError(ValueError):
@@ -385,6 +385,76 @@ def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dK
 
 
 # ---------------------------------------------------------------------------------------------
+# knob selection
+# ---------------------------------------------------------------------------------------------
+def _divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def estimate_sram_usage(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs,
+                        with_bias: bool = True) -> Dict[str, int]:
+    """On-chip elements the schedule allocates (all virtual threads), per scope, as the lowering
+    will (``inp``, ``wgt``, ``acc``)."""
+    k = knobs
+    T_ = k.oc_nthread * k.h_nthread
+    win_h = (k.tile_h - 1) * wl.stride_h + wl.kernel_h
+    win_w = (k.tile_w - 1) * wl.stride_w + wl.kernel_w
+    inp = k.tile_b * k.tile_ci * win_h * win_w
+    wgt = k.tile_co * k.tile_ci * wl.kernel_h * wl.kernel_w
+    acc = k.tile_b * k.tile_co * (k.tile_h * k.tile_w + (1 if with_bias else 0))
+    return {"inp": inp * T_, "wgt": wgt * T_, "acc": acc * T_}
+
+
+def suggest_knobs(cfg: VTAConfig, wl: Conv2dWorkload, epilogue=EPILOGUE_ORIGINAL,
+                  max_uops: int = 512) -> Conv2dKnobs:
+    """A reasonable schedule: the knobs minimising an estimate of DRAM traffic plus instruction
+    count among those whose tiles fit the scratchpads; two virtual threads are preferred when they
+    fit (load/compute overlap). Deterministic; not a tuner."""
+    cfg = load_config(cfg)
+    check_workload(cfg, wl)
+    with_bias = any(st[0] == "bias" for st in normalize_epilogue(epilogue))
+    B = cfg.BATCH
+    nb, cb = wl.batch // B, wl.in_channels // cfg.BLOCK_IN
+    ob, OH, OW = wl.out_channels // cfg.BLOCK_OUT, wl.out_height, wl.out_width
+    K2 = wl.kernel_h * wl.kernel_w
+    limits = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth}
+    best, best_cost = Conv2dKnobs(), None
+    for tb in _divisors(nb):
+        for th in _divisors(OH):
+            for tw in _divisors(OW):
+                for tco in _divisors(ob):
+                    for tci in _divisors(cb):
+                        for ocn in (1, 2):
+                            if (ob // tco) % ocn:
+                                continue
+                            for hn in (1, 2):
+                                if (OH // th) % hn:
+                                    continue
+                                kn = Conv2dKnobs(tb, th, tw, tci, tco, ocn, hn)
+                                use = estimate_sram_usage(cfg, wl, kn, with_bias)
+                                if any(use[m] > limits[m] for m in use):
+                                    continue
+                                # GEMM micro-ops: loops below the two folded ones are unrolled
+                                inner = [e for e in (tw, wl.kernel_w, wl.kernel_h, tco, th, tci, tb)
+                                         if e > 1]
+                                uops = 1
+                                for e in inner[2:]:
+                                    uops *= e
+                                if uops > max_uops:
+                                    continue
+                                tiles = (nb // tb) * (ob // tco) * (OH // th) * (OW // tw)
+                                win = ((th - 1) * wl.stride_h + wl.kernel_h) * \
+                                      ((tw - 1) * wl.stride_w + wl.kernel_w)
+                                inp_b = tiles * tb * cb * win * cfg.inp_elem_bytes
+                                wgt_b = tiles * tco * cb * K2 * cfg.wgt_elem_bytes
+                                insns = tiles * ((cb // tci) * (2 + 3 * tci) + 8)
+                                cost = (inp_b + wgt_b + 64 * insns) * (0.75 if ocn * hn > 1 else 1.0)
+                                if best_cost is None or cost < best_cost:
+                                    best, best_cost = kn, cost
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
 # build: schedule -> lowered TIR -> runtime calls -> Program
 # ---------------------------------------------------------------------------------------------
 @dataclass
@@ -480,3 +550,22 @@ def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=
     t3 = time.perf_counter()
     timings.update(schedule=t1 - t0, lower=t2 - t1, generate=t3 - t2)
     return CompiledConv2d(cfg, workload, epilogue, knobs, prog, shapes, timings, gen)
+
+
+_CACHE: Dict[tuple, CompiledConv2d] = {}
+
+
+def build_conv2d_cached(cfg: Union[VTAConfig, str], workload: Conv2dWorkload,
+                        epilogue=EPILOGUE_ORIGINAL, knobs: Optional[Conv2dKnobs] = None,
+                        max_entries: int = 64) -> CompiledConv2d:
+    """:func:`build_conv2d` memoised on (config, workload, epilogue, knobs). The returned object is
+    shared: its :meth:`~CompiledConv2d.run` rewrites the same DRAM image, so do not run it from
+    several threads at once."""
+    cfg = load_config(cfg)
+    key = (cfg, workload, normalize_epilogue(epilogue), knobs or Conv2dKnobs())
+    hit = _CACHE.get(key)
+    if hit is None:
+        if len(_CACHE) >= max_entries:
+            _CACHE.pop(next(iter(_CACHE)))
+        hit = _CACHE[key] = build_conv2d(cfg, workload, epilogue, knobs)
+    return hit

@@ -1,0 +1,286 @@
+"""End-to-end tests of the conv2d_packed template: TE compute -> s_tir schedule -> lowering ->
+runtime program -> functional simulator, against an independent numpy reference (NCHW, int64)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from vta_ext.config import CONFIG_DIR, load_config
+
+pytest.importorskip("tvm")
+
+from vta_ext.templates.conv2d import (EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE, Conv2dError,  # noqa: E402
+                                      Conv2dKnobs, Conv2dWorkload, build_conv2d,
+                                      estimate_sram_usage, suggest_knobs)
+
+SEED = 0xDEADB
+
+
+# ------------------------------------------------------------------------------------------------
+# independent reference: unpack to NCHW / OIHW, direct convolution with einsum in int64
+# ------------------------------------------------------------------------------------------------
+def unpack_nchw(x):
+    nb, cb, h, w, b, c = x.shape
+    return x.transpose(0, 4, 1, 5, 2, 3).reshape(nb * b, cb * c, h, w)
+
+
+def pack_nchw(x, b, c):
+    n, ch, h, w = x.shape
+    return x.reshape(n // b, b, ch // c, c, h, w).transpose(0, 2, 4, 5, 1, 3)
+
+
+def unpack_oihw(k):
+    ob, cb, kh, kw, o, c = k.shape
+    return k.transpose(0, 4, 1, 5, 2, 3).reshape(ob * o, cb * c, kh, kw)
+
+
+def reference(wl, epilogue, data, kernel, bias):
+    d = unpack_nchw(data).astype(np.int64)
+    k = unpack_oihw(kernel).astype(np.int64)
+    d = np.pad(d, ((0, 0), (0, 0), (wl.pad_h, wl.pad_h), (wl.pad_w, wl.pad_w)))
+    oh = (wl.height + 2 * wl.pad_h - wl.kernel_h) // wl.stride_h + 1
+    ow = (wl.width + 2 * wl.pad_w - wl.kernel_w) // wl.stride_w + 1
+    res = np.zeros((d.shape[0], k.shape[0], oh, ow), np.int64)
+    for i in range(wl.kernel_h):
+        for j in range(wl.kernel_w):
+            win = d[:, :, i:i + wl.stride_h * (oh - 1) + 1:wl.stride_h,
+                    j:j + wl.stride_w * (ow - 1) + 1:wl.stride_w]
+            res += np.einsum("nchw,oc->nohw", win, k[:, :, i, j])
+    if bias is not None:
+        b = unpack_nchw(bias).astype(np.int64)  # (N or 1, O, 1, 1)
+    for st in epilogue:
+        if st[0] == "shr":
+            res = res >> st[1]
+        elif st[0] == "bias":
+            res = res + b
+        elif st[0] == "clip":
+            res = np.clip(res, st[1], st[2])
+    return res.astype(np.int8)  # wrapping cast
+
+
+def make_inputs(cfg, wl, with_bias, rng):
+    B, BI, BO = cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT
+    data = rng.integers(-128, 128, (wl.batch, wl.in_channels, wl.height, wl.width)).astype(np.int8)
+    kernel = rng.integers(-128, 128, (wl.out_channels, wl.in_channels, wl.kernel_h, wl.kernel_w)
+                          ).astype(np.int8)
+    data_p = np.ascontiguousarray(pack_nchw(data, B, BI))
+    kernel_p = np.ascontiguousarray(kernel.reshape(wl.out_channels // BO, BO, wl.in_channels // BI, BI,
+                                                   wl.kernel_h, wl.kernel_w).transpose(0, 2, 4, 5, 1, 3))
+    bias_p = None
+    if with_bias:
+        bias = rng.integers(-16384, 16384, (wl.batch, wl.out_channels, 1, 1)).astype(np.int32)
+        bias_p = np.ascontiguousarray(pack_nchw(bias, B, BO))
+    return data_p, kernel_p, bias_p
+
+
+def check(cfg, wl, epilogue, knobs=None, seed=SEED):
+    rng = np.random.default_rng(seed)
+    conv = build_conv2d(cfg, wl, epilogue, knobs)
+    with_bias = any(st[0] == "bias" for st in epilogue)
+    data, kernel, bias = make_inputs(cfg, wl, with_bias, rng)
+    out, stats = conv.run(data, kernel, bias)
+    ref = pack_nchw(reference(wl, epilogue, data, kernel, bias), cfg.BATCH, cfg.BLOCK_OUT)
+    assert out.shape == ref.shape
+    bad = int((out != ref).sum())
+    assert bad == 0, f"{bad} of {out.size} outputs differ"
+    return conv, stats
+
+
+def wl_blocks(cfg, h, w, ci_blocks, co_blocks, k, pad, stride, batch_blocks=1):
+    return Conv2dWorkload(batch_blocks * cfg.BATCH, h, w, ci_blocks * cfg.BLOCK_IN,
+                          co_blocks * cfg.BLOCK_OUT, k, k, pad, pad, stride, stride)
+
+
+NO_BIAS = (("shr", 8), ("clip", 0, 127))
+SMALL_CASES = [
+    # (h, w, ci blocks, co blocks, kernel, pad, stride, epilogue, knobs)
+    (6, 6, 2, 2, 3, 1, 1, EPILOGUE_ORIGINAL, Conv2dKnobs()),
+    (7, 5, 1, 1, 3, 1, 2, EPILOGUE_PIPELINE, Conv2dKnobs()),
+    (6, 6, 3, 2, 1, 0, 1, NO_BIAS, Conv2dKnobs()),
+    (8, 8, 2, 4, 1, 0, 2, EPILOGUE_ORIGINAL, Conv2dKnobs()),
+    (5, 7, 4, 1, 3, 0, 1, EPILOGUE_PIPELINE, Conv2dKnobs()),
+    (8, 8, 2, 4, 3, 1, 1, EPILOGUE_ORIGINAL, Conv2dKnobs(tile_h=4, tile_w=8, tile_ci=2, tile_co=2)),
+    (8, 6, 4, 2, 3, 1, 2, EPILOGUE_PIPELINE, Conv2dKnobs(tile_h=2, tile_w=3, tile_ci=2, tile_co=2)),
+    (6, 6, 1, 1, 3, 1, 1, (), Conv2dKnobs()),
+    (6, 6, 2, 2, 3, 1, 1, NO_BIAS, Conv2dKnobs(tile_h=3, tile_w=2)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(SMALL_CASES)))
+def test_small_default_config(case):
+    h, w, cib, cob, k, pad, stride, ep, knobs = SMALL_CASES[case]
+    cfg = load_config("default")
+    check(cfg, wl_blocks(cfg, h, w, cib, cob, k, pad, stride), ep, knobs)
+
+
+VTHREAD_CASES = [
+    (dict(oc_nthread=2), 2),
+    (dict(h_nthread=2), 1),
+    (dict(oc_nthread=2, h_nthread=2, tile_w=3), 2),
+    (dict(oc_nthread=2, tile_co=2, tile_ci=2, tile_h=2), 4),
+]
+
+
+@pytest.mark.parametrize("knobs,co_blocks", VTHREAD_CASES)
+@pytest.mark.parametrize("epilogue", [EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE], ids=["orig", "pipe"])
+def test_virtual_threads(knobs, co_blocks, epilogue):
+    cfg = load_config("default")
+    wl = wl_blocks(cfg, 6, 6, 2, co_blocks, 3, 1, 1)
+    conv, _ = check(cfg, wl, epilogue, Conv2dKnobs(**knobs))
+    src = conv.generated.source
+    assert conv.generated.nthreads == knobs.get("oc_nthread", 1) * knobs.get("h_nthread", 1)
+    # loads of the virtual threads go to different SRAM regions: the lowering duplicated the tiles
+    assert "dep_pop(2, 1)" in src and "dep_push(1, 2)" in src
+
+
+@pytest.mark.skipif(not (CONFIG_DIR / "2x16x16.json").exists(), reason="no 2x16x16 preset")
+@pytest.mark.parametrize("case", [
+    (6, 6, 2, 2, 3, 1, 1, EPILOGUE_ORIGINAL, Conv2dKnobs(), 1),
+    (7, 7, 1, 2, 3, 1, 2, EPILOGUE_PIPELINE, Conv2dKnobs(tile_h=2, tile_co=2), 2),
+    (6, 6, 2, 2, 1, 0, 1, NO_BIAS, Conv2dKnobs(tile_b=2, tile_w=3), 2),
+    (6, 6, 2, 4, 3, 1, 1, EPILOGUE_ORIGINAL, Conv2dKnobs(oc_nthread=2, h_nthread=2), 2),
+], ids=["fallback", "tiled-stride2", "tile_b", "vthreads"])
+def test_batch2_config(case):
+    h, w, cib, cob, k, pad, stride, ep, knobs, nbb = case
+    cfg = load_config("2x16x16")
+    assert cfg.BATCH == 2
+    check(cfg, wl_blocks(cfg, h, w, cib, cob, k, pad, stride, batch_blocks=nbb), ep, knobs)
+
+
+@pytest.mark.skipif(not (CONFIG_DIR / "1x32x32.json").exists(), reason="no 1x32x32 preset")
+def test_block32_config():
+    cfg = load_config("1x32x32")
+    check(cfg, wl_blocks(cfg, 6, 6, 2, 2, 3, 1, 1), EPILOGUE_ORIGINAL, Conv2dKnobs(tile_h=2, tile_ci=2))
+
+
+def test_per_channel_bias_broadcast():
+    """A (1, O/co, 1, 1, b, co) bias is broadcast over the batch blocks."""
+    cfg = load_config("default")
+    wl = Conv2dWorkload(2, 4, 4, 16, 32, 3, 3, 1, 1, 1, 1)
+    conv = build_conv2d(cfg, wl, EPILOGUE_PIPELINE)
+    rng = np.random.default_rng(1)
+    data, kernel, _ = make_inputs(cfg, wl, False, rng)
+    bias1 = rng.integers(-1000, 1000, (1, 2, 1, 1, 1, 16)).astype(np.int32)
+    out, _ = conv.run(data, kernel, bias1)
+    ref = reference(wl, EPILOGUE_PIPELINE, data, kernel, np.broadcast_to(bias1, (2, 2, 1, 1, 1, 16)))
+    np.testing.assert_array_equal(out, pack_nchw(ref, 1, 16))
+
+
+def test_program_reused_across_runs():
+    cfg = load_config("default")
+    wl = wl_blocks(cfg, 5, 5, 1, 2, 3, 1, 1)
+    conv = build_conv2d(cfg, wl, EPILOGUE_ORIGINAL)
+    n_insns = conv.program.insn_count
+    for seed in (1, 2):
+        rng = np.random.default_rng(seed)
+        data, kernel, bias = make_inputs(cfg, wl, True, rng)
+        out, _ = conv.run(data, kernel, bias)
+        ref = pack_nchw(reference(wl, EPILOGUE_ORIGINAL, data, kernel, bias), 1, 16)
+        np.testing.assert_array_equal(out, ref)
+    assert conv.program.insn_count == n_insns
+
+
+# ------------------------------------------------------------------------------------------------
+# errors
+# ------------------------------------------------------------------------------------------------
+def test_error_channels_not_multiple_of_block():
+    cfg = load_config("default")
+    with pytest.raises(Conv2dError, match="in_channels=24 is not a multiple of BLOCK_IN=16"):
+        build_conv2d(cfg, Conv2dWorkload(1, 8, 8, 24, 32, 3, 3, 1, 1, 1, 1))
+    with pytest.raises(Conv2dError, match="out_channels=40 is not a multiple of BLOCK_OUT=16"):
+        build_conv2d(cfg, Conv2dWorkload(1, 8, 8, 32, 40, 3, 3, 1, 1, 1, 1))
+
+
+def test_error_scratchpad_overflow_names_buffer():
+    cfg = load_config("default")
+    wl = Conv2dWorkload(1, 56, 56, 64, 64, 3, 3, 1, 1, 1, 1)
+    with pytest.raises(Conv2dError, match=r"local\.acc_buffer needs 12548 elements but has 2048"):
+        build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, Conv2dKnobs(tile_h=56, tile_w=56, tile_co=4))
+    with pytest.raises(Conv2dError, match=r"local\.inp_buffer needs 6960 elements but has 2048 \(data_pad"):
+        build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, Conv2dKnobs(tile_h=28, tile_w=56, tile_ci=4))
+
+
+def test_error_bad_knobs_and_epilogue():
+    cfg = load_config("default")
+    wl = Conv2dWorkload(1, 8, 8, 32, 32, 3, 3, 1, 1, 1, 1)
+    with pytest.raises(Conv2dError, match="tile_h=3 does not divide"):
+        build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, Conv2dKnobs(tile_h=3))
+    with pytest.raises(Conv2dError, match="oc_nthread=3 must be 1 or 2"):
+        build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, Conv2dKnobs(oc_nthread=3))
+    with pytest.raises(Conv2dError, match="unknown epilogue stage"):
+        build_conv2d(cfg, wl, (("relu",),))
+    conv = build_conv2d(cfg, wl, EPILOGUE_ORIGINAL)
+    rng = np.random.default_rng(0)
+    data, kernel, bias = make_inputs(cfg, wl, True, rng)
+    with pytest.raises(Conv2dError, match="pass bias_packed"):
+        conv.run(data, kernel)
+    with pytest.raises(Conv2dError, match="expected shape"):
+        conv.run(data[:, :1], kernel, bias)
+
+
+# ------------------------------------------------------------------------------------------------
+# drop-in fidelity with the original stack (fallback schedule, ResNet-18 C2)
+# ------------------------------------------------------------------------------------------------
+RESNET18 = {
+    "C2": Conv2dWorkload(1, 56, 56, 64, 64, 3, 3, 1, 1, 1, 1),
+    "C3": Conv2dWorkload(1, 56, 56, 64, 128, 3, 3, 1, 1, 2, 2),
+    "C4": Conv2dWorkload(1, 56, 56, 64, 128, 1, 1, 0, 0, 2, 2),
+    "C5": Conv2dWorkload(1, 28, 28, 128, 128, 3, 3, 1, 1, 1, 1),
+    "C6": Conv2dWorkload(1, 28, 28, 128, 256, 3, 3, 1, 1, 2, 2),
+    "C7": Conv2dWorkload(1, 28, 28, 128, 256, 1, 1, 0, 0, 2, 2),
+    "C8": Conv2dWorkload(1, 14, 14, 256, 256, 3, 3, 1, 1, 1, 1),
+    "C9": Conv2dWorkload(1, 14, 14, 256, 512, 3, 3, 1, 1, 2, 2),
+    "C10": Conv2dWorkload(1, 14, 14, 256, 512, 1, 1, 0, 0, 2, 2),
+    "C11": Conv2dWorkload(1, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1),
+}
+
+C2_COUNTERS = dict(inp_load_nbytes=7_054_336, wgt_load_nbytes=115_605_504, acc_load_nbytes=802_816,
+                   out_store_nbytes=200_704, gemm_counter=451_584, alu_counter=50_176)
+
+
+def test_dropin_fidelity_resnet18_c2_fallback():
+    """The fallback schedule reproduces the original stack's simulator counters exactly."""
+    cfg = load_config("default")
+    t0 = time.perf_counter()
+    conv, stats = check(cfg, RESNET18["C2"], EPILOGUE_ORIGINAL, Conv2dKnobs())
+    counters = stats.as_dict()
+    counters.pop("uop_load_nbytes")
+    assert counters == C2_COUNTERS
+    print(f"C2 fallback: {conv.program.insn_count} instructions, generation "
+          f"{conv.timings['generate']:.2f} s, simulation {conv.timings['last_run']:.2f} s, "
+          f"total {time.perf_counter() - t0:.2f} s")
+
+
+def _resnet_case(name, knobs):
+    cfg = load_config("default")
+    wl = RESNET18[name]
+    conv, stats = check(cfg, wl, EPILOGUE_ORIGINAL, knobs)
+    oh, ow = wl.out_height, wl.out_width
+    assert stats.out_store_nbytes == wl.batch * wl.out_channels * oh * ow
+    assert stats.gemm_counter == (oh * ow * (wl.out_channels // 16) * (wl.in_channels // 16)
+                                  * wl.kernel_h * wl.kernel_w)
+
+
+@pytest.mark.parametrize("name", sorted(RESNET18, key=lambda n: int(n[1:])))
+def test_resnet18_suggested_knobs(name):
+    """Every ResNet-18 layer with the knobs of :func:`suggest_knobs` (tiled, mostly with virtual
+    threads); they fit the scratchpads by construction."""
+    cfg = load_config("default")
+    knobs = suggest_knobs(cfg, RESNET18[name])
+    use = estimate_sram_usage(cfg, RESNET18[name], knobs)
+    assert use["inp"] <= cfg.inp_depth and use["wgt"] <= cfg.wgt_depth and use["acc"] <= cfg.acc_depth
+    _resnet_case(name, knobs)
+
+
+@pytest.mark.parametrize("name", ["C4", "C9", "C11"])
+def test_resnet18_fallback(name):
+    _resnet_case(name, Conv2dKnobs())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RESNET18, key=lambda n: int(n[1:])))
+def test_resnet18_fallback_all(name):
+    """All layers with the fallback schedule (the original's schedule without TopHub logs)."""
+    _resnet_case(name, Conv2dKnobs())
