@@ -24,6 +24,9 @@ from tvm_csp_embed.instructions import gemm  # noqa: E402
 from tvm_csp_embed.solve import solve  # noqa: E402
 from tvm_csp_embed.workload import conv2d  # noqa: E402
 
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red")
+LINES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "x")
 VARIANTS = {"-": {}, "A": {"portfolio": True}, "B": {"bound": True}, "AB": {"portfolio": True, "bound": True}}
 
 
@@ -62,8 +65,11 @@ def plot(rows, path: Path, searches, variants, layouts, mode="strict"):
                     continue
                 x = [p[0] for p in pts]
                 lab = f"{lay} {var}"
-                axes[0][j].plot(x, [max(p[1], 0.8) for p in pts], marker="o", label=lab)
-                axes[1][j].plot(x, [p[2] for p in pts], marker="o", label=lab)
+                style = dict(color=COLORS[layouts.index(lay) % len(COLORS)],
+                             linestyle=LINES[variants.index(var) % len(LINES)],
+                             marker=MARKERS[variants.index(var) % len(MARKERS)], label=lab)
+                axes[0][j].plot(x, [max(p[1], 0.8) for p in pts], **style)
+                axes[1][j].plot(x, [p[2] for p in pts], **style)
         axes[0][j].set_title(f"search effort, {search} order")
         axes[0][j].set_ylabel("Gecode nodes")
         axes[0][j].set_yscale("log")
@@ -88,18 +94,25 @@ def main(argv=None) -> int:
     ap.add_argument("--hw", type=int, default=14, help="input height = width")
     ap.add_argument("--timeout", type=float, default=30.0)
     ap.add_argument("--mode", choices=("strict", "relaxed"), default="strict")
+    ap.add_argument("--replot", action="store_true", help="redraw the PNG from the existing CSV")
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args(argv)
     chans = [int(x) for x in a.channels.split(",")]
     lays, searches, variants = a.layouts.split(","), a.searches.split(","), a.variants.split(",")
-    rows = measure(chans, lays, searches, variants, a.timeout, a.hw, a.jobs, a.mode)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = "embed_effort" if a.mode == "strict" else f"embed_effort_{a.mode}"
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    if a.replot:
+        rows = list(csv.DictReader(open(out / f"{stem}.csv")))
+        for r in rows:
+            r["channels"], r["nodes"] = int(r["channels"]), int(r["nodes"])
+            r["wall_seconds"] = float(r["wall_seconds"])
+    else:
+        rows = measure(chans, lays, searches, variants, a.timeout, a.hw, a.jobs, a.mode)
+        with open(out / f"{stem}.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
     plot(rows, out / f"{stem}.png", searches, variants, lays, a.mode)
     for s in searches:
         for v in variants:

@@ -57,6 +57,12 @@ def reference(wl, epilogue, data, kernel, bias):
             res = res + b
         elif st[0] == "clip":
             res = np.clip(res, st[1], st[2])
+        elif st[0] == "min":
+            res = np.minimum(res, st[1])
+        elif st[0] == "max":
+            res = np.maximum(res, st[1])
+        elif st[0] == "add":
+            res = res + st[1]
     return res.astype(np.int8)  # wrapping cast
 
 

@@ -157,3 +157,32 @@ def test_footprint_objective_ranks_by_packed_bytes():
     prove([best_fp])
     with pytest.raises(ValueError, match="objective"):
         embed(wl, G, "relaxed", objective="speed")
+
+
+def test_without_rect_lattices_are_found_and_proven_but_not_tiled():
+    from tvm_csp_embed.embedding import EmbeddingError, decode
+    from tvm_csp_embed.verify import check_raw
+    wl, instr = matmul(4, 8, 8, transpose_b=True), gemm((1, 4, 4))
+    r = solve(wl, instr, "relaxed", disable=("rect",), solutions=4)
+    assert r.status == "ok" and len(r.solutions) == 4
+    non_rect = 0
+    for s in r.solutions:
+        check_raw(s, wl, instr)  # a valid scalar embedding, rectangle or not
+        try:
+            prove([decode(s, wl, instr)])
+        except EmbeddingError as e:
+            assert "not a hyper-rectangle" in str(e)
+            non_rect += 1
+    assert non_rect >= 1
+
+
+def test_pooling_like_max_reduction_is_rejected():
+    tvm = pytest.importorskip("tvm")
+    from tvm import te
+    from tvm_csp_embed import ConformabilityError, from_te
+    A = te.placeholder((8, 8), "int8", "A")
+    k = te.reduce_axis((0, 8), "k")
+    C = te.compute((8,), lambda i: te.max(A[i, k], axis=k), "C")
+    with pytest.raises(ConformabilityError) as ei:
+        from_te(C)
+    assert ei.value.rule == "multiply-accumulate body"

@@ -805,6 +805,18 @@ def test_tokens_persist_across_runs_like_the_global_fsim_queues() -> None:
         run(sim, dram, consumer)
 
 
+def test_finish_ends_the_run_and_reports_unexecuted_instructions() -> None:
+    sim, dram = FunctionalSimulator(CFG), image()
+    set_acc(sim, dram, np.full((1, 16), 9))
+    assert sim.unexecuted == []
+    # no token orders the store before FINISH: the compute module reaches FINISH first
+    run(sim, dram, [MemInsn(memory_type=MemType.UOP), FinishInsn(), store(0, 0x1000, 1, 1)])
+    assert sim.unexecuted == [2]
+    assert (dram[0x1000:0x1010] == 0).all()
+    run(sim, dram, finish_stream([store(0, 0x1000, 1, 1)]))  # synchronised: the store runs
+    assert sim.unexecuted == [] and (dram[0x1000:0x1010] == 9).all()
+
+
 def test_deadlock_raises_and_names_the_blocked_instruction() -> None:
     sim, dram = FunctionalSimulator(CFG), image()
     insns = [load(MemType.INP, 0, 0, 1, 1), MemInsn(memory_type=MemType.UOP, pop_prev_dep=True),

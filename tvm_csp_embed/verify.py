@@ -19,9 +19,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .embedding import Embedding, TensorRelayout
+from .instructions import InstructionGraph
+from .solve import RawSolution
 from .workload import STMT_ADD, STMT_MUL, Workload
 
-__all__ = ["ProofError", "ScalarReport", "check_scalar", "apply_relayout", "execute", "check_numeric",
+__all__ = ["ProofError", "ScalarReport", "check_scalar", "check_raw", "apply_relayout", "execute", "check_numeric",
            "node_points"]
 
 
@@ -67,22 +69,45 @@ def _T(name: str, c: Sequence[int]) -> str:
 def check_scalar(emb: Embedding) -> ScalarReport:
     """Re-check an embedding against the islpy model of the padded operator.
 
+    Checks that the solver's multiply nodes are the points the decoded mapping implies,
+    then runs :func:`check_raw`.
+
     Raises
     ------
     ProofError
         Naming the failed check.
     """
-    import islpy as isl
-    wl, instr, raw = emb.workload, emb.instruction, emb.raw
-    pw = wl.padded(emb.padding)
-    P = pw.polyhedral
-    rep = ScalarReport(wl.name)
+    raw = emb.raw
     pts = node_points(emb)
     if [tuple(x) for x in raw.p] != pts:
         bad = next(i for i, (a, b) in enumerate(zip(raw.p, pts)) if tuple(a) != b)
         raise ProofError(f"solver node {bad} at {raw.p[bad]} but the decoded mapping puts it at {pts[bad]}")
+    return check_raw(raw, emb.workload, emb.instruction)
+
+
+def check_raw(raw: RawSolution, wl: Workload, instr: InstructionGraph) -> ScalarReport:
+    """Re-check a solver solution (scalar node values) against the islpy relations.
+
+    Works for any solution, including non-rectangular ones (``rect`` switched off): every
+    instruction node must lie in the instance set of the padded operator with its statement
+    label (multiply 0, add 1); every edge multiply -> add, data -> multiply, add -> output,
+    reduction chain and spatial star must be an operator edge; nodes must be distinct.
+
+    Raises
+    ------
+    ProofError
+        Naming the failed check and a witness.
+    """
+    import islpy as isl
+    order = (0, 1, 2) if raw.binding == 1 else (1, 0, 2)
+    binding = {op: wl.tensors[i].name for op, i in zip("ABC", order)}
+    pw = wl.padded(dict(zip(wl.dims, raw.pad)))
+    P = pw.polyhedral
+    rep = ScalarReport(wl.name)
+    pts = [tuple(int(v) for v in x) for x in raw.p]
     nodes = instr.mult_nodes()
-    # node membership with labels: multiplies carry statement 0, adds statement 1
+    if len(pts) != len(nodes):
+        raise ProofError(f"{len(pts)} multiply nodes, the instruction has {len(nodes)}")
     for t, lab in ((STMT_MUL, "mul nodes"), (STMT_ADD, "add nodes")):
         s = isl.Set("{ " + "; ".join(_S(p, t) for p in pts) + " }")
         if not s.is_subset(P.instance_set):
@@ -103,7 +128,7 @@ def check_scalar(emb: Embedding) -> ScalarReport:
         rep.checked[label] = len(pairs)
     edges_in([(_S(p, STMT_MUL), _S(p, STMT_ADD)) for p in pts], P.mul_to_add, "mul->add")
     for op in "ABC":
-        tname = emb.binding[op]
+        tname = binding[op]
         vals = raw.data_nodes[op]
         if len(set(vals)) != len(vals):
             raise ProofError(f"allDiff: two data nodes of operand {op} map to the same element of {tname}")

@@ -143,7 +143,8 @@ class MemInsn(DepFlags):
         op = Opcode(self.opcode).name
         if self.is_nop():
             return f"NOP-{op:<5}{self.dep_text()}"
-        mem = MemType(self.memory_type).name
+        mem = MemType(self.memory_type).name if self.memory_type in MemType._value2member_map_ \
+            else f"mem{self.memory_type}"
         pads = ""
         if any((self.y_pad_0, self.y_pad_1, self.x_pad_0, self.x_pad_1)):
             pads = (f" pad(y {self.y_pad_0},{self.y_pad_1} x {self.x_pad_0},{self.x_pad_1}"

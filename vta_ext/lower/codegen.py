@@ -172,6 +172,8 @@ class Dma:
     cpu: List[Tuple[str, int, int, int]]    # further loops: (var, extent, sram stride, dram stride)
     pads: Dict[str, Tuple[List[Aff], List[Aff]]] = field(default_factory=dict)
     # pads[var] = (lower bounds u >= -aff, upper bounds u <= aff) as Affs in outer vars
+    guards: List[Aff] = field(default_factory=list)
+    # conditions (aff >= 0) on outer vars only: when one fails the whole tile is padding
 
     @property
     def stage(self):
@@ -272,6 +274,9 @@ class _Converter:
             return [self.aff(e.a) - self.aff(e.b)]
         if isinstance(e, t.GT):
             return [self.aff(e.a) - self.aff(e.b) - 1]
+        if isinstance(e, t.EQ):
+            d = self.aff(e.a) - self.aff(e.b)
+            return [d, d.scale(-1)]
         raise LoweringError(f"unsupported padding condition {e}")
 
     # ---------------------------------------------------------------- statements
@@ -429,8 +434,12 @@ def _analyse_dma(kind, inner, sbuf: SramBuf, sidx: Aff, gname: str, gidx: Aff, c
         raise LoweringError(f"{what}: tile offsets are not element aligned ({s_out}, {g_out})")
     # padding bounds per loop variable
     pads: Dict[str, Tuple[List[Aff], List[Aff]]] = {}
+    guards: List[Aff] = []
     for c in conds or []:
         vs = [v for v in c.c if v in inner_vars]
+        if not vs:
+            guards.append(c)
+            continue
         if len(vs) != 1 or vs[0] in lane_vars:
             raise LoweringError(f"{what}: padding condition {c} >= 0 must involve exactly one "
                                 "spatial copy loop")
@@ -444,6 +453,9 @@ def _analyse_dma(kind, inner, sbuf: SramBuf, sidx: Aff, gname: str, gidx: Aff, c
             hi.append(rest)
         else:
             raise LoweringError(f"{what}: padding condition with coefficient {a}")
+    # a padded loop whose DRAM stride the simplifier removed (the condition leaves at most one valid
+    # index) reads the element the index expression already points to: any DRAM stride will do
+    free = {v for v, e, ds, do in eloops if do == 0 and v in pads}
     # order element loops outer -> inner by SRAM stride and merge contiguous ones
     eloops.sort(key=lambda l: -l[2])
     merged = []
@@ -457,7 +469,7 @@ def _analyse_dma(kind, inner, sbuf: SramBuf, sidx: Aff, gname: str, gidx: Aff, c
         merged.append(lp)
     x = y = None
     rest = list(merged)
-    if rest and rest[-1][2] == 1 and rest[-1][3] == 1:
+    if rest and rest[-1][2] == 1 and (rest[-1][3] == 1 or rest[-1][0] in free):
         x = rest.pop()
     xs = x[1] if x else 1
     if rest and rest[-1][2] == xs:
@@ -468,11 +480,13 @@ def _analyse_dma(kind, inner, sbuf: SramBuf, sidx: Aff, gname: str, gidx: Aff, c
     for v in pads:
         if v.endswith("*"):
             raise LoweringError(f"{what}: internal error, padded loop merged")
-    return Dma(kind, mem, sbuf, gname, s_out.div(elem), g_out.div(elem), x, y, rest, pads)
+    return Dma(kind, mem, sbuf, gname, s_out.div(elem), g_out.div(elem), x, y, rest, pads, guards)
 
 
 def _alu_operand(conv: _Converter, e):
     t = conv.tirx
+    if isinstance(e, int):
+        return ("imm", e)
     if isinstance(e, t.IntImm):
         return ("imm", int(e.value))
     ld = conv._load_of(e)
@@ -493,6 +507,10 @@ def _analyse_alu(conv: _Converter, inner, dbuf: SramBuf, didx: Aff, value, produ
         op, ea, eb, commut = AluOp.SHR, a, b, False
     elif isinstance(value, t.LShift):
         op, ea, eb, commut = "SHL", value.a, value.b, False
+    elif isinstance(value, t.Sub):
+        if not isinstance(value.b, t.IntImm):
+            raise LoweringError(f"{what}: VTA has no vector subtraction ({value})")
+        op, ea, eb, commut = AluOp.ADD, value.a, -int(value.b.value), False
     elif type(value) in ops:
         op, ea, eb, commut = ops[type(value)], value.a, value.b, True
     else:
@@ -912,13 +930,13 @@ class _Emitter:
         gbuf = f"B_{d.dram}"
         X = d.x[1] if d.x else 1
         Y = d.y[1] if d.y else 1
-        xs = d.x[3] if d.x else 1       # dram stride of x (always 1 when present)
-        ystride = d.y[3] if d.y else X
+        # DRAM row stride (a y loop with a simplified-away stride has a single valid row)
+        ystride = d.y[3] if d.y and d.y[3] else X
         if d.kind == "store":
             self.line(ind, f"store_2d({soff.py()}, 4, {gbuf}, {goff.py()}, {X}, {Y}, {ystride})")
             return
         padded = [(dim, lp) for dim, lp in (("x", d.x), ("y", d.y)) if lp and lp[0] in d.pads]
-        if not padded:
+        if not padded and not d.guards:
             self.line(ind, f"load_2d({gbuf}, {goff.py()}, {X}, {Y}, {ystride}, 0, 0, 0, 0, "
                            f"{soff.py()}, {int(d.mem)})")
             return
@@ -935,9 +953,16 @@ class _Emitter:
             self.line(ind, f"{lo} = max({', '.join(lo_terms)})" if len(lo_terms) > 1 else f"{lo} = 0")
             self.line(ind, f"{hi} = min({', '.join(hi_terms)})" if len(hi_terms) > 1 else f"{hi} = {ext}")
             vals[dim] = (lo, hi)
+        if d.guards:
+            # a guard on outer variables only: when it fails, the whole tile is padding
+            ok = " and ".join(f"{g.subst(env).py()} >= 0" for g in d.guards)
+            hi = self.tmp("xhi")
+            self.line(ind, f"{hi} = {vals['x'][1]} if {ok} else {vals['x'][0]}")
+            vals["x"] = (vals["x"][0], hi)
         (xlo, xhi), (ylo, yhi) = vals["x"], vals["y"]
         ys = d.y[3] if d.y else 0
-        gexpr = f"{goff.py()} + {ys}*{ylo} + {xlo}"
+        xs = d.x[3] if d.x else 0
+        gexpr = f"{goff.py()} + {ys}*{ylo} + {xs}*{xlo}"
         self.line(ind, f"load_padded({gbuf}, {gexpr}, {xlo}, {xhi}, {ylo}, {yhi}, {X}, {Y}, "
                        f"{ystride}, {soff.py()}, {int(d.mem)})")
 
@@ -1083,8 +1108,15 @@ def _generated(q, buffers):
     push_gemm, push_alu = q.push_gemm, q.push_alu
     def load_padded(buf, goff, xlo, xhi, ylo, yhi, X, Y, ystride, soff, mem):
         if xhi <= xlo or yhi <= ylo:
-            raise _LoweringError("a DMA load lies entirely in the padding; reduce the padding "
-                                 "or enlarge the tile")
+            # the tile lies entirely in the padding: zero-fill it with rows of y padding
+            # (y_size 0: nothing is read from DRAM, as in fsim's SRAM::Load)
+            row = 0
+            while row < Y:
+                n0 = min(15, Y - row)
+                n1 = min(15, Y - row - n0)
+                load_2d(buf, 0, X, 0, X, 0, n0, 0, n1, soff + row * X, mem)
+                row += n0 + n1
+            return
         xpa, ypa = X - xhi, Y - yhi
         if xlo > 15 or ylo > 15 or xpa > 15 or ypa > 15:
             raise _LoweringError(f"DMA padding ({ylo},{xlo},{ypa},{xpa}) exceeds the 4-bit pad "

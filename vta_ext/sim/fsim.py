@@ -23,9 +23,12 @@ Semantics (``spec/vta-reference-facts.md`` §3, apache fsim):
   fsim do.
 * Each instruction goes to the in-order queue of its module (load: LOAD INP/WGT; compute: LOAD
   UOP/ACC/ACC_8BIT, GEMM, ALU, FINISH; store: STORE). Dependency pops are taken before execution
-  and pushes made after it, through the token queues l2g, s2g, g2l and g2s. The run ends when
-  FINISH has executed; instructions still queued in other modules at that point are dropped, as in
-  fsim. The token counts persist across runs, as fsim's global queues do.
+  and pushes made after it, through the token queues l2g, s2g, g2l and g2s. The modules run round
+  robin in the fixed order load, compute, store, each until it blocks (fsim starts each round at a
+  random module; correctly synchronised programs do not depend on the order). The run ends when
+  FINISH has executed; instructions still queued at that point are dropped, as in fsim, and listed
+  in ``FunctionalSimulator.unexecuted``. The token counts persist across runs, as fsim's global
+  queues do.
 
 Where the original loops forever or aborts, this simulator raises :class:`SimulationError` naming
 the instruction (index and disassembly): unsatisfiable token waits (deadlock), SRAM or DRAM indices
@@ -73,7 +76,6 @@ _GATHER_BUDGET = 1 << 22
 _GRID_BUDGET = 1 << 22
 #: total index elements kept in the plan cache before it is cleared
 _PLAN_CACHE_ELEMS = 1 << 24
-_LOADABLE = frozenset((MemType.UOP, MemType.WGT, MemType.INP, MemType.ACC, MemType.ACC_8BIT))
 _MEM_IDS = frozenset(int(m) for m in MemType)
 _ALU_OPS = frozenset(int(o) for o in AluOp)
 
@@ -194,6 +196,12 @@ def _indexer(idx: np.ndarray):
     return np.ascontiguousarray(idx)
 
 
+def _slice_or_array(idx: np.ndarray):
+    """A slice if the 1-D ``idx`` is a run of consecutive indices, else ``idx``."""
+    index = _indexer(idx)
+    return index[0] if type(index) is tuple else index
+
+
 def _size(index) -> int:
     return 1 if type(index) is tuple else index.size
 
@@ -213,11 +221,22 @@ class FunctionalSimulator:
     config : VTAConfig
         Hardware configuration (block sizes, buffer depths, instruction layouts).
 
+    Attributes
+    ----------
+    acc : numpy.ndarray
+        The accumulator SRAM, int32 ``(depth, BATCH, BLOCK_OUT)``.
+    tokens : dict
+        Token counts of the queues ``l2g``, ``s2g``, ``g2l``, ``g2s``.
+    stats : SimStats
+        Counters accumulated over every run since construction or :meth:`clear_stats`.
+    unexecuted : list of int
+        Indices of the instructions of the last run still queued when FINISH ended it (a correctly
+        synchronised program leaves none).
+
     Notes
     -----
     The SRAM contents and the dependency-token counts persist across :meth:`run` calls on the same
-    object; :meth:`reset` clears them. :attr:`stats` accumulates the counters of every run until
-    :meth:`clear_stats`; each :meth:`run` returns the counters of that run alone.
+    object; :meth:`reset` clears them. Each :meth:`run` returns the counters of that run alone.
     """
 
     def __init__(self, config: VTAConfig) -> None:
@@ -227,6 +246,7 @@ class FunctionalSimulator:
         self.config = config
         self.stats = SimStats()
         self._last_stream: Optional[_Stream] = None
+        self.unexecuted: List[int] = []
         # execution plans of GEMM/ALU instructions, keyed by their bits and micro-op words; they
         # do not depend on SRAM data, so they survive reset()
         self._plans: Dict[bytes, list] = {}
@@ -407,6 +427,8 @@ class FunctionalSimulator:
                     heads[module] += 1
                     progress = True
                     if s.opcode[i] == Opcode.FINISH:
+                        self.unexecuted = sorted(q for m in (_LOAD, _COMPUTE, _STORE)
+                                                 for q in queues[m][heads[m]:])
                         return
             if not progress:
                 self._raise_stuck(queues, heads)
@@ -766,7 +788,7 @@ class FunctionalSimulator:
         first = np.ones(dst.size, bool)
         first[1:] = sorted_dst[1:] != sorted_dst[:-1]
         if first.all():
-            return ("imm", [dst], None)
+            return ("imm", [_slice_or_array(dst)], None)
         starts = np.flatnonzero(first)
         rank = np.arange(dst.size) - np.repeat(starts, np.diff(np.append(starts, dst.size)))
         return ("imm", [sorted_dst[rank == r] for r in range(int(rank.max()) + 1)], None)
@@ -778,7 +800,7 @@ class FunctionalSimulator:
         writer[dst] = np.arange(n)
         unique = np.bincount(dst).max() <= 1
         if unique and not np.any(writer[src] < np.arange(n)):
-            return ("vec", dst, src)
+            return ("vec", _slice_or_array(dst), _slice_or_array(src))
         if op in (AluOp.MIN, AluOp.MAX, AluOp.ADD, AluOp.MUL) and not (writer[src] < n).any():
             return ("reduce", dst, src)
         # general case: maximal runs in which nothing reads or rewrites an element written earlier
