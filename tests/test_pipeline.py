@@ -145,3 +145,30 @@ def test_streams_are_built_at_build_time_not_at_run_time():
         vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
     assert executor._COMPILED.keys() == built.keys()
     assert all(executor._COMPILED[k] is built[k] for k in built)
+
+
+def test_consecutive_vta_convs_keep_packed_layout():
+    """conv -> conv: no unpack/pack pair in between, and still bit-exact. clip lo = 3 makes the
+    producer's padded channels non-zero, so they must be cancelled by zero-padded weights."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 5, 8, 8), "int8"))
+    w1 = relax.Var("w1", relax.TensorType((20, 5, 3, 3), "int8"))
+    w2 = relax.Var("w2", relax.TensorType((12, 20, 1, 1), "int8"))
+    with bb.function("main", [x, w1, w2]):
+        with bb.dataflow():
+            y = _conv_chain(bb, x, w1, None, stride=1, padding=1, shift=5, clip=(3, 100))
+            y = _conv_chain(bb, y, w2, None, stride=2, padding=0, shift=4, clip=(-128, 127))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    arrays = _inputs(mod, 11)
+    vta_ext.clear_run_log()
+    got = _run(mod, "ext_vta", arrays)
+    report = vta_ext.last_build_report()
+    assert len(vta_ext.run_log()) == 2
+    assert "kept in the packed layout" in report.on_vta[1].detail
+    transposes = [p for p in report.on_cpu if p.op == "relax.permute_dims"]
+    assert len(transposes) == 4  # pack data + 2 weights, one final unpack: none between the convs
+    y1 = _numpy_reference(arrays[0], arrays[1], None, 1, 1, 5, (3, 100))
+    np.testing.assert_array_equal(got, _numpy_reference(y1, arrays[2], None, 2, 0, 4, (-128, 127)))
+    np.testing.assert_array_equal(got, _run(mod, "llvm", arrays))

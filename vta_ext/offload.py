@@ -77,6 +77,9 @@ class _ConvOffloader(PyExprMutator):
         self.keys: List[str] = []
         self.unpack_vars: set = set()  # variables now bound to the last unpacking step
         self._rewritten_binding = False
+        # unpacked result variable name -> (variable, its packed tensor, padded batch, padded channels)
+        self._packed: Dict[str, tuple] = {}
+        self._last_packed = None
 
     # ---------------------------------------------------------------- matching
     def _producer(self, expr):
@@ -168,11 +171,19 @@ class _ConvOffloader(PyExprMutator):
         ow = (w + 2 * pad_w - kw) // stride_w + 1
 
         pack = lambda expr, name: self._emit(expr, f"{PACK_PREFIX}_{name}")
-        data = self.visit_expr(m.data)
-        if (np_, cp) != (n, c):
-            data = pack(relax.op.nn.pad(data, [0, np_ - n, 0, cp - c, 0, 0, 0, 0]), "pad_data")
-        data = pack(relax.op.reshape(data, (np_ // b, b, cp // ci, ci, h, w)), "reshape_data")
-        data = pack(relax.op.permute_dims(data, [0, 2, 4, 5, 1, 3]), "data")
+        producer = self._packed.get(m.data.name) if isinstance(m.data, relax.Var) else None
+        kept_packed = (producer is not None and producer[0].same_as(m.data)
+                       and (producer[2], producer[3]) == (np_, cp))
+        if kept_packed:
+            # the producer is a VTA operator: reuse its packed output. Its padded channels come from
+            # zero weights and bias; they meet zero-padded weights here, so they contribute nothing.
+            data = producer[1]
+        else:
+            data = self.visit_expr(m.data)
+            if (np_, cp) != (n, c):
+                data = pack(relax.op.nn.pad(data, [0, np_ - n, 0, cp - c, 0, 0, 0, 0]), "pad_data")
+            data = pack(relax.op.reshape(data, (np_ // b, b, cp // ci, ci, h, w)), "reshape_data")
+            data = pack(relax.op.permute_dims(data, [0, 2, 4, 5, 1, 3]), "data")
         weight = self.visit_expr(m.weight)
         if (op, cp) != (o, c):
             weight = pack(relax.op.nn.pad(weight, [0, op - o, 0, cp - c, 0, 0, 0, 0]), "pad_weight")
@@ -205,6 +216,7 @@ class _ConvOffloader(PyExprMutator):
             out = relax.op.strided_slice(self._emit(out, f"{UNPACK_PREFIX}_reshape"), axes=[0, 1],
                                          begin=[0, 0], end=[n, o])
         self._rewritten_binding = True
+        self._last_packed = (out_packed, np_, op)
         padded = []
         if cp != c:
             padded.append(f"in channels {c}->{cp}")
@@ -215,6 +227,8 @@ class _ConvOffloader(PyExprMutator):
         detail = (f"{n}x{c}x{h}x{w} * {o}x{c}x{kh}x{kw} s{stride_h} p{pad_h}, epilogue "
                   f"{'+'.join(s[0] for s in m.epilogue) or 'none'}, "
                   f"{compiled.program.insn_count} insns")
+        if kept_packed:
+            detail += "; input kept in the packed layout of the previous VTA operator"
         if padded:
             detail += "; PADDED " + ", ".join(padded)
             logger.warning("conv2d %s: stock template pads %s", detail.split(",")[0], ", ".join(padded))
@@ -253,6 +267,7 @@ class _ConvOffloader(PyExprMutator):
         super().visit_var_binding_(binding)
         if self._rewritten_binding:
             self.unpack_vars.add(binding.var.name)
+            self._packed[binding.var.name] = (binding.var,) + self._last_packed
 
 
 def _cpu_ops(func: relax.Function) -> List[Tuple[str, str]]:
