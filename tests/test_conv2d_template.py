@@ -174,6 +174,15 @@ def test_per_channel_bias_broadcast():
     np.testing.assert_array_equal(out, pack_nchw(ref, 1, 16))
 
 
+def test_auto_knobs():
+    cfg = load_config("default")
+    wl = Conv2dWorkload(1, 14, 14, 64, 64, 3, 3, 1, 1, 1, 1)
+    fallback = build_conv2d(cfg, wl, EPILOGUE_ORIGINAL)
+    conv, _ = check(cfg, wl, EPILOGUE_ORIGINAL, "auto")
+    assert conv.knobs == suggest_knobs(cfg, wl, EPILOGUE_ORIGINAL) != Conv2dKnobs()
+    assert conv.program.insn_count * 10 < fallback.program.insn_count
+
+
 def test_program_reused_across_runs():
     cfg = load_config("default")
     wl = wl_blocks(cfg, 5, 5, 1, 2, 3, 1, 1)
@@ -290,3 +299,47 @@ def test_resnet18_fallback(name):
 def test_resnet18_fallback_all(name):
     """All layers with the fallback schedule (the original's schedule without TopHub logs)."""
     _resnet_case(name, Conv2dKnobs())
+
+
+# ------------------------------------------------------------------------------------------------
+# randomised shapes/knobs/epilogues (deterministic), including degenerate images (H or W of 1-2,
+# padding larger than the image, tiles entirely in the padding)
+# ------------------------------------------------------------------------------------------------
+def _random_cases(n, seed):
+    import random
+    rnd = random.Random(seed)
+    divs = lambda m: [d for d in range(1, m + 1) if m % d == 0]  # noqa: E731
+    eps = [EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE, (), (("shr", 3),), (("clip", -10, 20),),
+           (("bias",), ("min", 50), ("add", -3))]
+    names = [c for c in ("default", "2x16x16", "1x32x32") if (CONFIG_DIR / f"{c}.json").exists()]
+    cases = []
+    while len(cases) < n:
+        name = rnd.choice(names)
+        cfg = load_config(name)
+        k = rnd.choice([1, 1, 3, 3, 5])
+        pad = rnd.choice([0, 0, 1, 2]) if k > 1 else rnd.choice([0, 0, 1])
+        s = rnd.choice([1, 1, 2])
+        h, w = rnd.randint(max(1, k - 2 * pad), 9), rnd.randint(max(1, k - 2 * pad), 9)
+        nb, cb, ob = rnd.choice([1, 1, 2]), rnd.randint(1, 3), rnd.randint(1, 4)
+        wl = Conv2dWorkload(nb * cfg.BATCH, h, w, cb * cfg.BLOCK_IN, ob * cfg.BLOCK_OUT, k, k, pad,
+                            pad, s, s)
+        if wl.out_height < 1 or wl.out_width < 1:
+            continue
+        kn = dict(tile_b=rnd.choice(divs(nb)), tile_h=rnd.choice(divs(wl.out_height)),
+                  tile_w=rnd.choice(divs(wl.out_width)), tile_ci=rnd.choice(divs(cb)),
+                  tile_co=rnd.choice(divs(ob)))
+        if rnd.random() < 0.5 and (ob // kn["tile_co"]) % 2 == 0:
+            kn["oc_nthread"] = 2
+        if rnd.random() < 0.5 and (wl.out_height // kn["tile_h"]) % 2 == 0:
+            kn["h_nthread"] = 2
+        cases.append((name, wl, Conv2dKnobs(**kn), rnd.choice(eps)))
+    return cases
+
+
+@pytest.mark.parametrize("case", _random_cases(24, 7), ids=lambda c: f"{c[0]}-{c[1].height}x"
+                         f"{c[1].width}k{c[1].kernel_h}p{c[1].pad_h}s{c[1].stride_h}")
+def test_random_workloads(case):
+    from vta_ext.lower.racecheck import check_races
+    name, wl, knobs, epilogue = case
+    conv, _ = check(load_config(name), wl, epilogue, knobs)
+    check_races(conv.program)

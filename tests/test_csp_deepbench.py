@@ -49,3 +49,14 @@ def test_full_deepbench_sweep(mode, tmp_path):
     assert statistics.median(t) < 1.0 and max(t) < 30.0, (statistics.median(t), max(t))
     if mode == "strict":
         assert all(r["y_dims"] == "k16" and r["z_dims"] == "c16" for r in rows)
+
+
+def test_effort_plot_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("plot_embed_effort", REPO / "scripts" / "plot_embed_effort.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--out-dir", str(tmp_path), "--channels", "16", "--layouts", "NCHW",
+                     "--searches", "struct", "--variants=-,B"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "embed_effort.csv")))
+    assert [r["variant"] for r in rows] == ["-", "B"] and all(r["status"] == "ok" for r in rows)
+    assert (tmp_path / "embed_effort.png").stat().st_size > 10000

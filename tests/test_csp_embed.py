@@ -186,3 +186,14 @@ def test_pooling_like_max_reduction_is_rejected():
     with pytest.raises(ConformabilityError) as ei:
         from_te(C)
     assert ei.value.rule == "multiply-accumulate body"
+
+
+def test_deterministic_and_config_driven():
+    cfgmod = pytest.importorskip("vta_ext.config")
+    cfg = cfgmod.load_config("2x16x16")
+    wl = conv2d(4, 3, 5, 5, 16, 3, 3, pad=(1, 1), layout="NHWC")
+    a = embed(wl, gemm(cfg), "relaxed", cfg=cfg)
+    b = embed(wl, gemm(cfg), "relaxed", cfg=cfg)
+    assert a.raw.key() == b.raw.key() and a.raw.p == b.raw.p
+    assert a.dims_of("x") == ("n",) and a.axis("x").size == cfg.BATCH == 2
+    prove([a])

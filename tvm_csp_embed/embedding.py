@@ -299,8 +299,9 @@ def _relayout(wl: Workload, instr: InstructionGraph, t: TensorAccess, op: str, a
                 labels.append(("i", w[0]))
                 lshape.append(ext[w[0]])
             else:
-                steps.append(RelayoutStep("unroll", {"dim": e, "loops": ld, "coef": tuple(t.coef[e][d] for d in ld),
-                                                     "const": t.const[e]}))
+                steps.append(RelayoutStep("unroll", {"dim": e, "tensor_dim": t.dim_names[e],
+                                                     "into": tuple(wl.dims[d] for d in ld), "loops": ld,
+                                                     "coef": tuple(t.coef[e][d] for d in ld), "const": t.const[e]}))
                 for d in ld:
                     labels.append(("i", d))
                     lshape.append(ext[d])

@@ -294,10 +294,8 @@ def build_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str]
     for d in range(D):
         for v in range(padall + 1):
             logc.append(round(PAD_WEIGHT * math.log2((ext[d] + v) / ext[d])))
-    c0 = instr.operand_node_of("C", nodes[0])
     red_ax = [i for i, r in enumerate(instr.reduction) if r]
     chainq = [int(q != nodes[0] and all(q[i] == 0 for i in range(len(q)) if i not in red_ax)) for q in nodes]
-    spatq = [int(instr.operand_node_of("C", q) != c0) for q in nodes]
     prevq, lowb = [0], [1]
     for q in range(1, NQ):
         low = next(b for b in range(NBIT) if qbit[q][b])
@@ -327,7 +325,7 @@ def build_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str]
         _nd("LOGC", ["1..D", f"0..{padall}"], logc),
         f"UNROLLW = {UNROLL_WEIGHT};", f"STRIDEW = {STRIDE_WEIGHT};",
         f"POW2 = array1d(0..{NBIT}, {_arr([2 ** i for i in range(NBIT + 1)])});",
-        f"CHAINQ = {_arr(chainq)};", f"SPATQ = {_arr(spatq)};",
+        f"CHAINQ = {_arr(chainq)};",
         f"PREVQ = {_arr(prevq)};", f"LOWB = {_arr(lowb)};",
         f"ISRED = {_arr(list(wl.reduction))};",
         _nd("PADDENSE", ["1..D", f"0..{NBIT}"],
@@ -520,9 +518,9 @@ def solve(wl: Workload, instr: InstructionGraph, mode: Union[str, Sequence[str]]
     SolveResult
         ``status`` is ``"ok"`` with at least one solution, ``"infeasible"`` or ``"timeout"``.
     """
-    cons = CONSTRAINT_SETS[mode] if isinstance(mode, str) else tuple(mode)
     if isinstance(mode, str) and mode not in CONSTRAINT_SETS:
         raise ValueError(f"unknown mode {mode!r}; use one of {sorted(CONSTRAINT_SETS)} or a constraint list")
+    cons = CONSTRAINT_SETS[mode] if isinstance(mode, str) else tuple(mode)
     cons = tuple(c for c in cons if c not in disable)
     if shutil.which("minizinc") is None:
         raise SolverError("the `minizinc` executable is not on PATH; install MiniZinc 2.6 with Gecode "
@@ -563,8 +561,8 @@ def solve(wl: Workload, instr: InstructionGraph, mode: Union[str, Sequence[str]]
     if status == "ok":
         msg = f"{len(found)} embedding(s) of {instr.name} into {wl.name} ({' '.join(cons)})"
     elif status == "timeout":
-        msg = (f"no embedding of {instr.name} into {wl.name} found within {timeout:g} s "
-               f"(constraints: {' '.join(cons)}); raise the timeout or relax the constraints")
+        msg = (f"no embedding found within {timeout:g} s ({instr.name} into {wl.name}, "
+               f"constraints: {' '.join(cons)}); raise the timeout or relax the constraints")
     else:
         msg = (f"no embedding of {instr.name} into {wl.name} exists under the constraints "
                f"{' '.join(cons)}; try mode='relaxed' or enable padding")

@@ -17,7 +17,8 @@ from typing import Any, Dict, Mapping, Union
 
 from .layout import Layout, LayoutOverflowError, instruction_layouts
 
-__all__ = ["VTAConfig", "ConfigError", "CONFIG_DIR", "load_config", "available_configs"]
+__all__ = ["VTAConfig", "ConfigError", "CONFIG_DIR", "EXTENSIONS", "load_config",
+           "available_configs"]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -39,6 +40,12 @@ _LOG_KEYS = ("LOG_INP_WIDTH", "LOG_WGT_WIDTH", "LOG_ACC_WIDTH", "LOG_BATCH", "LO
 _TIMING_KEYS = ("GEMM_CYCLES_PER_UOP", "ALU_CYCLES_PER_UOP_IMM", "ALU_CYCLES_PER_UOP_VEC",
                 "MEM_BYTES_PER_CYCLE", "DMA_OVERHEAD_CYCLES", "INSN_ISSUE_CYCLES", "CLOCK_MHZ")
 _EXTENSION_KEYS = ("EXT_CLIP", "EXT_PAD_MIN")
+
+#: ISA extensions: the configuration key that enables each, and what it adds (docs/isa.md)
+EXTENSIONS = {
+    "EXT_CLIP": "CLIP (ALU opcode 5)",
+    "EXT_PAD_MIN": "pad-with-minimum (LOAD flag pad_min, bit 58)",
+}
 
 
 @dataclass(frozen=True)
@@ -71,9 +78,10 @@ class VTAConfig:
     DMA_OVERHEAD_CYCLES: int = 4
     INSN_ISSUE_CYCLES: int = 1
     CLOCK_MHZ: int = 100
-    # Intel Labs extensions present in this design
-    EXT_CLIP: bool = False
-    EXT_PAD_MIN: bool = False
+    # ISA extensions present in this design (docs/isa.md, "Extensions"); they use bits that apache
+    # VTA leaves zero, so enabling them never changes how an apache stream decodes or runs
+    EXT_CLIP: bool = True
+    EXT_PAD_MIN: bool = True
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -128,6 +136,9 @@ class VTAConfig:
                 fail(f"{key} must be an integer, got {value!r}")
             if value < 0:
                 fail(f"{key} must be non-negative, got {value}")
+        for key in _EXTENSION_KEYS:
+            if not isinstance(getattr(self, key), bool):
+                fail(f"{key} must be true or false, got {getattr(self, key)!r}")
         for key in ("GEMM_CYCLES_PER_UOP", "ALU_CYCLES_PER_UOP_IMM", "ALU_CYCLES_PER_UOP_VEC",
                     "MEM_BYTES_PER_CYCLE", "CLOCK_MHZ"):
             if getattr(self, key) < 1:
@@ -152,6 +163,17 @@ class VTAConfig:
             fail(f"instruction field overflow: {err}")
         if self.log_uop_depth > 16 + 0 and self.layouts["MEM"]["sram_base"].width < self.log_uop_depth:
             fail("LOG_UOP_BUFF_SIZE too large for the 16-bit sram_base field")
+
+    # ------------------------------------------------------------------ extensions
+    def missing_extension(self, key: str, insn_text: str) -> str:
+        """The error message for instruction ``insn_text`` that needs extension ``key``.
+
+        Callers raise it when ``getattr(self, key)`` is false; the message names the extension,
+        the instruction and the configuration key that enables it.
+        """
+        return (f"{insn_text} uses the ISA extension {EXTENSIONS[key]}, which configuration "
+                f"{self.name!r} does not have; enable it with \"{key}\": true in the configuration "
+                f"(e.g. the 'default' preset), or do not use it")
 
     # ------------------------------------------------------------------ element widths (bits)
     @property

@@ -146,7 +146,7 @@ class MemInsn(DepFlags):
         mem = MemType(self.memory_type).name if self.memory_type in MemType._value2member_map_ \
             else f"mem{self.memory_type}"
         pads = ""
-        if any((self.y_pad_0, self.y_pad_1, self.x_pad_0, self.x_pad_1)):
+        if self.pad_min or any((self.y_pad_0, self.y_pad_1, self.x_pad_0, self.x_pad_1)):
             pads = (f" pad(y {self.y_pad_0},{self.y_pad_1} x {self.x_pad_0},{self.x_pad_1}"
                     f"{' min' if self.pad_min else ''})")
         return (f"{op:<6}{mem:<8} sram {self.sram_base:#06x} dram {self.dram_base:#010x} "

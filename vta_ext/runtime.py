@@ -19,13 +19,22 @@ import numpy as np
 
 from .config import MAX_XFER, PAGE_BYTES, VTAConfig
 from .isa import (AluInsn, AluOp, FieldRangeError, FinishInsn, GemmInsn, Insn, MemInsn, MemType,
-                  Opcode, Stage, Uop, disassemble, encode_stream)
+                  Opcode, Stage, Uop, clip_bounds, disassemble, encode_stream)
 
-__all__ = ["CommandQueue", "UopKernel", "Program", "DramBuffer", "RuntimeError_", "Segment"]
+__all__ = ["CommandQueue", "UopKernel", "Program", "DramBuffer", "RuntimeError_",
+           "MissingExtensionError", "Segment"]
 
 
 class RuntimeError_(RuntimeError):
     """Invalid use of the runtime API (the message says which call and why)."""
+
+
+class MissingExtensionError(RuntimeError_):
+    """An instruction needs an ISA extension that the configuration does not enable.
+
+    The message names the extension, the instruction and the configuration key
+    (``EXT_CLIP``, ``EXT_PAD_MIN``) that enables it.
+    """
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,10 @@ class UopKernel:
     reset : bool
         GEMM only: zero the accumulators instead of multiply-accumulate.
     alu_opcode, use_imm, imm
-        ALU only: the operation, and the immediate operand if ``use_imm``.
+        ALU only: the operation, and the immediate operand if ``use_imm``. ``AluOp.CLIP``
+        (extension ``EXT_CLIP``) needs ``use_imm=True`` and ``imm = isa.clip_imm(lo, hi)`` with
+        ``lo <= hi``; whether the configuration has the extension is checked by
+        :meth:`CommandQueue.push_alu`.
     """
 
     MAX_LOOPS = 2
@@ -65,6 +77,18 @@ class UopKernel:
             raise RuntimeError_("a GEMM UopKernel takes no ALU opcode or immediate")
         if not -(1 << 15) <= int(imm) < (1 << 15):
             raise FieldRangeError(f"ALU immediate {imm} does not fit int16")
+        if mode == "alu" and alu_opcode not in AluOp._value2member_map_:
+            raise RuntimeError_(f"unknown ALU opcode {alu_opcode}; expected one of "
+                                f"{', '.join(f'{o.name}={o.value}' for o in AluOp)}")
+        if mode == "alu" and alu_opcode == AluOp.CLIP:
+            if not use_imm:
+                raise RuntimeError_("ALU CLIP takes its bounds from the immediate: create the kernel "
+                                    "with use_imm=True and imm=isa.clip_imm(lo, hi)")
+            lo, hi = clip_bounds(int(imm))
+            if lo > hi:
+                raise RuntimeError_(f"ALU CLIP immediate {int(imm)} holds bounds lo={lo} > hi={hi}; "
+                                    f"the low byte is lo and the high byte hi, with lo <= hi: "
+                                    f"build it with isa.clip_imm(lo, hi)")
         self.mode = mode
         self.reset = bool(reset)
         self.alu_opcode = None if alu_opcode is None else int(alu_opcode)
@@ -247,10 +271,13 @@ class CommandQueue:
         mem = MemType(mem_type)
         if mem in (MemType.OUT, MemType.UOP):
             raise RuntimeError_(f"load_2d into {mem.name} is not a data load")
+        if pad_min and not self.config.EXT_PAD_MIN:
+            raise MissingExtensionError(self.config.missing_extension(
+                "EXT_PAD_MIN", f"LOAD {mem.name} with pad_min=True (load_2d)"))
         stage = Stage.LOAD if mem in (MemType.INP, MemType.WGT) else Stage.COMPUTE
         insn = MemInsn(opcode=Opcode.LOAD, memory_type=mem, sram_base=dst_sram_index,
                        dram_base=self._dram_base(src, src_elem_offset, mem, "load_2d"),
-                       pad_min=pad_min, y_size=y_size, x_size=x_size, x_stride=x_stride,
+                       pad_min=bool(pad_min), y_size=y_size, x_size=x_size, x_stride=x_stride,
                        y_pad_0=y_pad_before, y_pad_1=y_pad_after, x_pad_0=x_pad_before,
                        x_pad_1=x_pad_after)
         self._append(insn, stage)
@@ -272,6 +299,9 @@ class CommandQueue:
             raise RuntimeError_(f"push_{mode} got a {kernel.mode} kernel")
         if kernel._open_loops:
             raise RuntimeError_(f"{kernel!r} has {kernel._open_loops} unclosed loop(s)")
+        if kernel.mode == "alu" and kernel.alu_opcode == AluOp.CLIP and not self.config.EXT_CLIP:
+            raise MissingExtensionError(self.config.missing_extension(
+                "EXT_CLIP", f"ALU CLIP (push_alu of {kernel!r})"))
         start, staging_offset = self._uops.place(kernel)
         if staging_offset is not None:
             load = MemInsn(opcode=Opcode.LOAD, memory_type=MemType.UOP, sram_base=start,

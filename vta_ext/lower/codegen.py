@@ -32,6 +32,7 @@ Steps (each mirrors a pass of the original VTA compiler, ``vta/python/vta/transf
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -309,8 +310,7 @@ class _Converter:
             nest = self._perfect_nest(s)
             if nest is not None:
                 return [nest]
-            uid = f"v{next(self._n)}_{s.loop_var.name}"
-            self.vars[s.loop_var] = uid
+            uid = self._uid(s)
             vth = "vta_vthread" in s.annotations
             self.vthread_depth += vth
             body = self.stmts(s.body)
@@ -324,6 +324,15 @@ class _Converter:
             return self.stmts(s.body)
         raise LoweringError(f"unsupported statement {type(s).__name__}: {s}")
 
+    def _uid(self, loop) -> str:
+        """A unique Python identifier for the loop variable of ``loop``."""
+        step = getattr(loop, "step", None)
+        if step is not None and int(step) != 1:
+            raise LoweringError(f"loop {loop.loop_var} has step {step}; only unit steps are supported")
+        uid = f"v{next(self._n)}_{re.sub(r'[^0-9A-Za-z_]', '_', loop.loop_var.name)}"
+        self.vars[loop.loop_var] = uid
+        return uid
+
     def _perfect_nest(self, s):
         t = self.tirx
         loops, body = [], s
@@ -336,9 +345,7 @@ class _Converter:
             return None
         inner = []
         for lp in loops:
-            uid = f"v{next(self._n)}_{lp.loop_var.name}"
-            self.vars[lp.loop_var] = uid
-            inner.append((uid, int(lp.extent)))
+            inner.append((self._uid(lp), int(lp.extent)))
         return self._store(inner, body)
 
     def _call(self, c):

@@ -21,6 +21,9 @@ Semantics (``spec/vta-reference-facts.md`` §3, apache fsim):
   extension CLIP (``use_imm`` only; ``max(min(a, hi), lo)`` with the int8 bounds packed in the
   immediate). Shift amounts are taken modulo 32, as the x86 shift instructions under the compiled
   fsim do.
+* The extensions exist only if the configuration enables them (``EXT_CLIP``, ``EXT_PAD_MIN``); an
+  ALU CLIP or a LOAD with ``pad_min`` under a configuration without them is an error. ``pad_min``
+  in a STORE is always an error.
 * Each instruction goes to the in-order queue of its module (load: LOAD INP/WGT; compute: LOAD
   UOP/ACC/ACC_8BIT, GEMM, ALU, FINISH; store: STORE). Dependency pops are taken before execution
   and pushes made after it, through the token queues l2g, s2g, g2l and g2s. The modules run round
@@ -487,6 +490,9 @@ class FunctionalSimulator:
          x_pad_1) = self._stream.fields[i]
         if x_size == 0:
             return
+        if pad_min and not self.config.EXT_PAD_MIN:
+            raise self._error(i, self.config.missing_extension("EXT_PAD_MIN",
+                                                               "LOAD with pad_min set"))
         spec = self._load_specs.get(mem)
         if spec is None:
             raise self._error(i, f"LOAD of unknown memory type {mem}")
@@ -544,6 +550,8 @@ class FunctionalSimulator:
             raise self._error(i, f"STORE supports memory type OUT only, got {name}")
         if y_pad_0 or y_pad_1 or x_pad_0 or x_pad_1:
             raise self._error(i, "STORE must not have padding")
+        if _pad_min:
+            raise self._error(i, "pad_min (bit 58) is a LOAD flag; it must be 0 in a STORE")
         count = x_size * y_size
         self.stats.out_store_nbytes += count * cfg.out_elem_bytes
         if sram_base + count > cfg.acc_depth:
@@ -730,6 +738,8 @@ class FunctionalSimulator:
         bgn, end, n_out, n_in, d_out, d_in, s_out, s_in, op, use_imm, imm = self._stream.fields[i]
         if op not in _ALU_OPS:
             raise self._error(i, f"unknown ALU opcode {op}")
+        if op == AluOp.CLIP and not self.config.EXT_CLIP:
+            raise self._error(i, self.config.missing_extension("EXT_CLIP", "ALU CLIP"))
         if op == AluOp.CLIP and not use_imm:
             raise self._error(i, "ALU CLIP takes its bounds from the immediate: use_imm must be 1")
         self._check_uops(i, bgn, end)

@@ -362,11 +362,7 @@ def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dK
     if padded:
         pblk = sch.get_sblock("data_pad")
         sch.set_scope(pblk, 0, INP_SCOPE)
-        if anchor is w0:
-            # the pad stage must be placed before the conv inside w0
-            sch.compute_at(pblk, w0)
-        else:
-            sch.compute_at(pblk, anchor)
+        sch.compute_at(pblk, anchor)
     else:
         iblk = sch.cache_read(conv, 0, INP_SCOPE)
         sch.compute_at(iblk, anchor)
@@ -507,8 +503,12 @@ class CompiledConv2d:
 
 
 def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=EPILOGUE_ORIGINAL,
-                 knobs: Optional[Conv2dKnobs] = None) -> CompiledConv2d:
+                 knobs: Union[Conv2dKnobs, str, None] = None) -> CompiledConv2d:
     """Compile a packed conv2d + epilogue for ``cfg`` into a :class:`CompiledConv2d`.
+
+    ``knobs``: None = the original's fallback schedule (inner tiles 1, no virtual threads; exactly
+    the original stack's instruction mix), ``"auto"`` = :func:`suggest_knobs` (large tiles, usually
+    two virtual threads; orders of magnitude fewer instructions), or explicit :class:`Conv2dKnobs`.
 
     Raises :class:`Conv2dError` for workloads/knobs the template cannot handle and
     :class:`vta_ext.lower.codegen.LoweringError` (a ``ValueError``) if the tiles do not fit the
@@ -519,8 +519,12 @@ def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=
     from ..runtime import CommandQueue
 
     cfg = load_config(cfg)
-    knobs = knobs or Conv2dKnobs()
     epilogue = normalize_epilogue(epilogue)
+    if isinstance(knobs, str):
+        if knobs != "auto":
+            raise Conv2dError(f"knobs must be Conv2dKnobs, None or 'auto', got {knobs!r}")
+        knobs = suggest_knobs(cfg, workload, epilogue)
+    knobs = knobs or Conv2dKnobs()
     timings = {}
     t0 = time.perf_counter()
     sch, info = schedule_conv2d(cfg, workload, epilogue, knobs)
@@ -562,6 +566,8 @@ def build_conv2d_cached(cfg: Union[VTAConfig, str], workload: Conv2dWorkload,
     shared: its :meth:`~CompiledConv2d.run` rewrites the same DRAM image, so do not run it from
     several threads at once."""
     cfg = load_config(cfg)
+    if knobs == "auto":
+        knobs = suggest_knobs(cfg, workload, epilogue)
     key = (cfg, workload, normalize_epilogue(epilogue), knobs or Conv2dKnobs())
     hit = _CACHE.get(key)
     if hit is None:
