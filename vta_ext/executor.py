@@ -19,7 +19,7 @@ import tvm_ffi
 
 from .config import VTAConfig, load_config
 
-__all__ = ["compiled_op", "OpRun", "run_log", "clear_run_log", "simulator_for", "cycle_report"]
+__all__ = ["TemplateUnavailable", "TEMPLATES", "compiled_op", "OpRun", "run_log", "clear_run_log", "simulator_for", "cycle_report"]
 
 logger = logging.getLogger("vta_ext")
 
@@ -68,13 +68,40 @@ def simulator_for(config: VTAConfig):
     return _SIMULATORS[config.name]
 
 
-def _build(spec: dict, config: VTAConfig):
-    if spec["op"] == "conv2d":
-        from .templates.conv2d import Conv2dWorkload, build_conv2d
+class TemplateUnavailable(LookupError):
+    """No template implements this operator (yet); the operator stays on the CPU."""
 
-        epilogue = tuple(tuple(stage) for stage in spec["epilogue"])
-        return build_conv2d(config, Conv2dWorkload(**spec["workload"]), epilogue)
-    raise ValueError(f"unknown VTA operator {spec['op']!r} in key {spec}")
+
+#: operator kind -> (template module, build function, workload class); see docs/templates-api.md
+TEMPLATES = {
+    "conv2d": ("conv2d", "build_conv2d", "Conv2dWorkload"),
+    "group_conv2d": ("group_conv2d", "build_group_conv2d", "GroupConv2dWorkload"),
+    "depthwise_conv2d": ("depthwise", "build_depthwise_conv2d", "DepthwiseConv2dWorkload"),
+    "dense": ("dense", "build_dense", "DenseWorkload"),
+    "max_pool2d": ("pool", "build_max_pool2d", "PoolWorkload"),
+    "avg_pool2d": ("pool", "build_avg_pool2d", "PoolWorkload"),
+    "add": ("eltwise", "build_add", "EltwiseWorkload"),
+}
+
+
+def _template(kind: str):
+    import importlib
+
+    if kind not in TEMPLATES:
+        raise TemplateUnavailable(f"unknown VTA operator kind {kind!r}")
+    module_name, build_name, workload_name = TEMPLATES[kind]
+    try:
+        module = importlib.import_module(f"vta_ext.templates.{module_name}")
+        return getattr(module, build_name), getattr(module, workload_name)
+    except (ImportError, AttributeError):
+        raise TemplateUnavailable(f"no VTA template for {kind} yet (vta_ext.templates."
+                                  f"{module_name}.{build_name})") from None
+
+
+def _build(spec: dict, config: VTAConfig):
+    build, workload_cls = _template(spec["op"])
+    epilogue = tuple(tuple(stage) for stage in spec["epilogue"])
+    return build(config, workload_cls(**spec["workload"]), epilogue)
 
 
 def compiled_op(key: str, config: Optional[VTAConfig] = None):
