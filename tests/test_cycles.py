@@ -123,3 +123,13 @@ def test_monotone_in_initiation_interval_and_bandwidth(gemm, alu_imm, alu_vec, b
         slow = CycleModel(base).run_program(program).total_cycles
         fast = CycleModel(improved).run_program(program).total_cycles
         assert fast <= slow
+
+
+def test_clip_is_timed_as_an_immediate_alu_op():
+    # the CLIP extension reads one operand (its bounds are in the immediate): ALU_CYCLES_PER_UOP_IMM
+    from vta_ext.isa import AluInsn, clip_imm
+    from vta_ext.sim.cycles import insn_cycles
+    clip = AluInsn(alu_opcode=AluOp.CLIP, use_imm=True, imm=clip_imm(-128, 127), uop_bgn=0,
+                   uop_end=2, iter_out=3, iter_in=4)
+    assert insn_cycles(CFG, clip) == 1 + 3 * 4 * 2 * 5
+    assert insn_cycles(load_config("pipelined"), clip) == 1 + 3 * 4 * 2 * 1

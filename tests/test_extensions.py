@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from vta_ext.config import load_config
 from vta_ext.isa import (AluOp, FieldRangeError, FinishInsn, MemInsn, MemType, Opcode, Stage,
@@ -84,6 +85,18 @@ def test_clip_matches_numpy(lo, hi):
     # the clipped values fit int8, so the truncating STORE returns them exactly
     np.testing.assert_array_equal(program.read("out", np.int8, acc.shape), expected)
     assert stats.alu_counter == n
+
+
+@settings(max_examples=15, deadline=None)
+@given(bounds=st.tuples(st.integers(-128, 127), st.integers(-128, 127)).map(sorted),
+       seed=st.integers(0, 2**16))
+def test_clip_matches_numpy_for_any_bounds(bounds, seed):
+    lo, hi = bounds
+    acc = acc_with_edges(DEFAULT, lo, hi, seed)
+    sim = FunctionalSimulator(DEFAULT)
+    clip_program(DEFAULT, acc, lo, hi).run(sim)
+    np.testing.assert_array_equal(sim.sram("acc")[:acc.shape[0]],
+                                  np.clip(acc.astype(np.int64), lo, hi))
 
 
 def test_clip_on_a_batch_2_config():
