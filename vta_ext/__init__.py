@@ -6,7 +6,7 @@ Importing this package registers the ``ext_vta`` target tag and makes
 """
 from .config import ConfigError, VTAConfig, available_configs, load_config
 from .isa import AluOp, MemType, Opcode, Stage, disassemble
-from .runtime import CommandQueue, Program, UopKernel
+from .runtime import CommandQueue, MissingExtensionError, Program, UopKernel
 from .report import BuildReport, last_build_report
 from .target import TARGET_TAG, install_pipeline_hook, register_target, vta_target
 from . import executor as _executor  # registers the "vta_ext.run" packed function
@@ -20,7 +20,7 @@ clear_run_log = _executor.clear_run_log
 __all__ = [
     "VTAConfig", "ConfigError", "load_config", "available_configs",
     "Opcode", "MemType", "AluOp", "Stage", "disassemble",
-    "CommandQueue", "UopKernel", "Program",
+    "CommandQueue", "UopKernel", "Program", "MissingExtensionError",
     "BuildReport", "last_build_report", "run_log", "clear_run_log",
     "TARGET_TAG", "register_target", "vta_target",
 ]
