@@ -255,9 +255,20 @@ C2_COUNTERS = dict(inp_load_nbytes=7_054_336, wgt_load_nbytes=115_605_504, acc_l
                    out_store_nbytes=200_704, gemm_counter=451_584, alu_counter=50_176)
 
 
+def apache_config():
+    """The original stack's configuration: default shape, no ISA extensions (so the clip is
+    ALU MIN + MAX as in the original, not the CLIP extension)."""
+    from vta_ext.config import VTAConfig
+    if (CONFIG_DIR / "apache.json").exists():
+        return load_config("apache")
+    return VTAConfig.from_dict({**load_config("default").to_dict(), "EXT_CLIP": False,
+                                "EXT_PAD_MIN": False}, name="apache")
+
+
 def test_dropin_fidelity_resnet18_c2_fallback():
     """The fallback schedule reproduces the original stack's simulator counters exactly."""
-    cfg = load_config("default")
+    cfg = apache_config()
+    assert (cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT) == (1, 16, 16) and not cfg.EXT_CLIP
     t0 = time.perf_counter()
     conv, stats = check(cfg, RESNET18["C2"], EPILOGUE_ORIGINAL, Conv2dKnobs())
     counters = stats.as_dict()

@@ -45,10 +45,19 @@ def _small(cfg, knobs=Conv2dKnobs(), epilogue=EPILOGUE_ORIGINAL, **kw):
     return build_conv2d(cfg, Conv2dWorkload(**args), epilogue, knobs)
 
 
+def apache_config():
+    """The original stack's configuration: default shape, no ISA extensions."""
+    from vta_ext.config import VTAConfig
+    if (CONFIG_DIR / "apache.json").exists():
+        return load_config("apache")
+    return VTAConfig.from_dict({**load_config("default").to_dict(), "EXT_CLIP": False,
+                                "EXT_PAD_MIN": False}, name="apache")
+
+
 def test_fallback_instruction_shapes():
     """Fallback schedule: per ci block one padded 3x3 input load and one 9-element weight load; the
     3x3 window GEMM is one micro-op with both kernel loops folded into the instruction."""
-    cfg = load_config("default")
+    cfg = apache_config()
     conv = _small(cfg)
     insns = conv.program.insns
     gemms = [i for i in insns if isinstance(i, GemmInsn) and not i.reset_reg]
@@ -76,10 +85,24 @@ def test_fallback_instruction_shapes():
 
 
 def test_pipeline_epilogue_order():
-    cfg = load_config("default")
-    conv = _small(cfg, epilogue=EPILOGUE_PIPELINE)
+    conv = _small(apache_config(), epilogue=EPILOGUE_PIPELINE)
     alus = [i for i in conv.program.insns if isinstance(i, AluInsn)]
     assert [AluOp(a.alu_opcode).name for a in alus[:4]] == ["ADD", "SHR", "MIN", "MAX"]
+
+
+def test_clip_uses_the_clip_extension_when_available():
+    from vta_ext.isa import clip_bounds
+    cfg = load_config("default")
+    if not cfg.EXT_CLIP:
+        pytest.skip("the default preset has no EXT_CLIP")
+    conv = _small(cfg, epilogue=EPILOGUE_PIPELINE)
+    alus = [i for i in conv.program.insns if isinstance(i, AluInsn)]
+    assert [AluOp(a.alu_opcode).name for a in alus[:3]] == ["ADD", "SHR", "CLIP"]
+    assert clip_bounds(alus[2].imm) == (0, 127) and alus[2].use_imm
+    # bounds outside int8 cannot be packed into a CLIP immediate: MIN + MAX
+    conv = _small(cfg, epilogue=(("clip", -1000, 1000),))
+    alus = [i for i in conv.program.insns if isinstance(i, AluInsn)]
+    assert [(AluOp(a.alu_opcode).name, a.imm) for a in alus[:2]] == [("MIN", 1000), ("MAX", -1000)]
 
 
 CASES = [
@@ -220,3 +243,140 @@ def test_generated_code_is_fast():
     # 12544 store points x (reset, 4 x (2 loads + GEMM), bias load, 4 ALU, store) + tokens
     assert calls["n"] > 12544 * 14
     assert elapsed < 3.0, f"generation loop took {elapsed:.2f} s"
+
+
+def test_pad_min_load():
+    """``if_then_else(cond, x, INT_MIN)`` is a LOAD with the pad-min extension (max pooling);
+    rows entirely in the padding are filled by a y-padding-only load."""
+    from tvm import te, tirx
+    from tvm.s_tir import Schedule
+    cfg = load_config("default")
+    if not cfg.EXT_PAD_MIN:
+        pytest.skip("the default preset has no EXT_PAD_MIN")
+    H, W = 4, 5
+    a = te.placeholder((H, W, 1, 16), "int32", name="a")
+    p = te.compute((H + 2, W + 2, 1, 16), lambda y, x, b, c: tirx.if_then_else(
+        tirx.all(y >= 1, y < H + 1, x >= 1, x < W + 1), a[y - 1, x - 1, b, c],
+        tirx.const(-(1 << 31), "int32")), name="p")
+    r = te.compute(p.shape, lambda *i: te.max(p(*i), tirx.const(-5, "int32")), name="r")
+    out = te.compute(p.shape, lambda *i: r(*i).astype("int8"), name="out")
+    sch = Schedule(te.create_prim_func([a, out]))
+    y = sch.get_loops(sch.get_sblock("out"))[0]
+    for name in ("r", "p"):
+        blk = sch.get_sblock(name)
+        sch.set_scope(blk, 0, "local.acc_buffer")
+        sch.compute_at(blk, y)
+    gen = lower_to_runtime(cfg, lower_schedule(sch.mod)["main"])
+    q = CommandQueue(cfg)
+    bufs = {"a": q.alloc(H * W * 64, "a"), "out": q.alloc((H + 2) * (W + 2) * 16, "out")}
+    gen.emit(q, bufs)
+    prog = q.synchronize()
+    check_races(prog)
+    loads = [i for i in prog.insns if isinstance(i, MemInsn) and i.memory_type == MemType.ACC
+             and i.x_size]
+    assert all(i.pad_min for i in loads) and any(i.y_size == 0 for i in loads)
+    rng = np.random.default_rng(5)
+    av = rng.integers(-100, 100, (H, W, 1, 16)).astype(np.int32)
+    prog.write("a", av)
+    prog.run()
+    ref = np.full((H + 2, W + 2, 1, 16), -5, np.int64)
+    ref[1:H + 1, 1:W + 1] = np.maximum(av, -5)
+    np.testing.assert_array_equal(prog.read("out", np.int8, ref.shape), ref.astype(np.int8))
+
+
+def _acc_program(cfg, func_builder, decompose=None):
+    from tvm import te
+    from tvm.s_tir import Schedule
+    args, stages, caches = func_builder()
+    sch = Schedule(te.create_prim_func(args))
+    y = sch.get_loops(sch.get_sblock("out"))[0]
+    for name in stages:
+        blk = sch.get_sblock(name)
+        sch.set_scope(blk, 0, "local.acc_buffer")
+        sch.compute_at(blk, y)
+    for name, idx in caches:
+        c = sch.cache_read(sch.get_sblock(name), idx, "local.acc_buffer")
+        sch.compute_at(c, y)
+    if decompose:
+        name, n_red = decompose
+        blk = sch.get_sblock(name)
+        sch.decompose_reduction(blk, sch.get_loops(blk)[-n_red])
+    return lower_to_runtime(cfg, lower_schedule(sch.mod)["main"])
+
+
+def _run(cfg, gen, inputs, out_shape):
+    q = CommandQueue(cfg)
+    bufs = {n: q.alloc(v.nbytes, n) for n, v in inputs.items()}
+    bufs["out"] = q.alloc(int(np.prod(out_shape)), "out")
+    gen.emit(q, bufs)
+    prog = q.synchronize()
+    check_races(prog)
+    for n, v in inputs.items():
+        prog.write(n, v)
+    stats = prog.run()
+    return prog.read("out", np.int8, out_shape), prog, stats
+
+
+def test_residual_add_of_int8_tensors():
+    """int8 tensors loaded into the accumulator (LOAD ACC_8BIT, sign-extending), ALU ADD vector,
+    clip and truncating store."""
+    from tvm import te, tirx
+    cfg = apache_config()
+    shape = (3, 5, 1, 16)
+
+    def build():
+        a = te.placeholder(shape, "int8", name="a")
+        b = te.placeholder(shape, "int8", name="b")
+        r = te.compute(shape, lambda *i: a(*i).astype("int32") + b(*i).astype("int32"), name="r")
+        c = te.compute(shape, lambda *i: te.max(te.min(r(*i), tirx.const(127, "int32")),
+                                                tirx.const(-128, "int32")), name="c")
+        out = te.compute(shape, lambda *i: c(*i).astype("int8"), name="out")
+        return [a, b, out], ["c", "r"], [("r", 0), ("r", 1)]
+
+    gen = _acc_program(cfg, build)
+    rng = np.random.default_rng(11)
+    a = rng.integers(-128, 128, shape).astype(np.int8)
+    b = rng.integers(-128, 128, shape).astype(np.int8)
+    out, prog, stats = _run(cfg, gen, {"a": a, "b": b}, shape)
+    np.testing.assert_array_equal(out, np.clip(a.astype(np.int32) + b, -128, 127).astype(np.int8))
+    loads = [i for i in prog.insns if isinstance(i, MemInsn) and i.x_size
+             and i.opcode == Opcode.LOAD and i.memory_type != MemType.UOP]
+    assert {MemType(i.memory_type) for i in loads} == {MemType.ACC_8BIT}
+    assert stats.acc_load_nbytes == 2 * 15 * 64       # fsim counts the 64-byte acc element
+
+
+@pytest.mark.parametrize("name", [c for c in CONFIGS if load_config(c).EXT_PAD_MIN])
+def test_max_pool_reduction_with_pad_min(name):
+    """A 3x3/stride-2 max pooling: pad-min load, constant init (MIN+MAX or CLIP), ALU MAX
+    reduction loops with destination stride 0."""
+    from tvm import te, tirx
+    cfg = load_config(name)
+    L = cfg.BATCH * cfg.BLOCK_OUT
+    H, W, P, S, K = 5, 6, 1, 2, 3
+    OH, OW = (H + 2 * P - K) // S + 1, (W + 2 * P - K) // S + 1
+
+    def build():
+        a = te.placeholder((H, W, L), "int8", name="a")
+        p = te.compute((H + 2 * P, W + 2 * P, L), lambda y, x, c: tirx.if_then_else(
+            tirx.all(y >= P, y < H + P, x >= P, x < W + P), a[y - P, x - P, c],
+            tirx.const(-128, "int8")), name="p")
+        ky = te.reduce_axis((0, K), "ky")
+        kx = te.reduce_axis((0, K), "kx")
+        mx = te.comm_reducer(lambda u, v: te.max(u, v), lambda t: tirx.const(-128, t), name="mx")
+        r = te.compute((OH, OW, L), lambda y, x, c: mx(
+            p[y * S + ky, x * S + kx, c].astype("int32"), axis=[ky, kx]), name="r")
+        out = te.compute((OH, OW, L), lambda *i: r(*i).astype("int8"), name="out")
+        return [a, out], ["r", "p"], []
+
+    gen = _acc_program(cfg, build, decompose=("r", 4))   # at the output-column loop
+    rng = np.random.default_rng(12)
+    a = rng.integers(-128, 128, (H, W, L)).astype(np.int8)
+    out, prog, _ = _run(cfg, gen, {"a": a}, (OH, OW, L))
+    pad = np.full((H + 2 * P, W + 2 * P, L), -128, np.int8)
+    pad[P:P + H, P:P + W] = a
+    ref = np.full((OH, OW, L), -128, np.int8)
+    for i in range(K):
+        for j in range(K):
+            ref = np.maximum(ref, pad[i:i + S * (OH - 1) + 1:S, j:j + S * (OW - 1) + 1:S])
+    np.testing.assert_array_equal(out, ref)
+    assert any(isinstance(i, MemInsn) and i.pad_min for i in prog.insns)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..config import VTAConfig
-from ..isa import AluOp, MemType
+from ..isa import AluOp, MemType, clip_imm
 from .intrin import ACC_SCOPE, GEMM_EXTERN, INP_SCOPE, RESET_EXTERN, WGT_SCOPE
 
 __all__ = ["LoweringError", "SramOverflowError", "lower_to_runtime", "GeneratedProgram"]
@@ -175,6 +175,7 @@ class Dma:
     # pads[var] = (lower bounds u >= -aff, upper bounds u <= aff) as Affs in outer vars
     guards: List[Aff] = field(default_factory=list)
     # conditions (aff >= 0) on outer vars only: when one fails the whole tile is padding
+    pad_min: bool = False          # pad with the minimum value (extension EXT_PAD_MIN)
 
     @property
     def stage(self):
@@ -387,14 +388,20 @@ class _Converter:
             return ("store", inner, self.bufs[src[0]], src[1], dst, didx)
         # on-chip destination: DMA load (maybe padded) or ALU
         cond = None
+        pad_min = False
         if isinstance(v, self.tvm.ir.Call) and getattr(v.op, "name", "").endswith("if_then_else"):
             cond, v, other = v.args
-            if not (isinstance(other, t.IntImm) and int(other.value) == 0):
-                raise LoweringError(f"padding value of {dst} must be 0, got {other}")
+            odt = str(getattr(other, "ty", getattr(other, "dtype", "")))
+            dmin = {"int8": -(1 << 7), "int32": -(1 << 31)}.get(odt)
+            if isinstance(other, t.IntImm) and int(other.value) == dmin:
+                pad_min = True          # LOAD pad-min extension (max pooling)
+            elif not (isinstance(other, t.IntImm) and int(other.value) == 0):
+                raise LoweringError(f"padding value of {dst} must be 0 or the minimum of "
+                                    f"{odt}, got {other}")
         src = self._load_of(v)
         if src is not None and src[0] not in self.bufs:
             return ("load", inner, dst_sram, didx, src[0], src[1],
-                    None if cond is None else self.conds(cond))
+                    None if cond is None else self.conds(cond), pad_min)
         if cond is not None:
             raise LoweringError(f"conditional store into {dst} that is not a padded load")
         return ("alu", inner, dst_sram, didx, v)
@@ -403,8 +410,10 @@ class _Converter:
 # =================================================================================================
 # 2. analysis of the recognised statements
 # =================================================================================================
-def _split_lanes(inner, sram: Aff, other: Aff, elem: int, what: str):
-    """Split copy loops into the loops forming one element (lanes) and element loops."""
+def _split_lanes(inner, sram: Aff, other: Aff, elem: int, what: str, reduce_ok: bool = False):
+    """Split copy loops into the loops forming one element (lanes) and element loops.
+
+    ``reduce_ok``: element loops may leave the destination in place (ALU reductions)."""
     lanes, elems = [], []
     for var, ext in inner:
         ds, do = sram.coef(var), other.coef(var)
@@ -425,7 +434,7 @@ def _split_lanes(inner, sram: Aff, other: Aff, elem: int, what: str):
         raise LoweringError(f"{what}: copies {expect} scalars per element, expected {elem}")
     out = []
     for var, ext, ds, do in elems:
-        if ds % elem or do % elem or ds <= 0:
+        if ds % elem or do % elem or ds < 0 or (ds == 0 and not reduce_ok):
             raise LoweringError(f"{what}: loop {var} moves by {ds}/{do} scalars, not whole elements")
         out.append((var, ext, ds // elem, do // elem))
     return [l[0] for l in lanes], out
@@ -508,7 +517,12 @@ def _analyse_alu(conv: _Converter, inner, dbuf: SramBuf, didx: Aff, value, produ
     if dbuf.scope != ACC_SCOPE:
         raise LoweringError(f"{what}: element-wise stages must run in {ACC_SCOPE}, not {dbuf.scope}")
     ops = {t.Add: AluOp.ADD, t.Min: AluOp.MIN, t.Max: AluOp.MAX, t.Mul: AluOp.MUL}
-    if isinstance(value, t.RShift) or (isinstance(value, conv.tvm.ir.Call) and
+    if isinstance(value, t.IntImm):
+        return _alu_const(conv, inner, dbuf, didx, int(value.value), what)
+    clip = _clip_pattern(t, value)
+    if clip is not None:
+        op, ea, eb, commut = "CLIP", clip[0], None, False
+    elif isinstance(value, t.RShift) or (isinstance(value, conv.tvm.ir.Call) and
                                        getattr(value.op, "name", "").endswith("shift_right")):
         a, b = (value.a, value.b) if isinstance(value, t.RShift) else value.args
         op, ea, eb, commut = AluOp.SHR, a, b, False
@@ -558,11 +572,28 @@ def _analyse_alu(conv: _Converter, inner, dbuf: SramBuf, didx: Aff, value, produ
         other, use_imm, imm, sbuf = B[2], False, 0, B[1]
         if sbuf.scope != ACC_SCOPE:
             raise LoweringError(f"{what}: operand {sbuf.name} is not in {ACC_SCOPE}")
-    lane_vars, eloops = _split_lanes(inner, didx, other, elem, what)
+    d_out, s_out, merged = _alu_loops(inner, didx, other, elem, what)
+    if op == "CLIP":
+        lo, hi = clip[1], clip[2]
+        if conv.cfg.EXT_CLIP and -128 <= lo <= hi <= 127:
+            return [Alu(int(AluOp.CLIP), True, clip_imm(lo, hi), dbuf, sbuf, d_out, s_out, merged)]
+        for v in (lo, hi):
+            if not -(1 << 15) <= v < (1 << 15):
+                raise LoweringError(f"{what}: clip bound {v} does not fit 16 bits")
+        return [Alu(int(AluOp.MIN), True, hi, dbuf, sbuf, d_out, s_out, merged),
+                Alu(int(AluOp.MAX), True, lo, dbuf, sbuf, d_out, s_out, merged)]
+    return [Alu(int(op), use_imm, imm, dbuf, sbuf, d_out, s_out, merged)]
+
+
+def _alu_loops(inner, didx: Aff, other: Aff, elem: int, what: str):
+    """Element loops of an ALU stage (outer first, contiguous ones merged) and the offsets."""
+    _, eloops = _split_lanes(inner, didx, other, elem, what, reduce_ok=True)
     inner_vars = {v for v, _ in inner}
     d_out, s_out = didx.without(inner_vars), other.without(inner_vars)
     if not d_out.divisible(elem) or not s_out.divisible(elem):
         raise LoweringError(f"{what}: offsets are not element aligned")
+    # reduction loops (destination stride 0) go innermost; MIN/MAX/ADD reductions do not depend on
+    # the order
     eloops.sort(key=lambda l: -l[2])
     merged = []
     for lp in eloops:
@@ -571,7 +602,44 @@ def _analyse_alu(conv: _Converter, inner, dbuf: SramBuf, didx: Aff, value, produ
             merged[-1] = (lp[0] + "*", o[1] * lp[1], lp[2], lp[3])
         else:
             merged.append(lp)
-    return Alu(int(op), use_imm, imm, dbuf, sbuf, d_out.div(elem), s_out.div(elem), merged)
+    return d_out.div(elem), s_out.div(elem), merged
+
+
+def _alu_const(conv, inner, dbuf: SramBuf, didx: Aff, c: int, what: str):
+    """``acc[...] = c``: VTA has no move-immediate; MIN c then MAX c (or CLIP [c, c]) sets any value
+    to c (e.g. the initial value of a max-pooling reduction)."""
+    if dbuf.scope != ACC_SCOPE:
+        raise LoweringError(f"{what}: constants can only be written into {ACC_SCOPE}")
+    if not -(1 << 15) <= c < (1 << 15):
+        raise LoweringError(f"{what}: the constant {c} does not fit a 16-bit ALU immediate; "
+                            "initialise with a value of the data's range (e.g. -128 for int8)")
+    d_out, s_out, merged = _alu_loops(inner, didx, didx, dbuf.elem, what)
+    if conv.cfg.EXT_CLIP and -128 <= c <= 127:
+        return [Alu(int(AluOp.CLIP), True, clip_imm(c, c), dbuf, dbuf, d_out, s_out, merged)]
+    return [Alu(int(AluOp.MIN), True, c, dbuf, dbuf, d_out, s_out, merged),
+            Alu(int(AluOp.MAX), True, c, dbuf, dbuf, d_out, s_out, merged)]
+
+
+def _clip_pattern(t, value):
+    """``max(min(x, hi), lo)`` or ``min(max(x, lo), hi)`` with constant bounds -> (x, lo, hi)."""
+    def split(e, kind):
+        if isinstance(e, kind):
+            if isinstance(e.b, t.IntImm):
+                return e.a, int(e.b.value)
+            if isinstance(e.a, t.IntImm):
+                return e.b, int(e.a.value)
+        return None
+    outer = split(value, t.Max)
+    if outer is not None:
+        inner = split(outer[0], t.Min)
+        if inner is not None and outer[1] <= inner[1]:
+            return inner[0], outer[1], inner[1]
+    outer = split(value, t.Min)
+    if outer is not None:
+        inner = split(outer[0], t.Max)
+        if inner is not None and inner[1] <= outer[1]:
+            return inner[0], inner[1], outer[1]
+    return None
 
 
 def _check_live(buf: SramBuf, heads: Dict[str, SramBuf], what: str) -> None:
@@ -595,27 +663,35 @@ def _to_ir(conv: _Converter, items: list, producers=None, heads=None) -> list:
             continue
         kind = it[0]
         if kind == "load":
-            _, inner, a, aidx, b, bidx, conds = it
+            _, inner, a, aidx, b, bidx, conds, pad_min = it
             if a.scope == INP_SCOPE:
                 mem = MemType.INP
             elif a.scope == WGT_SCOPE:
                 mem = MemType.WGT
             else:
-                mem = MemType.ACC
-                if conv.globals.get(b, "int32") != "int32":
-                    raise LoweringError(f"load of {b} ({conv.globals.get(b)}) into the accumulator: "
-                                        f"only int32 tensors can be loaded into {ACC_SCOPE}")
+                gdt = conv.globals.get(b, "int32")
+                if gdt == "int32":
+                    mem = MemType.ACC
+                elif gdt == "int8":
+                    mem = MemType.ACC_8BIT   # int8 lanes sign-extended into the accumulator
+                else:
+                    raise LoweringError(f"load of {b} ({gdt}) into the accumulator: only int32 and "
+                                        f"int8 tensors can be loaded into {ACC_SCOPE}")
             heads.pop(a.root.name, None)
-            out.append(_analyse_dma("load", inner, a, aidx, b, bidx, conds, mem))
+            dma = _analyse_dma("load", inner, a, aidx, b, bidx, conds, mem)
+            dma.pad_min = pad_min
+            out.append(dma)
         elif kind == "alu":
             _, inner, dbuf, didx, value = it
-            alu = _analyse_alu(conv, inner, dbuf, didx, value, producers)
+            alus = _analyse_alu(conv, inner, dbuf, didx, value, producers)
+            if isinstance(value, conv.tirx.IntImm):
+                heads.pop(dbuf.root.name, None)
             _check_live(dbuf.alias or dbuf, heads, f"ALU stage writing {dbuf.name}")
-            if alu.src is not dbuf:
-                _check_live(alu.src, heads, f"ALU stage writing {dbuf.name}")
+            if alus[0].src is not dbuf:
+                _check_live(alus[0].src, heads, f"ALU stage writing {dbuf.name}")
             heads[dbuf.root.name] = dbuf
             producers.add(dbuf.name)
-            out.append(alu)
+            out.extend(alus)
         elif kind == "gemm":
             _, ab, acc, ib, inp, wb, wgt = it
             for b, sc in ((ab, ACC_SCOPE), (ib, INP_SCOPE), (wb, WGT_SCOPE)):
@@ -947,6 +1023,7 @@ class _Emitter:
             self.line(ind, f"load_2d({gbuf}, {goff.py()}, {X}, {Y}, {ystride}, 0, 0, 0, 0, "
                            f"{soff.py()}, {int(d.mem)})")
             return
+        pm = ", True" if d.pad_min else ""
         vals = {}
         for dim, lp in (("x", d.x), ("y", d.y)):
             ext = lp[1] if lp else 1
@@ -971,7 +1048,7 @@ class _Emitter:
         xs = d.x[3] if d.x else 0
         gexpr = f"{goff.py()} + {ys}*{ylo} + {xs}*{xlo}"
         self.line(ind, f"load_padded({gbuf}, {gexpr}, {xlo}, {xhi}, {ylo}, {yhi}, {X}, {Y}, "
-                       f"{ystride}, {soff.py()}, {int(d.mem)})")
+                       f"{ystride}, {soff.py()}, {int(d.mem)}{pm})")
 
     # ---------------------------------------------------------------- ALU
     def alu(self, a: Alu, ind, env, tid):
@@ -1113,7 +1190,7 @@ def _generated(q, buffers):
     dep_push, dep_pop = q.dep_push, q.dep_pop
     load_2d, store_2d = q.load_2d, q.store_2d
     push_gemm, push_alu = q.push_gemm, q.push_alu
-    def load_padded(buf, goff, xlo, xhi, ylo, yhi, X, Y, ystride, soff, mem):
+    def load_padded(buf, goff, xlo, xhi, ylo, yhi, X, Y, ystride, soff, mem, pad_min=False):
         if xhi <= xlo or yhi <= ylo:
             # the tile lies entirely in the padding: zero-fill it with rows of y padding
             # (y_size 0: nothing is read from DRAM, as in fsim's SRAM::Load)
@@ -1121,14 +1198,14 @@ def _generated(q, buffers):
             while row < Y:
                 n0 = min(15, Y - row)
                 n1 = min(15, Y - row - n0)
-                load_2d(buf, 0, X, 0, X, 0, n0, 0, n1, soff + row * X, mem)
+                load_2d(buf, 0, X, 0, X, 0, n0, 0, n1, soff + row * X, mem, pad_min)
                 row += n0 + n1
             return
         xpa, ypa = X - xhi, Y - yhi
         if xlo > 15 or ylo > 15 or xpa > 15 or ypa > 15:
             raise _LoweringError(f"DMA padding ({ylo},{xlo},{ypa},{xpa}) exceeds the 4-bit pad "
                                  "fields")
-        load_2d(buf, goff, xhi - xlo, yhi - ylo, ystride, xlo, ylo, xpa, ypa, soff, mem)
+        load_2d(buf, goff, xhi - xlo, yhi - ylo, ystride, xlo, ylo, xpa, ypa, soff, mem, pad_min)
 '''
 
 

@@ -85,7 +85,8 @@ EPILOGUE_PIPELINE = (("bias",), ("shr", 8), ("clip", 0, 127))
 #: An epilogue is a sequence of stages applied to the int32 accumulator, in order:
 #:   ("shr", s)          x >> s (arithmetic; ALU SHR with immediate; 0 <= s <= 31)
 #:   ("bias",)           x + bias (int32 bias tensor DMA-loaded into the accumulator; ALU ADD)
-#:   ("clip", lo, hi)    min(x, hi) then max(x, lo) (ALU MIN imm, ALU MAX imm)
+#:   ("clip", lo, hi)    max(min(x, hi), lo): ALU CLIP if cfg.EXT_CLIP and int8 bounds, else
+#:                       ALU MIN imm hi then ALU MAX imm lo (as the original)
 #:   ("min", c) / ("max", c) / ("add", c)    a single ALU op with an immediate
 #: followed implicitly by the truncating cast to int8 of the STORE.
 Epilogue = Tuple[tuple, ...]
@@ -256,10 +257,11 @@ def conv2d_compute(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, bias_batched: b
                 res = te.compute(oshape, lambda n, o, y, x, b, j:
                                  prev(n, o, y, x, b, j) + bias[0, o, 0, 0, b, j], name=name)
         elif st[0] == "clip":
+            # one stage max(min(x, hi), lo): the lowering emits ALU CLIP when the configuration has
+            # the EXT_CLIP extension (and int8 bounds), else ALU MIN hi then ALU MAX lo
             lo, hi = st[1], st[2]
-            mid = _ew(prev, lambda v: te.min(v, tirx.const(hi, "int32")), name + "_hi")
-            stage_names.append(mid.op.name)
-            res = _ew(mid, lambda v: te.max(v, tirx.const(lo, "int32")), name + "_lo")
+            res = _ew(prev, lambda v: te.max(te.min(v, tirx.const(hi, "int32")),
+                                             tirx.const(lo, "int32")), name)
         elif st[0] == "min":
             res = _ew(prev, lambda v, c=st[1]: te.min(v, tirx.const(c, "int32")), name)
         elif st[0] == "max":
@@ -502,7 +504,7 @@ class CompiledConv2d:
         return out, stats
 
 
-def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=EPILOGUE_ORIGINAL,
+def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=(),
                  knobs: Union[Conv2dKnobs, str, None] = None) -> CompiledConv2d:
     """Compile a packed conv2d + epilogue for ``cfg`` into a :class:`CompiledConv2d`.
 
@@ -560,7 +562,7 @@ _CACHE: Dict[tuple, CompiledConv2d] = {}
 
 
 def build_conv2d_cached(cfg: Union[VTAConfig, str], workload: Conv2dWorkload,
-                        epilogue=EPILOGUE_ORIGINAL, knobs: Optional[Conv2dKnobs] = None,
+                        epilogue=(), knobs: Union[Conv2dKnobs, str, None] = None,
                         max_entries: int = 64) -> CompiledConv2d:
     """:func:`build_conv2d` memoised on (config, workload, epilogue, knobs). The returned object is
     shared: its :meth:`~CompiledConv2d.run` rewrites the same DRAM image, so do not run it from
