@@ -485,3 +485,36 @@ def test_uop_src_width_is_max_of_acc_and_inp():
     _check_field(gemm_zero, 2, cfg, "wgt_factor_in", 116, 10)
     # ALU src factors follow the acc depth (11 bits at 86-96, 97-107)
     _check_field(alu_zero, 4, cfg, "src_factor_in", 97, 11)
+
+
+def test_vectorised_stream_encoding_equals_per_instruction_encoding():
+    """encode_stream (numpy) must agree with each record's own encode, and name overflows."""
+    import random
+
+    from vta_ext.isa import (AluInsn, FieldRangeError, FinishInsn, GemmInsn, MemInsn, Uop,
+                             encode_stream, encode_uops)
+
+    rng = random.Random(7)
+    insns = []
+    for _ in range(300):
+        kind = rng.randrange(4)
+        if kind == 0:
+            insns.append(MemInsn(opcode=rng.randrange(2), memory_type=rng.randrange(6),
+                                 sram_base=rng.randrange(1 << 16), dram_base=rng.randrange(1 << 32),
+                                 pad_min=bool(rng.randrange(2)), y_size=rng.randrange(1 << 16),
+                                 x_size=rng.randrange(1 << 16), x_stride=rng.randrange(1 << 16),
+                                 x_pad_1=rng.randrange(16), push_next_dep=bool(rng.randrange(2))))
+        elif kind == 1:
+            insns.append(GemmInsn(reset_reg=bool(rng.randrange(2)), uop_bgn=rng.randrange(1 << 13),
+                                  uop_end=rng.randrange(1 << 14), iter_out=rng.randrange(1 << 14),
+                                  wgt_factor_in=rng.randrange(1 << 10), pop_prev_dep=True))
+        elif kind == 2:
+            insns.append(AluInsn(alu_opcode=rng.randrange(6), use_imm=True,
+                                 imm=rng.randrange(-(1 << 15), 1 << 15), src_factor_in=rng.randrange(2048)))
+        else:
+            insns.append(FinishInsn(push_prev_dep=bool(rng.randrange(2))))
+    assert encode_stream(DEFAULT, insns) == b"".join(i.encode(DEFAULT) for i in insns)
+    uops = [Uop(rng.randrange(2048), rng.randrange(2048), rng.randrange(1024)) for _ in range(50)]
+    assert encode_uops(DEFAULT, uops) == b"".join(u.encode(DEFAULT) for u in uops)
+    with pytest.raises(FieldRangeError, match=r"GEMM\.iter_in = 16384 of instruction 1 "):
+        encode_stream(DEFAULT, [FinishInsn(), GemmInsn(iter_in=1 << 14)])

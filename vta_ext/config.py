@@ -355,13 +355,16 @@ class VTAConfig:
         return instruction_layouts(self.log_uop_depth, self.log_inp_depth, self.log_wgt_depth,
                                    self.log_acc_depth)
 
+    @cached_property
+    def _elem_bytes_table(self) -> Dict[int, int]:
+        return {0: self.UOP_ELEM_BYTES, 1: self.wgt_elem_bytes, 2: self.inp_elem_bytes,
+                3: self.acc_elem_bytes, 4: self.out_elem_bytes,
+                5: self.acc_elem_bytes * self.INP_WIDTH // self.ACC_WIDTH}
+
     def elem_bytes(self, memory_type: int) -> int:
         """DRAM bytes of one element of memory id ``memory_type`` (UOP 0 ... ACC_8BIT 5)."""
-        table = {0: self.UOP_ELEM_BYTES, 1: self.wgt_elem_bytes, 2: self.inp_elem_bytes,
-                 3: self.acc_elem_bytes, 4: self.out_elem_bytes,
-                 5: self.acc_elem_bytes * self.INP_WIDTH // self.ACC_WIDTH}
         try:
-            return table[memory_type]
+            return self._elem_bytes_table[memory_type]
         except KeyError:
             raise ConfigError(f"unknown memory type {memory_type}") from None
 

@@ -11,9 +11,13 @@ implemented in :mod:`vta_ext.sim.fsim`; ``docs/isa.md`` states them in prose.
 """
 from __future__ import annotations
 
+import operator
+from collections import defaultdict
 from dataclasses import dataclass, fields
 from enum import IntEnum
-from typing import Iterable, List, Sequence, Union
+from typing import Dict, Iterable, List, Sequence, Tuple, Union
+
+import numpy as np
 
 from .config import VTAConfig
 from .layout import Layout
@@ -21,7 +25,7 @@ from .layout import Layout
 __all__ = [
     "Opcode", "MemType", "AluOp", "Stage", "FieldRangeError", "DepFlags",
     "MemInsn", "GemmInsn", "AluInsn", "FinishInsn", "Uop", "Insn",
-    "decode_insn", "decode_stream", "encode_stream", "disassemble", "insn_stage",
+    "decode_insn", "decode_stream", "encode_stream", "encode_uops", "disassemble", "insn_stage",
 ]
 
 
@@ -308,9 +312,53 @@ def decode_insn(config: VTAConfig, data: bytes) -> Insn:
     return insn
 
 
-def encode_stream(config: VTAConfig, insns: Iterable[Insn]) -> bytes:
-    """Concatenate the 16-byte encodings of ``insns``."""
-    return b"".join(i.encode(config) for i in insns)
+def _encode_fields(layouts: Sequence[Tuple[Layout, type]], items: Sequence, words_per_item: int,
+                   what: str) -> np.ndarray:
+    """Vectorised encoding: little-endian 64-bit words of ``items`` grouped by record type."""
+    words = np.zeros((len(items), words_per_item), dtype="<u8")
+    groups: Dict[type, List[int]] = defaultdict(list)
+    for i, item in enumerate(items):
+        groups[type(item)].append(i)
+    layout_of = dict((cls, layout) for layout, cls in layouts)
+    for cls, index in groups.items():
+        layout = layout_of[cls]
+        present = [f for f in layout.fields if f.name in cls.__dataclass_fields__]
+        getter = operator.attrgetter(*(f.name for f in present))
+        rows = np.array([getter(items[i]) for i in index], dtype=np.int64).reshape(len(index), -1)
+        index = np.asarray(index)
+        for col, f in enumerate(present):
+            values = rows[:, col]
+            if f.name == "imm":
+                low, high = -(1 << (f.width - 1)), (1 << (f.width - 1)) - 1
+            else:
+                low, high = 0, f.mask
+            bad = np.flatnonzero((values < low) | (values > high))
+            if bad.size:
+                raise FieldRangeError(f"{layout.name}.{f.name} = {int(values[bad[0]])} of {what} "
+                                      f"{int(index[bad[0]])} does not fit its {f.width}-bit field "
+                                      f"({low}..{high})")
+            words[index, f.lsb // 64] |= (values & f.mask).astype("<u8") << np.uint64(f.lsb % 64)
+    return words
+
+
+def encode_stream(config: VTAConfig, insns: Sequence[Insn]) -> bytes:
+    """The 16-byte little-endian encodings of ``insns``, concatenated (vectorised).
+
+    Raises
+    ------
+    FieldRangeError
+        Naming the field, its value and the index of the first instruction that overflows it.
+    """
+    layouts = config.layouts
+    kinds = [(layouts["MEM"], MemInsn), (layouts["GEMM"], GemmInsn), (layouts["ALU"], AluInsn),
+             (layouts["GEMM"], FinishInsn)]
+    return _encode_fields(kinds, list(insns), 2, "instruction").tobytes()
+
+
+def encode_uops(config: VTAConfig, uops: Sequence["Uop"]) -> bytes:
+    """The 4-byte encodings of ``uops``, concatenated (vectorised)."""
+    words = _encode_fields([(config.layouts["UOP"], Uop)], list(uops), 1, "micro-op")
+    return words.astype("<u4").tobytes()
 
 
 def decode_stream(config: VTAConfig, data: bytes) -> List[Insn]:

@@ -9,7 +9,7 @@ or the 32-bit micro-op.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Tuple
 
 INSN_BITS = 128
@@ -42,10 +42,10 @@ class Field:
     name: str
     lsb: int
     width: int
+    mask: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def mask(self) -> int:
-        return (1 << self.width) - 1
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mask", (1 << self.width) - 1)
 
 
 @dataclass(frozen=True)

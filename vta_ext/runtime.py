@@ -19,10 +19,13 @@ import numpy as np
 
 from .config import MAX_XFER, PAGE_BYTES, VTAConfig
 from .isa import (AluInsn, AluOp, FieldRangeError, FinishInsn, GemmInsn, Insn, MemInsn, MemType,
-                  Opcode, Stage, Uop, clip_bounds, disassemble, encode_stream)
+                  Opcode, Stage, Uop, clip_bounds, disassemble, encode_stream, encode_uops)
 
 __all__ = ["CommandQueue", "UopKernel", "Program", "DramBuffer", "RuntimeError_",
            "MissingExtensionError", "Segment"]
+
+
+_STAGES = {int(s): s for s in Stage}
 
 
 class RuntimeError_(RuntimeError):
@@ -97,6 +100,8 @@ class UopKernel:
         self.loops: List[Tuple[int, int, int, int]] = []
         self.uops: List[Uop] = []
         self._open_loops = 0
+        self._signature: Optional[tuple] = None
+        self._insn_fields: Optional[dict] = None  # instruction fields but the micro-op range
 
     def loop_begin(self, extent: int, dst_factor: int, src_factor: int, wgt_factor: int = 0) -> None:
         """Open a loop level (before any micro-op is pushed; at most two levels)."""
@@ -107,6 +112,7 @@ class UopKernel:
         if extent < 1:
             raise RuntimeError_(f"UopKernel loop extent must be >= 1, got {extent}")
         self.loops.append((int(extent), int(dst_factor), int(src_factor), int(wgt_factor)))
+        self._signature = self._insn_fields = None
         self._open_loops += 1
 
     def loop_end(self) -> None:
@@ -119,15 +125,19 @@ class UopKernel:
         if self.mode == "alu" and wgt_idx:
             raise RuntimeError_("ALU micro-ops have no weight index")
         self.uops.append(Uop(int(dst_idx), int(src_idx), int(wgt_idx)))
+        self._signature = self._insn_fields = None
 
     @property
     def size(self) -> int:
         return len(self.uops)
 
     def signature(self) -> tuple:
-        """Value identity used by the micro-op cache."""
-        return (self.mode, self.reset, self.alu_opcode, self.use_imm, self.imm, tuple(self.loops),
-                tuple((u.dst_idx, u.src_idx, u.wgt_idx) for u in self.uops))
+        """Value identity used by the micro-op cache (recomputed only after a change)."""
+        if self._signature is None:
+            self._signature = (self.mode, self.reset, self.alu_opcode, self.use_imm, self.imm,
+                               tuple(self.loops),
+                               tuple((u.dst_idx, u.src_idx, u.wgt_idx) for u in self.uops))
+        return self._signature
 
     def instruction(self, uop_bgn: int) -> Insn:
         """The GEMM/ALU instruction that runs this kernel from SRAM position ``uop_bgn``.
@@ -135,17 +145,21 @@ class UopKernel:
         GEMM: loop 0 is the outer loop and loop 1 the inner one. ALU: a single loop is the *inner*
         loop (the original runtime's rule); two loops map as for GEMM.
         """
-        loops = list(self.loops)
-        if self.mode == "alu" and len(loops) == 1:
-            loops = [(1, 0, 0, 0)] + loops
-        loops += [(1, 0, 0, 0)] * (2 - len(loops))
-        (n_out, d_out, s_out, w_out), (n_in, d_in, s_in, w_in) = loops
-        common = dict(uop_bgn=uop_bgn, uop_end=uop_bgn + self.size, iter_out=n_out, iter_in=n_in,
-                      dst_factor_out=d_out, dst_factor_in=d_in, src_factor_out=s_out,
-                      src_factor_in=s_in)
-        if self.mode == "gemm":
-            return GemmInsn(reset_reg=self.reset, wgt_factor_out=w_out, wgt_factor_in=w_in, **common)
-        return AluInsn(alu_opcode=self.alu_opcode, use_imm=self.use_imm, imm=self.imm, **common)
+        if self._insn_fields is None:
+            loops = list(self.loops)
+            if self.mode == "alu" and len(loops) == 1:
+                loops = [(1, 0, 0, 0)] + loops
+            loops += [(1, 0, 0, 0)] * (2 - len(loops))
+            (n_out, d_out, s_out, w_out), (n_in, d_in, s_in, w_in) = loops
+            fields = dict(iter_out=n_out, iter_in=n_in, dst_factor_out=d_out, dst_factor_in=d_in,
+                          src_factor_out=s_out, src_factor_in=s_in)
+            if self.mode == "gemm":
+                fields.update(reset_reg=self.reset, wgt_factor_out=w_out, wgt_factor_in=w_in)
+            else:
+                fields.update(alu_opcode=self.alu_opcode, use_imm=self.use_imm, imm=self.imm)
+            self._insn_fields = fields
+        cls = GemmInsn if self.mode == "gemm" else AluInsn
+        return cls(uop_bgn=uop_bgn, uop_end=uop_bgn + self.size, **self._insn_fields)
 
     def __repr__(self) -> str:
         what = "GEMM-reset" if self.reset else ("GEMM" if self.mode == "gemm" else
@@ -344,7 +358,7 @@ class CommandQueue:
 
     @staticmethod
     def _check_pair(from_stage: Stage, to_stage: Stage) -> Tuple[Stage, Stage]:
-        a, b = Stage(from_stage), Stage(to_stage)
+        a, b = _STAGES[from_stage], _STAGES[to_stage]
         if abs(a - b) != 1:
             raise RuntimeError_(f"no dependency queue between {a.name} and {b.name}")
         return a, b
@@ -410,7 +424,7 @@ class CommandQueue:
                 load.dram_base = seg.uop_phys // cfg.UOP_ELEM_BYTES + offset
             stream = encode_stream(cfg, seg.insns)
             dram[seg.insn_phys - base: seg.insn_phys - base + len(stream)] = np.frombuffer(stream, np.uint8)
-            uops = b"".join(u.encode(cfg) for k in seg.staging for u in k.uops)
+            uops = encode_uops(cfg, [u for k in seg.staging for u in k.uops])
             dram[seg.uop_phys - base: seg.uop_phys - base + len(uops)] = np.frombuffer(uops, np.uint8)
         return Program(cfg, dram, base, [(s.insn_phys, s.insn_count) for s in self.segments],
                        dict(self.buffers), [i for s in self.segments for i in s.insns])
