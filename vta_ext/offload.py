@@ -181,50 +181,53 @@ class _Offloader(PyExprMutator):
             return f"pool padding {max(top, left)} exceeds the 4-bit DMA pad field"
         return None
 
+    _CHAIN_OPS = ("relax.nn.conv2d", "relax.matmul", "relax.nn.avg_pool2d", "relax.add",
+                  "relax.right_shift", "relax.clip")
+
     def match_tail(self, astype_call: relax.Call) -> Tuple[Optional[Match], Optional[str]]:
-        """Match ``core -> [bias] -> [shr] -> [clip] -> astype int8`` ending at ``astype_call``."""
+        """Match ``core`` followed by bias add, right shift and clip in any order (each at most
+        once), then ``astype int8``, ending at ``astype_call``."""
         tail: List[tuple] = []
         expr = astype_call.args[0]
         if _dtype(expr) != "int32":
             return None, None
-        call = self._producer(expr)
-        if _op_name(call) == "relax.clip":
-            lo, hi = int(call.args[1].value), int(call.args[2].value)
-            if not (-(1 << 15) <= lo <= hi < (1 << 15)):
-                return None, f"clip bounds [{lo}, {hi}] do not fit the 16-bit ALU immediate"
-            tail.append(("clip", lo, hi))
-            expr = call.args[0]
-            call = self._producer(expr)
-        if _op_name(call) == "relax.right_shift":
-            amount = call.args[1]
-            if not isinstance(amount, tvm.ir.expr.Constant):
-                return None, "right_shift by a non-constant amount"
-            values = np.unique(amount.value.numpy())
-            if values.size != 1 or not 0 <= int(values[0]) <= 31:
-                return None, f"right_shift amount {values.tolist()} is not one constant in 0..31"
-            tail.append(("shr", int(values[0])))
-            expr = call.args[0]
-            call = self._producer(expr)
         bias = None
-        if _op_name(call) == "relax.add":
-            core, reason = self._core(expr)
-            if core is None or core.kind != "add":  # a bias add, not a residual add
-                for side, other in ((0, 1), (1, 0)):
-                    core, reason = self._core(call.args[side])
-                    if core is not None or reason is not None:
-                        bias = call.args[other]
-                        expr = call.args[side]
-                        break
-                if core is None:
-                    return None, reason
-                bias_reason = self._bias_reason(core, bias)
-                if bias_reason:
-                    return None, bias_reason
+        while True:
+            call = self._producer(expr)
+            name = _op_name(call)
+            seen = {stage[0] for stage in tail}
+            if name == "relax.clip" and "clip" not in seen:
+                lo, hi = int(call.args[1].value), int(call.args[2].value)
+                if not (-(1 << 15) <= lo <= hi < (1 << 15)):
+                    return None, f"clip bounds [{lo}, {hi}] do not fit the 16-bit ALU immediate"
+                tail.append(("clip", lo, hi))
+            elif name == "relax.right_shift" and "shr" not in seen:
+                amount = call.args[1]
+                if not isinstance(amount, tvm.ir.expr.Constant):
+                    return None, "right_shift by a non-constant amount"
+                values = np.unique(amount.value.numpy())
+                if values.size != 1 or not 0 <= int(values[0]) <= 31:
+                    return None, f"right_shift amount {values.tolist()} is not one constant in 0..31"
+                tail.append(("shr", int(values[0])))
+            elif name == "relax.add" and "bias" not in seen and self._core(expr)[0] is None:
+                chain = [_op_name(self._producer(arg)) in self._CHAIN_OPS for arg in call.args]
+                if chain.count(True) != 1:
+                    return None, "add of two computed tensors that is neither a bias nor a residual add"
+                main = chain.index(True)
+                bias = call.args[1 - main]
                 tail.append(("bias",))
-        if bias is None:
-            core, reason = self._core(expr)
-            if core is None:
-                return None, reason
+                expr = call.args[main]
+                continue
+            else:
+                break
+            expr = call.args[0]
+        core, reason = self._core(expr)
+        if core is None:
+            return None, reason
+        if bias is not None:
+            bias_reason = self._bias_reason(core, bias)
+            if bias_reason:
+                return None, bias_reason
         core.bias = bias
         core.epilogue = tail[::-1]
         return core, None
