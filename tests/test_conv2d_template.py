@@ -177,7 +177,7 @@ def test_per_channel_bias_broadcast():
 def test_auto_knobs():
     cfg = load_config("default")
     wl = Conv2dWorkload(1, 14, 14, 64, 64, 3, 3, 1, 1, 1, 1)
-    fallback = build_conv2d(cfg, wl, EPILOGUE_ORIGINAL)
+    fallback = build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, "fallback")
     conv, _ = check(cfg, wl, EPILOGUE_ORIGINAL, "auto")
     assert conv.knobs == suggest_knobs(cfg, wl, EPILOGUE_ORIGINAL) != Conv2dKnobs()
     assert conv.program.insn_count * 10 < fallback.program.insn_count

@@ -922,8 +922,11 @@ def _allocate(cfg: VTAConfig, bufs: Dict[str, SramBuf], nthreads: int) -> Dict[s
 # 4./5. virtual-thread expansion and Python code emission
 # =================================================================================================
 class _Emitter:
-    def __init__(self, cfg: VTAConfig, bufs):
+    def __init__(self, cfg: VTAConfig, bufs, reuse: Optional[Dict[str, str]] = None):
         self.cfg = cfg
+        # reuse-aware double buffering: root buffer name -> Python variable holding the buffer half
+        # (0/1) the shared tile was last loaded into
+        self.reuse: Dict[str, str] = dict(reuse or {})
         self.lines: List[str] = []
         self.consts: Dict[str, object] = {}
         self.kernels: List[object] = []
@@ -955,10 +958,16 @@ class _Emitter:
                 if len(self.lines) == n0:
                     self.line(ind + 1, "pass")
             elif isinstance(it, Region):
+                shared = sorted({b for b in map(self._reused_root, _region_dmas(it.items)) if b})
                 for env, tid in threads:
                     for d in it.before:
                         self.dep(d, ind)
+                    if tid == 0:
+                        for b in shared:   # a new shared tile goes into the other buffer half
+                            self.line(ind, f"{self.reuse[b]} ^= 1")
                     for x in it.items:
+                        if tid != 0 and self._skip(x):
+                            continue
                         self.leaf(x, ind, env, tid)
                     for d in it.after:
                         self.dep(d, ind)
@@ -996,8 +1005,24 @@ class _Emitter:
         else:
             raise LoweringError(f"internal: unexpected leaf {type(x).__name__}")
 
-    @staticmethod
-    def sram_base(buf: SramBuf, tid: int) -> int:
+    def _reused_root(self, d: "Dma") -> Optional[str]:
+        name = d.sram.root.name
+        return name if d.kind == "load" and name in self.reuse else None
+
+    def _skip(self, x) -> bool:
+        """Thread > 0 does not reload a shared tile (thread 0 loaded the identical data)."""
+        if isinstance(x, Dma):
+            return self._reused_root(x) is not None
+        if isinstance(x, Loop):
+            return all(self._skip(y) for y in x.body)
+        return False
+
+    def sram_base(self, buf: SramBuf, tid: int):
+        """Element index of ``buf``'s copy for thread ``tid`` (an :class:`Aff` for shared tiles,
+        whose half alternates at run time, else an int)."""
+        var = self.reuse.get(buf.root.name)
+        if var is not None:
+            return Aff({var: buf.stride}, buf.base)
         return buf.base + (tid * buf.stride if buf.root.vthread else 0)
 
     # ---------------------------------------------------------------- DMA
@@ -1005,6 +1030,8 @@ class _Emitter:
         base = self.sram_base(d.sram, tid)
         soff = d.sram_off.subst(env) + base
         goff = d.dram_off.subst(env)
+        if tid != 0 and self._skip(d):
+            return
         for var, ext, ss, gs in d.cpu:
             self.line(ind, f"for {var.rstrip('*')}_c in range({ext}):")
             ind += 1
@@ -1107,7 +1134,9 @@ class _Emitter:
                     parts.append(None)
                     continue
                 buf, idx = opnd
-                aff = idx.without(fold_vars).subst(lenv).subst(env) + self.sram_base(buf, tid) * e
+                base = self.sram_base(buf, tid)
+                aff = idx.without(fold_vars).subst(lenv).subst(env) + (
+                    base.scale(e) if isinstance(base, Aff) else base * e)
                 parts.append(aff)
             dpart = tuple(None if p is None else Aff(p.c, 0) for p in parts)
             key = tuple(None if p is None else tuple(sorted(p.c.items())) for p in dpart)
@@ -1218,6 +1247,7 @@ class GeneratedProgram:
     globals_used: List[str]
     sram_used: Dict[str, int]
     nthreads: int
+    reused: List[str] = field(default_factory=list)
 
     def emit(self, q, buffers: Dict[str, object]) -> None:
         """Append the function's instructions to the :class:`CommandQueue` ``q``.
@@ -1230,26 +1260,87 @@ class GeneratedProgram:
         self.fn(q, buffers)
 
 
-def lower_to_runtime(cfg: VTAConfig, func) -> GeneratedProgram:
-    """Lower a PrimFunc (after :func:`lower_schedule`) to a :class:`GeneratedProgram`."""
+def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False) -> GeneratedProgram:
+    """Lower a PrimFunc (after :func:`lower_schedule`) to a :class:`GeneratedProgram`.
+
+    Parameters
+    ----------
+    cfg : VTAConfig
+        The target configuration.
+    func : tvm.tirx.PrimFunc
+        The function after :func:`vta_ext.lower.passes.lower_schedule`.
+    reuse : bool
+        Reuse-aware double buffering (paper §IV.D). Needs exactly two virtual threads. Every
+        per-thread INP/WGT buffer whose loads do not depend on the virtual thread (both threads
+        would load the same DRAM data) is loaded once, by thread 0, alternately into its two
+        halves; the GEMMs of both threads read the half loaded last. The token protocol is
+        unchanged: thread 0's next load into a half waits for the compute that follows the
+        compute of the other thread, so both threads' GEMMs on that half are done.
+    """
     conv = _Converter(cfg)
     raw = conv.stmts(func.body)
     items = _to_ir(conv, raw)
     items = _form_kernels(items)
     nthreads = _count_threads(items)
     used = _allocate(cfg, conv.bufs, nthreads)
+    shared: Dict[str, str] = {}
+    if reuse:
+        if nthreads != 2:
+            raise LoweringError(f"reuse-aware double buffering needs exactly 2 virtual threads, the "
+                                f"schedule has {nthreads}")
+        shared = {name: f"_half{i}" for i, name in enumerate(_shared_buffers(conv.bufs, items))}
     items = _regionize(items)
     planner = _SyncPlanner()
     planner.plan(items)
     items = _apply_sync(items, planner)
-    em = _Emitter(cfg, conv.bufs)
+    em = _Emitter(cfg, conv.bufs, shared)
+    for var in shared.values():
+        em.line(1, f"{var} = 1")
     em.items(items, 1, [({}, 0)])
     src = _PRELUDE + "    " + "\n    ".join(
         f"B_{g} = buffers[{g!r}]" for g in sorted(conv.globals)) + "\n" + "\n".join(em.lines) + "\n"
     ns = dict(em.consts)
     ns["_LoweringError"] = LoweringError
     exec(compile(src, "<vta_lowered>", "exec"), ns)
-    return GeneratedProgram(src, ns["_generated"], sorted(conv.globals), used, nthreads)
+    return GeneratedProgram(src, ns["_generated"], sorted(conv.globals), used, nthreads,
+                            sorted(shared))
+
+
+def _region_dmas(items) -> list:
+    out = []
+    for x in items:
+        if isinstance(x, Dma):
+            out.append(x)
+        elif isinstance(x, Loop):
+            out += _region_dmas(x.body)
+    return out
+
+
+def _shared_buffers(bufs: Dict[str, SramBuf], items) -> List[str]:
+    """Per-thread INP/WGT buffers whose every load is independent of the virtual-thread variables
+    (and which nothing but loads writes)."""
+    vvars, dmas = set(), []
+
+    def walk(nodes):
+        for n in nodes:
+            if isinstance(n, Loop):
+                if n.vthread:
+                    vvars.add(n.var)
+                walk(n.body)
+            elif isinstance(n, Dma):
+                dmas.append(n)
+    walk(items)
+    ok: Dict[str, bool] = {}
+    for d in dmas:
+        root = d.sram.root
+        if d.kind != "load" or root.scope not in (INP_SCOPE, WGT_SCOPE) or not root.vthread:
+            continue
+        affs = [d.dram_off, d.sram_off, *d.guards]
+        for los, his in d.pads.values():
+            affs += list(los) + list(his)
+        indep = all(a.coef(v) == 0 for a in affs for v in vvars)
+        ok[root.name] = ok.get(root.name, True) and indep
+    return sorted(n for n, v in ok.items() if v)
 
 
 def _count_threads(items) -> int:

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..config import VTAConfig, load_config
 
-__all__ = ["Conv2dWorkload", "Conv2dKnobs", "estimate_sram_usage", "suggest_knobs", "Epilogue", "EPILOGUE_ORIGINAL", "EPILOGUE_PIPELINE",
+__all__ = ["Conv2dWorkload", "Conv2dKnobs", "resolve_knobs", "estimate_sram_usage", "suggest_knobs", "Epilogue", "EPILOGUE_ORIGINAL", "EPILOGUE_PIPELINE",
            "normalize_epilogue", "conv2d_compute", "schedule_conv2d", "build_conv2d",
            "build_conv2d_cached", "CompiledConv2d", "Conv2dError", "reference_conv2d"]
 
@@ -66,6 +66,10 @@ class Conv2dKnobs:
     blocks, output rows, output columns and output-channel blocks (the output tile computed per store
     point); ``tile_ci`` the inner factor of the input-channel-block reduction (blocks loaded per DMA
     step). ``oc_nthread``/``h_nthread`` (1 or 2) add virtual threads over output-channel / row tiles.
+    ``reuse`` (reuse-aware double buffering, needs exactly two virtual threads): a tile that both
+    threads would load identically (the input tile with ``oc_nthread=2``, the weight tile with
+    ``h_nthread=2``) is loaded once, alternating between the two buffer halves, and read by the GEMMs
+    of both threads -- the order ``(I1,W1),(I1,W2),(I2,W1),(I2,W2)`` of the paper's §IV.D.
     """
 
     tile_b: int = 1
@@ -75,6 +79,7 @@ class Conv2dKnobs:
     tile_co: int = 1
     oc_nthread: int = 1
     h_nthread: int = 1
+    reuse: bool = False
 
 
 #: ``(conv >> 8) + bias``, clip [0, 127]: the original integration tests
@@ -171,10 +176,16 @@ def reference_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, data_packed, 
 # ---------------------------------------------------------------------------------------------
 # TE compute
 # ---------------------------------------------------------------------------------------------
+def _groups(wl) -> int:
+    """Number of channel groups of a workload (1 for a plain :class:`Conv2dWorkload`)."""
+    return int(getattr(wl, "groups", 1))
+
+
 def _shapes(cfg: VTAConfig, wl: Conv2dWorkload, bias_batched: bool = True):
     B, BI, BO = cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT
+    g = _groups(wl)
     data = (wl.batch // B, wl.in_channels // BI, wl.height, wl.width, B, BI)
-    kernel = (wl.out_channels // BO, wl.in_channels // BI, wl.kernel_h, wl.kernel_w, BO, BI)
+    kernel = (wl.out_channels // BO, wl.in_channels // g // BI, wl.kernel_h, wl.kernel_w, BO, BI)
     out = (wl.batch // B, wl.out_channels // BO, wl.out_height, wl.out_width, B, BO)
     bias = ((wl.batch // B) if bias_batched else 1, wl.out_channels // BO, 1, 1, B, BO)
     return data, kernel, bias, out
@@ -200,6 +211,15 @@ def check_workload(cfg: VTAConfig, wl: Conv2dWorkload) -> None:
         raise Conv2dError(f"empty output ({wl.out_height}x{wl.out_width})")
     if wl.pad_h >= 16 or wl.pad_w >= 16:
         raise Conv2dError(f"padding {wl.pad_h}x{wl.pad_w} exceeds the 4-bit DMA pad fields (max 15)")
+    g = _groups(wl)
+    if g != 1:
+        if g < 1 or wl.in_channels % g or wl.out_channels % g:
+            raise Conv2dError(f"groups={g} must be >= 1 and divide in_channels={wl.in_channels} "
+                              f"and out_channels={wl.out_channels}")
+        if (wl.in_channels // g) % BI or (wl.out_channels // g) % BO:
+            raise Conv2dError(f"groups={g}: the channels per group ({wl.in_channels // g} in, "
+                              f"{wl.out_channels // g} out) must be multiples of BLOCK_IN={BI} / "
+                              f"BLOCK_OUT={BO}; use depthwise_conv2d for one channel per group")
 
 
 def conv2d_compute(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, bias_batched: bool = True):
@@ -227,14 +247,18 @@ def conv2d_compute(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, bias_batched: b
         data_pad = te.compute(pshape, _pad, name="data_pad")
     else:
         data_pad = data
-    ko = te.reduce_axis((0, dshape[1]), "k_o")
+    groups = _groups(wl)
+    cbg = kshape[1]                                  # input-channel blocks per group
+    opg = kshape[0] // groups                        # output-channel blocks per group
+    ko = te.reduce_axis((0, cbg), "k_o")
     di = te.reduce_axis((0, wl.kernel_h), "d_i")
     dj = te.reduce_axis((0, wl.kernel_w), "d_j")
     ki = te.reduce_axis((0, cfg.BLOCK_IN), "k_i")
     res = te.compute(
         oshape,
         lambda n, o, y, x, b, j: te.sum(
-            data_pad[n, ko, y * S + di, x * T_ + dj, b, ki].astype("int32")
+            data_pad[n, (ko if groups == 1 else tirx.floordiv(o, opg) * cbg + ko),
+                     y * S + di, x * T_ + dj, b, ki].astype("int32")
             * kernel[o, ko, di, dj, j, ki].astype("int32"), axis=[ko, di, dj, ki]),
         name="conv")
     inputs = [data, kernel]
@@ -302,7 +326,12 @@ def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dK
     sch = Schedule(func)
     B, BI, BO = cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT
     nb, ob, OH, OW = wl.batch // B, wl.out_channels // BO, wl.out_height, wl.out_width
-    cb = wl.in_channels // BI
+    groups = _groups(wl)
+    cb = wl.in_channels // BI // groups          # input-channel blocks reduced per output block
+    if knobs.reuse and knobs.oc_nthread * knobs.h_nthread != 2:
+        raise Conv2dError("knob reuse=True (reuse-aware double buffering) needs exactly two virtual "
+                          f"threads (oc_nthread * h_nthread == 2), got oc_nthread={knobs.oc_nthread}, "
+                          f"h_nthread={knobs.h_nthread}")
 
     # ---- output stage: (b0, h0, co0, w0, b1, co1, h1, w1, b_i, c_i); store point w0
     out_blk = sch.get_sblock("out")
@@ -310,7 +339,13 @@ def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dK
     b0, b1 = _split_pair(sch, x_b, knobs.tile_b, nb, "tile_b")
     h0, h1 = _split_pair(sch, x_h, knobs.tile_h, OH, "tile_h")
     w0, w1 = _split_pair(sch, x_w, knobs.tile_w, OW, "tile_w")
-    co0, co1 = _split_pair(sch, x_co, knobs.tile_co, ob, "tile_co")
+    if groups > 1:
+        # output-channel blocks as (group, block within the group): the input-channel block index
+        # o // opg * cb + k_o then simplifies to an affine g * cb + k_o
+        xg, x_co = sch.split(x_co, [groups, ob // groups])
+        co0, co1 = _split_pair(sch, x_co, knobs.tile_co, ob // groups, "tile_co")
+    else:
+        co0, co1 = _split_pair(sch, x_co, knobs.tile_co, ob, "tile_co")
     vthreads = []
     if knobs.h_nthread > 1:
         if (OH // knobs.tile_h) % knobs.h_nthread:
@@ -318,13 +353,14 @@ def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dK
         h0, hv = sch.split(h0, [None, knobs.h_nthread])
         vthreads.append(hv)
     if knobs.oc_nthread > 1:
-        if (ob // knobs.tile_co) % knobs.oc_nthread:
-            raise Conv2dError(f"oc_nthread={knobs.oc_nthread} must divide (O/BLOCK_OUT)/tile_co = "
-                              f"{ob // knobs.tile_co}")
+        if (ob // groups // knobs.tile_co) % knobs.oc_nthread:
+            raise Conv2dError(f"oc_nthread={knobs.oc_nthread} must divide (O/BLOCK_OUT/groups)/tile_co"
+                              f" = {ob // groups // knobs.tile_co}")
         co0, cv = sch.split(co0, [None, knobs.oc_nthread])
         vthreads.append(cv)
     # virtual-thread axes go outermost (the original moves them before b_o and binds to cthread)
-    sch.reorder(*vthreads[::-1], b0, h0, co0, w0, b1, co1, h1, w1, x_bi, x_ci)
+    outer = [b0, h0, xg, co0, w0] if groups > 1 else [b0, h0, co0, w0]
+    sch.reorder(*vthreads[::-1], *outer, b1, co1, h1, w1, x_bi, x_ci)
     for v in vthreads:
         sch.annotate(v, "vta_vthread", 1)
 
@@ -378,7 +414,7 @@ def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dK
     iloops = sch.get_loops(init)
     sch.tensorize(iloops[-2] if B > 1 else iloops[-1], reset_name)
     info = dict(stage_names=stage_names, padded=padded, inputs=[t.op.name for t in inputs],
-                vthreads=len(vthreads))
+                vthreads=len(vthreads), reuse=bool(knobs.reuse))
     return sch, info
 
 
@@ -504,13 +540,36 @@ class CompiledConv2d:
         return out, stats
 
 
+def resolve_knobs(cfg: VTAConfig, workload: Conv2dWorkload, epilogue,
+                  knobs: Union[Conv2dKnobs, str, None]) -> Conv2dKnobs:
+    """Map the ``knobs`` argument of :func:`build_conv2d` to explicit :class:`Conv2dKnobs`.
+
+    ``None`` or ``"tps"``: the Tiling Parameter Search (:func:`vta_ext.templates.tiling.tps_knobs`);
+    ``"tps-reuse"``: TPS with reuse-aware double buffering allowed; ``"fallback"``: the original's
+    fallback (all inner tiles 1); ``"auto"``: :func:`suggest_knobs`.
+    """
+    if isinstance(knobs, Conv2dKnobs):
+        return knobs
+    if knobs is None or knobs in ("tps", "tps-reuse"):
+        from .tiling import tps_knobs
+        return tps_knobs(cfg, workload, epilogue, reuse=knobs == "tps-reuse").knobs
+    if knobs == "fallback":
+        return Conv2dKnobs()
+    if knobs == "auto":
+        return suggest_knobs(cfg, workload, epilogue)
+    raise Conv2dError(f"knobs must be Conv2dKnobs, None, 'tps', 'tps-reuse', 'fallback' or 'auto', "
+                      f"got {knobs!r}")
+
+
 def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=(),
                  knobs: Union[Conv2dKnobs, str, None] = None) -> CompiledConv2d:
     """Compile a packed conv2d + epilogue for ``cfg`` into a :class:`CompiledConv2d`.
 
-    ``knobs``: None = the original's fallback schedule (inner tiles 1, no virtual threads; exactly
-    the original stack's instruction mix), ``"auto"`` = :func:`suggest_knobs` (large tiles, usually
-    two virtual threads; orders of magnitude fewer instructions), or explicit :class:`Conv2dKnobs`.
+    ``knobs``: None (or ``"tps"``) = the Tiling Parameter Search of :mod:`.tiling` (the tiling
+    minimising modelled DRAM bytes among those fitting the scratchpads); ``"tps-reuse"`` = TPS with
+    reuse-aware double buffering; ``"fallback"`` (or ``Conv2dKnobs()``) = the original's fallback
+    schedule (inner tiles 1, no virtual threads; exactly the original stack's instruction mix);
+    ``"auto"`` = :func:`suggest_knobs`; or explicit :class:`Conv2dKnobs`.
 
     Raises :class:`Conv2dError` for workloads/knobs the template cannot handle and
     :class:`vta_ext.lower.codegen.LoweringError` (a ``ValueError``) if the tiles do not fit the
@@ -522,11 +581,7 @@ def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=
 
     cfg = load_config(cfg)
     epilogue = normalize_epilogue(epilogue)
-    if isinstance(knobs, str):
-        if knobs != "auto":
-            raise Conv2dError(f"knobs must be Conv2dKnobs, None or 'auto', got {knobs!r}")
-        knobs = suggest_knobs(cfg, workload, epilogue)
-    knobs = knobs or Conv2dKnobs()
+    knobs = resolve_knobs(cfg, workload, epilogue, knobs)
     timings = {}
     t0 = time.perf_counter()
     sch, info = schedule_conv2d(cfg, workload, epilogue, knobs)
@@ -535,7 +590,7 @@ def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=
     func = lowered["main"] if "main" in [g.name_hint for g in lowered.functions] else \
         list(lowered.functions.values())[0]
     try:
-        gen = lower_to_runtime(cfg, func)
+        gen = lower_to_runtime(cfg, func, reuse=knobs.reuse)
     except SramOverflowError as err:
         raise Conv2dError(f"{workload} with {knobs} on {cfg.name!r}: {err}. Reduce the tile knobs "
                           "(tile_h, tile_w, tile_co for the accumulator; tile_ci, tile_h, tile_w for "
@@ -568,9 +623,8 @@ def build_conv2d_cached(cfg: Union[VTAConfig, str], workload: Conv2dWorkload,
     shared: its :meth:`~CompiledConv2d.run` rewrites the same DRAM image, so do not run it from
     several threads at once."""
     cfg = load_config(cfg)
-    if knobs == "auto":
-        knobs = suggest_knobs(cfg, workload, epilogue)
-    key = (cfg, workload, normalize_epilogue(epilogue), knobs or Conv2dKnobs())
+    knobs = resolve_knobs(cfg, workload, normalize_epilogue(epilogue), knobs)
+    key = (cfg, workload, normalize_epilogue(epilogue), knobs)
     hit = _CACHE.get(key)
     if hit is None:
         if len(_CACHE) >= max_entries:

@@ -1,0 +1,125 @@
+"""relax.build(..., target="ext_vta") of the ALU-template operators (max / avg pooling, residual add,
+depthwise conv2d) versus target="llvm": bit-exact, and the build report places them on VTA."""
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import vta_ext
+from vta_ext.target import vta_target
+
+
+def _run(mod, target, arrays):
+    vm = relax.VirtualMachine(relax.build(mod, target=target), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+
+
+def _inputs(mod, seed, int32_range=1 << 12):
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for p in mod["main"].params:
+        shape = tuple(int(d) for d in p.ty.shape)
+        if str(p.ty.dtype) == "int8":
+            arrays.append(rng.integers(-128, 128, shape).astype(np.int8))
+        else:
+            arrays.append(rng.integers(-int32_range, int32_range, shape).astype(np.int32))
+    return arrays
+
+
+def _check(mod, op, kind, seed=0, target="ext_vta", arrays=None):
+    arrays = arrays if arrays is not None else _inputs(mod, seed)
+    vta_ext.clear_run_log()
+    got = _run(mod, target, arrays)
+    report = vta_ext.last_build_report()
+    assert [p.op for p in report.on_vta] == [op], str(report)
+    assert any(r.op == kind for r in vta_ext.run_log()), vta_ext.run_log()
+    want = _run(mod, "llvm", arrays)
+    np.testing.assert_array_equal(got, want)
+    return got, report
+
+
+def _max_pool_module(n, c, hw, pool, stride, pad):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, c, hw, hw), "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.max_pool2d(x, pool_size=pool, strides=stride, padding=pad))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("n,c,hw,pool,stride,pad", [
+    (1, 16, 8, 2, 2, 0),
+    (1, 24, 9, 3, 2, 1),     # ResNet-style stem pool, channels padded to the block
+])
+def test_max_pool2d_on_vta(n, c, hw, pool, stride, pad):
+    _check(_max_pool_module(n, c, hw, pool, stride, pad), "relax.nn.max_pool2d", "max_pool2d")
+
+
+def test_max_pool2d_with_padding_stays_on_cpu_without_pad_min():
+    mod = _max_pool_module(1, 16, 8, 3, 2, 1)
+    arrays = _inputs(mod, 1)
+    got = _run(mod, vta_target("apache"), arrays)
+    report = vta_ext.last_build_report()
+    assert not report.on_vta
+    reasons = [p.reason for p in report.on_cpu if p.op == "relax.nn.max_pool2d"]
+    assert reasons and "EXT_PAD_MIN" in reasons[0], str(report)
+    np.testing.assert_array_equal(got, _run(mod, "llvm", arrays))
+
+
+def _avg_pool_module(n, c, hw, pool, stride=1, pad=0, count_include_pad=False, clip=(-128, 127)):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, c, hw, hw), "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.astype(x, "int32"))
+            y = bb.emit(relax.op.nn.avg_pool2d(y, pool_size=pool, strides=stride, padding=pad,
+                                               count_include_pad=count_include_pad))
+            y = bb.emit(relax.op.clip(y, *clip))
+            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_global_avg_pool2d_on_vta():
+    """ResNet's global pool: 7x7, no padding, int32 sum / 49 truncated toward zero."""
+    _check(_avg_pool_module(1, 32, 7, (7, 7)), "relax.nn.avg_pool2d", "avg_pool2d")
+
+
+@pytest.mark.parametrize("count_include_pad", [False, True])
+def test_avg_pool2d_padded_on_vta(count_include_pad):
+    mod = _avg_pool_module(1, 16, 6, (3, 3), 1, 1, count_include_pad, clip=(-100, 100))
+    _check(mod, "relax.nn.avg_pool2d", "avg_pool2d", seed=3)
+
+
+def test_residual_add_on_vta():
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((1, 32, 7, 7), "int8"))
+    b = relax.Var("b", relax.TensorType((1, 32, 7, 7), "int8"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(relax.op.astype(a, "int32"), relax.op.astype(b, "int32")))
+            y = bb.emit(relax.op.right_shift(y, relax.const(1, "int32")))
+            y = bb.emit(relax.op.clip(y, -128, 127))
+            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
+        bb.emit_func_output(out)
+    _check(bb.get(), "relax.add", "add")
+
+
+@pytest.mark.parametrize("c,hw,stride", [(32, 8, 1), (24, 9, 2)])
+def test_depthwise_conv2d_on_vta(c, hw, stride):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, hw, hw), "int8"))
+    w = relax.Var("w", relax.TensorType((c, 1, 3, 3), "int8"))
+    bias = relax.Var("bias", relax.TensorType((1, c, 1, 1), "int32"))
+    with bb.function("main", [x, w, bias]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=1, groups=c,
+                                           out_dtype="int32"))
+            y = bb.emit(relax.op.add(y, bias))
+            y = bb.emit(relax.op.right_shift(y, relax.const(6, "int32")))
+            y = bb.emit(relax.op.clip(y, -128, 127))
+            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
+        bb.emit_func_output(out)
+    _check(bb.get(), "relax.nn.conv2d", "depthwise_conv2d", seed=c)

@@ -1,0 +1,83 @@
+"""Residual add template (vta_ext.templates.eltwise) against a numpy reference."""
+import numpy as np
+import pytest
+
+from vta_ext.config import load_config
+from vta_ext.isa import AluOp, Opcode
+from vta_ext.templates.eltwise import EltwiseWorkload, build_add
+
+
+def pack(x, cfg):
+    n, c, h, w = x.shape
+    b, co = cfg.BATCH, cfg.BLOCK_OUT
+    return np.ascontiguousarray(x.reshape(n // b, b, c // co, co, h, w).transpose(0, 2, 4, 5, 1, 3))
+
+
+def unpack(p):
+    nb, cb, h, w, b, co = p.shape
+    return p.transpose(0, 4, 1, 5, 2, 3).reshape(nb * b, cb * co, h, w)
+
+
+def ref_add(a, b, epilogue):
+    acc = a.astype(np.int64) + b.astype(np.int64)
+    for st in epilogue:
+        if st[0] == "shr":
+            acc = acc >> st[1]
+        elif st[0] == "clip":
+            acc = np.clip(acc, st[1], st[2])
+        elif st[0] == "min":
+            acc = np.minimum(acc, st[1])
+        elif st[0] == "max":
+            acc = np.maximum(acc, st[1])
+        elif st[0] == "add":
+            acc = acc + st[1]
+    return acc.astype(np.int8)   # wraps like the truncating STORE
+
+
+@pytest.mark.parametrize("preset", ["default", "apache", "pipelined", "2x16x16", "1x32x32"])
+@pytest.mark.parametrize("n,c,hw,knobs", [
+    (1, 32, 7, None),
+    (2, 64, 5, dict(tile=37)),            # several tiles, last one short
+    (1, 32, 6, dict(tile=16, slots=1)),
+])
+@pytest.mark.parametrize("epilogue", [(), (("shr", 1), ("clip", -128, 127)),
+                                      (("clip", 0, 127),), (("add", -5), ("min", 100), ("max", -90))])
+def test_add(preset, n, c, hw, knobs, epilogue):
+    cfg = load_config(preset)
+    n = max(n, cfg.BATCH)
+    rng = np.random.default_rng(n * c + hw)
+    a = rng.integers(-128, 128, (n, c, hw, hw)).astype(np.int8)
+    b = rng.integers(-128, 128, (n, c, hw, hw)).astype(np.int8)
+    op = build_add(cfg, EltwiseWorkload(n, c, hw, hw), epilogue, knobs)
+    got, stats = op.run(pack(a, cfg), pack(b, cfg))
+    again, _ = op.run(pack(a, cfg), pack(b, cfg))
+    np.testing.assert_array_equal(got, again)
+    np.testing.assert_array_equal(unpack(got), ref_add(a, b, epilogue))
+    if knobs:
+        assert op.info["tiles"] >= 3
+    if any(st[0] == "clip" for st in epilogue):
+        alu_ops = [i.alu_opcode for i in op.program.insns if i.opcode == Opcode.ALU]
+        assert (AluOp.CLIP in alu_ops) == cfg.EXT_CLIP
+
+
+def test_boundary_values():
+    cfg = load_config("default")
+    a = np.broadcast_to(np.array([-128, -128, 127, 127, -1, 0], np.int8), (1, 16, 4, 6)).copy()
+    b = np.broadcast_to(np.array([-128, 127, 127, -128, 1, -128], np.int8), (1, 16, 4, 6)).copy()
+    for ep in ((), (("clip", -128, 127),), (("shr", 1),)):
+        got, _ = build_add(cfg, EltwiseWorkload(1, 16, 4, 6), ep).run(pack(a, cfg), pack(b, cfg))
+        np.testing.assert_array_equal(unpack(got), ref_add(a, b, ep))
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="BLOCK_OUT"):
+        build_add("default", EltwiseWorkload(1, 8, 4, 4))
+    with pytest.raises(ValueError, match="BATCH"):
+        build_add("2x16x16", EltwiseWorkload(1, 16, 4, 4))
+    with pytest.raises(ValueError, match="accumulator"):
+        build_add("default", EltwiseWorkload(1, 16, 40, 40), knobs=dict(tile=1000))
+    with pytest.raises(ValueError, match="bias"):
+        build_add("default", EltwiseWorkload(1, 16, 4, 4), (("bias",),))
+    op = build_add("default", EltwiseWorkload(1, 16, 4, 4))
+    with pytest.raises(ValueError, match="shape"):
+        op.run(np.zeros((1, 1, 4, 4, 1, 16), np.int8), np.zeros((1, 1, 4, 5, 1, 16), np.int8))

@@ -1,0 +1,222 @@
+"""Shared helpers of the hand-scheduled ALU templates (pooling, residual add, depthwise conv2d).
+
+These templates are not TE / s_tir schedules: they emit their VTA programs directly through the
+runtime (:class:`vta_ext.runtime.CommandQueue`). This module holds what they have in common:
+
+* :class:`AluTemplateError` — the ``ValueError`` raised for invalid workloads, tiles that do not
+  fit the accumulator SRAM, and missing extensions (the offload pass catches it, keeps the operator
+  on the CPU and reports the message);
+* :func:`alu` — one ALU instruction over an affine (up to two loops) range of accumulator rows;
+* :func:`emit_epilogue` — the conv2d epilogue stages (``vta_ext.templates.conv2d.normalize_epilogue``)
+  on a dense region of accumulator rows;
+* :class:`StorePipeline` — the dependency tokens between the compute and store modules.
+
+Dependency model. Every data load of these templates is a LOAD ACC / ACC_8BIT, executed by the
+*compute* module in program order with the ALU instructions, so loads, ALU work and micro-op loads
+need no tokens among themselves. Only the STORE module runs concurrently: each tile's output rows
+live in one of ``slots`` accumulator regions (double buffering with two); the compute module pushes
+a token to the store module when a tile is ready (RAW), and before it writes a slot again it pops
+the token the store of that slot's previous tile pushed back (WAR). The remaining store tokens are
+popped at the end, so every token is consumed inside the program and a program can run any number
+of times on the same simulator.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Sequence
+
+from ..config import VTAConfig
+from ..isa import AluOp, Stage, clip_imm
+from ..runtime import CommandQueue, UopKernel
+
+__all__ = ["AluTemplateError", "alu", "alu_range", "copy_rows", "emit_epilogue", "StorePipeline",
+           "CompiledAluOp", "check_positive", "check_non_negative", "require_multiple"]
+
+INT16_MIN, INT16_MAX = -(1 << 15), (1 << 15) - 1
+
+
+class AluTemplateError(ValueError):
+    """A workload / configuration the ALU templates cannot compile (the message says why)."""
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_non_negative(wl, names: Sequence[str], what: str, max_value: Optional[int] = None,
+                       field: str = "") -> None:
+    for name in names:
+        value = getattr(wl, name)
+        if not _is_int(value) or value < 0:
+            raise AluTemplateError(f"{what}: {name}={value!r} must be a non-negative integer")
+        if max_value is not None and value > max_value:
+            raise AluTemplateError(f"{what}: {name}={value} exceeds {field} (max {max_value})")
+
+
+def check_positive(wl, names: Sequence[str], what: str) -> None:
+    for name in names:
+        value = getattr(wl, name)
+        if not _is_int(value) or value < 1:
+            raise AluTemplateError(f"{what}: {name}={value!r} must be a positive integer")
+
+
+def require_multiple(value: int, block: int, name: str, key: str, what: str) -> None:
+    if value % block:
+        raise AluTemplateError(f"{what}: {name}={value} is not a multiple of {key}={block}; the "
+                               f"caller pads it to a multiple of the block")
+
+
+def alu(q: CommandQueue, op: int, uops, loops=(), imm: Optional[int] = None) -> None:
+    """Push one ALU instruction.
+
+    ``uops``: list of ``(dst, src)`` accumulator rows (for an immediate op, ``src`` is only range
+    checked; pass ``dst``). ``loops``: up to two ``(extent, dst_factor, src_factor)``, outer first.
+    ``imm``: the immediate operand (int16), or None for vector-vector.
+    """
+    if imm is not None and not INT16_MIN <= int(imm) <= INT16_MAX:
+        raise AluTemplateError(f"ALU immediate {imm} does not fit int16")
+    k = UopKernel("alu", alu_opcode=op, use_imm=imm is not None, imm=0 if imm is None else int(imm))
+    loops = [lp for lp in loops if lp[0] > 1] or []
+    for extent, d_f, s_f in loops:
+        k.loop_begin(extent, d_f, s_f)
+    for d, s in uops:
+        k.push(d, s)
+    for _ in loops:
+        k.loop_end()
+    q.push_alu(k)
+
+
+def alu_range(q: CommandQueue, op: int, base: int, size: int, imm: int) -> None:
+    """``acc[base:base+size] = op(acc, imm)`` in one instruction (the loop is split if needed)."""
+    if size <= 0:
+        return
+    if size > (1 << 14) - 1:
+        raise AluTemplateError(f"ALU range of {size} rows exceeds the 14-bit loop extent")
+    alu(q, op, [(base, base)], [(size, 1, 1)], imm)
+
+
+def copy_rows(q: CommandQueue, uops, loops) -> None:
+    """``dst = src`` over the affine range: ``dst *= 0`` then ``dst += src`` (VTA has no MOV)."""
+    alu(q, AluOp.MUL, [(d, d) for d, _ in uops], [(e, d_f, d_f) for e, d_f, _ in loops], 0)
+    alu(q, AluOp.ADD, uops, loops)
+
+
+def emit_epilogue(q: CommandQueue, cfg: VTAConfig, epilogue, base: int, size: int,
+                  bias=None) -> None:
+    """Apply the (normalised) epilogue stages to ``acc[base:base+size]``.
+
+    ``bias``: for a ``("bias",)`` stage, a callable ``bias(q)`` emitting the vector ADD (the layout
+    of the bias rows is the template's business); None if the template takes no bias.
+    """
+    for st in epilogue:
+        kind = st[0]
+        if kind == "shr":
+            if st[1]:
+                alu_range(q, AluOp.SHR, base, size, st[1])
+        elif kind == "bias":
+            if bias is None:
+                raise AluTemplateError("this operator takes no ('bias',) epilogue stage")
+            bias(q)
+        elif kind == "clip":
+            lo, hi = st[1], st[2]
+            if cfg.EXT_CLIP and -128 <= lo <= hi <= 127:
+                alu_range(q, AluOp.CLIP, base, size, clip_imm(lo, hi))
+            else:
+                alu_range(q, AluOp.MIN, base, size, hi)
+                alu_range(q, AluOp.MAX, base, size, lo)
+        elif kind == "min":
+            alu_range(q, AluOp.MIN, base, size, st[1])
+        elif kind == "max":
+            alu_range(q, AluOp.MAX, base, size, st[1])
+        elif kind == "add":
+            alu_range(q, AluOp.ADD, base, size, st[1])
+        else:  # normalize_epilogue rejects anything else
+            raise AluTemplateError(f"unknown epilogue stage {st!r}")
+
+
+class StorePipeline:
+    """Compute/store dependency tokens for tiles whose outputs rotate through ``slots`` regions.
+
+    Usage per tile: ``slot = p.begin_tile()`` (before the tile's first compute instruction),
+    compute, ``p.end_compute()``, ``p.begin_store()``, the STOREs, ``p.end_store()``; after the
+    last tile ``p.finish()``.
+    """
+
+    def __init__(self, q: CommandQueue, slots: int) -> None:
+        if slots < 1:
+            raise AluTemplateError("at least one output slot is needed")
+        self.q, self.slots, self.tiles = q, slots, 0
+
+    def begin_tile(self) -> int:
+        if self.tiles >= self.slots:  # WAR: the store of this slot's previous tile has finished
+            self.q.dep_pop(Stage.STORE, Stage.COMPUTE)
+        return self.tiles % self.slots
+
+    def end_compute(self) -> None:
+        self.q.dep_push(Stage.COMPUTE, Stage.STORE)
+
+    def begin_store(self) -> None:
+        self.q.dep_pop(Stage.COMPUTE, Stage.STORE)
+
+    def end_store(self) -> None:
+        self.q.dep_push(Stage.STORE, Stage.COMPUTE)
+        self.tiles += 1
+
+    def finish(self) -> None:
+        for _ in range(min(self.tiles, self.slots)):
+            self.q.dep_pop(Stage.STORE, Stage.COMPUTE)
+
+
+class CompiledAluOp:
+    """An ALU-template operator compiled into one :class:`~vta_ext.runtime.Program` (built once).
+
+    ``inputs``: ordered ``(buffer name, packed shape, dtype)`` of the operands :meth:`run` takes;
+    ``out_shape``: the packed int8 output shape. :meth:`run` only writes the inputs into the DRAM
+    image, executes the program and reads the output back.
+    """
+
+    def __init__(self, config: VTAConfig, workload, epilogue, program, inputs, out_shape,
+                 timings=None, info=None) -> None:
+        self.config = config
+        self.workload = workload
+        self.epilogue = epilogue
+        self.program = program
+        self.inputs = list(inputs)
+        self.out_shape = tuple(out_shape)
+        self.timings = dict(timings or {})
+        self.info = dict(info or {})
+
+    @property
+    def shapes(self):
+        d = {name: shape for name, shape, _ in self.inputs}
+        d["out"] = self.out_shape
+        return d
+
+    def run(self, *packed_inputs, simulator=None):
+        """Execute on the simulator; returns ``(packed_out_int8, SimStats)``."""
+        import time
+
+        import numpy as np
+
+        if len(packed_inputs) != len(self.inputs):
+            names = ", ".join(n for n, _, _ in self.inputs)
+            raise AluTemplateError(f"expected {len(self.inputs)} packed input(s) ({names}), got "
+                                   f"{len(packed_inputs)}")
+        for (name, shape, dtype), arr in zip(self.inputs, packed_inputs):
+            arr = np.asarray(arr)
+            if arr.shape != tuple(shape) and name == "bias" and arr.ndim == len(shape) \
+                    and arr.size == int(np.prod(shape)):
+                arr = arr.reshape(shape)
+            if arr.shape != tuple(shape):
+                raise AluTemplateError(f"{name}: expected shape {tuple(shape)}, got {arr.shape}")
+            if arr.dtype != np.dtype(dtype):
+                raise AluTemplateError(f"{name}: expected dtype {np.dtype(dtype)}, got {arr.dtype}")
+            self.program.write(name, np.ascontiguousarray(arr))
+        t = time.perf_counter()
+        stats = self.program.run(simulator)
+        self.timings["last_run"] = time.perf_counter() - t
+        return self.program.read("out", np.int8, self.out_shape), stats
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.workload}, epilogue={self.epilogue}, "
+                f"{self.program.insn_count} insns)")

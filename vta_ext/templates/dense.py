@@ -1,0 +1,176 @@
+"""The ``dense_packed`` template (original ``vta/top/vta_dense.py``).
+
+Layouts (``b = BATCH``, ``ci = BLOCK_IN``, ``co = BLOCK_OUT``)::
+
+    data    (N/b, K/ci, b, ci)      int8
+    weight  (M/co, K/ci, co, ci)    int8
+    bias    (1 or N/b, M/co, b, co) int32   (optional)
+    out     (N/b, M/co, b, co)      int8
+
+``out[n, m] = epilogue(sum_k data[n, k] * weight[m, k])``.
+
+The packed dense layouts are, byte for byte, those of a packed conv2d with a 1x1 image and a 1x1
+kernel (``(N/b, K/ci, 1, 1, b, ci)`` etc.), and the original ``dense_packed`` schedule -- output loop
+order ``(b_o, co_o, b_i, co_i)`` with the store at ``co_o``, dense stage ``(b_o, k_o, co)`` with
+``k_o`` split by ``tile_ci`` and the input/weight caches at the outer ``k_o``, tensorized at
+``b_i`` -- is the conv2d schedule of :mod:`.conv2d` with ``tile_h = tile_w = 1`` on that shape. So
+this template builds the TE compute and s_tir schedule of :mod:`.conv2d` for the 1x1 workload
+(:func:`dense_as_conv2d`) and exposes the dense shapes. Knobs: ``tile_b``, ``tile_ci``, ``tile_co``,
+``oc_nthread`` (fallback: all inner factors 1, one thread).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Union
+
+import numpy as np
+
+from ..config import VTAConfig, load_config
+from .conv2d import (CompiledConv2d, Conv2dError, Conv2dKnobs, Conv2dWorkload, build_conv2d,
+                     normalize_epilogue)
+
+__all__ = ["DenseWorkload", "DenseKnobs", "CompiledDense", "build_dense", "dense_as_conv2d",
+           "dense_knobs_as_conv2d"]
+
+
+@dataclass(frozen=True)
+class DenseWorkload:
+    """``out (batch, out_features) = data (batch, in_features) @ weight (out_features,
+    in_features).T``; batch a multiple of ``BATCH``, features multiples of the blocks."""
+
+    batch: int
+    in_features: int
+    out_features: int
+
+
+@dataclass(frozen=True)
+class DenseKnobs:
+    """The original ``dense_packed`` knobs (inner split factors; defaults = the autotvm fallback)."""
+
+    tile_b: int = 1
+    tile_ci: int = 1
+    tile_co: int = 1
+    oc_nthread: int = 1
+    reuse: bool = False
+
+
+def dense_as_conv2d(wl: DenseWorkload) -> Conv2dWorkload:
+    """The 1x1-image, 1x1-kernel conv2d with the same packed memory layouts as ``wl``."""
+    return Conv2dWorkload(wl.batch, 1, 1, wl.in_features, wl.out_features, 1, 1, 0, 0, 1, 1)
+
+
+def dense_knobs_as_conv2d(knobs: DenseKnobs) -> Conv2dKnobs:
+    """The conv2d knobs realising the dense knobs (``tile_h = tile_w = 1``, ``h_nthread = 1``)."""
+    return Conv2dKnobs(tile_b=knobs.tile_b, tile_ci=knobs.tile_ci, tile_co=knobs.tile_co,
+                       oc_nthread=knobs.oc_nthread, reuse=knobs.reuse)
+
+
+@dataclass
+class CompiledDense:
+    """A dense layer compiled into one VTA program (wraps the 1x1 :class:`CompiledConv2d`)."""
+
+    config: VTAConfig
+    workload: DenseWorkload
+    knobs: DenseKnobs
+    conv: CompiledConv2d
+
+    @property
+    def program(self):
+        return self.conv.program
+
+    @property
+    def epilogue(self):
+        return self.conv.epilogue
+
+    @property
+    def timings(self) -> Dict[str, float]:
+        return self.conv.timings
+
+    @property
+    def shapes(self) -> Dict[str, tuple]:
+        cfg, wl = self.config, self.workload
+        B, BI, BO = cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT
+        s = {"data": (wl.batch // B, wl.in_features // BI, B, BI),
+             "weight": (wl.out_features // BO, wl.in_features // BI, BO, BI),
+             "out": (wl.batch // B, wl.out_features // BO, B, BO)}
+        if self.conv.has_bias:
+            s["bias"] = (1, wl.out_features // BO, B, BO)
+        return s
+
+    def run(self, data_packed, weight_packed, bias_packed=None, simulator=None):
+        """Execute on the functional simulator; returns ``(out_packed_int8, SimStats)``.
+
+        ``bias_packed`` may be ``(1, M/co, b, co)`` (broadcast over the batch blocks) or
+        ``(N/b, M/co, b, co)``.
+        """
+        shapes = self.shapes
+        data = np.asarray(data_packed)
+        weight = np.asarray(weight_packed)
+        for name, arr in (("data", data), ("weight", weight)):
+            if arr.shape != shapes[name]:
+                raise Conv2dError(f"{name}: expected shape {shapes[name]}, got {arr.shape}")
+        d6 = data.reshape(data.shape[0], data.shape[1], 1, 1, *data.shape[2:])
+        w6 = weight.reshape(weight.shape[0], weight.shape[1], 1, 1, *weight.shape[2:])
+        b6 = None
+        if bias_packed is not None:
+            bias = np.asarray(bias_packed)
+            if bias.ndim != 4 or bias.shape[1:] != shapes.get("bias", shapes["out"])[1:] \
+                    or bias.shape[0] not in (1, shapes["out"][0]):
+                raise Conv2dError(f"bias: expected shape {shapes.get('bias')} (or with N/b "
+                                  f"leading), got {bias.shape}")
+            b6 = bias.reshape(bias.shape[0], bias.shape[1], 1, 1, *bias.shape[2:])
+        out, stats = self.conv.run(d6, w6, b6, simulator=simulator)
+        return out.reshape(shapes["out"]), stats
+
+
+def _check(cfg: VTAConfig, wl: DenseWorkload) -> None:
+    for name in ("batch", "in_features", "out_features"):
+        if getattr(wl, name) < 1:
+            raise Conv2dError(f"{name}={getattr(wl, name)} must be >= 1")
+    if wl.batch % cfg.BATCH:
+        raise Conv2dError(f"batch={wl.batch} is not a multiple of BATCH={cfg.BATCH}; pad the batch")
+    if wl.in_features % cfg.BLOCK_IN:
+        raise Conv2dError(f"in_features={wl.in_features} is not a multiple of BLOCK_IN="
+                          f"{cfg.BLOCK_IN}; pad the features (and the weight)")
+    if wl.out_features % cfg.BLOCK_OUT:
+        raise Conv2dError(f"out_features={wl.out_features} is not a multiple of BLOCK_OUT="
+                          f"{cfg.BLOCK_OUT}; pad the output features (weight and bias)")
+
+
+def build_dense(cfg: Union[VTAConfig, str], workload: DenseWorkload, epilogue=(),
+                knobs: Union[DenseKnobs, Conv2dKnobs, str, None] = None) -> CompiledDense:
+    """Compile a packed dense + epilogue for ``cfg``.
+
+    Parameters
+    ----------
+    cfg : VTAConfig or str
+        Configuration (or preset name).
+    workload : DenseWorkload
+        The layer.
+    epilogue : sequence of tuples
+        Requantisation stages (:func:`vta_ext.templates.conv2d.normalize_epilogue`).
+    knobs : DenseKnobs, str or None
+        None (or ``"tps"``) = Tiling Parameter Search, ``"tps-reuse"``, ``"fallback"`` (inner 1),
+        or explicit :class:`DenseKnobs`.
+
+    Returns
+    -------
+    CompiledDense
+        ``.program`` and ``.run(data, weight, bias=None, simulator=None) -> (out, SimStats)``.
+    """
+    cfg = load_config(cfg)
+    _check(cfg, workload)
+    epilogue = normalize_epilogue(epilogue)
+    cwl = dense_as_conv2d(workload)
+    if isinstance(knobs, DenseKnobs):
+        ck = dense_knobs_as_conv2d(knobs)
+    elif isinstance(knobs, Conv2dKnobs):
+        if (knobs.tile_h, knobs.tile_w, knobs.h_nthread) != (1, 1, 1):
+            raise Conv2dError("dense knobs: tile_h, tile_w and h_nthread must be 1")
+        ck = knobs
+    else:
+        from .conv2d import resolve_knobs
+        ck = resolve_knobs(cfg, cwl, epilogue, knobs)
+    conv = build_conv2d(cfg, cwl, epilogue, ck)
+    dk = DenseKnobs(ck.tile_b, ck.tile_ci, ck.tile_co, ck.oc_nthread, ck.reuse)
+    return CompiledDense(cfg, workload, dk, conv)

@@ -1,0 +1,235 @@
+"""Depthwise conv2d on the VTA ALU: a hand-scheduled runtime template.
+
+This is **not** a TE / s_tir schedule: the program is written directly with the runtime
+(:class:`vta_ext.runtime.CommandQueue`), once per workload. Entry point (``docs/templates-api.md``):
+:func:`build_depthwise_conv2d` → :class:`CompiledDepthwiseConv2d` (``.program``,
+``.run(data, kernel[, bias], simulator=None) -> (out_packed_int8, SimStats)``).
+
+Layouts (``b = BATCH``, ``co = BLOCK_OUT``; groups = C = O, one filter per channel)::
+
+    data    (N/b, C/co, H, W, b, co)      int8
+    kernel  (C/co, KH, KW, b, co)         int8   (each channel's tap replicated over the b lanes)
+    bias    (1, C/co, 1, 1, b, co)        int32  (only with a ("bias",) epilogue stage)
+    out     (N/b, C/co, OH, OW, b, co)    int8
+
+A depthwise convolution has no reduction over channels, so the GEMM core (which reduces over
+BLOCK_IN) does not apply; every channel lane is independent and the whole operator is lane-wise ALU
+arithmetic on accumulator rows of ``b x co`` int32 lanes. Per tile (``tile_c`` channel blocks x
+``tile_h`` output rows x all OW columns of one batch block):
+
+1. LOAD ACC_8BIT (compute module, sign-extending) of the input window rows of each channel block,
+   ``(tile_h-1)*stride_h + KH`` rows of ``W + 2*pad_w`` elements, zero-padded by the DMA; the
+   kernel taps ``(KH*KW)`` and the bias of the tile's channel blocks (LOAD ACC_8BIT / ACC, reloaded
+   only when the channel blocks change).
+2. Tap (0, 0): ``out = window(0,0)`` (MUL imm 0 + ADD vector with the strided window: loops over the
+   output rows, dst factor OW, src factor stride_h*(W+2*pad_w), and columns, 1 / stride_w), then
+   ``out *= k[0,0]`` (MUL vector, source factor 0: the tap row broadcast over all positions).
+   Every other tap (i, j): ``tmp = window(i,j)``, ``tmp *= k[i,j]``, ``out += tmp`` (4 ALU
+   instructions per tap, each covering the whole tile). int32 arithmetic wraps like the GEMM's.
+3. The epilogue (``conv2d.normalize_epilogue``; ``("bias",)`` is an ADD vector with source factor 0
+   from the bias row of each channel block; CLIP is one ALU CLIP with ``EXT_CLIP``, else MIN + MAX),
+   then STORE (truncating int32 to int8).
+
+Output rows rotate through ``slots`` (default 2) accumulator regions synchronised with the store
+module by :class:`~vta_ext.templates.alu_program.StorePipeline`; everything else is read and written
+by the compute module only (in order), so it needs no tokens. Tiles are as large as the accumulator
+(``acc_depth`` rows) allows; a single output row of one channel block that does not fit raises
+:class:`AluTemplateError` naming the accumulator.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import numpy as np
+
+from ..config import VTAConfig, load_config
+from ..isa import AluOp, MemType
+from ..runtime import CommandQueue
+from .alu_program import (AluTemplateError, CompiledAluOp, StorePipeline, alu, alu_range,
+                          check_non_negative, check_positive, copy_rows, emit_epilogue, require_multiple)
+from .conv2d import normalize_epilogue
+
+__all__ = ["DepthwiseConv2dWorkload", "DepthwiseKnobs", "CompiledDepthwiseConv2d",
+           "build_depthwise_conv2d", "AluTemplateError"]
+
+MAX_KERNEL_UOPS = 1024
+
+
+@dataclass(frozen=True)
+class DepthwiseConv2dWorkload:
+    """A depthwise conv2d (groups = channels, one filter per channel) in NCHW terms."""
+
+    batch: int
+    channels: int
+    height: int
+    width: int
+    kernel_h: int
+    kernel_w: int
+    pad_h: int
+    pad_w: int
+    stride_h: int
+    stride_w: int
+
+    @property
+    def out_height(self) -> int:
+        return (self.height + 2 * self.pad_h - self.kernel_h) // self.stride_h + 1
+
+    @property
+    def out_width(self) -> int:
+        return (self.width + 2 * self.pad_w - self.kernel_w) // self.stride_w + 1
+
+
+@dataclass(frozen=True)
+class DepthwiseKnobs:
+    tile_h: Optional[int] = None
+    tile_c: Optional[int] = None
+    slots: int = 2
+
+
+class CompiledDepthwiseConv2d(CompiledAluOp):
+    """A compiled depthwise conv2d (see :class:`~vta_ext.templates.alu_program.CompiledAluOp`)."""
+
+
+def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2dWorkload,
+                           epilogue=(), knobs=None) -> CompiledDepthwiseConv2d:
+    """Compile a packed depthwise conv2d + epilogue for ``cfg``."""
+    t0 = time.perf_counter()
+    cfg = load_config(cfg)
+    wl = workload
+    if not isinstance(wl, DepthwiseConv2dWorkload):
+        raise AluTemplateError(f"expected a DepthwiseConv2dWorkload, got {type(wl).__name__}")
+    what = f"depthwise_conv2d {wl}"
+    check_positive(wl, ("batch", "channels", "height", "width", "kernel_h", "kernel_w", "stride_h",
+                        "stride_w"), what)
+    require_multiple(wl.batch, cfg.BATCH, "batch", "BATCH", what)
+    require_multiple(wl.channels, cfg.BLOCK_OUT, "channels", "BLOCK_OUT", what)
+    check_non_negative(wl, ("pad_h", "pad_w"), what, 15, "the 4-bit DMA pad field")
+    if wl.out_height < 1 or wl.out_width < 1:
+        raise AluTemplateError(f"{what}: empty output {wl.out_height}x{wl.out_width}")
+    epilogue = normalize_epilogue(epilogue)
+    has_bias = any(st[0] == "bias" for st in epilogue)
+    if knobs is None:
+        knobs = DepthwiseKnobs()
+    elif isinstance(knobs, dict):
+        knobs = DepthwiseKnobs(**knobs)
+    if knobs.slots not in (1, 2):
+        raise AluTemplateError(f"{what}: knob slots={knobs.slots} must be 1 or 2")
+
+    B, BO = cfg.BATCH, cfg.BLOCK_OUT
+    NB, CB = wl.batch // B, wl.channels // BO
+    H, W, OH, OW = wl.height, wl.width, wl.out_height, wl.out_width
+    KH, KW, PH, PW, SH, SW = wl.kernel_h, wl.kernel_w, wl.pad_h, wl.pad_w, wl.stride_h, wl.stride_w
+    KK = KH * KW
+    Wp = W + 2 * PW
+    acc = cfg.acc_depth
+
+    def usage(th, tc, slots):
+        win = tc * ((th - 1) * SH + KH) * Wp
+        return win + tc * KK + (tc if has_bias else 0) + (1 + slots) * tc * th * OW
+
+    slots = knobs.slots
+    if knobs.tile_h is not None or knobs.tile_c is not None:
+        th, tc = min(knobs.tile_h or OH, OH), min(knobs.tile_c or 1, CB)
+        if th < 1 or tc < 1:
+            raise AluTemplateError(f"{what}: tile knobs must be >= 1")
+        if usage(th, tc, slots) > acc:
+            raise AluTemplateError(f"{what}: tile {tc} channel block(s) x {th} output row(s) needs "
+                                   f"{usage(th, tc, slots)} accumulator (acc) entries, more than the "
+                                   f"accumulator buffer's {acc}; reduce tile_h / tile_c")
+    else:
+        if usage(1, 1, 1) > acc:
+            raise AluTemplateError(
+                f"{what}: one output row of one channel block needs {usage(1, 1, 1)} accumulator "
+                f"(acc) entries ({KH} input rows of {Wp} elements + taps + outputs), more than the "
+                f"accumulator buffer's {acc} on {cfg.name!r}; the template does not split rows")
+        if usage(1, 1, slots) > acc:
+            slots = 1
+        th = max(t for t in range(1, OH + 1) if usage(t, 1, slots) <= acc)
+        tc = 1
+        if th == OH:
+            tc = max(c for c in range(1, CB + 1)
+                     if usage(OH, c, slots) <= acc and c <= MAX_KERNEL_UOPS)
+
+    win_rows = (th - 1) * SH + KH
+    win_stride = win_rows * Wp
+    out_size = tc * th * OW
+    IN = 0
+    KREG = IN + tc * win_stride
+    BREG = KREG + tc * KK
+    TMP = BREG + (tc if has_bias else 0)
+    OUT0 = TMP + out_size
+
+    q = CommandQueue(cfg)
+    data_shape = (NB, CB, H, W, B, BO)
+    kernel_shape = (CB, KH, KW, B, BO)
+    bias_shape = (1, CB, 1, 1, B, BO)
+    out_shape = (NB, CB, OH, OW, B, BO)
+    data = q.alloc(int(np.prod(data_shape)), "data")
+    kernel = q.alloc(int(np.prod(kernel_shape)), "kernel")
+    bias_buf = q.alloc(int(np.prod(bias_shape)) * 4, "bias") if has_bias else None
+    out = q.alloc(int(np.prod(out_shape)), "out")
+    pipe = StorePipeline(q, slots)
+    loaded_c0 = None
+    n_tiles = 0
+    for n in range(NB):
+        for c0 in range(0, CB, tc):
+            tcc = min(tc, CB - c0)
+            for oh0 in range(0, OH, th):
+                thh = min(th, OH - oh0)
+                size = tcc * thh * OW
+                slot = pipe.begin_tile()
+                OUT = OUT0 + slot * out_size
+                # 1. loads: input window (zero padding), taps and bias of the channel blocks
+                r0 = oh0 * SH
+                nrows = (thh - 1) * SH + KH
+                lo, hi = max(r0, PH), min(r0 + nrows, PH + H)
+                for c in range(tcc):
+                    dst = IN + c * win_stride
+                    if hi > lo:
+                        q.load_2d(data, ((n * CB + c0 + c) * H + lo - PH) * W, W, hi - lo, W, PW,
+                                  lo - r0, PW, r0 + nrows - hi, dst, MemType.ACC_8BIT)
+                    else:  # the window rows are all padding
+                        alu_range(q, AluOp.MUL, dst, nrows * Wp, 0)
+                if loaded_c0 != (c0, tcc):
+                    q.load_2d(kernel, c0 * KK, tcc * KK, 1, tcc * KK, 0, 0, 0, 0, KREG,
+                              MemType.ACC_8BIT)
+                    if has_bias:
+                        q.load_2d(bias_buf, c0, tcc, 1, tcc, 0, 0, 0, 0, BREG, MemType.ACC)
+                    loaded_c0 = (c0, tcc)
+                # 2. taps
+                loops = [(thh, OW, SH * Wp), (OW, 1, SW)]
+                bcast = [(thh * OW, 1, 0)]
+                outs = [OUT + c * thh * OW for c in range(tcc)]
+                tmps = [TMP + c * thh * OW for c in range(tcc)]
+                for i in range(KH):
+                    for j in range(KW):
+                        first = i == 0 and j == 0
+                        dst = outs if first else tmps
+                        copy_rows(q, [(dst[c], IN + c * win_stride + i * Wp + j)
+                                      for c in range(tcc)], loops)
+                        alu(q, AluOp.MUL, [(dst[c], KREG + c * KK + i * KW + j)
+                                           for c in range(tcc)], bcast)
+                        if not first:
+                            alu(q, AluOp.ADD, [(OUT, TMP)], [(size, 1, 1)])
+                # 3. epilogue and store
+
+                def add_bias(q_, outs=outs, tcc=tcc, thh=thh):
+                    alu(q_, AluOp.ADD, [(outs[c], BREG + c) for c in range(tcc)], [(thh * OW, 1, 0)])
+
+                emit_epilogue(q, cfg, epilogue, OUT, size, bias=add_bias if has_bias else None)
+                pipe.end_compute()
+                pipe.begin_store()
+                q.store_2d(OUT, MemType.OUT, out, ((n * CB + c0) * OH + oh0) * OW, thh * OW, tcc,
+                           OH * OW)
+                pipe.end_store()
+                n_tiles += 1
+    pipe.finish()
+    prog = q.synchronize()
+    inputs = [("data", data_shape, np.int8), ("kernel", kernel_shape, np.int8)]
+    if has_bias:
+        inputs.append(("bias", bias_shape, np.int32))
+    info = dict(tile_h=th, tile_c=tc, slots=slots, tiles=n_tiles, acc_used=usage(th, tc, slots))
+    return CompiledDepthwiseConv2d(cfg, wl, epilogue, prog, inputs, out_shape,
+                                   {"build": time.perf_counter() - t0}, info)

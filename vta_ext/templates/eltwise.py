@@ -1,0 +1,136 @@
+"""Residual add on the VTA ALU: a hand-scheduled runtime template.
+
+This is **not** a TE / s_tir schedule: the program is written directly with the runtime
+(:class:`vta_ext.runtime.CommandQueue`), once per workload. Entry point (``docs/templates-api.md``):
+:func:`build_add` → :class:`CompiledAdd` (``.program``,
+``.run(a_packed, b_packed, simulator=None) -> (out_packed_int8, SimStats)``).
+
+Layouts (``b = BATCH``, ``co = BLOCK_OUT``)::
+
+    data, data1  (N/b, C/co, H, W, b, co)   int8
+    out          (N/b, C/co, H, W, b, co)   int8
+
+Semantics: ``int8(epilogue(int32(a) + int32(b)))``. The three tensors share one layout, so the
+operator is a flat sequence of ``N/b * C/co * H * W`` accumulator rows (``b x co`` int32 lanes each),
+cut into tiles of ``tile`` rows (the last one may be shorter). Per tile:
+
+1. LOAD ACC_8BIT (compute module, sign-extending int8 into int32) of the tile's rows of ``a`` into
+   the output slot and of ``b`` into a scratch region;
+2. one ALU ADD vector-vector (a single loop over the rows);
+3. the epilogue stages (``conv2d.normalize_epilogue``: shr / clip / min / max / add; CLIP is one ALU
+   CLIP with ``EXT_CLIP``, else MIN then MAX);
+4. STORE (truncating int32 to int8).
+
+The output slots (default 2: the store of one tile overlaps the next tile's loads and ALU work)
+are synchronised with the store module by :class:`~vta_ext.templates.alu_program.StorePipeline`;
+the default tile is the largest with ``slots + 1`` regions in the accumulator (``acc_depth`` rows).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import numpy as np
+
+from ..config import VTAConfig, load_config
+from ..isa import AluOp, MemType
+from ..runtime import CommandQueue
+from .alu_program import (AluTemplateError, CompiledAluOp, StorePipeline, alu, check_positive,
+                          emit_epilogue, require_multiple)
+from .conv2d import normalize_epilogue
+
+__all__ = ["EltwiseWorkload", "EltwiseKnobs", "CompiledAdd", "build_add", "AluTemplateError"]
+
+_MAX_EXTENT = (1 << 14) - 1  # 14-bit ALU loop extent
+
+
+@dataclass(frozen=True)
+class EltwiseWorkload:
+    """An element-wise operation on two NCHW int8 tensors of the same shape (batch a multiple of
+    BATCH, channels a multiple of BLOCK_OUT)."""
+
+    batch: int
+    channels: int
+    height: int
+    width: int
+
+
+@dataclass(frozen=True)
+class EltwiseKnobs:
+    """``tile``: accumulator rows per tile (None = as large as fits); ``slots``: output regions
+    (2 = double buffering against the STORE module)."""
+
+    tile: Optional[int] = None
+    slots: int = 2
+
+
+class CompiledAdd(CompiledAluOp):
+    """A compiled residual add (see :class:`~vta_ext.templates.alu_program.CompiledAluOp`)."""
+
+
+def build_add(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=(),
+              knobs=None) -> CompiledAdd:
+    """Compile ``int8(epilogue(int32(a) + int32(b)))`` for ``cfg``."""
+    t0 = time.perf_counter()
+    cfg = load_config(cfg)
+    wl = workload
+    if not isinstance(wl, EltwiseWorkload):
+        raise AluTemplateError(f"expected an EltwiseWorkload, got {type(wl).__name__}")
+    what = f"add {wl}"
+    check_positive(wl, ("batch", "channels", "height", "width"), what)
+    require_multiple(wl.batch, cfg.BATCH, "batch", "BATCH", what)
+    require_multiple(wl.channels, cfg.BLOCK_OUT, "channels", "BLOCK_OUT", what)
+    epilogue = normalize_epilogue(epilogue)
+    if any(st[0] == "bias" for st in epilogue):
+        raise AluTemplateError(f"{what}: the residual add takes no ('bias',) epilogue stage")
+    if knobs is None:
+        knobs = EltwiseKnobs()
+    elif isinstance(knobs, dict):
+        knobs = EltwiseKnobs(**knobs)
+    if knobs.slots not in (1, 2):
+        raise AluTemplateError(f"{what}: knob slots={knobs.slots} must be 1 or 2")
+
+    B, BO = cfg.BATCH, cfg.BLOCK_OUT
+    shape = (wl.batch // B, wl.channels // BO, wl.height, wl.width, B, BO)
+    total = int(np.prod(shape[:4]))
+    slots = knobs.slots
+    acc = cfg.acc_depth
+    if knobs.tile is not None:
+        tile = int(knobs.tile)
+        if tile < 1:
+            raise AluTemplateError(f"{what}: knob tile={tile} must be >= 1")
+        if (slots + 1) * tile > acc:
+            raise AluTemplateError(f"{what}: tile={tile} needs {(slots + 1) * tile} accumulator "
+                                   f"(acc) entries ({slots} output slot(s) + the second operand), "
+                                   f"more than the accumulator buffer's {acc}")
+    else:
+        tile = acc // (slots + 1)
+    tile = max(1, min(tile, total, _MAX_EXTENT))
+    B_REG = slots * tile
+
+    q = CommandQueue(cfg)
+    nbytes = total * B * BO
+    a_buf = q.alloc(nbytes, "data")
+    b_buf = q.alloc(nbytes, "data1")
+    out = q.alloc(nbytes, "out")
+    pipe = StorePipeline(q, slots)
+    n_tiles = 0
+    for e0 in range(0, total, tile):
+        t = min(tile, total - e0)
+        slot = pipe.begin_tile()
+        A = slot * tile
+        q.load_2d(a_buf, e0, t, 1, t, 0, 0, 0, 0, A, MemType.ACC_8BIT)
+        q.load_2d(b_buf, e0, t, 1, t, 0, 0, 0, 0, B_REG, MemType.ACC_8BIT)
+        alu(q, AluOp.ADD, [(A, B_REG)], [(t, 1, 1)])
+        emit_epilogue(q, cfg, epilogue, A, t)
+        pipe.end_compute()
+        pipe.begin_store()
+        q.store_2d(A, MemType.OUT, out, e0, t, 1, t)
+        pipe.end_store()
+        n_tiles += 1
+    pipe.finish()
+    prog = q.synchronize()
+    info = dict(tile=tile, slots=slots, tiles=n_tiles, acc_used=(slots + 1) * tile)
+    return CompiledAdd(cfg, wl, epilogue, prog, [("data", shape, np.int8), ("data1", shape, np.int8)],
+                       shape, {"build": time.perf_counter() - t0}, info)

@@ -1,0 +1,370 @@
+"""Max and average pooling on the VTA ALU: hand-scheduled runtime templates.
+
+These are **not** TE / s_tir schedules: the programs are written directly with the runtime
+(:class:`vta_ext.runtime.CommandQueue`), once per workload. Entry points (``docs/templates-api.md``):
+:func:`build_max_pool2d` and :func:`build_avg_pool2d` → :class:`CompiledPool` (``.program``,
+``.run(data_packed, simulator=None) -> (out_packed_int8, SimStats)``).
+
+Layouts (``b = BATCH``, ``co = BLOCK_OUT``)::
+
+    data  (N/b, C/co, H, W, b, co)     int8
+    out   (N/b, C/co, OH, OW, b, co)   int8
+
+One activation element (fixed batch block, channel block, row, column) is one accumulator row of
+``b x co`` int32 lanes, so pooling is pure element-row arithmetic on the ALU.
+
+Algorithm, per tile (``tile_c`` channel blocks x ``tile_h`` output rows x all OW columns of one
+batch block; the last tiles along C and H may be smaller):
+
+1. LOAD ACC_8BIT (compute module, sign-extending) of the input window rows of each channel block,
+   ``(tile_h-1)*stride_h + pool_h`` rows of ``W + 2*pad_w`` elements, the padding made by the DMA:
+   the lane minimum INT32_MIN for max pooling (``pad_min``, extension ``EXT_PAD_MIN``; it never
+   wins a MAX), zero for average pooling.
+2. The first window element of every output is copied into the output rows (ALU MUL by 0, then ADD
+   vector), then one ALU instruction folds the remaining ``pool_h*pool_w - 1`` window elements in
+   (MAX or ADD vector-vector): two affine loops over the output rows (dst factor OW, src factor
+   stride_h*(W+2*pad_w)) and columns (1, stride_w), one micro-op per (channel block, window offset).
+3. Average pooling only: the exact division truncating toward zero (below).
+4. The epilogue stages (``conv2d.normalize_epilogue``: shr / clip / min / max / add; CLIP is one ALU
+   CLIP with ``EXT_CLIP``, else MIN then MAX), then STORE, which truncates the int32 lanes to int8.
+
+Output rows rotate through ``slots`` (default 2) accumulator regions so the store of one tile
+overlaps the next tile's work; the compute→store and store→compute tokens are managed by
+:class:`~vta_ext.templates.alu_program.StorePipeline` (all loads are compute-module loads, so they
+need no tokens). Tiles are chosen as large as the accumulator allows (``acc_depth`` rows: input
+window + ``slots`` output regions + division scratch); a single output row of one channel block that
+does not fit raises :class:`AluTemplateError` naming the accumulator buffer.
+
+Division (average pooling). VTA has no divide. A window with divisor ``d`` sums at most ``d``
+int8 values (the non-padded ones; with ``count_include_pad`` the divisor is the window size, which
+bounds the count), so ``|s| <= X_d = 128*d``. Take ``m = ceil(2^k / d)``, so ``m*d = 2^k + e`` with
+``0 <= e < d``. For ``0 <= x <= X_d`` write ``x = q*d + r``; then
+``x*m / 2^k = x/d + x*e/(d*2^k)`` and ``floor(x*m / 2^k) = q`` iff ``r + x*e/2^k < d``, which
+holds for every such x when ``X_d*e < 2^k``. The template picks the smallest ``k`` (one ``k`` for all
+the divisors of the workload) for which the identity holds for *every* ``x`` in ``[0, X_d]`` and
+every divisor — verified exhaustively at build time (:func:`choose_reciprocal`) — with
+``X_d*m < 2^31`` (no int32 overflow); if none exists it raises. Truncation toward zero is
+``trunc(s/d) = sign(s) * floor(|s|/d)``, built from ALU ops on a scratch copy ``t`` of the sums::
+
+    t = s                       (MUL imm 0, ADD vector)
+    t = t >> 31                 (SHR imm: 0 for s >= 0, -1 for s < 0)
+    t = t*2 + 1                 (MUL imm 2, ADD imm 1: the sign +1 / -1)
+    s = s*t                     (MUL vector: |s|)
+    s = s*m                     (MUL imm m, or MUL vector by the per-position multipliers)
+    s = s >> k                  (SHR imm: floor(|s|/d))
+    s = s*t                     (MUL vector: apply the sign)
+
+Per-position divisors (``count_include_pad=False`` with padding: the border windows count fewer
+elements) use one common ``k`` and a per-output-position multiplier tensor ``(OH, OW, b, co)``
+int32, computed at build time, stored in the DRAM image (buffer ``avg_multiplier``) and LOADed
+(ACC) with the tile; the multiply is then a vector MUL with source factor 0 over the channel blocks.
+A uniform divisor whose ``m`` fits the 16-bit immediate uses MUL imm. ``count_include_pad=True``
+divides by ``pool_h*pool_w`` everywhere; windows are never entirely padding (``pad < pool`` is
+required), so every divisor is at least 1. ResNet's global 7x7 pool: ``d = 49``, ``k = 17``,
+``m = 2675`` (MUL imm), 9 ALU instructions after the window sum. Divisors 1..225 (15x15 windows at
+borders) share ``k = 23``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import numpy as np
+
+from ..config import VTAConfig, load_config
+from ..isa import AluOp, MemType
+from ..runtime import CommandQueue
+from .alu_program import (INT16_MAX, AluTemplateError, CompiledAluOp, StorePipeline, alu,
+                          alu_range, check_non_negative, check_positive, copy_rows, emit_epilogue,
+                          require_multiple)
+from .conv2d import normalize_epilogue
+
+__all__ = ["PoolWorkload", "PoolKnobs", "CompiledPool", "build_max_pool2d", "build_avg_pool2d",
+           "choose_reciprocal", "avg_divisors", "AluTemplateError"]
+
+#: largest micro-op kernel a pooling tile may use (channel blocks x window elements)
+MAX_KERNEL_UOPS = 1024
+
+
+@dataclass(frozen=True)
+class PoolWorkload:
+    """A 2-D pooling in NCHW terms (batch a multiple of BATCH, channels of BLOCK_OUT; symmetric
+    padding; ``count_include_pad`` matters for average pooling only)."""
+
+    batch: int
+    channels: int
+    height: int
+    width: int
+    pool_h: int
+    pool_w: int
+    stride_h: int
+    stride_w: int
+    pad_h: int
+    pad_w: int
+    count_include_pad: bool = False
+
+    @property
+    def out_height(self) -> int:
+        return (self.height + 2 * self.pad_h - self.pool_h) // self.stride_h + 1
+
+    @property
+    def out_width(self) -> int:
+        return (self.width + 2 * self.pad_w - self.pool_w) // self.stride_w + 1
+
+
+@dataclass(frozen=True)
+class PoolKnobs:
+    """Tile sizes (None = as large as the accumulator allows) and the number of output slots
+    (2 = double buffering of the output rows against the STORE module)."""
+
+    tile_h: Optional[int] = None
+    tile_c: Optional[int] = None
+    slots: int = 2
+
+
+class CompiledPool(CompiledAluOp):
+    """A compiled max/avg pooling (see :class:`~vta_ext.templates.alu_program.CompiledAluOp`)."""
+
+
+def _check(cfg: VTAConfig, wl: PoolWorkload, what: str) -> None:
+    check_positive(wl, ("batch", "channels", "height", "width", "pool_h", "pool_w", "stride_h",
+                        "stride_w"), what)
+    require_multiple(wl.batch, cfg.BATCH, "batch", "BATCH", what)
+    require_multiple(wl.channels, cfg.BLOCK_OUT, "channels", "BLOCK_OUT", what)
+    check_non_negative(wl, ("pad_h", "pad_w"), what, 15, "the 4-bit DMA pad field")
+    if wl.pad_h >= wl.pool_h or wl.pad_w >= wl.pool_w:
+        raise AluTemplateError(f"{what}: padding {wl.pad_h}x{wl.pad_w} must be smaller than the pool "
+                               f"window {wl.pool_h}x{wl.pool_w} (windows made only of padding are "
+                               "not supported)")
+    if wl.out_height < 1 or wl.out_width < 1:
+        raise AluTemplateError(f"{what}: empty output {wl.out_height}x{wl.out_width}")
+
+
+def avg_divisors(wl: PoolWorkload) -> np.ndarray:
+    """(OH, OW) divisors of TVM's avg_pool2d: the window size, or the count of non-padded
+    elements when ``count_include_pad`` is false."""
+    def counts(n_out, stride, pool, pad, size):
+        start = np.arange(n_out) * stride - pad
+        return np.minimum(start + pool, size) - np.maximum(start, 0)
+
+    if wl.count_include_pad:
+        return np.full((wl.out_height, wl.out_width), wl.pool_h * wl.pool_w, np.int64)
+    ch = counts(wl.out_height, wl.stride_h, wl.pool_h, wl.pad_h, wl.height)
+    cw = counts(wl.out_width, wl.stride_w, wl.pool_w, wl.pad_w, wl.width)
+    return np.outer(ch, cw)
+
+
+def choose_reciprocal(divisors, max_abs_per_element: int = 128,
+                      max_multiplier: int = (1 << 31) - 1):
+    """Smallest shift ``k`` and multipliers ``{d: ceil(2^k/d)}`` such that, for every divisor d,
+    ``(x*m) >> k == x // d`` for every ``0 <= x <= X_d = max_abs_per_element*d`` (checked
+    exhaustively), ``X_d*m < 2^31`` and ``m <= max_multiplier``. Raises if none exists.
+
+    ``X_d`` bounds the window sum: a window with divisor d sums d int8 values (the non-padded
+    ones; with ``count_include_pad`` d is the window size, an upper bound of the count)."""
+    ds = sorted({int(d) for d in np.asarray(list(divisors) if not isinstance(divisors, np.ndarray)
+                                            else divisors).ravel()})
+    if not ds or ds[0] < 1:
+        raise AluTemplateError(f"avg_pool2d divisors must be >= 1, got {ds}")
+    xs = {d: np.arange(max_abs_per_element * d + 1, dtype=np.int64) for d in ds}
+    for k in range(0, 31):
+        ms = {d: -(-(1 << k) // d) for d in ds}
+        if max(ms.values()) > max_multiplier or \
+                any(max_abs_per_element * d * m >= (1 << 31) for d, m in ms.items()):
+            break
+        if all(np.array_equal((xs[d] * m) >> k, xs[d] // d) for d, m in ms.items()):
+            return k, ms
+    raise AluTemplateError(f"no exact multiply-shift reciprocal with one shift for the avg_pool2d "
+                           f"divisors {ds} (window sums up to {max_abs_per_element}*d) within int32")
+
+
+def _knobs(knobs) -> PoolKnobs:
+    if knobs is None:
+        return PoolKnobs()
+    if isinstance(knobs, dict):
+        return PoolKnobs(**knobs)
+    if isinstance(knobs, PoolKnobs):
+        return knobs
+    raise AluTemplateError(f"knobs must be PoolKnobs, a dict or None, got {knobs!r}")
+
+
+def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPool:
+    t0 = time.perf_counter()
+    what = f"{mode}_pool2d {wl}"
+    cfg = load_config(cfg)
+    epilogue = normalize_epilogue(epilogue)
+    if any(st[0] == "bias" for st in epilogue):
+        raise AluTemplateError(f"{what}: pooling takes no ('bias',) epilogue stage")
+    if not isinstance(wl, PoolWorkload):
+        raise AluTemplateError(f"expected a PoolWorkload, got {type(wl).__name__}")
+    _check(cfg, wl, what)
+    kn = _knobs(knobs)
+    is_max = mode == "max"
+    padded = wl.pad_h > 0 or wl.pad_w > 0
+    if is_max and padded and not cfg.EXT_PAD_MIN:
+        raise AluTemplateError(
+            f"{what}: max pooling with padding pads with the minimum value (LOAD pad_min): "
+            + cfg.missing_extension("EXT_PAD_MIN", "LOAD ACC_8BIT with pad_min=True"))
+
+    B, BO = cfg.BATCH, cfg.BLOCK_OUT
+    NB, CB = wl.batch // B, wl.channels // BO
+    H, W, OH, OW = wl.height, wl.width, wl.out_height, wl.out_width
+    PH, PW, SH, SW = wl.pad_h, wl.pad_w, wl.stride_h, wl.stride_w
+    P = wl.pool_h * wl.pool_w
+    Wp = W + 2 * PW
+
+    # ---- division plan (average pooling)
+    div = None
+    if not is_max:
+        divisors = avg_divisors(wl)
+        if divisors.max() > 1:
+            uniform = divisors.min() == divisors.max()
+            if uniform:
+                try:
+                    k, ms = choose_reciprocal(divisors, 128, INT16_MAX)
+                    div = dict(k=k, imm=ms[int(divisors.flat[0])], vector=False)
+                except AluTemplateError:
+                    uniform = False
+            if not uniform:
+                k, ms = choose_reciprocal(divisors, 128)
+                mult = np.vectorize(lambda d: ms[int(d)])(divisors).astype(np.int32)
+                div = dict(k=k, vector=True, mult=mult,
+                           multipliers={int(d): int(m) for d, m in ms.items()})
+
+    # ---- tiling
+    def usage(th, tc, slots):
+        win = tc * ((th - 1) * SH + wl.pool_h) * Wp
+        out = tc * th * OW
+        extra = 0
+        if div is not None:
+            extra = out + (th * OW if div["vector"] else 0)
+        return win + slots * out + extra
+
+    acc = cfg.acc_depth
+    slots = kn.slots
+    if slots not in (1, 2):
+        raise AluTemplateError(f"{what}: knob slots={slots} must be 1 or 2")
+    uop_cap = min(MAX_KERNEL_UOPS, cfg.uop_depth // 4)
+    if kn.tile_h is not None or kn.tile_c is not None:
+        th = min(kn.tile_h or OH, OH)
+        tc = min(kn.tile_c or 1, CB)
+        if th < 1 or tc < 1:
+            raise AluTemplateError(f"{what}: tile knobs must be >= 1")
+        if usage(th, tc, slots) > acc:
+            raise AluTemplateError(f"{what}: tile {tc} channel block(s) x {th} output row(s) needs "
+                                   f"{usage(th, tc, slots)} accumulator (acc) entries, more than the "
+                                   f"accumulator buffer's {acc}; reduce tile_h / tile_c")
+    else:
+        if usage(1, 1, 1) > acc:
+            raise AluTemplateError(
+                f"{what}: one output row of one channel block needs {usage(1, 1, 1)} accumulator "
+                f"(acc) entries ({(wl.pool_h)} input rows of {Wp} elements + outputs), more than the "
+                f"accumulator buffer's {acc} on {cfg.name!r}; the template does not split rows")
+        if usage(1, 1, slots) > acc:
+            slots = 1
+        th = max(t for t in range(1, OH + 1) if usage(t, 1, slots) <= acc)
+        tc = 1
+        if th == OH:
+            tc = max(c for c in range(1, CB + 1)
+                     if usage(OH, c, slots) <= acc and c * P <= uop_cap) if P <= uop_cap else 1
+    if tc * P > max(uop_cap, P):
+        raise AluTemplateError(f"{what}: tile_c={tc} needs {tc * P} micro-ops per kernel (max "
+                               f"{uop_cap})")
+
+    win_rows = (th - 1) * SH + wl.pool_h
+    win_stride = win_rows * Wp          # accumulator rows per channel block of the input window
+    out_size = tc * th * OW
+    IN = 0
+    OUT0 = IN + tc * win_stride
+    T = OUT0 + slots * out_size         # sign scratch (avg)
+    M = T + out_size                    # per-position multipliers (avg, vector)
+
+    q = CommandQueue(cfg)
+    data_shape = (NB, CB, H, W, B, BO)
+    out_shape = (NB, CB, OH, OW, B, BO)
+    data = q.alloc(int(np.prod(data_shape)), "data")
+    out = q.alloc(int(np.prod(out_shape)), "out")
+    mult_buf = None
+    if div is not None and div["vector"]:
+        mult_buf = q.alloc(OH * OW * B * BO * 4, "avg_multiplier")
+    pipe = StorePipeline(q, slots)
+    op = AluOp.MAX if is_max else AluOp.ADD
+    loaded_rows = None
+    n_tiles = 0
+    for n in range(NB):
+        for c0 in range(0, CB, tc):
+            tcc = min(tc, CB - c0)
+            for oh0 in range(0, OH, th):
+                thh = min(th, OH - oh0)
+                slot = pipe.begin_tile()
+                OUT = OUT0 + slot * out_size
+                # 1. input window rows, padded by the DMA
+                r0 = oh0 * SH
+                nrows = (thh - 1) * SH + wl.pool_h
+                lo, hi = max(r0, PH), min(r0 + nrows, PH + H)
+                ypb, ypa, ny = lo - r0, r0 + nrows - hi, hi - lo
+                pad_min = is_max and bool(ypb or ypa or PW)
+                for c in range(tcc):
+                    q.load_2d(data, ((n * CB + c0 + c) * H + lo - PH) * W, W, ny, W, PW, ypb, PW,
+                              ypa, IN + c * win_stride, MemType.ACC_8BIT, pad_min=pad_min)
+                # 2. window reduction into the output rows
+                loops = [(thh, OW, SH * Wp), (OW, 1, SW)]
+                dst = [OUT + c * thh * OW for c in range(tcc)]
+                copy_rows(q, [(dst[c], IN + c * win_stride) for c in range(tcc)], loops)
+                rest = [(dst[c], IN + c * win_stride + i * Wp + j) for c in range(tcc)
+                        for i in range(wl.pool_h) for j in range(wl.pool_w) if i or j]
+                if rest:
+                    alu(q, op, rest, loops)
+                size = tcc * thh * OW
+                # 3. exact truncating division (avg)
+                if div is not None:
+                    alu_range(q, AluOp.MUL, T, size, 0)
+                    alu(q, AluOp.ADD, [(T, OUT)], [(size, 1, 1)])
+                    alu_range(q, AluOp.SHR, T, size, 31)
+                    alu_range(q, AluOp.MUL, T, size, 2)
+                    alu_range(q, AluOp.ADD, T, size, 1)
+                    alu(q, AluOp.MUL, [(OUT, T)], [(size, 1, 1)])
+                    if div["vector"]:
+                        if loaded_rows != (oh0, thh):
+                            q.load_2d(mult_buf, oh0 * OW, thh * OW, 1, thh * OW, 0, 0, 0, 0, M,
+                                      MemType.ACC)
+                            loaded_rows = (oh0, thh)
+                        alu(q, AluOp.MUL, [(d, M) for d in dst], [(thh * OW, 1, 1)])
+                    else:
+                        alu_range(q, AluOp.MUL, OUT, size, div["imm"])
+                    alu_range(q, AluOp.SHR, OUT, size, div["k"])
+                    alu(q, AluOp.MUL, [(OUT, T)], [(size, 1, 1)])
+                # 4. epilogue and store
+                emit_epilogue(q, cfg, epilogue, OUT, size)
+                pipe.end_compute()
+                pipe.begin_store()
+                q.store_2d(OUT, MemType.OUT, out, ((n * CB + c0) * OH + oh0) * OW, thh * OW, tcc,
+                           OH * OW)
+                pipe.end_store()
+                n_tiles += 1
+    pipe.finish()
+    prog = q.synchronize()
+    if mult_buf is not None:
+        m = np.broadcast_to(div["mult"][:, :, None, None], (OH, OW, B, BO))
+        prog.write("avg_multiplier", np.ascontiguousarray(m, dtype=np.int32))
+    info = dict(tile_h=th, tile_c=tc, slots=slots, tiles=n_tiles, acc_used=usage(th, tc, slots))
+    if div is not None:
+        info["division"] = {k_: v for k_, v in div.items() if k_ != "mult"}
+    return CompiledPool(cfg, wl, epilogue, prog, [("data", data_shape, np.int8)], out_shape,
+                        {"build": time.perf_counter() - t0}, info)
+
+
+def build_max_pool2d(cfg: Union[VTAConfig, str], workload: PoolWorkload, epilogue=(),
+                     knobs=None) -> CompiledPool:
+    """Compile an int8 max pooling (+ epilogue) for ``cfg``. Padding needs ``cfg.EXT_PAD_MIN``;
+    without it (e.g. the ``apache`` preset) an :class:`AluTemplateError` names the extension."""
+    return _build_pool(cfg, workload, epilogue, knobs, "max")
+
+
+def build_avg_pool2d(cfg: Union[VTAConfig, str], workload: PoolWorkload, epilogue=(),
+                     knobs=None) -> CompiledPool:
+    """Compile an average pooling with TVM's CPU semantics on the int32 cast of the int8 input
+    (int32 window sum, division truncating toward zero, ``count_include_pad`` as given), then the
+    epilogue and the truncating int8 store."""
+    return _build_pool(cfg, workload, epilogue, knobs, "avg")
