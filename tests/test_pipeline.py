@@ -112,17 +112,18 @@ def test_report_names_cpu_operators_and_reasons():
             g = bb.emit(relax.op.astype(bb.emit(relax.op.clip(g, -128, 127)), "int8"))
             f = bb.emit(relax.op.nn.conv2d(xf, wf, padding=1))
             p = bb.emit(relax.op.nn.max_pool2d(a, pool_size=2))
-            out = bb.emit_output(relax.Tuple([p, g, f]))
+            s = bb.emit(relax.op.nn.softmax(f))
+            out = bb.emit_output(relax.Tuple([p, g, s]))
         bb.emit_func_output(out)
     relax.build(bb.get(), target="ext_vta")
     report = vta_ext.last_build_report()
-    assert [p.op for p in report.on_vta] == ["relax.nn.conv2d"]
+    assert [p.op for p in report.on_vta] == ["relax.nn.conv2d", "relax.nn.max_pool2d"]
     conv_reasons = [p.reason for p in report.on_cpu if p.op == "relax.nn.conv2d"]
     assert len(conv_reasons) == 2
     assert any("groups=2" in r for r in conv_reasons)
     assert any("float32" in r for r in conv_reasons)
-    assert any(p.op == "relax.nn.max_pool2d" and "no VTA template" in p.reason for p in report.on_cpu)
-    assert "VTA runs 1x relax.nn.conv2d" in report.summary()
+    assert any(p.op == "relax.nn.softmax" and "no VTA template" in p.reason for p in report.on_cpu)
+    assert "VTA runs 1x relax.nn.conv2d, 1x relax.nn.max_pool2d" in report.summary()
 
 
 def test_llvm_target_is_untouched():

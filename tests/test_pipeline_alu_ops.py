@@ -93,10 +93,11 @@ def test_avg_pool2d_padded_on_vta(count_include_pad):
     _check(mod, "relax.nn.avg_pool2d", "avg_pool2d", seed=3)
 
 
-def test_residual_add_on_vta():
+@pytest.mark.parametrize("preset,n,c", [("default", 1, 32), ("2x16x16", 3, 24)])
+def test_residual_add_on_vta(preset, n, c):
     bb = relax.BlockBuilder()
-    a = relax.Var("a", relax.TensorType((1, 32, 7, 7), "int8"))
-    b = relax.Var("b", relax.TensorType((1, 32, 7, 7), "int8"))
+    a = relax.Var("a", relax.TensorType((n, c, 7, 7), "int8"))
+    b = relax.Var("b", relax.TensorType((n, c, 7, 7), "int8"))
     with bb.function("main", [a, b]):
         with bb.dataflow():
             y = bb.emit(relax.op.add(relax.op.astype(a, "int32"), relax.op.astype(b, "int32")))
@@ -104,7 +105,7 @@ def test_residual_add_on_vta():
             y = bb.emit(relax.op.clip(y, -128, 127))
             out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
         bb.emit_func_output(out)
-    _check(bb.get(), "relax.add", "add")
+    _check(bb.get(), "relax.add", "add", target=vta_target(preset))
 
 
 @pytest.mark.parametrize("c,hw,stride", [(32, 8, 1), (24, 9, 2)])
