@@ -90,9 +90,8 @@ def main(argv=None) -> int:
     for i, run in enumerate(runs):
         cycles = run.cycles
         total_cycles += cycles.total_cycles
-        print(f"  [{i}] conv2d {run.workload['in_channels']}->{run.workload['out_channels']} "
-              f"{run.workload['height']}x{run.workload['width']} s{run.workload['stride_h']}: "
-              f"simulated in {run.seconds * 1e3:.1f} ms wall time")
+        shape = ", ".join(f"{k}={v}" for k, v in run.workload.items())
+        print(f"  [{i}] {run.op} ({shape}): simulated in {run.seconds * 1e3:.1f} ms wall time")
         for key, value in run.stats.as_dict().items():
             print(f"        {key:<18} {value:>12,}")
         print("        " + cycles.summary().replace("\n", "\n        "))

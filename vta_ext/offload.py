@@ -445,7 +445,7 @@ class _Offloader(PyExprMutator):
         self._rewritten_binding = True
         self._last_packed = (out_packed,) + packed_dims if packed_dims else None
         detail = (f"{desc.split(';')[0]}, epilogue {'+'.join(s[0] for s in m.epilogue) or 'none'}, "
-                  f"{compiled.program.insn_count} insns")
+                  f"{compiled.program.insn_count} insns{_tiling_text(compiled)}")
         if self._kept:
             detail += "; input kept in the packed layout of the previous VTA operator"
         if "PADDED" in desc:
@@ -499,6 +499,16 @@ class _Offloader(PyExprMutator):
             self.unpack_vars.add(binding.var.name)
             if self._last_packed is not None:
                 self._packed[binding.var.name] = (binding.var,) + self._last_packed
+
+
+def _tiling_text(compiled) -> str:
+    """", tiling tile_h=7 oc_nthread=2" for a compiled GEMM operator (knobs that are not 1)."""
+    knobs = getattr(compiled, "knobs", None)
+    if knobs is None or not hasattr(knobs, "__dataclass_fields__"):
+        return ""
+    chosen = [f"{name}={getattr(knobs, name)}" for name in knobs.__dataclass_fields__
+              if getattr(knobs, name) not in (1, False)]
+    return ", tiling " + (" ".join(chosen) if chosen else "all inner tiles 1")
 
 
 _CANDIDATES = {"relax.nn.conv2d": "not followed by the int8 requantisation tail (astype int8)",
