@@ -327,7 +327,7 @@ def run_example(model_name: str, description: str, argv=None) -> int:
             print(f"\n== VTA cycles (cycle model, config {config!r}): {cycles:,} cycles = "
                   f"{cycles / (1e3 * mhz):.2f} ms at {mhz} MHz, {len(runs)} VTA calls")
             for op, (n, c) in sorted(by_op.items()):
-                print(f"  {op:<12} {n:>3} calls {c:>14,} cycles")
+                print(f"  {op:<18} {n:>3} calls {c:>14,} cycles")
         else:
             print("\n== VTA cycles: no VTA call ran")
         print(f"  functional simulation wall time {sim_s:.2f} s (of {run_s:.2f} s for the whole "
