@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .instructions import InstructionGraph, gemm
 from .solve import EmbeddingNotFound, RawSolution, SolveResult, SolveStats, solve
@@ -275,7 +275,7 @@ def _element_bytes(cfg: Any, role: str) -> int:
 
 def _relayout(wl: Workload, instr: InstructionGraph, t: TensorAccess, op: str, axes: Tuple[AxisMapping, ...],
               ext: Sequence[int], elem: int) -> TensorRelayout:
-    D = len(wl.dims)
+    len(wl.dims)
     walked = {wl.dims.index(f.dim): (f, am.axis) for am in axes for f in am.factors}
     op_axes = instr.operand_axes[op]
     steps: List[RelayoutStep] = []
@@ -355,7 +355,7 @@ def decode(raw: RawSolution, wl: Workload, instr: InstructionGraph, mode: str = 
         ``rect`` constraint switched off).
     """
     axes = _axis_factors(instr, wl, raw)
-    D = len(wl.dims)
+    len(wl.dims)
     ext = [x + p for x, p in zip(wl.extents, raw.pad)]
     roles = ("in0", "in1", "out")
     order = (0, 1, 2) if raw.binding == 1 else (1, 0, 2)

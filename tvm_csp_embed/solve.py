@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import re
 import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from .instructions import InstructionGraph
 from .workload import Workload

@@ -14,9 +14,9 @@ sec. 3) raise :class:`ConformabilityError` naming the rule and the offending exp
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["ConformabilityError", "TensorAccess", "Workload", "PolyhedralModel", "matmul",
            "dense", "conv2d", "depthwise_conv2d", "from_te", "from_primfunc", "CONV_LAYOUTS"]
@@ -411,7 +411,6 @@ def depthwise_conv2d(n: int, c: int, h: int, w: int, r: int, s: int, pad: Tuple[
 # ---------------------------------------------------------------------- from TVM
 def _affine(expr, var_index: Mapping[str, int], D: int, where: str) -> Tuple[Tuple[int, ...], int]:
     """Affine form (coefficients over loop dims, constant) of a TIR index expression."""
-    import tvm
     from tvm import tirx
     coef = [0] * D
     const = 0

@@ -15,7 +15,7 @@ import operator
 from collections import defaultdict
 from dataclasses import dataclass, fields
 from enum import IntEnum
-from typing import Dict, Iterable, List, Sequence, Tuple, Union
+from typing import Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 

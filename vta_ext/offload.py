@@ -334,7 +334,7 @@ class _Offloader(PyExprMutator):
                             stride_h=int(a.strides[0]), stride_w=int(a.strides[1]))
             if groups > 1:
                 workload["groups"] = groups
-            in_block, out_c, out_p = ci, o, op
+            out_c, out_p = o, op
 
             def inputs():
                 d, kept = self._activation(data, n, c, np_, cp, ci, "data")

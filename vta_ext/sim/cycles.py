@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..config import VTAConfig
-from ..isa import AluInsn, FinishInsn, GemmInsn, Insn, MemInsn, MemType, Opcode, Stage, insn_stage
+from ..isa import AluInsn, GemmInsn, Insn, MemInsn, MemType, Opcode, Stage, insn_stage
 
 __all__ = ["CycleModel", "CycleReport", "ModuleTime", "DeadlockError", "insn_cycles"]
 

@@ -23,13 +23,13 @@ of times on the same simulator.
 from __future__ import annotations
 
 import numbers
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 from ..config import VTAConfig
 from ..isa import AluOp, Stage, clip_imm
 from ..runtime import CommandQueue, UopKernel
 
-__all__ = ["AluTemplateError", "alu", "alu_range", "copy_rows", "emit_epilogue", "StorePipeline",
+__all__ = ["AluTemplateError", "choose_row_tiles", "alu", "alu_range", "copy_rows", "emit_epilogue", "StorePipeline",
            "CompiledAluOp", "check_positive", "check_non_negative", "require_multiple"]
 
 INT16_MIN, INT16_MAX = -(1 << 15), (1 << 15) - 1
@@ -64,6 +64,42 @@ def require_multiple(value: int, block: int, name: str, key: str, what: str) -> 
     if value % block:
         raise AluTemplateError(f"{what}: {name}={value} is not a multiple of {key}={block}; the "
                                f"caller pads it to a multiple of the block")
+
+
+def choose_row_tiles(what: str, cfg: VTAConfig, usage: Callable[[int, int, int], int],
+                     out_rows: int, channel_blocks: int, slots: int, tile_h: Optional[int],
+                     tile_c: Optional[int], max_tile_c: int, row_text: str) -> Tuple[int, int, int]:
+    """Pick ``(tile_h, tile_c, slots)``: output rows and channel blocks per tile, output slots.
+
+    ``usage(tile_h, tile_c, slots)`` is the accumulator entries a tile needs. Explicit ``tile_h`` /
+    ``tile_c`` knobs are checked against the accumulator; otherwise the tile takes as many output
+    rows as fit (all of them first), then as many channel blocks (at most ``max_tile_c``), and
+    falls back to one output slot when two do not fit. ``row_text`` describes one output row's
+    footprint in the error raised when not even that fits (rows are never split).
+    """
+    acc = cfg.acc_depth
+    if tile_h is not None or tile_c is not None:
+        th, tc = min(tile_h or out_rows, out_rows), min(tile_c or 1, channel_blocks)
+        if th < 1 or tc < 1:
+            raise AluTemplateError(f"{what}: tile knobs must be >= 1")
+        if usage(th, tc, slots) > acc:
+            raise AluTemplateError(f"{what}: tile {tc} channel block(s) x {th} output row(s) needs "
+                                   f"{usage(th, tc, slots)} accumulator (acc) entries, more than the "
+                                   f"accumulator buffer's {acc}; reduce tile_h / tile_c")
+        return th, tc, slots
+    if usage(1, 1, 1) > acc:
+        raise AluTemplateError(
+            f"{what}: one output row of one channel block needs {usage(1, 1, 1)} accumulator "
+            f"(acc) entries ({row_text}), more than the accumulator buffer's {acc} on "
+            f"{cfg.name!r}; the template does not split rows")
+    if usage(1, 1, slots) > acc:
+        slots = 1
+    th = max(t for t in range(1, out_rows + 1) if usage(t, 1, slots) <= acc)
+    tc = 1
+    if th == out_rows:
+        tc = max((c for c in range(1, min(channel_blocks, max_tile_c) + 1)
+                  if usage(out_rows, c, slots) <= acc), default=1)
+    return th, tc, slots
 
 
 def alu(q: CommandQueue, op: int, uops, loops=(), imm: Optional[int] = None) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Tuple, Union
 
 import numpy as np
 
@@ -224,7 +224,6 @@ def check_workload(cfg: VTAConfig, wl: Conv2dWorkload) -> None:
 
 def conv2d_compute(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, bias_batched: bool = True):
     """The TE tensors of the packed conv2d + epilogue: (inputs, output)."""
-    import tvm
     from tvm import te, tirx
 
     epilogue = normalize_epilogue(epilogue)

@@ -47,7 +47,7 @@ import numpy as np
 from ..config import VTAConfig, load_config
 from ..isa import AluOp, MemType
 from ..runtime import CommandQueue
-from .alu_program import (AluTemplateError, CompiledAluOp, StorePipeline, alu, alu_range,
+from .alu_program import (AluTemplateError, CompiledAluOp, choose_row_tiles, StorePipeline, alu, alu_range,
                           check_non_negative, check_positive, copy_rows, emit_epilogue, require_multiple)
 from .conv2d import normalize_epilogue
 
@@ -123,34 +123,14 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
     KH, KW, PH, PW, SH, SW = wl.kernel_h, wl.kernel_w, wl.pad_h, wl.pad_w, wl.stride_h, wl.stride_w
     KK = KH * KW
     Wp = W + 2 * PW
-    acc = cfg.acc_depth
 
     def usage(th, tc, slots):
         win = tc * ((th - 1) * SH + KH) * Wp
         return win + tc * KK + (tc if has_bias else 0) + (1 + slots) * tc * th * OW
 
-    slots = knobs.slots
-    if knobs.tile_h is not None or knobs.tile_c is not None:
-        th, tc = min(knobs.tile_h or OH, OH), min(knobs.tile_c or 1, CB)
-        if th < 1 or tc < 1:
-            raise AluTemplateError(f"{what}: tile knobs must be >= 1")
-        if usage(th, tc, slots) > acc:
-            raise AluTemplateError(f"{what}: tile {tc} channel block(s) x {th} output row(s) needs "
-                                   f"{usage(th, tc, slots)} accumulator (acc) entries, more than the "
-                                   f"accumulator buffer's {acc}; reduce tile_h / tile_c")
-    else:
-        if usage(1, 1, 1) > acc:
-            raise AluTemplateError(
-                f"{what}: one output row of one channel block needs {usage(1, 1, 1)} accumulator "
-                f"(acc) entries ({KH} input rows of {Wp} elements + taps + outputs), more than the "
-                f"accumulator buffer's {acc} on {cfg.name!r}; the template does not split rows")
-        if usage(1, 1, slots) > acc:
-            slots = 1
-        th = max(t for t in range(1, OH + 1) if usage(t, 1, slots) <= acc)
-        tc = 1
-        if th == OH:
-            tc = max(c for c in range(1, CB + 1)
-                     if usage(OH, c, slots) <= acc and c <= MAX_KERNEL_UOPS)
+    th, tc, slots = choose_row_tiles(
+        what, cfg, usage, OH, CB, knobs.slots, knobs.tile_h, knobs.tile_c, MAX_KERNEL_UOPS,
+        f"{KH} input rows of {Wp} elements + taps + outputs")
 
     win_rows = (th - 1) * SH + KH
     win_stride = win_rows * Wp

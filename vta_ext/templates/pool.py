@@ -75,7 +75,7 @@ import numpy as np
 from ..config import VTAConfig, load_config
 from ..isa import AluOp, MemType
 from ..runtime import CommandQueue
-from .alu_program import (INT16_MAX, AluTemplateError, CompiledAluOp, StorePipeline, alu,
+from .alu_program import (INT16_MAX, AluTemplateError, CompiledAluOp, choose_row_tiles, StorePipeline, alu,
                           alu_range, check_non_negative, check_positive, copy_rows, emit_epilogue,
                           require_multiple)
 from .conv2d import normalize_epilogue
@@ -241,33 +241,13 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
             extra = out + (th * OW if div["vector"] else 0)
         return win + slots * out + extra
 
-    acc = cfg.acc_depth
     slots = kn.slots
     if slots not in (1, 2):
         raise AluTemplateError(f"{what}: knob slots={slots} must be 1 or 2")
     uop_cap = min(MAX_KERNEL_UOPS, cfg.uop_depth // 4)
-    if kn.tile_h is not None or kn.tile_c is not None:
-        th = min(kn.tile_h or OH, OH)
-        tc = min(kn.tile_c or 1, CB)
-        if th < 1 or tc < 1:
-            raise AluTemplateError(f"{what}: tile knobs must be >= 1")
-        if usage(th, tc, slots) > acc:
-            raise AluTemplateError(f"{what}: tile {tc} channel block(s) x {th} output row(s) needs "
-                                   f"{usage(th, tc, slots)} accumulator (acc) entries, more than the "
-                                   f"accumulator buffer's {acc}; reduce tile_h / tile_c")
-    else:
-        if usage(1, 1, 1) > acc:
-            raise AluTemplateError(
-                f"{what}: one output row of one channel block needs {usage(1, 1, 1)} accumulator "
-                f"(acc) entries ({(wl.pool_h)} input rows of {Wp} elements + outputs), more than the "
-                f"accumulator buffer's {acc} on {cfg.name!r}; the template does not split rows")
-        if usage(1, 1, slots) > acc:
-            slots = 1
-        th = max(t for t in range(1, OH + 1) if usage(t, 1, slots) <= acc)
-        tc = 1
-        if th == OH:
-            tc = max(c for c in range(1, CB + 1)
-                     if usage(OH, c, slots) <= acc and c * P <= uop_cap) if P <= uop_cap else 1
+    th, tc, slots = choose_row_tiles(
+        what, cfg, usage, OH, CB, slots, kn.tile_h, kn.tile_c, uop_cap // P,
+        f"{wl.pool_h} input rows of {Wp} elements + outputs")
     if tc * P > max(uop_cap, P):
         raise AluTemplateError(f"{what}: tile_c={tc} needs {tc * P} micro-ops per kernel (max "
                                f"{uop_cap})")
