@@ -150,14 +150,22 @@ def network_rows(config: str, calls) -> Tuple[List[dict], object]:
     for i, (op, wl, key) in enumerate(calls):
         if key not in cache:
             prog = compiled_op(key).program
-            cache[key] = (cycle_report(prog.config, prog), prog.insn_count)
-        rep, insns = cache[key]
+            rep = cycle_report(prog.config, prog, timeline=True)
+            kinds = {k: 0 for k in ("gemm", "alu", "acc", "uop")}
+            for module, a, b, kind in rep.timeline:
+                if module == "compute" and kind in kinds:
+                    kinds[kind] += b - a
+            rep.timeline = []
+            cache[key] = (rep, prog.insn_count, kinds)
+        rep, insns, kinds = cache[key]
         total = rep if total is None else total + rep
         row = {"config": config, "index": i, "layer": layer_name(op, wl), "op": op,
                "cycles": rep.total_cycles, "insns": insns}
         for m in MODULES:
             row[f"{m}_busy"] = rep.modules[m].busy
             row[f"{m}_stall"] = rep.modules[m].stall
+        row["compute_gemm"], row["compute_alu"] = kinds["gemm"], kinds["alu"]
+        row["compute_acc_uop_load"] = kinds["acc"] + kinds["uop"]
         row["dram_bytes"] = sum(rep.dram_bytes.values())
         row["macs"] = rep.macs
         row["bound"] = max(MODULES, key=lambda m: rep.modules[m].busy)
@@ -167,6 +175,8 @@ def network_rows(config: str, calls) -> Tuple[List[dict], object]:
     for m in MODULES:
         trow[f"{m}_busy"] = sum(r[f"{m}_busy"] for r in rows)
         trow[f"{m}_stall"] = sum(r[f"{m}_stall"] for r in rows)
+    for k in ("compute_gemm", "compute_alu", "compute_acc_uop_load"):
+        trow[k] = sum(r[k] for r in rows)
     trow["dram_bytes"] = sum(r["dram_bytes"] for r in rows)
     trow["macs"] = total.macs
     trow["bound"] = max(MODULES, key=lambda m: trow[f"{m}_busy"])
@@ -306,6 +316,14 @@ def plot_sweep(rows: List[dict], path: Path) -> None:
           plt.Line2D([], [], ls="", marker="o", color="k", label="pipelined (filled)"),
           plt.Line2D([], [], ls="--", color="k", label="Pareto front; size = scratchpad 0.5x/1x/2x")]
     ax.legend(handles=h, fontsize=8, loc="upper right")
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    ax.set_xticks([t for t in (0.5, 0.75, 1, 1.5, 2, 3, 4, 6) if x0 <= t <= x1])
+    ax.set_yticks([t for t in (2, 3, 4, 6, 8, 10, 15, 20, 30, 40, 60) if y0 <= t <= y1])
     ax.grid(True, which="both", lw=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -362,11 +380,11 @@ def main(argv=None) -> int:
             totals[config] = total
 
     # ratio column: original-timing cycles / this config's cycles, per layer
-    by = {(r["config"], r["index"], r["layer"]): r for r in rows}
+    by = {(r["config"], r["index"]): r for r in rows}
     for r in rows:
         o = ORIGINAL_OF.get(r["config"])
         if o in configs:
-            r["ratio_original_over_this"] = round(by[(o, r["index"], r["layer"])]["cycles"] / r["cycles"], 3)
+            r["ratio_original_over_this"] = round(by[(o, r["index"])]["cycles"] / r["cycles"], 3)
         else:
             r["ratio_original_over_this"] = 1.0 if r["config"] in ORIGINAL_OF.values() else ""
     write_csv(rows, FIG / "resnet_cycles.csv")
@@ -386,12 +404,14 @@ def main(argv=None) -> int:
             totals[config].plot_roofline(str(FIG / f"resnet_roofline_{config}.png"))
 
     print(f"\n{'config':18s} {'cycles':>13s} {'ms@100MHz':>9s} {'load busy':>12s} {'compute busy':>13s} "
-          f"{'store busy':>11s} {'DRAM bytes':>12s} {'GMAC':>6s}")
+          f"{'store busy':>11s} {'DRAM bytes':>12s} {'GMAC':>6s} {'GEMM':>12s} {'ALU':>11s} "
+          f"{'acc/uop ld':>10s}")
     for r in rows:
         if r["layer"] == "TOTAL":
             print(f"{r['config']:18s} {r['cycles']:13,d} {r['cycles'] / 1e5:9.2f} {r['load_busy']:12,d} "
                   f"{r['compute_busy']:13,d} {r['store_busy']:11,d} {r['dram_bytes']:12,d} "
-                  f"{r['macs'] / 1e9:6.2f}")
+                  f"{r['macs'] / 1e9:6.2f} {r['compute_gemm']:12,d} {r['compute_alu']:11,d} "
+                  f"{r['compute_acc_uop_load']:10,d}")
     for p, o in ORIGINAL_OF.items():
         if p in totals and o in totals:
             print(f"ratio {o} / {p}: {totals[o].total_cycles / totals[p].total_cycles:.2f}x")
@@ -401,7 +421,7 @@ def main(argv=None) -> int:
         if r["config"] == first and r["layer"] != "TOTAL":
             cells = []
             for c in configs:
-                rr = by[(c, r["index"], r["layer"])]
+                rr = by[(c, r["index"])]
                 ratio = rr.get("ratio_original_over_this")
                 cells.append(f"{rr['cycles']:>11,d} {rr['bound'][:4]:4s}"
                              + (f" x{ratio:<5.2f}" if c in ORIGINAL_OF and ratio else ""))
