@@ -161,8 +161,6 @@ class VTAConfig:
             self.layouts
         except LayoutOverflowError as err:
             fail(f"instruction field overflow: {err}")
-        if self.log_uop_depth > 16 + 0 and self.layouts["MEM"]["sram_base"].width < self.log_uop_depth:
-            fail("LOG_UOP_BUFF_SIZE too large for the 16-bit sram_base field")
 
     # ------------------------------------------------------------------ extensions
     def missing_extension(self, key: str, insn_text: str) -> str:
