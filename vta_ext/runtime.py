@@ -21,6 +21,8 @@ from .config import MAX_XFER, PAGE_BYTES, VTAConfig
 from .isa import (AluInsn, AluOp, FieldRangeError, FinishInsn, GemmInsn, Insn, MemInsn, MemType,
                   Opcode, Stage, Uop, clip_bounds, disassemble, encode_stream, encode_uops)
 
+from .errors import TemplateRefusal
+
 __all__ = ["CommandQueue", "UopKernel", "Program", "DramBuffer", "RuntimeError_",
            "MissingExtensionError", "Segment"]
 
@@ -32,8 +34,11 @@ class RuntimeError_(RuntimeError):
     """Invalid use of the runtime API (the message says which call and why)."""
 
 
-class MissingExtensionError(RuntimeError_):
+class MissingExtensionError(RuntimeError_, TemplateRefusal):
     """An instruction needs an ISA extension that the configuration does not enable.
+
+    It is a :class:`~vta_ext.errors.TemplateRefusal`: the operator stays on the CPU and the build
+    report gives this message.
 
     The message names the extension, the instruction and the configuration key
     (``EXT_CLIP``, ``EXT_PAD_MIN``) that enables it.
