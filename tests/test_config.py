@@ -12,6 +12,8 @@ import re
 import pytest
 
 from vta_ext.config import CONFIG_DIR, ConfigError, VTAConfig, available_configs, load_config
+from vta_ext.isa import MemType
+from vta_ext.memory import scratchpad, scratchpad_of_scope, scratchpads
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +111,38 @@ def test_default_depths(default):
     assert (default.inp_depth, default.log_inp_depth) == (2048, 11)
     assert (default.wgt_depth, default.log_wgt_depth) == (1024, 10)
     assert (default.acc_depth, default.log_acc_depth) == (2048, 11)
+
+
+def test_default_scratchpads(default):
+    # facts §1.3 (depths, element bytes, buffer sizes), §3.1 (lane order and types of the SRAMs)
+    # and the intrinsic scopes of the original stack (facts §1.4)
+    pads = scratchpads(default)
+    assert list(pads) == [MemType.UOP, MemType.WGT, MemType.INP, MemType.ACC]
+    expected = {  # mem: (name, scope, depth, entry bytes, size, lane shape, dtype)
+        MemType.UOP: ("uop", None, 8192, 4, 32768, (1,), "uint32"),
+        MemType.WGT: ("wgt", "local.wgt_buffer", 1024, 256, 262144, (16, 16), "int8"),
+        MemType.INP: ("inp", "local.inp_buffer", 2048, 16, 32768, (1, 16), "int8"),
+        MemType.ACC: ("acc", "local.acc_buffer", 2048, 64, 131072, (1, 16), "int32"),
+    }
+    for mem, (name, scope, depth, entry, size, shape, dtype) in expected.items():
+        sp = scratchpad(default, mem)
+        assert sp is pads[mem]
+        assert (sp.name, sp.scope, sp.depth, sp.entry_bytes, sp.size_bytes, sp.lane_shape,
+                sp.dtype) == (name, scope, depth, entry, size, shape, dtype), name
+    # pad-with-minimum lanes (DESIGN.md, extension): -128 for int8, INT32_MIN, 0x80000000 for uops
+    assert [pads[m].pad_min_value for m in pads] == [0x80000000, -128, -128, -2147483648]
+    assert scratchpad_of_scope(default, "local.acc_buffer") is pads[MemType.ACC]
+    with pytest.raises(KeyError, match="local.out_buffer"):
+        scratchpad_of_scope(default, "local.out_buffer")
+    with pytest.raises(KeyError, match="STORE of OUT reads ACC"):
+        scratchpad(default, MemType.OUT)
+
+
+def test_scratchpads_of_the_2x16x16_preset():
+    # depths inp 15-1-4-3+3 = 10, wgt 18-4-4-3+3 = 10, acc 17-1-4-5+3 = 10 (see test_preset_2x16x16)
+    pads = scratchpads(load_config("2x16x16"))
+    assert [(p.depth, p.entry_bytes, p.lane_shape) for p in pads.values()] == [
+        (8192, 4, (1,)), (1024, 256, (16, 16)), (1024, 32, (2, 16)), (1024, 128, (2, 16))]
 
 
 def test_default_names(default):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vta_ext import isa
+from vta_ext import isa, layout
 from vta_ext.config import VTAConfig, load_config
 from vta_ext.isa import (AluInsn, AluOp, FieldRangeError, FinishInsn, GemmInsn, MemInsn, MemType,
                          Opcode, Uop, clip_bounds, clip_imm, decode_insn, decode_stream, disassemble,
@@ -37,6 +37,16 @@ def test_opcode_and_id_numbers():
             MemType.ACC_8BIT] == [0, 1, 2, 3, 4, 5]
     assert [AluOp.MIN, AluOp.MAX, AluOp.ADD, AluOp.SHR, AluOp.MUL] == [0, 1, 2, 3, 4]
     assert AluOp.CLIP == 5  # DESIGN.md extension
+
+
+def test_limits_implied_by_field_widths():
+    # facts §1.3: MEMOP_PAD_BIT_WIDTH 4, LOOP_ITER_WIDTH 14, ALUOP_IMM_BIT_WIDTH 16 (signed, §2.4),
+    # MEMOP_SRAM_ADDR_BIT_WIDTH 16; DESIGN.md: CLIP bounds are the two int8 bytes of the immediate
+    assert layout.MAX_DMA_PAD == 15
+    assert layout.MAX_LOOP_EXTENT == 16383
+    assert (layout.IMM_MIN, layout.IMM_MAX) == (-32768, 32767)
+    assert (layout.CLIP_MIN, layout.CLIP_MAX) == (-128, 127)
+    assert layout.MAX_SRAM_ENTRIES == 65536
 
 
 # --------------------------------------------------------------------------- one field at a time

@@ -6,14 +6,24 @@ current word it starts at the next word, leaving padding bits. The micro-op foll
 with a 32-bit unit. This module reproduces that rule so that the encodings are bit-identical to the
 original for every configuration, and reports fields that would overflow the 128-bit instruction
 or the 32-bit micro-op.
+
+It is also the one home of the limits that the fixed field widths imply: :data:`MAX_DMA_PAD`
+(4-bit pad fields), :data:`MAX_LOOP_EXTENT` (14-bit loop fields), :data:`IMM_MIN`/:data:`IMM_MAX`
+(signed 16-bit immediate), :data:`CLIP_MIN`/:data:`CLIP_MAX` (the int8 CLIP bounds) and
+:data:`MAX_SRAM_ENTRIES` (16-bit ``sram_base``). Import them from here rather than retyping them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Tuple
 
-INSN_BITS = 128
-UOP_BITS = 32
+# field widths of ``hw_spec_const.h`` (facts §1.3)
+LOG_INSN_BITS = 7
+LOG_UOP_BITS = 5
+INSN_BITS = 1 << LOG_INSN_BITS
+UOP_BITS = 1 << LOG_UOP_BITS
+#: storage unit of the C bit-fields of an instruction (``uint64_t``)
+INSN_UNIT_BITS = 64
 
 OPCODE_BITS = 3
 MEMOP_ID_BITS = 3
@@ -33,6 +43,24 @@ HEADER_FIELDS = (
     ("push_prev_dep", 1),
     ("push_next_dep", 1),
 )
+#: names of the four dependency-token flags of the common header
+DEP_FLAGS = tuple(name for name, _ in HEADER_FIELDS[1:])
+
+# ------------------------------------------------------------------ limits implied by field widths
+#: most padding rows or elements one side of a LOAD can have (the 4-bit ``x_pad_*``/``y_pad_*``)
+MAX_DMA_PAD = (1 << MEMOP_PAD_BITS) - 1
+#: most iterations of one GEMM/ALU loop level (the 14-bit ``iter_out``/``iter_in``)
+MAX_LOOP_EXTENT = (1 << LOOP_ITER_BITS) - 1
+#: range of the signed 16-bit ALU immediate ``imm``
+IMM_MIN = -(1 << (ALU_IMM_BITS - 1))
+IMM_MAX = (1 << (ALU_IMM_BITS - 1)) - 1
+#: bits of each of the two CLIP bounds packed into the immediate (low byte lo, high byte hi)
+CLIP_BOUND_BITS = ALU_IMM_BITS // 2
+#: range of each signed CLIP bound
+CLIP_MIN = -(1 << (CLIP_BOUND_BITS - 1))
+CLIP_MAX = (1 << (CLIP_BOUND_BITS - 1)) - 1
+#: most on-chip entries a LOAD/STORE can address (the 16-bit ``sram_base``)
+MAX_SRAM_ENTRIES = 1 << MEMOP_SRAM_ADDR_BITS
 
 
 @dataclass(frozen=True)
@@ -101,6 +129,10 @@ def pack_bitfields(name: str, fields: Iterable[Tuple[str, int]], unit: int, tota
     return Layout(name, tuple(placed), total_bits)
 
 
+#: the common header of every instruction (the first fields of each instruction layout)
+HEADER = pack_bitfields("HEADER", HEADER_FIELDS, INSN_UNIT_BITS, INSN_UNIT_BITS)
+
+
 def instruction_layouts(log_uop_depth: int, log_inp_depth: int, log_wgt_depth: int,
                         log_acc_depth: int) -> Dict[str, Layout]:
     """Layouts of the MEM (LOAD/STORE), GEMM and ALU instructions and the UOP micro-op.
@@ -127,7 +159,7 @@ def instruction_layouts(log_uop_depth: int, log_inp_depth: int, log_wgt_depth: i
         ("y_pad_1", MEMOP_PAD_BITS),
         ("x_pad_0", MEMOP_PAD_BITS),
         ("x_pad_1", MEMOP_PAD_BITS),
-    ), 64, INSN_BITS)
+    ), INSN_UNIT_BITS, INSN_BITS)
     compute_head = HEADER_FIELDS + (
         ("reset_reg", 1),
         ("uop_bgn", log_uop_depth),
@@ -142,17 +174,17 @@ def instruction_layouts(log_uop_depth: int, log_inp_depth: int, log_wgt_depth: i
         ("src_factor_in", log_inp_depth),
         ("wgt_factor_out", log_wgt_depth),
         ("wgt_factor_in", log_wgt_depth),
-    ), 64, INSN_BITS)
+    ), INSN_UNIT_BITS, INSN_BITS)
     alu = pack_bitfields("ALU", compute_head + (
         ("src_factor_out", log_acc_depth),
         ("src_factor_in", log_acc_depth),
         ("alu_opcode", ALU_OPCODE_BITS),
         ("use_imm", 1),
         ("imm", ALU_IMM_BITS),
-    ), 64, INSN_BITS)
+    ), INSN_UNIT_BITS, INSN_BITS)
     uop = pack_bitfields("UOP", (
         ("dst_idx", log_acc_depth),
         ("src_idx", max(log_acc_depth, log_inp_depth)),
         ("wgt_idx", log_wgt_depth),
-    ), 32, UOP_BITS)
+    ), UOP_BITS, UOP_BITS)
     return {"MEM": mem, "GEMM": gemm, "ALU": alu, "UOP": uop}

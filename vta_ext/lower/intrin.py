@@ -5,7 +5,7 @@ The description is the GEMM core of one VTA instruction step::
     acc[i, j] += int32(inp[i, k]) * int32(wgt[j, k])     i < BATCH, j < BLOCK_OUT, k < BLOCK_IN
 
 on tiles living in the on-chip scopes ``local.inp_buffer`` / ``local.wgt_buffer`` /
-``local.acc_buffer``. The implementation is a ``T.call_extern`` marker whose arguments are the data pointer and
+``local.acc_buffer`` (defined in :mod:`vta_ext.memory`, re-exported here). The implementation is a ``T.call_extern`` marker whose arguments are the data pointer and
 element offset of each of the three tiles inside its (flattened) buffer; the Python lowering
 (:mod:`vta_ext.lower.codegen`) turns it into a GEMM micro-op.
 
@@ -22,13 +22,10 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from ..config import VTAConfig
+from ..memory import ACC_SCOPE, INP_SCOPE, WGT_SCOPE
 
 __all__ = ["INP_SCOPE", "WGT_SCOPE", "ACC_SCOPE", "GEMM_EXTERN", "RESET_EXTERN",
            "gemm_intrin_names", "register_gemm_intrin"]
-
-INP_SCOPE = "local.inp_buffer"
-WGT_SCOPE = "local.wgt_buffer"
-ACC_SCOPE = "local.acc_buffer"
 
 #: extern names of the markers left in the lowered TIR
 GEMM_EXTERN = "VTAUopGemm"
