@@ -6,6 +6,7 @@ comments). Nothing is recomputed with the code under test.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -313,6 +314,28 @@ def test_uop_buffer_16_overflows_gemm():
         VTAConfig.from_dict({"LOG_UOP_BUFF_SIZE": 16})
 
 
+# small input, weight and accumulator buffers leave room in the instruction words for a large
+# micro-op buffer: log depths inp 12-0-4-3+3 = 8, wgt 16-4-4-3+3 = 8, acc 13-0-4-5+3 = 7
+SMALL_DATA_BUFFERS = {"LOG_INP_BUFF_SIZE": 12, "LOG_WGT_BUFF_SIZE": 16, "LOG_ACC_BUFF_SIZE": 13}
+
+
+def test_uop_depth_beyond_sram_base_rejected_naming_the_field():
+    # LOG_UOP_BUFF_SIZE 19 -> 19-5+3 = 17-bit uop depth, 131072 entries; the 16-bit sram_base of a
+    # LOAD UOP (facts §2.2) reaches only 65536 of them. The instruction words still fit: uop_bgn
+    # 8-24, uop_end (18) 25-42, iter_out 43-56, iter_in 64-77; GEMM factors 78-84, 85-91, 92-99,
+    # 100-107, 108-115, 116-123; ALU factors 78-105, alu_opcode 106-108, use_imm 109, imm 110-125.
+    with pytest.raises(ConfigError, match=r"LOG_UOP_BUFF_SIZE=19 .*MEM\.sram_base.* at most 18"):
+        VTAConfig.from_dict({"LOG_UOP_BUFF_SIZE": 19, **SMALL_DATA_BUFFERS})
+    with pytest.raises(ConfigError, match=r"MEM\.sram_base"):
+        VTAConfig.from_dict({"LOG_UOP_BUFF_SIZE": 19})
+
+
+def test_uop_depth_that_sram_base_reaches_accepted():
+    # LOG_UOP_BUFF_SIZE 18 -> 16-bit depth: exactly the 65536 entries sram_base addresses
+    cfg = VTAConfig.from_dict({"LOG_UOP_BUFF_SIZE": 18, **SMALL_DATA_BUFFERS})
+    assert cfg.uop_depth == 65536
+
+
 def test_alu_only_overflow_names_imm():
     # LOG_ACC_BUFF_SIZE=18 -> acc depth 18-0-4-5+3 = 12 bits; LOG_WGT_BUFF_SIZE=16 -> wgt 16-4-4-3+3 = 8.
     # GEMM word 2: 12+12+11+11+8+8 = 62 bits, fits (64-125).
@@ -364,5 +387,5 @@ def test_unknown_preset_rejected():
 
 
 def test_config_is_immutable(default):
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="LOG_BATCH"):
         default.LOG_BATCH = 1

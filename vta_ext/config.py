@@ -15,7 +15,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Dict, Mapping, Union
 
-from .layout import Layout, LayoutOverflowError, instruction_layouts
+from .layout import (INSN_BITS, LOG_UOP_BITS, MAX_SRAM_ENTRIES, MEMOP_SRAM_ADDR_BITS, UOP_BITS,
+                     Layout, LayoutOverflowError, instruction_layouts)
 
 __all__ = ["VTAConfig", "ConfigError", "CONFIG_DIR", "EXTENSIONS", "load_config",
            "available_configs"]
@@ -151,8 +152,14 @@ class VTAConfig:
                                ("LOG_WGT_BUFF_SIZE", "log_wgt_depth"),
                                ("LOG_ACC_BUFF_SIZE", "log_acc_depth"),
                                ("LOG_UOP_BUFF_SIZE", "log_uop_depth")):
-            if getattr(self, depth_key) < 1:
+            log_depth = getattr(self, depth_key)
+            if log_depth < 1:
                 fail(f"{key}={getattr(self, key)} leaves fewer than two entries in the buffer")
+            if log_depth > MEMOP_SRAM_ADDR_BITS:
+                fail(f"{key}={getattr(self, key)} gives a buffer of {1 << log_depth} entries, but the "
+                     f"{MEMOP_SRAM_ADDR_BITS}-bit MEM.sram_base field of LOAD/STORE addresses only "
+                     f"{MAX_SRAM_ENTRIES}; reduce {key} to at most "
+                     f"{getattr(self, key) - (log_depth - MEMOP_SRAM_ADDR_BITS)}")
         for mem, elem_bytes in (("INP", self.inp_elem_bytes), ("WGT", self.wgt_elem_bytes),
                                 ("ACC", self.acc_elem_bytes)):
             if elem_bytes > PAGE_BYTES:
@@ -271,8 +278,8 @@ class VTAConfig:
         return self.OUT_MATRIX_WIDTH // self.BUS_WIDTH
 
     # ------------------------------------------------------------------ element bytes
-    INS_ELEM_BYTES = 16
-    UOP_ELEM_BYTES = 4
+    INS_ELEM_BYTES = INSN_BITS // 8
+    UOP_ELEM_BYTES = UOP_BITS // 8
 
     @property
     def inp_elem_bytes(self) -> int:
@@ -293,7 +300,7 @@ class VTAConfig:
     # ------------------------------------------------------------------ buffer depths (entries)
     @property
     def log_uop_depth(self) -> int:
-        return self.LOG_UOP_BUFF_SIZE - 5 + 3
+        return self.LOG_UOP_BUFF_SIZE - LOG_UOP_BITS + 3
 
     @property
     def log_inp_depth(self) -> int:
