@@ -5,84 +5,36 @@ import tvm
 from tvm import relax
 
 import vta_ext
+from conftest import conv2d_nchw, conv_chain, conv_module, random_inputs, requantize, run_module
 
 
-def _conv_chain(bb, x, w, b, *, stride, padding, shift, clip, bias_first=True):
-    y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=padding, out_dtype="int32"))
-    if b is not None:
-        y = bb.emit(relax.op.add(y, b))
-    if shift is not None:
-        y = bb.emit(relax.op.right_shift(y, relax.const(shift, "int32")))
-    if clip is not None:
-        y = bb.emit(relax.op.clip(y, *clip))
-    return bb.emit(relax.op.astype(y, "int8"))
+def _conv_chain(bb, x, w, b, *, stride, padding, shift, clip):
+    return conv_chain(bb, x, w, b, stride=stride, padding=padding, shift=shift, clip=clip)
 
 
-def _module(n, c, o, hw, k, *, stride=1, padding=1, bias=True, shift=8, clip=(0, 127), extra_cpu=False):
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((n, c, hw, hw), "int8"))
-    w = relax.Var("w", relax.TensorType((o, c, k, k), "int8"))
-    params = [x, w]
-    b = None
-    if bias:
-        b = relax.Var("b", relax.TensorType((1, o, 1, 1), "int32"))
-        params.append(b)
-    with bb.function("main", params):
-        with bb.dataflow():
-            y = _conv_chain(bb, x, w, b, stride=stride, padding=padding, shift=shift, clip=clip)
-            if extra_cpu:
-                y = bb.emit(relax.op.nn.max_pool2d(y, pool_size=2, strides=2))
-            out = bb.emit_output(y)
-        bb.emit_func_output(out)
-    return bb.get()
+def _module(n, c, o, hw, k, *, stride=1, padding=1, bias=True, shift=8, clip=(0, 127)):
+    return conv_module(n, c, o, hw, k, stride=stride, padding=padding, bias=bias, shift=shift,
+                       clip=clip)
 
 
-def _inputs(mod, seed):
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for p in mod["main"].params:
-        shape = tuple(int(d) for d in p.ty.shape)
-        if str(p.ty.dtype) == "int8":
-            arrays.append(rng.integers(-128, 128, shape).astype(np.int8))
-        else:
-            arrays.append(rng.integers(-(1 << 14), 1 << 14, shape).astype(np.int32))
-    return arrays
-
-
-def _run(mod, target, arrays):
-    vm = relax.VirtualMachine(relax.build(mod, target=target), tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+_inputs = random_inputs
+_run = run_module
 
 
 def _numpy_reference(x, w, b, stride, padding, shift, clip):
     """Direct int64 conv2d + epilogue, wrapping to int8 like astype."""
-    n, c, h, wd = x.shape
-    o, _, k, _ = w.shape
-    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (padding,) * 2, (padding,) * 2))
-    oh = (h + 2 * padding - k) // stride + 1
-    ow = (wd + 2 * padding - k) // stride + 1
-    acc = np.zeros((n, o, oh, ow), np.int64)
-    for i in range(k):
-        for j in range(k):
-            patch = xp[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride]
-            acc += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j].astype(np.int64))
-    acc = acc.astype(np.int32)
-    if b is not None:
-        acc = acc + b
-    if shift is not None:
-        acc = acc >> shift
-    if clip is not None:
-        acc = np.clip(acc, *clip)
-    return acc.astype(np.int8)
+    return requantize(conv2d_nchw(x, w, stride, padding), b, shift, clip)
 
 
-@pytest.mark.parametrize("n,c,o,hw,k,stride,padding,bias,shift,clip", [
-    (1, 16, 32, 8, 3, 1, 1, True, 8, (0, 127)),       # multiples of the block
-    (1, 3, 20, 9, 3, 2, 1, True, 6, (-128, 127)),     # thin input, odd output channels, stride 2
-    (1, 24, 16, 7, 1, 1, 0, False, 4, None),          # 1x1, no bias, no clip (wrapping store)
-    (2, 16, 16, 6, 3, 2, 0, True, None, (-10, 90)),   # batch 2, no shift
+@pytest.mark.parametrize("n,c,o,hw,k,stride,padding,bias,shift,clip,padded", [
+    (1, 16, 32, 8, 3, 1, 1, True, 8, (0, 127), ""),                      # multiples of the block
+    (1, 3, 20, 9, 3, 2, 1, True, 6, (-128, 127),                         # thin input, odd output
+     "in channels 3->16, out channels 20->32"),
+    (1, 24, 16, 7, 1, 1, 0, False, 4, None, "in channels 24->32"),      # 1x1, no bias, no clip
+    (2, 16, 16, 6, 3, 2, 0, True, None, (-10, 90), ""),                  # batch 2 (BATCH is 1)
 ])
-def test_conv_chain_matches_llvm_and_numpy(n, c, o, hw, k, stride, padding, bias, shift, clip):
+def test_conv_chain_matches_llvm_and_numpy(n, c, o, hw, k, stride, padding, bias, shift, clip,
+                                           padded):
     mod = _module(n, c, o, hw, k, stride=stride, padding=padding, bias=bias, shift=shift, clip=clip)
     arrays = _inputs(mod, seed=c * 131 + o)
     vta_ext.clear_run_log()
@@ -94,8 +46,11 @@ def test_conv_chain_matches_llvm_and_numpy(n, c, o, hw, k, stride, padding, bias
     np.testing.assert_array_equal(got, ref)
     report = vta_ext.last_build_report()
     assert [p.op for p in report.on_vta] == ["relax.nn.conv2d"]
-    padded = c % 16 or o % 16 or n % 1
-    assert ("PADDED" in report.on_vta[0].detail) == bool(padded)
+    assert all(p.reason == "layout transform around a VTA operator" for p in report.on_cpu)
+    if padded:
+        assert report.on_vta[0].detail.endswith(f"PADDED {padded}")
+    else:
+        assert "PADDED" not in report.on_vta[0].detail
 
 
 def test_report_names_cpu_operators_and_reasons():
@@ -133,19 +88,24 @@ def test_llvm_target_is_untouched():
     assert vta_ext.run_log() == []
 
 
-def test_streams_are_built_at_build_time_not_at_run_time():
-    from vta_ext import executor
+def test_streams_are_built_at_build_time_not_at_run_time(monkeypatch):
+    """After relax.build, running must not compile anything: make compiling impossible, then run."""
+    from vta_ext import strategy
 
     mod = _module(1, 16, 16, 5, 3, stride=1, padding=1, shift=7)
     executable = relax.build(mod, target="ext_vta")
-    built = dict(executor._COMPILED)
-    assert built, "building must generate the instruction stream"
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("a VTA operator was compiled at run time")
+
+    monkeypatch.setattr(strategy, "get_template", no_compiling)
     vm = relax.VirtualMachine(executable, tvm.cpu())
     arrays = _inputs(mod, 3)
+    vta_ext.clear_run_log()
     for _ in range(2):
-        vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
-    assert executor._COMPILED.keys() == built.keys()
-    assert all(executor._COMPILED[k] is built[k] for k in built)
+        got = vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+    assert len(vta_ext.run_log()) == 2
+    np.testing.assert_array_equal(got, _numpy_reference(*arrays, 1, 1, 7, (0, 127)))
 
 
 def test_consecutive_vta_convs_keep_packed_layout():

@@ -2,14 +2,26 @@
 
 Importing this package registers the ``ext_vta`` target tag and makes
 ``tvm.relax.build(mod, target="ext_vta")`` offload the supported quantised operators to VTA
-(executed on the functional simulator); see :mod:`vta_ext.target`.
+(executed on the functional simulator); see :mod:`vta_ext.target`. Per-build choices (strategy,
+knobs, tuned records) are made with :func:`build_options`::
+
+    with vta_ext.build_options(strategy="stock", knobs="fallback"):
+        executable = tvm.relax.build(mod, target="ext_vta")
+    print(vta_ext.last_build_report())
 """
 from .config import ConfigError, VTAConfig, available_configs, load_config
+from .errors import TemplateRefusal, VTABuildError
 from .isa import AluOp, MemType, Opcode, Stage, disassemble
 from .runtime import CommandQueue, MissingExtensionError, Program, UopKernel
+from .sim import FunctionalSimulator, SimStats
 from .report import BuildReport, last_build_report
+from .strategy import (OpTemplate, Strategy, register_strategy, register_template,
+                       registered_strategies)
+from .options import build_options
 from .target import TARGET_TAG, install_pipeline_hook, register_target, vta_target
+from .quantize import QuantizationError, quantize_relax, quantize_torch
 from . import executor as _executor  # registers the "vta_ext.run" packed function
+from . import stock as _stock  # registers the stock strategy's templates  # noqa: F401
 
 register_target()
 install_pipeline_hook()
@@ -18,9 +30,16 @@ run_log = _executor.run_log
 clear_run_log = _executor.clear_run_log
 
 __all__ = [
-    "VTAConfig", "ConfigError", "load_config", "available_configs",
-    "Opcode", "MemType", "AluOp", "Stage", "disassemble",
+    # configuration and target
+    "VTAConfig", "ConfigError", "load_config", "available_configs", "TARGET_TAG", "vta_target",
+    # building for VTA
+    "build_options", "last_build_report", "BuildReport", "TemplateRefusal", "VTABuildError",
+    "Strategy", "OpTemplate", "register_strategy", "register_template", "registered_strategies",
+    # quantisation
+    "quantize_torch", "quantize_relax", "QuantizationError",
+    # running
+    "run_log", "clear_run_log", "FunctionalSimulator", "SimStats",
+    # the accelerator itself
     "CommandQueue", "UopKernel", "Program", "MissingExtensionError",
-    "BuildReport", "last_build_report", "run_log", "clear_run_log",
-    "TARGET_TAG", "register_target", "vta_target",
+    "Opcode", "MemType", "AluOp", "Stage", "disassemble",
 ]

@@ -7,6 +7,8 @@ error and fails ``relax.build`` with a :class:`VTABuildError` that names the ope
 """
 from __future__ import annotations
 
+import tvm_ffi
+
 __all__ = ["TemplateRefusal", "VTABuildError"]
 
 
@@ -18,5 +20,8 @@ class TemplateRefusal(Exception):
     """
 
 
+@tvm_ffi.register_error("VTABuildError")
 class VTABuildError(RuntimeError):
-    """Building an offloaded operator failed for a reason other than a refusal."""
+    """Building an offloaded operator failed for a reason other than a refusal.
+
+    Registered with TVM's FFI, so it keeps its type through ``relax.build``'s C++ layers."""

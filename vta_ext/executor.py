@@ -1,31 +1,57 @@
 """Prebuilt VTA operators and the packed function that runs them from the Relax VM.
 
-Operators are identified by a JSON key (operator, configuration, workload, epilogue). The offload
-pass builds each one at build time with :func:`compiled_op`; ``relax.call_dps_packed("vta_ext.run",
-inputs..., key, out)`` then only copies the inputs into the program's DRAM image, executes the
-instruction stream on the functional simulator and copies the output back. A process that loads a
-built module without having built it rebuilds the stream on first use and logs that it did.
+Each offloaded operator is identified by a JSON key (:func:`op_key`): operator kind, strategy,
+configuration name *and value*, workload, epilogue and knobs. The offload pass builds each one at
+build time with :func:`compiled_op`; ``relax.call_dps_packed("vta_ext.run", inputs..., key, out)``
+then only copies the inputs into the program's DRAM image, executes the instruction stream on the
+functional simulator and copies the output back. A process that loads a built module without
+having built it rebuilds the stream from the key on first use and logs that it did.
+
+Runs are thread-safe: the simulator of a configuration is a device, and one lock per device
+serialises the runs on it (each run writes the operator's DRAM image and the device's SRAMs).
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import tvm_ffi
 
-from .config import VTAConfig, load_config
+from .config import VTAConfig
 
-__all__ = ["TemplateUnavailable", "TEMPLATES", "compiled_op", "OpRun", "run_log", "clear_run_log", "simulator_for", "cycle_report"]
+__all__ = ["op_key", "config_digest", "compiled_op", "OpRun", "run_log", "clear_run_log",
+           "simulator_for", "cycle_report"]
 
 logger = logging.getLogger("vta_ext")
 
 _COMPILED: Dict[str, object] = {}
 _CYCLES: Dict[str, object] = {}
 _SIMULATORS: Dict[str, object] = {}
+_DEVICE_LOCKS: Dict[str, threading.Lock] = {}
+_BUILD_LOCK = threading.RLock()
+
+
+def config_digest(config: VTAConfig) -> str:
+    """A hash of the configuration's *value* (its JSON keys, not its name)."""
+    text = json.dumps(config.to_dict(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def op_key(kind: str, strategy: str, config: VTAConfig, workload, epilogue: Sequence[tuple],
+           knobs) -> str:
+    """The JSON key of one compiled operator (what ``vta_ext.run`` receives)."""
+    values = dataclasses.asdict(workload) if dataclasses.is_dataclass(workload) else dict(workload)
+    return json.dumps({"op": kind, "strategy": strategy, "config": config.name,
+                       "config_value": config.to_dict(), "workload": values,
+                       "epilogue": [list(stage) for stage in epilogue], "knobs": knobs},
+                      sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -37,6 +63,11 @@ class OpRun:
     stats: object
     seconds: float
     key: str = ""
+
+    @property
+    def strategy(self) -> str:
+        """The strategy that generated this operator's program."""
+        return json.loads(self.key)["strategy"] if self.key else ""
 
     @property
     def cycles(self):
@@ -56,66 +87,54 @@ def run_log() -> List[OpRun]:
 
 
 def clear_run_log() -> None:
+    """Forget the executions recorded so far."""
     _RUN_LOG.clear()
 
 
 def simulator_for(config: VTAConfig):
-    """The process-wide functional simulator of ``config`` (SRAMs persist, like a device)."""
+    """The process-wide functional simulator of ``config``'s value (SRAMs persist, like a device).
+
+    Two configurations that share a name but differ in value get different simulators."""
     from .sim import FunctionalSimulator
 
-    if config.name not in _SIMULATORS:
-        _SIMULATORS[config.name] = FunctionalSimulator(config)
-    return _SIMULATORS[config.name]
+    digest = config_digest(config)
+    with _BUILD_LOCK:
+        if digest not in _SIMULATORS:
+            _SIMULATORS[digest] = FunctionalSimulator(config)
+            _DEVICE_LOCKS[digest] = threading.Lock()
+    return _SIMULATORS[digest]
 
 
-class TemplateUnavailable(LookupError):
-    """No template implements this operator (yet); the operator stays on the CPU."""
-
-
-#: operator kind -> (template module, build function, workload class); see docs/templates-api.md
-TEMPLATES = {
-    "conv2d": ("conv2d", "build_conv2d", "Conv2dWorkload"),
-    "group_conv2d": ("group_conv2d", "build_group_conv2d", "GroupConv2dWorkload"),
-    "depthwise_conv2d": ("depthwise", "build_depthwise_conv2d", "DepthwiseConv2dWorkload"),
-    "dense": ("dense", "build_dense", "DenseWorkload"),
-    "max_pool2d": ("pool", "build_max_pool2d", "PoolWorkload"),
-    "avg_pool2d": ("pool", "build_avg_pool2d", "PoolWorkload"),
-    "add": ("eltwise", "build_add", "EltwiseWorkload"),
-}
-
-
-def _template(kind: str):
-    import importlib
-
-    if kind not in TEMPLATES:
-        raise TemplateUnavailable(f"unknown VTA operator kind {kind!r}")
-    module_name, build_name, workload_name = TEMPLATES[kind]
-    try:
-        module = importlib.import_module(f"vta_ext.templates.{module_name}")
-        return getattr(module, build_name), getattr(module, workload_name)
-    except (ImportError, AttributeError):
-        raise TemplateUnavailable(f"no VTA template for {kind} yet (vta_ext.templates."
-                                  f"{module_name}.{build_name})") from None
-
-
-def _build(spec: dict, config: VTAConfig):
-    build, workload_cls = _template(spec["op"])
-    epilogue = tuple(tuple(stage) for stage in spec["epilogue"])
-    return build(config, workload_cls(**spec["workload"]), epilogue)
+def _config_of(spec: dict, config: Optional[VTAConfig]) -> VTAConfig:
+    if config is not None and config.to_dict() == spec["config_value"]:
+        return config
+    return VTAConfig.from_dict(spec["config_value"], name=spec["config"])
 
 
 def compiled_op(key: str, config: Optional[VTAConfig] = None):
-    """The compiled operator for ``key``, built (and cached in this process) on first request."""
+    """The compiled operator for ``key`` (see :func:`op_key`), built and cached on first request.
+
+    ``config`` saves re-validating the configuration when the caller has it; it is used only if its
+    value equals the key's.
+    """
     op = _COMPILED.get(key)
-    if op is None:
-        spec = json.loads(key)
-        cfg = config if config is not None and config.name == spec["config"] \
-            else load_config(spec["config"])
-        start = time.perf_counter()
-        op = _build(spec, cfg)
-        _COMPILED[key] = op
-        logger.info("built VTA %s %s: %d instructions in %.2f s", spec["op"], spec["workload"],
-                    op.program.insn_count, time.perf_counter() - start)
+    if op is not None:
+        return op
+    with _BUILD_LOCK:
+        op = _COMPILED.get(key)
+        if op is None:
+            from .strategy import get_template
+
+            spec = json.loads(key)
+            cfg = _config_of(spec, config)
+            template = get_template(spec["op"], spec["strategy"])
+            start = time.perf_counter()
+            op = template.build(cfg, template.workload_from_dict(spec["workload"]),
+                                tuple(tuple(stage) for stage in spec["epilogue"]), spec["knobs"])
+            _COMPILED[key] = op
+            logger.info("built VTA %s (%s) %s: %d instructions in %.2f s", spec["op"],
+                        spec["strategy"], spec["workload"], op.program.insn_count,
+                        time.perf_counter() - start)
     return op
 
 
@@ -126,10 +145,13 @@ def _run(*args) -> None:
     op = compiled_op(key)
     spec = json.loads(key)
     inputs = [np.from_dlpack(t) for t in args[:-2]]
-    start = time.perf_counter()
-    result, stats = op.run(*inputs, simulator=simulator_for(op.program.config))
-    np.from_dlpack(out)[...] = result
-    _RUN_LOG.append(OpRun(spec["op"], spec["workload"], stats, time.perf_counter() - start, key))
+    simulator = simulator_for(op.program.config)
+    with _DEVICE_LOCKS[config_digest(op.program.config)]:
+        start = time.perf_counter()
+        result, stats = op.run(*inputs, simulator=simulator)
+        seconds = time.perf_counter() - start
+        np.from_dlpack(out)[...] = result
+    _RUN_LOG.append(OpRun(spec["op"], spec["workload"], stats, seconds, key))
 
 
 def cycle_report(key: str):

@@ -23,6 +23,8 @@ class OpPlacement:
     device: str
     reason: str
     detail: str = ""
+    #: the Relax variable the operator was bound to in the input module
+    name: str = ""
 
     def __str__(self) -> str:
         extra = f" [{self.detail}]" if self.detail else ""
@@ -34,10 +36,21 @@ class BuildReport:
     """All placement decisions of one ``relax.build`` for ``ext_vta``."""
 
     config: str
+    strategy: str = "stock"
     placements: List[OpPlacement] = field(default_factory=list)
 
-    def add(self, op: str, device: str, reason: str, detail: str = "") -> None:
-        self.placements.append(OpPlacement(op, device, reason, detail))
+    def add(self, op: str, device: str, reason: str, detail: str = "", name: str = "") -> None:
+        """Record where operator ``op`` (bound to Relax variable ``name``) runs and why."""
+        self.placements.append(OpPlacement(op, device, reason, detail, name))
+
+    def placement(self, layout: bool = False) -> List[tuple]:
+        """``(op, device)`` of every operator in report order; layout transforms only if asked."""
+        return [(p.op, p.device) for p in self.placements
+                if layout or p.reason != LAYOUT_REASON]
+
+    def devices(self, op: str) -> List[str]:
+        """The device of each occurrence of Relax operator ``op``, in report order (VTA first)."""
+        return [p.device for p in self.placements if p.op == op]
 
     @property
     def on_vta(self) -> List[OpPlacement]:
@@ -53,7 +66,7 @@ class BuildReport:
         cpu = Counter(p.op for p in self.on_cpu if p.reason != LAYOUT_REASON)
         layout = sum(p.reason == LAYOUT_REASON for p in self.on_cpu)
         fmt = lambda c: ", ".join(f"{n}x {op}" for op, n in sorted(c.items())) or "nothing"
-        return (f"ext_vta build ({self.config}): VTA runs {fmt(vta)}; CPU runs {fmt(cpu)} "
+        return (f"ext_vta build ({self.config}, strategy {self.strategy}): VTA runs {fmt(vta)}; CPU runs {fmt(cpu)} "
                 f"plus {layout} layout transform(s)")
 
     def __str__(self) -> str:
@@ -66,7 +79,8 @@ class BuildReport:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return f"BuildReport({self.config!r}, {len(self.on_vta)} on VTA, {len(self.on_cpu)} on CPU)"
+        return (f"BuildReport({self.config!r}, strategy {self.strategy!r}, {len(self.on_vta)} on VTA, "
+                f"{len(self.on_cpu)} on CPU)")
 
 
 _LAST: List[Optional[BuildReport]] = [None]

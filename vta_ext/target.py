@@ -84,13 +84,32 @@ def _dispatching(name: str):
 
         return dispatch
 
+    factory._vta_hooked = True
     return factory
 
 
-def install_pipeline_hook() -> None:
-    """Wrap the ``default`` and ``default_build`` Relax pipelines (idempotent)."""
-    for name in ("default", "default_build"):
-        if name in _ORIGINAL_PIPELINES or name not in relax.pipeline.PIPELINE_MAP:
+#: the TVM Relax pipelines that ``relax.build`` resolves by name and that we wrap
+HOOKED_PIPELINES = ("default", "default_build")
+
+
+def install_pipeline_hook(pipeline_map: Optional[dict] = None) -> None:
+    """Wrap the ``default`` and ``default_build`` Relax pipelines (idempotent).
+
+    Raises
+    ------
+    RuntimeError
+        If TVM no longer has one of these pipelines (renamed in a newer TVM): without the hook,
+        ``relax.build(mod, target="ext_vta")`` would silently leave everything on the CPU.
+    """
+    pipeline_map = relax.pipeline.PIPELINE_MAP if pipeline_map is None else pipeline_map
+    missing = [name for name in HOOKED_PIPELINES if name not in pipeline_map]
+    if missing:
+        raise RuntimeError(f"TVM {tvm.__version__} has no Relax pipeline(s) {missing} (it has "
+                           f"{sorted(pipeline_map)}); vta_ext cannot hook relax.build, so nothing "
+                           "would run on VTA. Use apache-tvm==0.27.0.post1 or update "
+                           "vta_ext.target.HOOKED_PIPELINES.")
+    for name in HOOKED_PIPELINES:
+        if getattr(pipeline_map[name], "_vta_hooked", False):
             continue
-        _ORIGINAL_PIPELINES[name] = relax.pipeline.PIPELINE_MAP[name]
-        relax.pipeline.PIPELINE_MAP[name] = _dispatching(name)
+        _ORIGINAL_PIPELINES[name] = pipeline_map[name]
+        pipeline_map[name] = _dispatching(name)

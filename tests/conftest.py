@@ -1,0 +1,131 @@
+"""Helpers shared by the tests: independent numpy references, packing in numpy, building and running.
+
+The references here are written from the operator definitions (NCHW convolution, the int8
+requantisation tail), not from the code under test; tests import them with
+``from conftest import ...``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "data"
+
+
+# ------------------------------------------------------------------ numpy references
+def conv2d_nchw(x: np.ndarray, w: np.ndarray, stride=1, padding=0, dilation=1,
+                groups: int = 1) -> np.ndarray:
+    """Direct NCHW x OIHW convolution in int64 (symmetric ``padding``), the definition itself."""
+    sh, sw = (stride, stride) if np.isscalar(stride) else stride
+    ph, pw = (padding, padding) if np.isscalar(padding) else padding
+    dh, dw = (dilation, dilation) if np.isscalar(dilation) else dilation
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    acc = np.zeros((n, o, oh, ow), np.int64)
+    og = o // groups
+    for g in range(groups):
+        xs = xp[:, g * cg:(g + 1) * cg]
+        ws = w[g * og:(g + 1) * og].astype(np.int64)
+        for i in range(kh):
+            for j in range(kw):
+                patch = xs[:, :, i * dh:i * dh + sh * oh:sh, j * dw:j * dw + sw * ow:sw]
+                acc[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
+    return acc
+
+
+def requantize(acc: np.ndarray, bias: Optional[np.ndarray] = None, shift: Optional[int] = None,
+               clip: Optional[Tuple[int, int]] = None, order: Sequence[str] = ("bias", "shr", "clip")
+               ) -> np.ndarray:
+    """The int8 requantisation tail as Relax states it: int32 wrap, then the stages in ``order``
+    (``+ bias``, arithmetic ``>> shift``, ``clip``), then ``astype int8`` (keeps the low byte)."""
+    out = acc.astype(np.int64).astype(np.int32)
+    for stage in order:
+        if stage == "bias" and bias is not None:
+            out = out + bias.astype(np.int32)
+        elif stage == "shr" and shift is not None:
+            out = out >> shift
+        elif stage == "clip" and clip is not None:
+            out = np.clip(out, *clip)
+    return out.astype(np.int8)
+
+
+# ------------------------------------------------------------------ packing in numpy
+def pack_nchw(x: np.ndarray, b: int, c: int) -> np.ndarray:
+    """NCHW -> ``(N/b, C/c, H, W, b, c)`` (shapes must divide)."""
+    n, ch, h, w = x.shape
+    return x.reshape(n // b, b, ch // c, c, h, w).transpose(0, 2, 4, 5, 1, 3).copy()
+
+
+def unpack_nchw(p: np.ndarray) -> np.ndarray:
+    """``(N/b, C/c, H, W, b, c)`` -> NCHW."""
+    nb, cb, h, w, b, c = p.shape
+    return p.transpose(0, 4, 1, 5, 2, 3).reshape(nb * b, cb * c, h, w)
+
+
+# ------------------------------------------------------------------ Relax modules and running
+def random_inputs(mod, seed: int, int32_range: int = 1 << 14):
+    """Random int8 (full range) / int32 (``±int32_range``) arrays for ``mod["main"]``'s params."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for p in mod["main"].params:
+        shape = tuple(int(d) for d in p.ty.shape)
+        if str(p.ty.dtype) == "int8":
+            arrays.append(rng.integers(-128, 128, shape).astype(np.int8))
+        else:
+            arrays.append(rng.integers(-int32_range, int32_range, shape).astype(np.int32))
+    return arrays
+
+
+def run_module(mod, target, arrays):
+    """``relax.build`` for ``target``, run ``main`` once on ``arrays``, return numpy output(s)."""
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(relax.build(mod, target=target), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    return out.numpy() if hasattr(out, "numpy") else [o.numpy() for o in out]
+
+
+def conv_chain(bb, x, w, b, *, stride=1, padding=0, shift=None, clip=None, groups=1,
+               dilation=1, order=("bias", "shr", "clip")):
+    """Emit ``conv2d(int8) -> stages in order -> astype int8`` into BlockBuilder ``bb``."""
+    from tvm import relax
+
+    y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=padding, dilation=dilation,
+                                   groups=groups, out_dtype="int32"))
+    for stage in order:
+        if stage == "bias" and b is not None:
+            y = bb.emit(relax.op.add(y, b))
+        elif stage == "shr" and shift is not None:
+            y = bb.emit(relax.op.right_shift(y, relax.const(shift, "int32")))
+        elif stage == "clip" and clip is not None:
+            y = bb.emit(relax.op.clip(y, *clip))
+    return bb.emit(relax.op.astype(y, "int8"))
+
+
+def conv_module(n, c, o, hw, k, *, stride=1, padding=1, bias=True, shift=8, clip=(0, 127),
+                groups=1, dilation=1, order=("bias", "shr", "clip")):
+    """A one-conv Relax module ``main(x, w[, b])`` with the requantisation tail."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, c, hw, hw), "int8"))
+    w = relax.Var("w", relax.TensorType((o, c // groups, k, k), "int8"))
+    params = [x, w]
+    b = None
+    if bias:
+        b = relax.Var("b", relax.TensorType((1, o, 1, 1), "int32"))
+        params.append(b)
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = conv_chain(bb, x, w, b, stride=stride, padding=padding, shift=shift, clip=clip,
+                           groups=groups, dilation=dilation, order=order)
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()

@@ -1,0 +1,208 @@
+"""The build seam: strategies, build_options, cache keys by config value, refusals vs failures,
+thread-safe runs."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import vta_ext
+from conftest import conv2d_nchw, conv_module, random_inputs, requantize, run_module
+from vta_ext import executor, strategy
+from vta_ext.errors import TemplateRefusal, VTABuildError
+from vta_ext.stock import StockConv2d
+
+#: ResNet-18 C2, one call on the original stack (TVM v0.18 + apache fsim), fallback schedule,
+#: compute conv >> 8 + bias, clip [0, 127] (the original integration test)
+ORIGINAL_C2 = {"inp_load_nbytes": 7_054_336, "wgt_load_nbytes": 115_605_504,
+               "acc_load_nbytes": 802_816, "out_store_nbytes": 200_704,
+               "gemm_counter": 451_584, "alu_counter": 50_176}
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown VTA strategy 'nope'.*'stock'"):
+        vta_ext.build_options(strategy="nope")
+    with pytest.raises(ValueError, match=r"unknown knob policy 'fast'.*\['tps', 'fallback'\]"):
+        vta_ext.build_options(knobs="fast")
+    with pytest.raises(ValueError, match="knobs must be one of"):
+        vta_ext.build_options(knobs=3)
+    with pytest.raises(ValueError, match="best_knobs"):
+        vta_ext.build_options(records="net.json")
+
+
+def test_options_nest_and_restore():
+    from vta_ext.options import current_options
+
+    assert current_options().knobs == "tps"
+    with vta_ext.build_options(strategy="stock", knobs="fallback") as outer:
+        assert current_options() is outer
+        with vta_ext.build_options(knobs={"tile_h": 2}):
+            assert current_options().knobs == {"tile_h": 2}
+        assert current_options() is outer
+    assert current_options().knobs == "tps"
+    assert repr(outer) == "build_options(strategy='stock', knobs='fallback')"
+
+
+def test_resnet18_c2_fallback_through_relax_build_gives_the_original_counters():
+    mod = conv_module(1, 64, 64, 56, 3, stride=1, padding=1, bias=True, shift=8, clip=(0, 127),
+                      order=("shr", "bias", "clip"))
+    arrays = random_inputs(mod, seed=2)
+    vta_ext.clear_run_log()
+    with vta_ext.build_options(strategy="stock", knobs="fallback"):
+        got = run_module(mod, vta_ext.vta_target("apache"), arrays)
+    report = vta_ext.last_build_report()
+    assert report.placement() == [("relax.nn.conv2d", "vta")]
+    assert report.on_vta[0].reason == "conv2d (stock template)"
+    assert "fallback knobs" in report.on_vta[0].detail
+    (run,) = vta_ext.run_log()
+    assert run.strategy == "stock"
+    counters = run.stats.as_dict()
+    assert {k: counters[k] for k in ORIGINAL_C2} == ORIGINAL_C2
+    x, w, b = arrays
+    ref = requantize(conv2d_nchw(x, w, 1, 1), b, 8, (0, 127), order=("shr", "bias", "clip"))
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_knob_policies_change_the_program():
+    mod = conv_module(1, 32, 32, 14, 3)
+    keys = {}
+    for knobs in ("fallback", "tps"):
+        with vta_ext.build_options(knobs=knobs):
+            relax.build(mod, target="ext_vta")
+        detail = vta_ext.last_build_report().on_vta[0].detail
+        assert f"{knobs} knobs" in detail
+        keys[knobs] = detail
+    # fallback = every inner tile 1; TPS picks larger tiles for this small layer
+    assert "all inner tiles 1" in keys["fallback"] and "all inner tiles 1" not in keys["tps"]
+
+
+def test_configs_that_share_a_name_share_nothing():
+    """Two configurations named "default" that differ in value (GEMM cycles per uop 4 vs 1)."""
+    from vta_ext.templates.conv2d import Conv2dWorkload
+
+    slow = vta_ext.load_config("default")
+    fast = dataclasses.replace(slow, GEMM_CYCLES_PER_UOP=1)
+    assert slow.name == fast.name
+    wl = Conv2dWorkload(1, 8, 8, 16, 16, 3, 3, 1, 1, 1, 1)
+    keys = [executor.op_key("conv2d", "stock", cfg, wl, (("shr", 4),), "tps")
+            for cfg in (slow, fast)]
+    assert keys[0] != keys[1]
+    ops = [executor.compiled_op(k) for k in keys]
+    assert ops[0] is not ops[1]
+    assert executor.simulator_for(slow) is not executor.simulator_for(fast)
+    cycles = [executor.cycle_report(k) for k in keys]
+    assert cycles[0].config.GEMM_CYCLES_PER_UOP == 4 and cycles[1].config.GEMM_CYCLES_PER_UOP == 1
+    # the same instructions, but a 4x slower GEMM must cost more cycles
+    assert ops[0].program.insn_count == ops[1].program.insn_count
+    assert cycles[0].total_cycles > cycles[1].total_cycles
+
+
+class _Raising(StockConv2d):
+    strategy = "probe"
+
+    def build(self, config, workload, epilogue, knobs):
+        raise IndexError("template bug")
+
+
+class _Refusing(StockConv2d):
+    strategy = "probe"
+
+    def plan(self, op, config):
+        raise TemplateRefusal("this test's template refuses every conv2d")
+
+
+@pytest.fixture
+def injected():
+    """Register templates of a throw-away strategy "probe"; remove them afterwards."""
+    strategy.register_strategy(strategy.Strategy("probe", "test templates", fallback="stock"))
+    yield lambda template: strategy.register_template("conv2d", "probe", template)
+    strategy._TEMPLATES.pop(("conv2d", "probe"), None)
+    strategy._STRATEGIES.pop("probe", None)
+
+
+def _conv_pool_module():
+    from conftest import conv_chain
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "int8"))
+    w = relax.Var("w", relax.TensorType((16, 16, 3, 3), "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = conv_chain(bb, x, w, None, padding=1, shift=6, clip=(-128, 127))
+            y = bb.emit(relax.op.nn.max_pool2d(y, pool_size=2, strides=2))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_template_that_raises_fails_the_build(injected):
+    injected(_Raising())
+    with vta_ext.build_options(strategy="probe"):
+        with pytest.raises(VTABuildError, match=r"building conv2d 'lv' \(1x16x8x8, 16x16x3x3.*"
+                                                r"strategy 'probe'.*IndexError: template bug"):
+            relax.build(_conv_pool_module(), target="ext_vta")
+
+
+def test_a_refusing_template_keeps_only_that_operator_on_the_cpu(injected):
+    injected(_Refusing())
+    mod = _conv_pool_module()
+    arrays = random_inputs(mod, 5)
+    with vta_ext.build_options(strategy="probe"):
+        got = run_module(mod, "ext_vta", arrays)
+    report = vta_ext.last_build_report()
+    assert report.strategy == "probe"
+    # the pool falls back to the stock template; the conv stays on the CPU with the reason
+    assert report.placement() == [("relax.nn.max_pool2d", "vta"), ("relax.nn.conv2d", "cpu"),
+                                  ("relax.right_shift", "cpu"), ("relax.clip", "cpu"),
+                                  ("relax.astype", "cpu")]
+    conv = [p for p in report.on_cpu if p.op == "relax.nn.conv2d"][0]
+    assert conv.reason == "this test's template refuses every conv2d"
+    np.testing.assert_array_equal(got, run_module(mod, "llvm", arrays))
+
+
+def test_a_missing_template_module_is_reported_not_swallowed(injected):
+    injected("vta_ext.templates.no_such_module:Template")
+    with vta_ext.build_options(strategy="probe"):
+        with pytest.raises(VTABuildError, match="'vta_ext.templates.no_such_module' cannot be "
+                                                "imported"):
+            relax.build(_conv_pool_module(), target="ext_vta")
+
+
+def test_pipeline_hook_refuses_a_tvm_without_the_pipelines():
+    from vta_ext.target import install_pipeline_hook
+
+    with pytest.raises(RuntimeError, match=r"no Relax pipeline\(s\) \['default_build'\]"):
+        install_pipeline_hook({"default": object(), "zero": object()})
+
+
+def test_runs_from_four_threads_are_bit_exact():
+    mod = conv_module(1, 16, 32, 8, 3, stride=1, padding=1, shift=6, clip=(-100, 100))
+    executable = relax.build(mod, target="ext_vta")
+    inputs = [random_inputs(mod, seed) for seed in range(4)]
+    serial = [run_module(mod, "llvm", arrays) for arrays in inputs]
+    results = {i: [] for i in range(4)}
+    errors = []
+
+    def worker(i):
+        try:
+            vm = relax.VirtualMachine(executable, tvm.cpu())
+            args = [tvm.runtime.tensor(a) for a in inputs[i]]
+            for _ in range(20):
+                results[i].append(vm["main"](*args).numpy())
+        except Exception as err:  # reported below with the thread number
+            errors.append((i, repr(err)))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for i in range(4):
+        assert len(results[i]) == 20
+        for out in results[i]:
+            np.testing.assert_array_equal(out, serial[i])

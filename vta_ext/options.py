@@ -1,0 +1,123 @@
+"""Per-build choices, in the AutoTVM habit: a context manager around a plain ``relax.build``.
+
+.. code-block:: python
+
+    with vta_ext.build_options(strategy="stock", knobs="fallback"):
+        ex = tvm.relax.build(mod, target="ext_vta")
+
+* ``strategy``: a registered strategy (:func:`vta_ext.strategy.registered_strategies`); by default
+  :func:`vta_ext.strategy.default_strategy`.
+* ``knobs``: ``"tps"`` (default: the Tiling Parameter Search, fewest DRAM bytes that fit),
+  ``"fallback"`` (the original stack's fallback schedule) or an explicit knob dict, either flat
+  (applied to every operator; each template validates it) or keyed by operator kind
+  (``{"conv2d": {...}, "dense": {...}}``; kinds not named get ``"tps"``).
+* ``records``: tuned records (see :mod:`tvm_csp_embed.tune`), any object with
+  ``best_knobs(kind, strategy, workload, config) -> (knobs dict, origin text) or None``. A record
+  that applies overrides ``knobs`` for its workload.
+
+Options nest; the innermost ``with`` wins. They are context-local (threads and asyncio tasks see
+their own).
+"""
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+from .strategy import default_strategy, get_strategy
+
+__all__ = ["BuildOptions", "build_options", "current_options", "KNOB_POLICIES"]
+
+#: the named knob policies every template understands
+KNOB_POLICIES = ("tps", "fallback")
+
+Knobs = Union[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """The choices in effect for one ``relax.build`` (see :func:`build_options`)."""
+
+    strategy: Optional[str] = None
+    knobs: Knobs = "tps"
+    records: Any = None
+
+    @property
+    def strategy_name(self) -> str:
+        """The strategy to use: the one given, else the registered default."""
+        return self.strategy or default_strategy()
+
+    def knobs_for(self, kind: str, strategy: str, workload, config) -> Tuple[Knobs, str]:
+        """``(knobs, origin)`` for one operator: a tuned record if one applies, else the option.
+
+        ``origin`` is the text of the build report: ``"tps knobs"``, ``"fallback knobs"``,
+        ``"explicit knobs"`` or the record's own text (``"tuned record from net.json:12"``).
+        """
+        if self.records is not None:
+            found = self.records.best_knobs(kind, strategy, workload, config)
+            if found is not None:
+                return found
+        knobs = self.knobs
+        if isinstance(knobs, str):
+            return knobs, f"{knobs} knobs"
+        if knobs and all(isinstance(v, Mapping) for v in knobs.values()):
+            if kind not in knobs:
+                return "tps", "tps knobs"
+            return dict(knobs[kind]), "explicit knobs"
+        return dict(knobs), "explicit knobs"
+
+    def __enter__(self) -> "BuildOptions":
+        tokens = self.__dict__.setdefault("_tokens", [])  # frozen: keep the reset tokens aside
+        tokens.append(_CURRENT.set(self))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _CURRENT.reset(self.__dict__["_tokens"].pop())
+
+    def __repr__(self) -> str:
+        records = "" if self.records is None else f", records={self.records!r}"
+        return f"build_options(strategy={self.strategy_name!r}, knobs={self.knobs!r}{records})"
+
+
+def build_options(strategy: Optional[str] = None, knobs: Knobs = "tps",
+                  records: Any = None) -> BuildOptions:
+    """Choose the strategy, knobs and tuned records of the ``relax.build`` calls in a ``with``.
+
+    Parameters
+    ----------
+    strategy : str, optional
+        A registered strategy name (``"stock"``, and ``"csp-strict"`` / ``"csp-relaxed"`` once
+        :mod:`tvm_csp_embed` is imported). Default: the registered default strategy.
+    knobs : {"tps", "fallback"} or dict
+        The knob policy, or explicit knob values (flat, or keyed by operator kind).
+    records : object, optional
+        Tuned records with a ``best_knobs(kind, strategy, workload, config)`` method, e.g.
+        ``tvm_csp_embed.tune.apply_history_best(...)``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown strategy or knob policy; the message lists the valid ones.
+    """
+    if strategy is not None:
+        get_strategy(strategy)
+    if isinstance(knobs, str):
+        if knobs not in KNOB_POLICIES:
+            raise ValueError(f"unknown knob policy {knobs!r}; use one of {list(KNOB_POLICIES)} or "
+                             "a dict of knob values")
+    elif not isinstance(knobs, Mapping):
+        raise ValueError(f"knobs must be one of {list(KNOB_POLICIES)} or a dict of knob values, "
+                         f"got {type(knobs).__name__}")
+    if records is not None and not callable(getattr(records, "best_knobs", None)):
+        raise ValueError(f"records must have a best_knobs(kind, strategy, workload, config) method "
+                         f"(e.g. tvm_csp_embed.tune.apply_history_best(...)), got {records!r}")
+    return BuildOptions(strategy, knobs if isinstance(knobs, str) else dict(knobs), records)
+
+
+_CURRENT: contextvars.ContextVar = contextvars.ContextVar("vta_ext_build_options",
+                                                          default=BuildOptions())
+
+
+def current_options() -> BuildOptions:
+    """The options in effect (the defaults outside any ``with build_options(...)``)."""
+    return _CURRENT.get()

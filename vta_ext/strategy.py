@@ -1,0 +1,240 @@
+"""Strategies: who writes the VTA code of a matched operator.
+
+A :class:`Strategy` is a named way of turning matched Relax operators into VTA programs (``stock``:
+the fixed templates of the original VTA stack; ``csp-strict`` / ``csp-relaxed``: the embeddings of
+:mod:`tvm_csp_embed`). Its per-operator part is an :class:`OpTemplate`, registered under the key
+``(operator kind, strategy name)``:
+
+* :meth:`OpTemplate.plan` looks at the matched operator (:class:`MatchedOp`) and a
+  :class:`~vta_ext.config.VTAConfig` and returns an :class:`OpPlan`: the workload, the packed layouts
+  of inputs and output with the Relax code that packs and unpacks them, and the report text;
+* :meth:`OpTemplate.build` compiles ``(config, workload, epilogue, knobs)`` into a program that the
+  executor runs (it must be rebuildable from those values alone, in another process).
+
+Adding an operator to a strategy is one :func:`register_template` entry plus its own module; adding
+a strategy is one :func:`register_strategy` call plus its templates. Both may name the implementing
+object lazily as ``"package.module:attribute"``; a module that fails to import fails the build with
+a :class:`~vta_ext.errors.VTABuildError` naming it (it is never taken for a refusal).
+
+Only :class:`~vta_ext.errors.TemplateRefusal` keeps an operator on the CPU (see
+:mod:`vta_ext.errors`). See ``docs/templates-api.md``.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from .errors import TemplateRefusal, VTABuildError
+
+__all__ = ["MatchedOp", "OpPlan", "OpTemplate", "Strategy", "register_strategy",
+           "register_template", "get_strategy", "get_template", "registered_strategies",
+           "registered_templates", "default_strategy", "set_default_strategy"]
+
+
+@dataclass
+class MatchedOp:
+    """An operator found by the offload pass, before any strategy looked at it.
+
+    Attributes
+    ----------
+    kind : str
+        Operator kind (``"conv2d"``, ``"group_conv2d"``, ``"depthwise_conv2d"``, ``"dense"``,
+        ``"max_pool2d"``, ``"avg_pool2d"``, ``"add"``).
+    core : relax.Call
+        The core call (``R.nn.conv2d``, ``R.matmul``, ...): its attributes and output shape.
+    operands : list of relax.Expr
+        The int8 operands in the operator's own layout (NCHW activations, OIHW weights, ...).
+    bias : relax.Expr or None
+        The int32 bias added before the requantisation tail, if any.
+    epilogue : tuple of tuple
+        The requantisation stages in order (``("bias",)``, ``("shr", s)``, ``("clip", lo, hi)``).
+    name : str
+        The Relax variable bound to the core call (names the operator in reports and errors).
+    """
+
+    kind: str
+    core: Any
+    operands: List[Any]
+    bias: Any = None
+    epilogue: Tuple[tuple, ...] = ()
+    name: str = ""
+
+    @property
+    def shapes(self) -> str:
+        """``"1x3x224x224, 64x3x7x7"``: the operand shapes, for messages."""
+        return ", ".join("x".join(str(int(d)) for d in op.ty.shape) for op in self.operands)
+
+    def __repr__(self) -> str:
+        return f"MatchedOp({self.kind} {self.name!r}: {self.shapes}, epilogue {list(self.epilogue)})"
+
+
+@dataclass
+class OpPlan:
+    """What a strategy makes of one matched operator (see :meth:`OpTemplate.plan`).
+
+    Attributes
+    ----------
+    workload : object
+        The template's workload (a frozen dataclass, already padded); ``dataclasses.asdict`` of it
+        and :meth:`OpTemplate.workload_from_dict` must round-trip.
+    inputs : callable
+        ``inputs(packer) -> list of relax.Expr``: emits the packing of every operand and returns
+        the packed arguments of the VTA call, in the order the compiled program takes them.
+    out_layout : object
+        The packed layout of the output: has ``.shape`` (packed shape) and ``unpack(packer, expr)``
+        (Relax code back to the operator's own layout); equal layouts let consecutive VTA operators
+        hand the packed tensor over (see :mod:`vta_ext.packing`).
+    description : str
+        Shapes and attributes in the operator's terms, e.g. ``"1x64x56x56 * 64x64x3x3 s1 p1"``.
+    padding : str
+        ``""`` or what the layout pads, e.g. ``"in channels 3->16"``.
+    """
+
+    workload: Any
+    inputs: Callable[[Any], list]
+    out_layout: Any
+    description: str
+    padding: str = ""
+
+
+class OpTemplate:
+    """The part of a strategy that handles one operator kind. Subclass and register it.
+
+    Subclasses set :attr:`kind`, :attr:`strategy` and :attr:`workload_type`, and implement
+    :meth:`plan` and :meth:`build`.
+    """
+
+    kind: str = ""
+    strategy: str = ""
+    workload_type: type = object
+    #: text of the build report, e.g. "stock template"
+    report_text: str = "template"
+
+    def plan(self, op: MatchedOp, config) -> OpPlan:
+        """Workload, packed layouts and packing code of ``op``; raise :class:`TemplateRefusal`
+        (with the reason) for instances this template does not implement."""
+        raise NotImplementedError
+
+    def build(self, config, workload, epilogue: Sequence[tuple], knobs) -> Any:
+        """Compile ``workload`` + ``epilogue`` with ``knobs`` (``"tps"``, ``"fallback"`` or a dict
+        of knob values) into an object with ``.program`` and ``.run(*packed, simulator=)``."""
+        raise NotImplementedError
+
+    def workload_from_dict(self, values: Dict[str, Any]):
+        """The workload object of a cache key's ``workload`` entry."""
+        return self.workload_type(**values)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.kind!r} of strategy {self.strategy!r}>"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A named way of generating VTA code.
+
+    Attributes
+    ----------
+    name : str
+        The name users pass to ``vta_ext.build_options(strategy=...)``.
+    description : str
+        One line for ``repr`` and error messages.
+    fallback : str or None
+        The strategy that handles operator kinds this one registers no template for (the CSP
+        strategies fall back to ``"stock"`` for pools and element-wise operators).
+    """
+
+    name: str
+    description: str = ""
+    fallback: Optional[str] = None
+
+    def template(self, kind: str) -> "OpTemplate":
+        """The template of ``kind`` under this strategy (or its fallback chain)."""
+        return get_template(kind, self.name)
+
+    def __repr__(self) -> str:
+        return f"Strategy({self.name!r}: {self.description})"
+
+
+_STRATEGIES: Dict[str, Strategy] = {}
+_TEMPLATES: Dict[Tuple[str, str], Union[str, OpTemplate]] = {}
+_DEFAULT: List[str] = ["stock"]
+
+
+def register_strategy(strategy: Strategy) -> Strategy:
+    """Register ``strategy`` under its name (re-registering a name replaces it)."""
+    _STRATEGIES[strategy.name] = strategy
+    return strategy
+
+
+def register_template(kind: str, strategy: str, template: Union[str, OpTemplate]) -> None:
+    """Register the template of operator ``kind`` under ``strategy``: an :class:`OpTemplate` or
+    the lazy path ``"package.module:attribute"`` of one (imported on first use)."""
+    _TEMPLATES[(kind, strategy)] = template
+
+
+def registered_strategies() -> List[str]:
+    """Names of the registered strategies, sorted."""
+    return sorted(_STRATEGIES)
+
+
+def registered_templates() -> List[Tuple[str, str]]:
+    """The registered ``(operator kind, strategy)`` keys, sorted."""
+    return sorted(_TEMPLATES)
+
+
+def get_strategy(name: str) -> Strategy:
+    """The strategy registered as ``name``; the error lists the valid names."""
+    try:
+        return _STRATEGIES[name]
+    except KeyError:
+        raise ValueError(f"unknown VTA strategy {name!r}; registered strategies: "
+                         f"{registered_strategies()}") from None
+
+
+def _load(path: str) -> OpTemplate:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise VTABuildError(f"the template module {module_name!r} cannot be imported: {err}") from err
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise VTABuildError(f"the template module {module_name!r} has no {attr!r} "
+                            f"(registered as {path!r})") from None
+    return obj() if isinstance(obj, type) else obj
+
+
+def get_template(kind: str, strategy: str) -> OpTemplate:
+    """The template of ``kind`` under ``strategy``, following the strategy's ``fallback`` chain.
+
+    Raises :class:`TemplateRefusal` if no strategy of the chain has a template for ``kind``, and
+    :class:`VTABuildError` if a registered template cannot be imported.
+    """
+    name: Optional[str] = strategy
+    seen = []
+    while name is not None and name not in seen:
+        seen.append(name)
+        key = (kind, name)
+        if key in _TEMPLATES:
+            entry = _TEMPLATES[key]
+            if isinstance(entry, str):
+                entry = _TEMPLATES[key] = _load(entry)
+            return entry
+        name = get_strategy(name).fallback
+    raise TemplateRefusal(f"no VTA template for {kind} (strategies tried: {', '.join(seen)})")
+
+
+def default_strategy() -> str:
+    """The strategy ``relax.build`` uses when no ``build_options(strategy=...)`` is in effect."""
+    return _DEFAULT[0]
+
+
+def set_default_strategy(name: str) -> None:
+    """Make ``name`` (a registered strategy) the default; ``import tvm_csp_embed`` does this."""
+    get_strategy(name)
+    _DEFAULT[0] = name
+
+
+register_strategy(Strategy("stock", "the fixed operator templates of the original VTA stack"))
