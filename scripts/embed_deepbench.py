@@ -26,7 +26,7 @@ from tvm_csp_embed.instructions import gemm  # noqa: E402
 from tvm_csp_embed.solve import SolverError, solve  # noqa: E402
 from tvm_csp_embed.workload import conv2d  # noqa: E402
 
-DEFAULT_LAYERS = REPO.parent / "shared" / "data" / "deepbench_conv_inference.csv"
+DEFAULT_LAYERS = REPO / "data" / "deepbench_conv_inference.csv"
 FIELDS = ["id", "mode", "layout", "solution", "status", "solve_seconds", "flatten_seconds", "gecode_seconds",
           "nodes", "failures", "x_dims", "y_dims", "z_dims", "binding", "padding", "padded_volume",
           "stock_padded_volume", "padding_saved", "footprint_bytes", "instruction_count", "cost", "asset", "message"]

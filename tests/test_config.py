@@ -1,6 +1,6 @@
 """Tests of :mod:`vta_ext.config` against the reference facts.
 
-Every expected number below is typed from ``spec/vta-reference-facts.md`` §1 (tables 1.1-1.3,
+Every expected number below is typed from ``docs/vta-reference-facts.md`` §1 (tables 1.1-1.3,
 SRAM banking of 1.2) or computed by hand from the formulas there (the arithmetic is written in the
 comments). Nothing is recomputed with the code under test.
 """

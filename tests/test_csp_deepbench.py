@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LAYERS = REPO.parent / "shared" / "data" / "deepbench_conv_inference.csv"
+LAYERS = REPO / "data" / "deepbench_conv_inference.csv"
 
 
 def _script():
@@ -17,10 +17,7 @@ def _script():
     return mod
 
 
-needs_data = pytest.mark.skipif(not LAYERS.exists(), reason=f"{LAYERS} not present")
 
-
-@needs_data
 def test_script_smoke(tmp_path):
     mod = _script()
     out = tmp_path / "db.csv"
@@ -35,7 +32,6 @@ def test_script_smoke(tmp_path):
 
 
 @pytest.mark.slow
-@needs_data
 @pytest.mark.parametrize("mode", ["strict", "relaxed"])
 def test_full_deepbench_sweep(mode, tmp_path):
     mod = _script()

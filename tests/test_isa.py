@@ -1,6 +1,6 @@
 """Tests of :mod:`vta_ext.isa` (and the layouts of :mod:`vta_ext.layout`) against the reference facts.
 
-Bit positions are typed from ``spec/vta-reference-facts.md`` §2 (tables 2.2-2.6 and the
+Bit positions are typed from ``docs/vta-reference-facts.md`` §2 (tables 2.2-2.6 and the
 config-dependent ALU example of §2.4) and from DESIGN.md "The ISA" (CLIP = ALU op 5, pad_min =
 LOAD bit 58). Full encodings are computed by hand in the comments. Round trips use Hypothesis.
 """
