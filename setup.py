@@ -17,6 +17,9 @@ setup(
         "minizinc",
         "xgboost-cpu",
         "tqdm",
+        # tvm_csp_embed.tune: the Dask runner (measurement on a cluster); its test starts a
+        # LocalCluster, so it is a plain dependency, not an extra
+        "distributed",
         "matplotlib",
     ],
     extras_require={
