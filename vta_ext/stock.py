@@ -6,12 +6,13 @@ template of :mod:`vta_ext.templates`. The registry entries at the bottom are the
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Sequence
 
 from .errors import TemplateRefusal
 from .packing import (BlockedActivation, BlockedMatrix, ceil_to, pack_channel_bias,
                       pack_conv_weight, pack_depthwise_weight, padding_text)
-from .strategy import MatchedOp, OpPlan, OpTemplate, register_template
+from .strategy import KnobSpace, MatchedOp, OpPlan, OpTemplate, register_template
 
 __all__ = ["StockConv2d", "StockGroupConv2d", "StockDepthwiseConv2d", "StockDense", "StockPool",
            "StockAdd"]
@@ -49,6 +50,44 @@ class _Stock(OpTemplate):
         return getattr(module, self.builder)(config, workload, tuple(epilogue), knobs)
 
 
+def _pruned_points(config, workload, epilogue: Sequence[tuple], reuse: bool) -> list:
+    """``tiling.pruned_points``; for a dense layer those of its 1x1 conv2d form that are dense
+    points (``h_nthread = 1``), in dense knobs."""
+    from .templates import tiling
+    from .templates.knobs import conv2d_knobs_as_dense
+    from .templates.workload import DenseWorkload, dense_as_conv2d
+
+    if not isinstance(workload, DenseWorkload):
+        return tiling.pruned_points(config, workload, epilogue, reuse=reuse)
+    return [tiling.PrunedPoint(conv2d_knobs_as_dense(bad.knobs), bad.reason)
+            for bad in tiling.pruned_points(config, dense_as_conv2d(workload), epilogue,
+                                            reuse=reuse)
+            if (bad.knobs.tile_h, bad.knobs.tile_w, bad.knobs.h_nthread) == (1, 1, 1)]
+
+
+def _gemm_knob_space(config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
+    """The knob space of a GEMM template (conv2d, group conv2d, dense), from the templates' own
+    enumeration (:mod:`vta_ext.templates.tiling`): its valid and pruned points, without and with
+    reuse-aware double buffering of the two-thread points, its TPS and fallback points."""
+    from .templates import tiling
+
+    points, pruned, seen = [], [], set()
+    for reuse in (False, True):
+        for choice in tiling.knob_space(config, workload, epilogue, reuse=reuse):
+            point = dataclasses.asdict(choice.knobs)
+            if tuple(point.items()) not in seen:
+                seen.add(tuple(point.items()))
+                points.append(point)
+        for bad in _pruned_points(config, workload, epilogue, reuse):
+            point = dataclasses.asdict(bad.knobs)
+            if tuple(point.items()) not in seen:
+                seen.add(tuple(point.items()))
+                pruned.append((point, bad.reason))
+    tps = dataclasses.asdict(tiling.tps_knobs(config, workload, epilogue).knobs)
+    fallback = dataclasses.asdict(tiling.fallback_knobs(config, workload, epilogue).knobs)
+    return KnobSpace(tuple(tps), tuple(points), tuple(pruned), tps, fallback)
+
+
 class StockConv2d(_Stock):
     """``conv2d_packed``: data ``(N/b, C/ci, H, W, b, ci)``, kernel ``(O/co, C/ci, KH, KW, co, ci)``."""
 
@@ -61,6 +100,11 @@ class StockConv2d(_Stock):
 
     def _groups(self, op: MatchedOp) -> int:
         return 1
+
+    def knob_space(self, config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
+        """The ``conv2d_packed`` / ``group_conv2d_packed`` knobs
+        (:class:`~vta_ext.templates.knobs.Conv2dKnobs`)."""
+        return _gemm_knob_space(config, workload, epilogue)
 
     def plan(self, op: MatchedOp, config) -> OpPlan:
         data, weight = op.operands
@@ -189,6 +233,10 @@ class StockDense(_Stock):
         pads = padding_text(("batch", n, np_), ("in features", k, kp), ("out features", m, mp))
         return OpPlan(self.workload_from_dict(workload), inputs, BlockedMatrix(n, m, b, co),
                       f"{n}x{k} * {m}x{k}", pads)
+
+    def knob_space(self, config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
+        """The ``dense_packed`` knobs (:class:`~vta_ext.templates.knobs.DenseKnobs`)."""
+        return _gemm_knob_space(config, workload, epilogue)
 
 
 class StockPool(_Stock):

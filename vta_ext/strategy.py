@@ -9,7 +9,10 @@ the fixed templates of the original VTA stack; ``csp-strict`` / ``csp-relaxed``:
   :class:`~vta_ext.config.VTAConfig` and returns an :class:`OpPlan`: the workload, the packed layouts
   of inputs and output with the Relax code that packs and unpacks them, and the report text;
 * :meth:`OpTemplate.build` compiles ``(config, workload, epilogue, knobs)`` into a program that the
-  executor runs (it must be rebuildable from those values alone, in another process).
+  executor runs (it must be rebuildable from those values alone, in another process);
+* :meth:`OpTemplate.knob_space` gives the :class:`KnobSpace` the tuner
+  (:mod:`tvm_csp_embed.tune`) searches: the valid knob points, the pruned ones with the reason,
+  and the ``tps`` / ``fallback`` points (empty for a template without tunable knobs).
 
 Adding an operator to a strategy is one :func:`register_template` entry plus its own module; adding
 a strategy is one :func:`register_strategy` call plus its templates. Both may name the implementing
@@ -27,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import TemplateRefusal, VTABuildError
 
-__all__ = ["MatchedOp", "OpPlan", "OpTemplate", "Strategy", "register_strategy",
+__all__ = ["MatchedOp", "OpPlan", "KnobSpace", "OpTemplate", "Strategy", "register_strategy",
            "register_template", "get_strategy", "get_template", "registered_strategies",
            "registered_templates", "default_strategy", "set_default_strategy"]
 
@@ -98,6 +101,56 @@ class OpPlan:
     padding: str = ""
 
 
+Point = Dict[str, Any]
+
+
+@dataclass(frozen=True)
+class KnobSpace:
+    """The knob space of one operator instance (``config``, workload, epilogue) under a template.
+
+    Points are plain dicts of knob values (what :meth:`OpTemplate.build` accepts and what tuning
+    records hold), in the template's enumeration order, which is deterministic.
+
+    Attributes
+    ----------
+    names : tuple of str
+        The knob names, in the order of the template's knob type.
+    points : tuple of dict
+        The valid points: each fits the scratchpads, the micro-op buffer and the instruction fields.
+    pruned : tuple of (dict, str)
+        The points of the enumeration that break a limit, each with the reason; never measured.
+    tps : dict or None
+        The default point (the Tiling Parameter Search: fewest modelled DRAM bytes that fit).
+    fallback : dict or None
+        The original stack's point without tuned records (every inner tile 1, one thread).
+    """
+
+    names: Tuple[str, ...] = ()
+    points: Tuple[Point, ...] = ()
+    pruned: Tuple[Tuple[Point, str], ...] = ()
+    tps: Optional[Point] = None
+    fallback: Optional[Point] = None
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __contains__(self, point: Point) -> bool:
+        return self.index(point) is not None
+
+    def index(self, point: Point) -> Optional[int]:
+        """The position of ``point`` among :attr:`points` (missing knobs take no default), or None."""
+        for i, p in enumerate(self.points):
+            if p == dict(point):
+                return i
+        return None
+
+    def __repr__(self) -> str:
+        if not self.names:
+            return "KnobSpace(no tunable knobs)"
+        return (f"KnobSpace({len(self.points)} valid, {len(self.pruned)} pruned points over "
+                f"{', '.join(self.names)}; tps {self.tps})")
+
+
 class OpTemplate:
     """The part of a strategy that handles one operator kind. Subclass and register it.
 
@@ -124,6 +177,15 @@ class OpTemplate:
     def workload_from_dict(self, values: Dict[str, Any]):
         """The workload object of a cache key's ``workload`` entry."""
         return self.workload_type(**values)
+
+    def knob_space(self, config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
+        """The tunable knobs of ``workload`` + ``epilogue`` on ``config`` (see :class:`KnobSpace`).
+
+        The default is the empty space: the template has nothing to tune and always builds its
+        ``"tps"`` point. Templates with knobs return every point of their enumeration, valid or
+        pruned with the reason, plus their ``tps`` and ``fallback`` points.
+        """
+        return KnobSpace()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.kind!r} of strategy {self.strategy!r}>"
