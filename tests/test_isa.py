@@ -39,6 +39,38 @@ def test_opcode_and_id_numbers():
     assert AluOp.CLIP == 5  # DESIGN.md extension
 
 
+def test_stage_of_each_instruction_follows_facts_2_7():
+    # facts §2.7: LOAD INP/WGT -> load; LOAD UOP/ACC/ACC_8BIT, GEMM, ALU, FINISH -> compute;
+    # STORE -> store
+    expected = {(Opcode.LOAD, MemType.INP): "LOAD", (Opcode.LOAD, MemType.WGT): "LOAD",
+                (Opcode.LOAD, MemType.UOP): "COMPUTE", (Opcode.LOAD, MemType.ACC): "COMPUTE",
+                (Opcode.LOAD, MemType.ACC_8BIT): "COMPUTE", (Opcode.STORE, MemType.OUT): "STORE",
+                (Opcode.GEMM, None): "COMPUTE", (Opcode.ALU, None): "COMPUTE",
+                (Opcode.FINISH, None): "COMPUTE"}
+    for (opcode, mem), stage in expected.items():
+        assert isa.stage_of(opcode, mem).name == stage, (opcode, mem)
+    assert isa.insn_stage(MemInsn(opcode=Opcode.LOAD, memory_type=MemType.WGT)).name == "LOAD"
+    assert isa.insn_stage(GemmInsn()).name == "COMPUTE"
+    assert [s.index for s in isa.Stage] == [0, 1, 2]
+
+
+def test_token_queues_follow_facts_2_7():
+    # facts §2.7 (pop_prev, pop_next, push_prev, push_next) per module; None = unused (must be 0)
+    expected = {"LOAD": (None, "g2l", None, "l2g"), "COMPUTE": ("l2g", "s2g", "g2l", "g2s"),
+                "STORE": ("g2s", None, "s2g", None)}
+    for stage in isa.Stage:
+        q = isa.STAGE_QUEUES[stage]
+        assert (q.pop_prev, q.pop_next, q.push_prev, q.push_next) == expected[stage.name]
+    compute = isa.STAGE_QUEUES[isa.Stage.COMPUTE]
+    assert compute.pops() == (("pop_prev_dep", "l2g"), ("pop_next_dep", "s2g"))
+    assert compute.pushes() == (("push_prev_dep", "g2l"), ("push_next_dep", "g2s"))
+    assert isa.STAGE_QUEUES[isa.Stage.LOAD].pops() == (("pop_next_dep", "g2l"),)
+    assert isa.TOKEN_QUEUES == ("l2g", "g2l", "g2s", "s2g")
+    assert isa.token_queue(isa.Stage.STORE, isa.Stage.COMPUTE) == "s2g"
+    with pytest.raises(ValueError, match="no dependency-token queue between LOAD and STORE"):
+        isa.token_queue(isa.Stage.LOAD, isa.Stage.STORE)
+
+
 def test_limits_implied_by_field_widths():
     # facts §1.3: MEMOP_PAD_BIT_WIDTH 4, LOOP_ITER_WIDTH 14, ALUOP_IMM_BIT_WIDTH 16 (signed, §2.4),
     # MEMOP_SRAM_ADDR_BIT_WIDTH 16; DESIGN.md: CLIP bounds are the two int8 bytes of the immediate
@@ -497,12 +529,21 @@ def test_uop_src_width_is_max_of_acc_and_inp():
     _check_field(alu_zero, 4, cfg, "src_factor_in", 97, 11)
 
 
-def test_vectorised_stream_encoding_equals_per_instruction_encoding():
-    """encode_stream (numpy) must agree with each record's own encode, and name overflows."""
+def _plain_packing(layout, record) -> bytes:
+    """Reference encoder: Python-int shifts over the layout (no numpy, no grouping)."""
+    word = 0
+    for f in layout.fields:
+        if hasattr(record, f.name):
+            word |= (int(getattr(record, f.name)) & f.mask) << f.lsb
+    return word.to_bytes(layout.total_bits // 8, "little")
+
+
+def test_vectorised_stream_encoding_equals_plain_bit_packing():
+    """encode_stream/encode_uops (numpy, grouped by record type) against plain Python shifts, on
+    a random mix of records; decode_stream/decode_uops invert them; overflows are named."""
     import random
 
-    from vta_ext.isa import (AluInsn, FieldRangeError, FinishInsn, GemmInsn, MemInsn, Uop,
-                             encode_stream, encode_uops)
+    from vta_ext.isa import decode_uops, encode_uops
 
     rng = random.Random(7)
     insns = []
@@ -523,8 +564,14 @@ def test_vectorised_stream_encoding_equals_per_instruction_encoding():
                                  imm=rng.randrange(-(1 << 15), 1 << 15), src_factor_in=rng.randrange(2048)))
         else:
             insns.append(FinishInsn(push_prev_dep=bool(rng.randrange(2))))
-    assert encode_stream(DEFAULT, insns) == b"".join(i.encode(DEFAULT) for i in insns)
+    layout_of = {MemInsn: "MEM", GemmInsn: "GEMM", AluInsn: "ALU", FinishInsn: "GEMM"}
+    stream = encode_stream(DEFAULT, insns)
+    assert stream == b"".join(_plain_packing(DEFAULT.layouts[layout_of[type(i)]], i)
+                              for i in insns)
+    assert decode_stream(DEFAULT, stream) == insns
     uops = [Uop(rng.randrange(2048), rng.randrange(2048), rng.randrange(1024)) for _ in range(50)]
-    assert encode_uops(DEFAULT, uops) == b"".join(u.encode(DEFAULT) for u in uops)
+    words = encode_uops(DEFAULT, uops)
+    assert words == b"".join(_plain_packing(DEFAULT.layouts["UOP"], u) for u in uops)
+    assert decode_uops(DEFAULT, words) == uops
     with pytest.raises(FieldRangeError, match=r"GEMM\.iter_in = 16384 of instruction 1 "):
         encode_stream(DEFAULT, [FinishInsn(), GemmInsn(iter_in=1 << 14)])

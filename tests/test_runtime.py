@@ -8,7 +8,7 @@ import pytest
 
 import vta_ext.runtime as runtime
 from vta_ext.config import load_config
-from vta_ext.isa import AluOp, MemType, Opcode, Stage
+from vta_ext.isa import AluOp, FieldRangeError, MemType, Opcode, Stage
 from vta_ext.runtime import CommandQueue, RuntimeError_, UopKernel
 from vta_ext.sim import FunctionalSimulator
 
@@ -116,6 +116,20 @@ def test_kernel_api_errors():
         q.store_2d(0, MemType.ACC, buf, 0, 1, 1, 1)
     with pytest.raises(RuntimeError_, match="not a data load"):
         q.load_2d(buf, 0, 1, 1, 1, 0, 0, 0, 0, 0, MemType.OUT)
+    with pytest.raises(RuntimeError_, match="stages are LOAD=1, COMPUTE=2, STORE=3"):
+        q.dep_push(0, Stage.COMPUTE)
+
+
+def test_kernel_limits_of_the_field_widths():
+    # facts §1.3: LOOP_ITER_WIDTH 14 -> at most 16383 iterations; ALUOP_IMM_BIT_WIDTH 16, signed
+    UopKernel("gemm").loop_begin(16383, 1, 1, 1)
+    with pytest.raises(FieldRangeError, match="16384 does not fit the 14-bit iter_out/iter_in"):
+        UopKernel("gemm").loop_begin(16384, 1, 1, 1)
+    for imm in (-32768, 32767):
+        UopKernel("alu", alu_opcode=AluOp.ADD, use_imm=True, imm=imm)
+    for imm in (-32769, 32768):
+        with pytest.raises(FieldRangeError, match=f"ALU immediate {imm} does not fit int16"):
+            UopKernel("alu", alu_opcode=AluOp.ADD, use_imm=True, imm=imm)
 
 
 def _with_uop(kernel):

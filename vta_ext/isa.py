@@ -1,10 +1,17 @@
 """VTA instructions and micro-ops: records, binary encoding and disassembly.
 
 Each instruction is a small dataclass whose fields are the fields of the apache VTA
-``VTAMemInsn``/``VTAGemInsn``/``VTAAluInsn`` structs. ``encode`` produces the 16 little-endian
-bytes the hardware reads, bit-identical to the C bit-field layout for the given configuration
-(see :mod:`vta_ext.layout`); :func:`decode_insn` is its inverse. Values that do not fit their field
-raise :class:`FieldRangeError` naming the field.
+``VTAMemInsn``/``VTAGemInsn``/``VTAAluInsn`` structs. :func:`encode_stream` produces the 16
+little-endian bytes per instruction the hardware reads, bit-identical to the C bit-field layout for
+the given configuration (see :mod:`vta_ext.layout`); :func:`decode_stream` is its inverse. Values
+that do not fit their field raise :class:`FieldRangeError` naming the field. Every encoder and
+decoder of the package goes through :func:`encode_stream`/:func:`encode_uops` and
+:func:`unpack_fields` (the one field decoder, vectorised, which the functional simulator also uses).
+
+The module also holds the pipeline facts of facts §2.7, once: which module (:class:`Stage`)
+executes an instruction (:func:`stage_of`, :func:`insn_stage`) and which dependency-token queue
+each header flag of a stage pops or pushes (:func:`token_queue`, :data:`STAGE_QUEUES`,
+:data:`TOKEN_QUEUES`).
 
 The reference semantics of each instruction are those of the apache functional simulator and are
 implemented in :mod:`vta_ext.sim.fsim`; ``docs/isa.md`` states them in prose.
@@ -13,19 +20,22 @@ from __future__ import annotations
 
 import operator
 from collections import defaultdict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import IntEnum
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .config import VTAConfig
-from .layout import Layout
+from .layout import (CLIP_BOUND_BITS, CLIP_MAX, CLIP_MIN, HEADER, INSN_BITS, INSN_UNIT_BITS,
+                     Layout)
 
 __all__ = [
     "Opcode", "MemType", "AluOp", "Stage", "FieldRangeError", "DepFlags",
     "MemInsn", "GemmInsn", "AluInsn", "FinishInsn", "Uop", "Insn",
-    "decode_insn", "decode_stream", "encode_stream", "encode_uops", "disassemble", "insn_stage",
+    "decode_insn", "decode_stream", "decode_uops", "encode_stream", "encode_uops", "unpack_fields",
+    "disassemble", "insn_stage", "stage_of", "token_queue", "StageQueues", "STAGE_QUEUES",
+    "TOKEN_QUEUES", "clip_bounds", "clip_imm",
 ]
 
 
@@ -56,11 +66,76 @@ class AluOp(IntEnum):
 
 
 class Stage(IntEnum):
-    """Pipeline stages (module queues) in the numbering of the runtime's dependency calls."""
+    """Pipeline stages (modules), in pipeline order, numbered as in the runtime's dependency calls.
+
+    ``index`` is the 0-based position (for arrays indexed by module).
+    """
 
     LOAD = 1
     COMPUTE = 2
     STORE = 3
+
+    @property
+    def index(self) -> int:
+        return self - Stage.LOAD
+
+
+#: one letter per stage in the token-queue names (the original fsim's l2g, g2l, g2s, s2g)
+_QUEUE_LETTER = {Stage.LOAD: "l", Stage.COMPUTE: "g", Stage.STORE: "s"}
+
+
+def token_queue(frm: Stage, to: Stage) -> str:
+    """Name of the dependency-token queue from stage ``frm`` to the adjacent stage ``to``.
+
+    Raises
+    ------
+    ValueError
+        If the stages are not adjacent in the load -> compute -> store pipeline.
+    """
+    frm, to = Stage(frm), Stage(to)
+    if abs(frm - to) != 1:
+        raise ValueError(f"no dependency-token queue between {frm.name} and {to.name}: only "
+                         "adjacent stages (LOAD-COMPUTE, COMPUTE-STORE) exchange tokens")
+    return f"{_QUEUE_LETTER[frm]}2{_QUEUE_LETTER[to]}"
+
+
+@dataclass(frozen=True)
+class StageQueues:
+    """The token queues that the four header flags of one stage's instructions refer to.
+
+    ``None`` where the stage has no neighbour on that side (the flag must be 0, facts §2.7).
+    """
+
+    pop_prev: Optional[str]
+    pop_next: Optional[str]
+    push_prev: Optional[str]
+    push_next: Optional[str]
+
+    def pops(self) -> Tuple[Tuple[str, str], ...]:
+        """``(header flag, queue)`` of each pop the stage can make (``pop_prev_dep`` first)."""
+        return tuple((flag, q) for flag, q in (("pop_prev_dep", self.pop_prev),
+                                               ("pop_next_dep", self.pop_next)) if q is not None)
+
+    def pushes(self) -> Tuple[Tuple[str, str], ...]:
+        """``(header flag, queue)`` of each push the stage can make (``push_prev_dep`` first)."""
+        return tuple((flag, q) for flag, q in (("push_prev_dep", self.push_prev),
+                                               ("push_next_dep", self.push_next)) if q is not None)
+
+
+def _stage_queues(stage: Stage) -> StageQueues:
+    prev = Stage(stage - 1) if stage > Stage.LOAD else None
+    nxt = Stage(stage + 1) if stage < Stage.STORE else None
+    return StageQueues(pop_prev=None if prev is None else token_queue(prev, stage),
+                       pop_next=None if nxt is None else token_queue(nxt, stage),
+                       push_prev=None if prev is None else token_queue(stage, prev),
+                       push_next=None if nxt is None else token_queue(stage, nxt))
+
+
+#: the token queues of each stage (pops are taken before execution, pushes made after it)
+STAGE_QUEUES: Dict[Stage, StageQueues] = {s: _stage_queues(s) for s in Stage}
+#: the four token queues, in pipeline order of the stage that pushes them: l2g, g2l, g2s, s2g
+TOKEN_QUEUES: Tuple[str, ...] = tuple(q for s in Stage for q in (STAGE_QUEUES[s].push_prev,
+                                                                  STAGE_QUEUES[s].push_next) if q)
 
 
 class FieldRangeError(ValueError):
@@ -81,36 +156,6 @@ class DepFlags:
                  ("push_prev", self.push_prev_dep), ("push_next", self.push_next_dep)]
         on = [n for n, v in names if v]
         return f" [{' '.join(on)}]" if on else ""
-
-
-def _pack(layout: Layout, values: dict) -> int:
-    word = 0
-    for f in layout.fields:
-        value = int(values.get(f.name, 0))
-        if f.name == "imm":
-            if not -(1 << (f.width - 1)) <= value < (1 << (f.width - 1)):
-                raise FieldRangeError(f"{layout.name}.imm = {value} does not fit a signed "
-                                      f"{f.width}-bit immediate")
-            value &= f.mask
-        elif not 0 <= value <= f.mask:
-            raise FieldRangeError(f"{layout.name}.{f.name} = {value} does not fit its {f.width}-bit "
-                                  f"field (0..{f.mask})")
-        word |= value << f.lsb
-    return word
-
-
-def _unpack(layout: Layout, word: int) -> dict:
-    out = {}
-    for f in layout.fields:
-        value = (word >> f.lsb) & f.mask
-        if f.name == "imm" and value >> (f.width - 1):
-            value -= 1 << f.width
-        out[f.name] = value
-    return out
-
-
-def _to_bytes(word: int, nbytes: int) -> bytes:
-    return word.to_bytes(nbytes, "little")
 
 
 @dataclass
@@ -138,7 +183,8 @@ class MemInsn(DepFlags):
     LAYOUT = "MEM"
 
     def encode(self, config: VTAConfig) -> bytes:
-        return _to_bytes(_pack(config.layouts["MEM"], vars(self)), 16)
+        """The 16 bytes of this instruction (see :func:`encode_stream`)."""
+        return encode_stream(config, [self])
 
     def is_nop(self) -> bool:
         return self.x_size == 0
@@ -190,7 +236,8 @@ class GemmInsn(_ComputeInsn):
     wgt_factor_in: int = 0
 
     def encode(self, config: VTAConfig) -> bytes:
-        return _to_bytes(_pack(config.layouts["GEMM"], vars(self)), 16)
+        """The 16 bytes of this instruction (see :func:`encode_stream`)."""
+        return encode_stream(config, [self])
 
     def _extra_out(self) -> str:
         return f" wgt {self.wgt_factor_out}"
@@ -213,7 +260,8 @@ class AluInsn(_ComputeInsn):
     imm: int = 0
 
     def encode(self, config: VTAConfig) -> bytes:
-        return _to_bytes(_pack(config.layouts["ALU"], vars(self)), 16)
+        """The 16 bytes of this instruction (see :func:`encode_stream`)."""
+        return encode_stream(config, [self])
 
     def operand_text(self) -> str:
         if not self.use_imm:
@@ -238,7 +286,8 @@ class FinishInsn(DepFlags):
     opcode: int = Opcode.FINISH
 
     def encode(self, config: VTAConfig) -> bytes:
-        return _to_bytes(_pack(config.layouts["GEMM"], vars(self)), 16)
+        """The 16 bytes of this instruction (see :func:`encode_stream`)."""
+        return encode_stream(config, [self])
 
     def __str__(self) -> str:
         return f"FINISH{self.dep_text()}"
@@ -256,30 +305,37 @@ class Uop:
     wgt_idx: int = 0
 
     def encode(self, config: VTAConfig) -> bytes:
-        return _to_bytes(_pack(config.layouts["UOP"], vars(self)), 4)
+        """The 4 bytes of this micro-op (see :func:`encode_uops`)."""
+        return encode_uops(config, [self])
 
     @classmethod
     def decode(cls, config: VTAConfig, data: bytes) -> "Uop":
-        if len(data) != 4:
-            raise ValueError(f"a micro-op is 4 bytes, got {len(data)}")
-        return cls(**_unpack(config.layouts["UOP"], int.from_bytes(data, "little")))
+        """The micro-op encoded in the 4 bytes ``data``."""
+        if len(data) != config.UOP_ELEM_BYTES:
+            raise ValueError(f"a micro-op is {config.UOP_ELEM_BYTES} bytes, got {len(data)}")
+        return decode_uops(config, data)[0]
 
 
-def clip_bounds(imm: int) -> tuple:
+def _signed(value: int, bits: int) -> int:
+    """The two's-complement value of the low ``bits`` bits of ``value``."""
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if value >> (bits - 1) else value
+
+
+def clip_bounds(imm: int) -> Tuple[int, int]:
     """Split a CLIP immediate into its (lo, hi) int8 bounds (low byte lo, high byte hi)."""
-    raw = imm & 0xFFFF
-    lo, hi = raw & 0xFF, raw >> 8
-    return (lo - 256 if lo >= 128 else lo, hi - 256 if hi >= 128 else hi)
+    return _signed(imm, CLIP_BOUND_BITS), _signed(imm >> CLIP_BOUND_BITS, CLIP_BOUND_BITS)
 
 
 def clip_imm(lo: int, hi: int) -> int:
     """Pack int8 bounds ``lo <= hi`` into the signed 16-bit CLIP immediate."""
-    if not (-128 <= lo <= 127 and -128 <= hi <= 127):
-        raise FieldRangeError(f"CLIP bounds [{lo}, {hi}] must be int8 values")
+    if not (CLIP_MIN <= lo <= CLIP_MAX and CLIP_MIN <= hi <= CLIP_MAX):
+        raise FieldRangeError(f"CLIP bounds [{lo}, {hi}] must be int8 values "
+                              f"({CLIP_MIN}..{CLIP_MAX})")
     if lo > hi:
         raise FieldRangeError(f"CLIP bounds [{lo}, {hi}]: lo must not exceed hi")
-    raw = (lo & 0xFF) | ((hi & 0xFF) << 8)
-    return raw - 0x10000 if raw >= 0x8000 else raw
+    mask = (1 << CLIP_BOUND_BITS) - 1
+    return _signed((lo & mask) | ((hi & mask) << CLIP_BOUND_BITS), 2 * CLIP_BOUND_BITS)
 
 
 _CLASSES = {Opcode.LOAD: (MemInsn, "MEM"), Opcode.STORE: (MemInsn, "MEM"),
@@ -287,29 +343,97 @@ _CLASSES = {Opcode.LOAD: (MemInsn, "MEM"), Opcode.STORE: (MemInsn, "MEM"),
             Opcode.FINISH: (FinishInsn, "GEMM")}
 
 
+_FLAGS = ("pop_prev_dep", "pop_next_dep", "push_prev_dep", "push_next_dep", "reset_reg",
+          "use_imm", "pad_min")
+
+
+def unpack_fields(layout: Layout, words: np.ndarray) -> Dict[str, np.ndarray]:
+    """Every field of ``layout`` for every row of ``words``: the package's one field decoder.
+
+    Parameters
+    ----------
+    layout : Layout
+        An instruction or micro-op layout (``config.layouts[...]`` or :data:`layout.HEADER`).
+    words : numpy.ndarray
+        ``(n, k)`` unsigned array; row ``i`` holds the little-endian 64-bit words of item ``i``
+        (one word for a micro-op or the header, two for an instruction).
+
+    Returns
+    -------
+    dict
+        Field name -> int64 array of ``n`` values; the signed ``imm`` field is sign-extended.
+    """
+    words = np.asarray(words).astype(np.uint64, copy=False)
+    out: Dict[str, np.ndarray] = {}
+    for f in layout.fields:
+        word = words[:, f.lsb // INSN_UNIT_BITS]
+        value = ((word >> np.uint64(f.lsb % INSN_UNIT_BITS)) & np.uint64(f.mask)).astype(np.int64)
+        if f.name == "imm":
+            value = np.where(value >> (f.width - 1), value - (1 << f.width), value)
+        out[f.name] = value
+    return out
+
+
+def _insn_words(config: VTAConfig, data: bytes) -> np.ndarray:
+    size = config.INS_ELEM_BYTES
+    if len(data) % size:
+        raise ValueError(f"instruction stream of {len(data)} bytes is not a multiple of {size}")
+    return np.frombuffer(bytes(data), "<u8").reshape(len(data) // size, -1)
+
+
+def decode_stream(config: VTAConfig, data: bytes) -> List[Insn]:
+    """Decode a byte string holding a whole number of 16-byte instructions.
+
+    Raises
+    ------
+    ValueError
+        On a length that is not a whole number of instructions, or an unknown opcode.
+    """
+    words = _insn_words(config, data)
+    opcodes = unpack_fields(HEADER, words)["opcode"]
+    unknown = np.flatnonzero(~np.isin(opcodes, list(_CLASSES)))
+    if unknown.size:
+        i = int(unknown[0])
+        raise ValueError(f"unknown opcode {int(opcodes[i])} in instruction #{i} "
+                         f"({words[i].tobytes().hex()})")
+    insns: List[Optional[Insn]] = [None] * len(opcodes)
+    for opcode, (cls, layout) in _CLASSES.items():
+        rows = np.flatnonzero(opcodes == opcode)
+        if not rows.size:
+            continue
+        names = [f.name for f in config.layouts[layout].fields if f.name in cls.__dataclass_fields__]
+        values = unpack_fields(config.layouts[layout], words[rows])
+        for i, row in zip(rows.tolist(), zip(*(values[n].tolist() for n in names))):
+            kwargs = dict(zip(names, row))
+            for flag in _FLAGS:
+                if flag in kwargs:
+                    kwargs[flag] = bool(kwargs[flag])
+            insns[i] = cls(**kwargs)
+    return insns
+
+
 def decode_insn(config: VTAConfig, data: bytes) -> Insn:
-    """Decode one 16-byte instruction.
+    """Decode one 16-byte instruction (see :func:`decode_stream`).
 
     Raises
     ------
     ValueError
         On a wrong length or an unknown opcode.
     """
-    if len(data) != 16:
-        raise ValueError(f"an instruction is 16 bytes, got {len(data)}")
-    word = int.from_bytes(data, "little")
-    opcode = word & 0x7
-    if opcode not in _CLASSES.keys():
-        raise ValueError(f"unknown opcode {opcode} in instruction {bytes(data).hex()}")
-    cls, layout = _CLASSES[Opcode(opcode)]
-    values = _unpack(config.layouts[layout], word)
-    names = {f.name for f in fields(cls)}
-    insn = cls(**{k: v for k, v in values.items() if k in names})
-    for flag in ("pop_prev_dep", "pop_next_dep", "push_prev_dep", "push_next_dep", "reset_reg",
-                 "use_imm", "pad_min"):
-        if hasattr(insn, flag):
-            setattr(insn, flag, bool(getattr(insn, flag)))
-    return insn
+    if len(data) != config.INS_ELEM_BYTES:
+        raise ValueError(f"an instruction is {config.INS_ELEM_BYTES} bytes, got {len(data)}")
+    return decode_stream(config, data)[0]
+
+
+def decode_uops(config: VTAConfig, data: bytes) -> List[Uop]:
+    """Decode a byte string holding a whole number of 4-byte micro-ops."""
+    size = config.UOP_ELEM_BYTES
+    if len(data) % size:
+        raise ValueError(f"micro-op data of {len(data)} bytes is not a multiple of {size}")
+    words = np.frombuffer(bytes(data), "<u4").reshape(-1, 1)
+    values = unpack_fields(config.layouts["UOP"], words)
+    return [Uop(*row) for row in zip(*(values[n].tolist() for n in ("dst_idx", "src_idx",
+                                                                      "wgt_idx")))]
 
 
 def _encode_fields(layouts: Sequence[Tuple[Layout, type]], items: Sequence, words_per_item: int,
@@ -337,7 +461,8 @@ def _encode_fields(layouts: Sequence[Tuple[Layout, type]], items: Sequence, word
                 raise FieldRangeError(f"{layout.name}.{f.name} = {int(values[bad[0]])} of {what} "
                                       f"{int(index[bad[0]])} does not fit its {f.width}-bit field "
                                       f"({low}..{high})")
-            words[index, f.lsb // 64] |= (values & f.mask).astype("<u8") << np.uint64(f.lsb % 64)
+            words[index, f.lsb // INSN_UNIT_BITS] |= \
+                (values & f.mask).astype("<u8") << np.uint64(f.lsb % INSN_UNIT_BITS)
     return words
 
 
@@ -349,10 +474,8 @@ def encode_stream(config: VTAConfig, insns: Sequence[Insn]) -> bytes:
     FieldRangeError
         Naming the field, its value and the index of the first instruction that overflows it.
     """
-    layouts = config.layouts
-    kinds = [(layouts["MEM"], MemInsn), (layouts["GEMM"], GemmInsn), (layouts["ALU"], AluInsn),
-             (layouts["GEMM"], FinishInsn)]
-    return _encode_fields(kinds, list(insns), 2, "instruction").tobytes()
+    kinds = [(config.layouts[layout], cls) for cls, layout in _CLASSES.values()]
+    return _encode_fields(kinds, list(insns), INSN_BITS // INSN_UNIT_BITS, "instruction").tobytes()
 
 
 def encode_uops(config: VTAConfig, uops: Sequence["Uop"]) -> bytes:
@@ -361,20 +484,22 @@ def encode_uops(config: VTAConfig, uops: Sequence["Uop"]) -> bytes:
     return words.astype("<u4").tobytes()
 
 
-def decode_stream(config: VTAConfig, data: bytes) -> List[Insn]:
-    """Decode a byte string holding a whole number of instructions."""
-    if len(data) % 16:
-        raise ValueError(f"instruction stream of {len(data)} bytes is not a multiple of 16")
-    return [decode_insn(config, bytes(data[i:i + 16])) for i in range(0, len(data), 16)]
+def stage_of(opcode: int, memory_type: Optional[int] = None) -> Stage:
+    """The module that executes an instruction (facts §2.7): the one home of this rule.
+
+    LOAD of INP or WGT: load; STORE: store; every other LOAD (UOP, ACC, ACC_8BIT), GEMM, ALU and
+    FINISH: compute. ``memory_type`` matters for LOAD only.
+    """
+    if opcode == Opcode.STORE:
+        return Stage.STORE
+    if opcode == Opcode.LOAD and memory_type in (MemType.INP, MemType.WGT):
+        return Stage.LOAD
+    return Stage.COMPUTE
 
 
 def insn_stage(insn: Insn) -> Stage:
-    """The module that executes ``insn`` (facts §2.7): load, compute or store."""
-    if insn.opcode == Opcode.STORE:
-        return Stage.STORE
-    if insn.opcode == Opcode.LOAD and insn.memory_type in (MemType.INP, MemType.WGT):
-        return Stage.LOAD
-    return Stage.COMPUTE
+    """The module that executes ``insn`` (see :func:`stage_of`)."""
+    return stage_of(insn.opcode, getattr(insn, "memory_type", None))
 
 
 def disassemble(config: VTAConfig, stream: Union[bytes, Sequence[Insn]]) -> str:

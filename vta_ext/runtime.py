@@ -18,16 +18,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .config import MAX_XFER, PAGE_BYTES, VTAConfig
-from .isa import (AluInsn, AluOp, FieldRangeError, FinishInsn, GemmInsn, Insn, MemInsn, MemType,
-                  Opcode, Stage, Uop, clip_bounds, disassemble, encode_stream, encode_uops)
-
 from .errors import TemplateRefusal
+from .isa import (AluInsn, AluOp, FieldRangeError, FinishInsn, GemmInsn, Insn, MemInsn, MemType,
+                  Opcode, Stage, Uop, clip_bounds, disassemble, encode_stream, encode_uops,
+                  insn_stage, stage_of)
+from .layout import IMM_MAX, IMM_MIN, LOOP_ITER_BITS, MAX_LOOP_EXTENT
 
 __all__ = ["CommandQueue", "UopKernel", "Program", "DramBuffer", "RuntimeError_",
            "MissingExtensionError", "Segment"]
-
-
-_STAGES = {int(s): s for s in Stage}
 
 
 class RuntimeError_(RuntimeError):
@@ -83,8 +81,8 @@ class UopKernel:
             raise RuntimeError_("an ALU UopKernel needs alu_opcode")
         if mode == "gemm" and (alu_opcode is not None or use_imm):
             raise RuntimeError_("a GEMM UopKernel takes no ALU opcode or immediate")
-        if not -(1 << 15) <= int(imm) < (1 << 15):
-            raise FieldRangeError(f"ALU immediate {imm} does not fit int16")
+        if not IMM_MIN <= int(imm) <= IMM_MAX:
+            raise FieldRangeError(f"ALU immediate {imm} does not fit int16 ({IMM_MIN}..{IMM_MAX})")
         if mode == "alu" and alu_opcode not in AluOp._value2member_map_:
             raise RuntimeError_(f"unknown ALU opcode {alu_opcode}; expected one of "
                                 f"{', '.join(f'{o.name}={o.value}' for o in AluOp)}")
@@ -116,6 +114,10 @@ class UopKernel:
             raise RuntimeError_(f"UopKernel supports at most {self.MAX_LOOPS} loop levels")
         if extent < 1:
             raise RuntimeError_(f"UopKernel loop extent must be >= 1, got {extent}")
+        if extent > MAX_LOOP_EXTENT:
+            raise FieldRangeError(f"UopKernel loop extent {extent} does not fit the "
+                                  f"{LOOP_ITER_BITS}-bit iter_out/iter_in fields (at most "
+                                  f"{MAX_LOOP_EXTENT}); split the loop")
         self.loops.append((int(extent), int(dst_factor), int(src_factor), int(wgt_factor)))
         self._signature = self._insn_fields = None
         self._open_loops += 1
@@ -293,7 +295,7 @@ class CommandQueue:
         if pad_min and not self.config.EXT_PAD_MIN:
             raise MissingExtensionError(self.config.missing_extension(
                 "EXT_PAD_MIN", f"LOAD {mem.name} with pad_min=True (load_2d)"))
-        stage = Stage.LOAD if mem in (MemType.INP, MemType.WGT) else Stage.COMPUTE
+        stage = stage_of(Opcode.LOAD, mem)
         insn = MemInsn(opcode=Opcode.LOAD, memory_type=mem, sram_base=dst_sram_index,
                        dram_base=self._dram_base(src, src_elem_offset, mem, "load_2d"),
                        pad_min=bool(pad_min), y_size=y_size, x_size=x_size, x_stride=x_stride,
@@ -341,15 +343,11 @@ class CommandQueue:
     # ------------------------------------------------------------------ dependencies
     @staticmethod
     def _pipeline_stage(insn: Insn) -> Optional[Stage]:
-        if insn.opcode in (Opcode.GEMM, Opcode.ALU, Opcode.FINISH):
-            return Stage.COMPUTE
-        if insn.opcode == Opcode.STORE:
-            return Stage.STORE
-        if insn.x_size == 0:
+        """The stage whose last instruction may take a push flag: that of :func:`insn_stage`,
+        except that a LOAD NOP has none (the original runtime's ``GetPipelineStage``)."""
+        if insn.opcode == Opcode.LOAD and insn.x_size == 0:
             return None
-        if insn.memory_type in (MemType.ACC, MemType.ACC_8BIT, MemType.UOP):
-            return Stage.COMPUTE
-        return Stage.LOAD
+        return insn_stage(insn)
 
     def _push_noop(self, stage: Stage, push_prev: bool, push_next: bool) -> None:
         opcode = Opcode.STORE if stage == Stage.STORE else Opcode.LOAD
@@ -363,7 +361,11 @@ class CommandQueue:
 
     @staticmethod
     def _check_pair(from_stage: Stage, to_stage: Stage) -> Tuple[Stage, Stage]:
-        a, b = _STAGES[from_stage], _STAGES[to_stage]
+        try:
+            a, b = Stage(from_stage), Stage(to_stage)
+        except ValueError:
+            raise RuntimeError_(f"dependency between {from_stage!r} and {to_stage!r}: stages are "
+                                f"{', '.join(f'{s.name}={s.value}' for s in Stage)}") from None
         if abs(a - b) != 1:
             raise RuntimeError_(f"no dependency queue between {a.name} and {b.name}")
         return a, b

@@ -18,13 +18,14 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from ..isa import AluInsn, FinishInsn, GemmInsn, MemInsn, MemType, Opcode, Uop
+from ..isa import (STAGE_QUEUES, TOKEN_QUEUES, AluInsn, FinishInsn, GemmInsn, MemInsn, MemType,
+                   Opcode, Stage, decode_uops, insn_stage)
+from ..memory import LOAD_TARGETS, STORE_SOURCE, scratchpads
 
 __all__ = ["RaceError", "RaceReport", "check_races"]
 
-_LOAD, _COMPUTE, _STORE = 0, 1, 2
-# (pop_prev, pop_next, push_prev, push_next) queues per module
-_QUEUES = ((None, "g2l", None, "l2g"), ("l2g", "s2g", "g2l", "g2s"), ("g2s", None, "s2g", None))
+#: the data scratchpads whose elements are checked (micro-ops are only read by the compute module)
+_CHECKED = (MemType.INP, MemType.WGT, MemType.ACC)
 
 
 class RaceError(AssertionError):
@@ -38,28 +39,23 @@ class RaceReport:
     leftover_tokens: List[Dict[str, int]] = field(default_factory=list)
 
 
-def _module(insn) -> int:
-    if isinstance(insn, MemInsn):
-        if insn.opcode == Opcode.STORE:
-            return _STORE
-        return _LOAD if insn.memory_type in (MemType.INP, MemType.WGT) else _COMPUTE
-    return _COMPUTE
-
-
 class _Mem:
+    """Last writer (module index and position) and latest reads of every element of a scratchpad."""
+
     def __init__(self, depth: int):
         self.lw_mod = np.full(depth, -1, np.int64)
         self.lw_pos = np.zeros(depth, np.int64)
-        self.lr_pos = np.zeros((3, depth), np.int64)  # latest read position per module (1-based)
+        # latest read position per module (1-based)
+        self.lr_pos = np.zeros((len(Stage), depth), np.int64)
 
 
 def check_races(program, raise_on_race: bool = True) -> RaceReport:
     """Check ``program`` (a :class:`vta_ext.runtime.Program`); raise :class:`RaceError` on the first
     race (or deadlock) unless ``raise_on_race`` is False. Returns a :class:`RaceReport`."""
     cfg = program.config
-    mems = {MemType.INP: _Mem(cfg.inp_depth), MemType.WGT: _Mem(cfg.wgt_depth),
-            MemType.ACC: _Mem(cfg.acc_depth)}
-    uop_sram: List[Tuple[int, int, int]] = [(0, 0, 0)] * cfg.uop_depth
+    pads = scratchpads(cfg)
+    mems = {m: _Mem(pads[m].depth) for m in _CHECKED}
+    uop_sram: List[Tuple[int, int, int]] = [(0, 0, 0)] * pads[MemType.UOP].depth
     report = RaceReport()
     insns = program.insns
     # split into segments at FINISH
@@ -73,7 +69,7 @@ def check_races(program, raise_on_race: bool = True) -> RaceReport:
         segments.append(cur)
     dram = program.dram
     base = program.dram_base
-    tokens = {q: [] for q in ("l2g", "g2l", "s2g", "g2s")}   # FIFO of vector clocks
+    tokens = {q: [] for q in TOKEN_QUEUES}   # FIFO of vector clocks
     races: List[str] = []
 
     def access(mem, idx, write, mod, pos, vc, i):
@@ -94,10 +90,11 @@ def check_races(program, raise_on_race: bool = True) -> RaceReport:
             if bad.any():
                 j = int(np.flatnonzero(other)[np.argmax(bad)])
                 races.append(f"insn #{i} ({insns_all[i]}) {'writes' if write else 'reads'} "
-                             f"{mem.name}[{int(idx[j])}] written by module {int(lw_mod[j])} at its "
-                             f"position {int(lw_pos[j])} without a token ordering them")
+                             f"{mem.name}[{int(idx[j])}] written by module "
+                             f"{_name(int(lw_mod[j]))} at its position {int(lw_pos[j])} without a "
+                             "token ordering them")
         if write:
-            for r in range(3):
+            for r in range(len(Stage)):
                 if r == mod:
                     continue
                 rp = m.lr_pos[r][idx]
@@ -105,7 +102,8 @@ def check_races(program, raise_on_race: bool = True) -> RaceReport:
                 if bad.any():
                     j = int(np.argmax(bad))
                     races.append(f"insn #{i} ({insns_all[i]}) overwrites {mem.name}[{int(idx[j])}] "
-                                 f"read by module {r} at its position {int(rp[j])} without a token")
+                                 f"read by module {_name(r)} at its position {int(rp[j])} without "
+                                 "a token")
             m.lw_mod[idx] = mod
             m.lw_pos[idx] = pos
             m.lr_pos[:, idx] = 0
@@ -116,17 +114,20 @@ def check_races(program, raise_on_race: bool = True) -> RaceReport:
     offset = 0
     for seg in segments:
         n = len(seg)
-        queues = ([], [], [])
+        queues = [[] for _ in Stage]
         for k, insn in enumerate(seg):
-            queues[_module(insn)].append(k)
-        heads = [0, 0, 0]
-        counters = [0, 0, 0]
-        clocks = [np.zeros(3, np.int64) for _ in range(3)]
+            queues[insn_stage(insn).index].append(k)
+        heads = [0] * len(Stage)
+        counters = [0] * len(Stage)
+        clocks = [np.zeros(len(Stage), np.int64) for _ in Stage]
         done = False
         while not done:
             progress = False
-            for mod in (_LOAD, _COMPUTE, _STORE):
-                pop_p, pop_n, push_p, push_n = _QUEUES[mod]
+            for stage in Stage:
+                mod = stage.index
+                side = STAGE_QUEUES[stage]
+                pop_p, pop_n, push_p, push_n = side.pop_prev, side.pop_next, side.push_prev, \
+                    side.push_next
                 while heads[mod] < len(queues[mod]) and not done:
                     k = queues[mod][heads[mod]]
                     insn = seg[k]
@@ -154,7 +155,7 @@ def check_races(program, raise_on_race: bool = True) -> RaceReport:
                         done = True
             if not done and not progress:
                 blocked = [f"#{offset + queues[m][heads[m]]} ({seg[queues[m][heads[m]]]})"
-                           for m in range(3) if heads[m] < len(queues[m])]
+                           for m in range(len(Stage)) if heads[m] < len(queues[m])]
                 msg = f"deadlock: no module can proceed; blocked: {'; '.join(blocked)}"
                 if raise_on_race:
                     raise RaceError(msg)
@@ -170,26 +171,30 @@ def check_races(program, raise_on_race: bool = True) -> RaceReport:
     return report
 
 
+def _name(module_index: int) -> str:
+    """Name of the module with 0-based index ``module_index`` (load, compute, store)."""
+    return list(Stage)[module_index].name.lower()
+
+
 def _accesses(cfg, insn, mod, pos, vc, i, access, uop_sram, dram, base):
     if isinstance(insn, MemInsn):
         if insn.x_size == 0:
             return
-        mem = MemType(insn.memory_type)
         if insn.opcode == Opcode.STORE:
             n = insn.x_size * insn.y_size
-            access(MemType.ACC, np.arange(insn.sram_base, insn.sram_base + n), False, mod, pos, vc, i)
+            access(STORE_SOURCE, np.arange(insn.sram_base, insn.sram_base + n), False, mod, pos,
+                   vc, i)
             return
         rows = insn.y_pad_0 + insn.y_size + insn.y_pad_1
         cols = insn.x_pad_0 + insn.x_size + insn.x_pad_1
         n = rows * cols
+        mem = LOAD_TARGETS[MemType(insn.memory_type)]
         if mem == MemType.UOP:
-            raw = dram[insn.dram_base * 4 - base: insn.dram_base * 4 - base + 4 * insn.x_size]
-            for j in range(insn.x_size):
-                u = Uop.decode(cfg, bytes(raw[4 * j:4 * j + 4]))
+            entry = cfg.elem_bytes(MemType.UOP)
+            start = insn.dram_base * entry - base
+            for j, u in enumerate(decode_uops(cfg, bytes(dram[start:start + entry * insn.x_size]))):
                 uop_sram[insn.sram_base + j] = (u.dst_idx, u.src_idx, u.wgt_idx)
             return
-        if mem == MemType.ACC_8BIT:
-            mem = MemType.ACC
         access(mem, np.arange(insn.sram_base, insn.sram_base + n), True, mod, pos, vc, i)
         return
     if isinstance(insn, (GemmInsn, AluInsn)):

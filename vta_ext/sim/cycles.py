@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..config import VTAConfig
-from ..isa import AluInsn, GemmInsn, Insn, MemInsn, MemType, Opcode, Stage, insn_stage
+from ..isa import (STAGE_QUEUES, TOKEN_QUEUES, AluInsn, GemmInsn, Insn, MemInsn, MemType, Opcode,
+                   Stage, insn_stage)
 
 __all__ = ["CycleModel", "CycleReport", "ModuleTime", "DeadlockError", "insn_cycles"]
 
@@ -178,11 +179,9 @@ def _kind(insn: Insn) -> str:
     return "finish"
 
 
-# token queue fed by (module, push flag) and drained by (module, pop flag)
-_PUSH = {(Stage.LOAD, "push_next_dep"): "l2g", (Stage.COMPUTE, "push_prev_dep"): "g2l",
-         (Stage.COMPUTE, "push_next_dep"): "g2s", (Stage.STORE, "push_prev_dep"): "s2g"}
-_POP = {(Stage.COMPUTE, "pop_prev_dep"): "l2g", (Stage.LOAD, "pop_next_dep"): "g2l",
-        (Stage.STORE, "pop_prev_dep"): "g2s", (Stage.COMPUTE, "pop_next_dep"): "s2g"}
+# per module: the (header flag, token queue) pairs it pops and pushes
+_POPS = {s: STAGE_QUEUES[s].pops() for s in Stage}
+_PUSHES = {s: STAGE_QUEUES[s].pushes() for s in Stage}
 
 
 class CycleModel:
@@ -208,7 +207,7 @@ class CycleModel:
             queues[insn_stage(insn)].append(i)
         heads = {s: 0 for s in Stage}
         ready = {s: 0 for s in Stage}
-        tokens: Dict[str, List[int]] = {q: [] for q in ("l2g", "g2l", "g2s", "s2g")}
+        tokens: Dict[str, List[int]] = {q: [] for q in TOKEN_QUEUES}
         popped = {q: 0 for q in tokens}
         report = CycleReport(cfg)
         remaining = len(insns)
@@ -218,7 +217,7 @@ class CycleModel:
                 queue = queues[stage]
                 while heads[stage] < len(queue):
                     insn = insns[queue[heads[stage]]]
-                    needs = [q for (s, flag), q in _POP.items() if s == stage and getattr(insn, flag)]
+                    needs = [q for flag, q in _POPS[stage] if getattr(insn, flag)]
                     if any(popped[q] >= len(tokens[q]) for q in needs):
                         break
                     token_time = max((tokens[q][popped[q]] for q in needs), default=0)
@@ -231,8 +230,8 @@ class CycleModel:
                     module.busy += end - start
                     module.insns += 1
                     ready[stage] = end
-                    for (s, flag), q in _PUSH.items():
-                        if s == stage and getattr(insn, flag):
+                    for flag, q in _PUSHES[stage]:
+                        if getattr(insn, flag):
                             tokens[q].append(end)
                     self._account(report, insn)
                     if self.record_timeline:

@@ -5,7 +5,7 @@
 token queues and the profiler counters, and executes a binary instruction stream stored in a DRAM
 image, like ``VTADeviceRun(device, insn_phys, insn_count, wait_cycles)``.
 
-Semantics (``spec/vta-reference-facts.md`` §3, apache fsim):
+Semantics (``docs/vta-reference-facts.md`` §3, apache fsim):
 
 * LOAD copies a 2-D block of ``y_size`` rows of ``x_size`` elements (DRAM row stride ``x_stride``)
   into a dense SRAM block with ``x_pad_0/x_pad_1/y_pad_0/y_pad_1`` elements of zero padding.
@@ -57,20 +57,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import numpy as np
 
 from ..config import VTAConfig
-from ..isa import AluOp, MemType, Opcode, clip_bounds, decode_insn, insn_stage
-from ..layout import Layout
+from ..isa import (STAGE_QUEUES, TOKEN_QUEUES, AluOp, MemType, Opcode, Stage, clip_bounds,
+                   decode_insn, insn_stage, stage_of, unpack_fields)
+from ..layout import DEP_FLAGS, HEADER
+from ..memory import LOAD_TARGETS, scratchpads
 from .stats import SimStats
 
 __all__ = ["FunctionalSimulator", "SimulationError", "run_binary"]
 
-_LOAD, _COMPUTE, _STORE = 0, 1, 2
-_MODULE_NAMES = ("load", "compute", "store")
-_INT32_MIN = -(1 << 31)
 #: largest number of int8 x int8 products summed in one float32 dot product (2^24 / 2^14)
 _EXACT_LANES = 1 << 10
 #: element budget of the operand gathers of one batched GEMM step
@@ -80,6 +79,9 @@ _GRID_BUDGET = 1 << 22
 #: total index elements kept in the plan cache before it is cleared
 _PLAN_CACHE_ELEMS = 1 << 24
 _MEM_IDS = frozenset(int(m) for m in MemType)
+_OPCODES = frozenset(int(o) for o in Opcode)
+#: mask clearing the dependency flags of an instruction's first word
+_NOT_DEP_FLAGS = ~np.uint64(sum(1 << HEADER[flag].lsb for flag in DEP_FLAGS))
 _ALU_OPS = frozenset(int(o) for o in AluOp)
 
 
@@ -101,22 +103,6 @@ class SimulationError(RuntimeError):
         super().__init__(where + message)
 
 
-def _extract(words: np.ndarray, layout: Layout) -> Dict[str, List[int]]:
-    """Every field of ``layout`` for every instruction, as Python int lists.
-
-    ``words`` is an ``(n, 2)`` uint64 array (the two little-endian words of each instruction).
-    The signed ``imm`` field is sign-extended.
-    """
-    out: Dict[str, List[int]] = {}
-    for f in layout.fields:
-        word = words[:, f.lsb // 64]
-        value = ((word >> np.uint64(f.lsb % 64)) & np.uint64(f.mask)).astype(np.int64)
-        if f.name == "imm":
-            value = np.where(value >= (1 << (f.width - 1)), value - (1 << f.width), value)
-        out[f.name] = value.tolist()
-    return out
-
-
 _MEM_KEYS = ("memory_type", "sram_base", "dram_base", "pad_min", "y_size", "x_size", "x_stride",
              "y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1")
 _COMPUTE_KEYS = ("uop_bgn", "uop_end", "iter_out", "iter_in", "dst_factor_out", "dst_factor_in",
@@ -133,34 +119,33 @@ class _Stream:
     ``_GEMM_KEYS`` or ``_ALU_KEYS`` (by opcode; None for FINISH and unknown opcodes).
     """
 
-    raw: np.ndarray  # (n, 16) uint8
+    raw: np.ndarray  # (n, INS_ELEM_BYTES) uint8
     opcode: List[int]
     pop_prev: List[int]
     pop_next: List[int]
     push_prev: List[int]
     push_next: List[int]
     fields: List[Optional[tuple]]
-    plan_key: np.ndarray  # raw with the dependency flags cleared (plans do not depend on them)
+    plan_key: np.ndarray  # the words with the dependency flags cleared (plans do not depend on them)
 
     @classmethod
     def decode(cls, config: VTAConfig, raw: np.ndarray) -> "_Stream":
-        words = raw.view("<u8").reshape(-1, 2)
-        w0 = words[:, 0]
-        head = [((w0 >> np.uint64(bit)) & np.uint64(mask)).astype(np.int64).tolist()
-                for bit, mask in ((0, 7), (3, 1), (4, 1), (5, 1), (6, 1))]
-        opcode = head[0]
+        words = raw.view("<u8").reshape(raw.shape[0], -1)
+        header = unpack_fields(HEADER, words)
+        opcodes = header["opcode"]
         per_format = {}
         for ops, layout, keys in (((Opcode.LOAD, Opcode.STORE), "MEM", _MEM_KEYS),
                                   ((Opcode.GEMM,), "GEMM", _GEMM_KEYS),
                                   ((Opcode.ALU,), "ALU", _ALU_KEYS)):
-            rows = np.flatnonzero(np.isin(w0 & np.uint64(7), np.array(ops, np.uint64)))
+            rows = np.flatnonzero(np.isin(opcodes, ops))
             if rows.size:
-                cols = _extract(words[rows], config.layouts[layout])
-                per_format.update(zip(rows.tolist(), zip(*(cols[k] for k in keys))))
-        fields = [per_format.get(i) for i in range(len(opcode))]
-        plan_key = raw.copy()
-        plan_key[:, 0] &= 0x87
-        return cls(raw, *head, fields=fields, plan_key=plan_key)
+                cols = unpack_fields(config.layouts[layout], words[rows])
+                per_format.update(zip(rows.tolist(), zip(*(cols[k].tolist() for k in keys))))
+        fields = [per_format.get(i) for i in range(len(opcodes))]
+        plan_key = words.copy()
+        plan_key[:, 0] &= _NOT_DEP_FLAGS
+        return cls(raw, opcodes.tolist(), *(header[f].tolist() for f in DEP_FLAGS), fields=fields,
+                   plan_key=plan_key)
 
     def __len__(self) -> int:
         return len(self.opcode)
@@ -261,31 +246,29 @@ class FunctionalSimulator:
     def reset(self) -> None:
         """Zero every SRAM and empty the dependency-token queues."""
         cfg = self.config
+        pads = scratchpads(cfg)
+        inp, wgt, acc, uop = (pads[m] for m in (MemType.INP, MemType.WGT, MemType.ACC,
+                                                 MemType.UOP))
         # inputs and weights are held as float32 (exact for int8) so GEMMs run on BLAS;
         # the weight buffer is kept transposed, [BLOCK_IN][BLOCK_OUT] per element
-        self._inp = np.zeros((cfg.inp_depth, self._batch, self._bin), np.float32)
-        self._wgt_t = np.zeros((cfg.wgt_depth, self._bin, self._bout), np.float32)
-        self.acc = np.zeros((cfg.acc_depth, self._batch, self._bout), np.int32)
-        self._uop_raw = np.zeros(cfg.uop_depth, np.uint32)
-        self._uop_dst = np.zeros(cfg.uop_depth, np.int64)
-        self._uop_src = np.zeros(cfg.uop_depth, np.int64)
-        self._uop_wgt = np.zeros(cfg.uop_depth, np.int64)
-        self.tokens: Dict[str, int] = {"l2g": 0, "s2g": 0, "g2l": 0, "g2s": 0}
-        # per loadable memory type: 2-D target view, depth, DRAM element bytes, counted bytes,
-        # counter name, pad-min value
-        self._load_specs = {
-            MemType.INP: (self._inp.reshape(cfg.inp_depth, -1), cfg.inp_depth,
-                          cfg.inp_elem_bytes, cfg.inp_elem_bytes, "inp_load_nbytes", -128),
-            MemType.WGT: (self._wgt_t.reshape(cfg.wgt_depth, -1), cfg.wgt_depth,
-                          cfg.wgt_elem_bytes, cfg.wgt_elem_bytes, "wgt_load_nbytes", -128),
-            MemType.ACC: (self.acc.reshape(cfg.acc_depth, -1), cfg.acc_depth,
-                          cfg.acc_elem_bytes, cfg.acc_elem_bytes, "acc_load_nbytes", _INT32_MIN),
-            MemType.ACC_8BIT: (self.acc.reshape(cfg.acc_depth, -1), cfg.acc_depth,
-                               cfg.elem_bytes(MemType.ACC_8BIT), cfg.acc_elem_bytes,
-                               "acc_load_nbytes", _INT32_MIN),
-            MemType.UOP: (self._uop_raw.reshape(cfg.uop_depth, 1), cfg.uop_depth,
-                          cfg.UOP_ELEM_BYTES, cfg.UOP_ELEM_BYTES, "uop_load_nbytes", 1 << 31),
-        }
+        self._inp = np.zeros((inp.depth,) + inp.lane_shape, np.float32)
+        self._wgt_t = np.zeros((wgt.depth,) + wgt.lane_shape[::-1], np.float32)
+        self.acc = np.zeros((acc.depth,) + acc.lane_shape, acc.dtype)
+        self._uop_raw = np.zeros(uop.depth, uop.dtype)
+        self._uop_dst = np.zeros(uop.depth, np.int64)
+        self._uop_src = np.zeros(uop.depth, np.int64)
+        self._uop_wgt = np.zeros(uop.depth, np.int64)
+        self.tokens: Dict[str, int] = {q: 0 for q in TOKEN_QUEUES}
+        # per loadable memory type: 2-D view of the scratchpad it fills, depth, DRAM element
+        # bytes, counted bytes, counter name, pad-min value
+        arrays = {MemType.INP: self._inp, MemType.WGT: self._wgt_t, MemType.ACC: self.acc,
+                  MemType.UOP: self._uop_raw}
+        self._load_specs = {}
+        for mem, target in LOAD_TARGETS.items():
+            sp = pads[target]
+            self._load_specs[mem] = (arrays[target].reshape(sp.depth, -1), sp.depth,
+                                     cfg.elem_bytes(mem), sp.entry_bytes, f"{sp.name}_load_nbytes",
+                                     sp.pad_min_value)
 
     def clear_stats(self) -> None:
         """Reset the cumulative counters (``vta.simulator.profiler_clear``)."""
@@ -322,7 +305,7 @@ class FunctionalSimulator:
             Physical address of ``dram[0]``. ``dram_base`` fields of instructions are physical
             addresses divided by the element size of their memory type.
         insn_phys : int
-            Physical address of the first instruction (16 bytes each).
+            Physical address of the first instruction (``INS_ELEM_BYTES`` = 16 bytes each).
         insn_count : int
             Number of instructions.
 
@@ -342,14 +325,15 @@ class FunctionalSimulator:
             raise ValueError("dram must be writable (STOREs write into it)")
         if insn_count <= 0:
             raise SimulationError(f"insn_count must be positive, got {insn_count}")
+        size = self.config.INS_ELEM_BYTES
         start = int(insn_phys) - int(dram_base)
-        end = start + 16 * int(insn_count)
+        end = start + size * int(insn_count)
         if start < 0 or end > dram.size:
             raise SimulationError(
-                f"instruction stream [{insn_phys:#x}, {insn_phys + 16 * insn_count:#x}) lies "
+                f"instruction stream [{insn_phys:#x}, {insn_phys + size * insn_count:#x}) lies "
                 f"outside "
                 f"the DRAM image [{dram_base:#x}, {dram_base + dram.size:#x})")
-        raw = dram[start:end].reshape(insn_count, 16)
+        raw = dram[start:end].reshape(insn_count, size)
         cached = self._last_stream
         if cached is None or cached.raw.shape != raw.shape or not np.array_equal(cached.raw, raw):
             cached = self._last_stream = _Stream.decode(self.config, raw.copy())
@@ -375,43 +359,34 @@ class FunctionalSimulator:
     def _error(self, i: int, message: str) -> SimulationError:
         return SimulationError(message, i, self._describe(i))
 
-    def _dispatch(self) -> Tuple[List[int], List[int], List[int]]:
+    def _dispatch(self) -> Dict[Stage, List[int]]:
         """Split the stream into the three module queues and check the header fields."""
         s = self._stream
-        queues: Tuple[List[int], List[int], List[int]] = ([], [], [])
+        queues: Dict[Stage, List[int]] = {stage: [] for stage in Stage}
         for i, op in enumerate(s.opcode):
-            if op == Opcode.LOAD:
-                module = _LOAD if s.fields[i][0] in (MemType.INP, MemType.WGT) else _COMPUTE
-            elif op == Opcode.STORE:
-                module = _STORE
-            elif op in (Opcode.GEMM, Opcode.ALU, Opcode.FINISH):
-                module = _COMPUTE
-            else:
+            if op not in _OPCODES:
                 raise self._error(i, f"unknown opcode {op}")
-            if module == _LOAD and (s.pop_prev[i] or s.push_prev[i]):
-                raise self._error(i, "a load-module instruction has no previous module: "
-                                     "pop_prev/push_prev must be 0")
-            if module == _STORE and (s.pop_next[i] or s.push_next[i]):
-                raise self._error(i, "a store-module instruction has no next module: "
-                                     "pop_next/push_next must be 0")
+            module = stage_of(op, s.fields[i][0] if op == Opcode.LOAD else None)
+            side = STAGE_QUEUES[module]
+            if side.pop_prev is None and (s.pop_prev[i] or s.push_prev[i]):
+                raise self._error(i, f"a {module.name.lower()}-module instruction has no previous "
+                                     "module: pop_prev/push_prev must be 0")
+            if side.pop_next is None and (s.pop_next[i] or s.push_next[i]):
+                raise self._error(i, f"a {module.name.lower()}-module instruction has no next "
+                                     "module: pop_next/push_next must be 0")
             queues[module].append(i)
         return queues
 
-    # token queues per module: (pop_prev, pop_next, push_prev, push_next)
-    _QUEUES = (
-        (None, "g2l", None, "l2g"),      # load
-        ("l2g", "s2g", "g2l", "g2s"),    # compute
-        ("g2s", None, "s2g", None),      # store
-    )
-
-    def _schedule(self, queues: Tuple[List[int], List[int], List[int]]) -> None:
+    def _schedule(self, queues: Dict[Stage, List[int]]) -> None:
         """Run the three modules round-robin until FINISH; detect deadlocks."""
         s, tokens = self._stream, self.tokens
-        heads = [0, 0, 0]
+        heads = {stage: 0 for stage in Stage}
         while True:
             progress = False
-            for module in (_LOAD, _COMPUTE, _STORE):
-                pop_p, pop_n, push_p, push_n = self._QUEUES[module]
+            for module in Stage:
+                side = STAGE_QUEUES[module]
+                pop_p, pop_n, push_p, push_n = side.pop_prev, side.pop_next, side.push_prev, \
+                    side.push_next
                 queue = queues[module]
                 while heads[module] < len(queue):
                     i = queue[heads[module]]
@@ -430,8 +405,7 @@ class FunctionalSimulator:
                     heads[module] += 1
                     progress = True
                     if s.opcode[i] == Opcode.FINISH:
-                        self.unexecuted = sorted(q for m in (_LOAD, _COMPUTE, _STORE)
-                                                 for q in queues[m][heads[m]:])
+                        self.unexecuted = sorted(q for m in Stage for q in queues[m][heads[m]:])
                         return
             if not progress:
                 self._raise_stuck(queues, heads)
@@ -439,13 +413,14 @@ class FunctionalSimulator:
     def _raise_stuck(self, queues, heads) -> None:
         s = self._stream
         blocked = []
-        for module in (_LOAD, _COMPUTE, _STORE):
+        for module in Stage:
             if heads[module] < len(queues[module]):
                 i = queues[module][heads[module]]
-                pop_p, pop_n, _, _ = self._QUEUES[module]
-                need = [q for q, want in ((pop_p, s.pop_prev[i]), (pop_n, s.pop_next[i])) if want
-                        and self.tokens[q] == 0]
-                blocked.append((i, f"{_MODULE_NAMES[module]} module waits for a token on "
+                side = STAGE_QUEUES[module]
+                need = [q for q, want in ((side.pop_prev, s.pop_prev[i]),
+                                          (side.pop_next, s.pop_next[i]))
+                        if want and self.tokens[q] == 0]
+                blocked.append((i, f"{module.name.lower()} module waits for a token on "
                                    f"{' and '.join(need)}"))
         tokens = ", ".join(f"{k}={v}" for k, v in self.tokens.items())
         if not blocked:
@@ -532,12 +507,10 @@ class FunctionalSimulator:
             self._decode_uops(sram_base, sram_base + x_total * y_total)
 
     def _decode_uops(self, begin: int, end: int) -> None:
-        layout = self.config.layouts["UOP"]
-        words = self._uop_raw[begin:end]
-        for name, target in (("dst_idx", self._uop_dst), ("src_idx", self._uop_src),
-                             ("wgt_idx", self._uop_wgt)):
-            f = layout[name]
-            target[begin:end] = (words >> np.uint32(f.lsb)) & np.uint32(f.mask)
+        values = unpack_fields(self.config.layouts["UOP"], self._uop_raw[begin:end, None])
+        self._uop_dst[begin:end] = values["dst_idx"]
+        self._uop_src[begin:end] = values["src_idx"]
+        self._uop_wgt[begin:end] = values["wgt_idx"]
 
     def _store(self, i: int) -> None:
         (mem, sram_base, dram_base, _pad_min, y_size, x_size, x_stride, y_pad_0, y_pad_1, x_pad_0,
