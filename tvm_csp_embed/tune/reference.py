@@ -1,0 +1,118 @@
+"""Independent numpy references of the tunable operators, in their strategy's packed layouts.
+
+A reference ``fn(config, workload, epilogue, rng) -> (packed inputs, expected packed output)``
+draws random inputs (int8 full range, int32 bias in ``[-2**14, 2**14)``) and computes the output
+from the operator's definition in int64: an NCHW convolution (groups included) or a matrix
+product, then the epilogue stages in order with int32 wrapping, then the int8 truncation of the
+store. The packed layouts are those of ``docs/templates-api.md``; nothing of the templates is
+used. Other strategies (different layouts) register theirs with :func:`register_reference`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["register_reference", "reference_for", "apply_epilogue"]
+
+Reference = Callable[..., Tuple[List[np.ndarray], np.ndarray]]
+_REFERENCES: Dict[Tuple[str, str], Reference] = {}
+
+
+def register_reference(kind: str, strategy: str, fn: Reference) -> None:
+    """Register the numpy reference of operator ``kind`` in the layouts of ``strategy``."""
+    _REFERENCES[(kind, strategy)] = fn
+
+
+def reference_for(kind: str, strategy: str) -> Reference:
+    """The reference of ``(kind, strategy)``; a ``LookupError`` naming what is registered."""
+    try:
+        return _REFERENCES[(kind, strategy)]
+    except KeyError:
+        raise LookupError(f"no numpy reference registered for {kind} under strategy {strategy!r} "
+                          f"(registered: {sorted(_REFERENCES)}); the tuner cannot verify its best "
+                          "point without one (tvm_csp_embed.tune.reference.register_reference)"
+                          ) from None
+
+
+def _wrap32(x: np.ndarray) -> np.ndarray:
+    return ((x + (1 << 31)) % (1 << 32)) - (1 << 31)
+
+
+def apply_epilogue(acc: np.ndarray, epilogue: Sequence[tuple], bias) -> np.ndarray:
+    """The int32 accumulator through the epilogue stages in order, then the int8 truncation."""
+    acc = _wrap32(acc.astype(np.int64))
+    for stage in epilogue:
+        kind = stage[0]
+        if kind == "bias":
+            acc = acc + bias
+        elif kind == "shr":
+            acc = acc >> int(stage[1])
+        elif kind == "clip":
+            acc = np.clip(acc, int(stage[1]), int(stage[2]))
+        elif kind == "min":
+            acc = np.minimum(acc, int(stage[1]))
+        elif kind == "max":
+            acc = np.maximum(acc, int(stage[1]))
+        elif kind == "add":
+            acc = acc + int(stage[1])
+        else:
+            raise ValueError(f"unknown epilogue stage {stage!r}")
+        acc = _wrap32(acc)
+    return acc.astype(np.int8)  # keeps the low byte, as the STORE does
+
+
+def _int8(rng, shape) -> np.ndarray:
+    return rng.integers(-128, 128, shape).astype(np.int8)
+
+
+def _conv2d(config, wl, epilogue, rng) -> Tuple[List[np.ndarray], np.ndarray]:
+    b, ci, co = config.BATCH, config.BLOCK_IN, config.BLOCK_OUT
+    g = int(getattr(wl, "groups", 1))
+    n, c, o, h, w = wl.batch, wl.in_channels, wl.out_channels, wl.height, wl.width
+    kh, kw, cg, og = wl.kernel_h, wl.kernel_w, c // g, o // g
+    x = _int8(rng, (n, c, h, w))
+    k = _int8(rng, (o, cg, kh, kw))
+    oh = (h + 2 * wl.pad_h - kh) // wl.stride_h + 1
+    ow = (w + 2 * wl.pad_w - kw) // wl.stride_w + 1
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (wl.pad_h,) * 2, (wl.pad_w,) * 2))
+    acc = np.zeros((n, o, oh, ow), np.int64)
+    for gi in range(g):
+        xs, ks = xp[:, gi * cg:(gi + 1) * cg], k[gi * og:(gi + 1) * og].astype(np.int64)
+        for i in range(kh):
+            for j in range(kw):
+                patch = xs[:, :, i:i + wl.stride_h * (oh - 1) + 1:wl.stride_h,
+                           j:j + wl.stride_w * (ow - 1) + 1:wl.stride_w]
+                acc[:, gi * og:(gi + 1) * og] += np.einsum("nchw,oc->nohw", patch, ks[:, :, i, j])
+    inputs = [x.reshape(n // b, b, c // ci, ci, h, w).transpose(0, 2, 4, 5, 1, 3),
+              k.reshape(o // co, co, cg // ci, ci, kh, kw).transpose(0, 2, 4, 5, 1, 3)]
+    bias = None
+    if any(s[0] == "bias" for s in epilogue):
+        per_channel = rng.integers(-(1 << 14), 1 << 14, o).astype(np.int32)
+        inputs.append(np.broadcast_to(per_channel.reshape(1, o // co, 1, 1, 1, co),
+                                      (1, o // co, 1, 1, b, co)))
+        bias = per_channel.astype(np.int64).reshape(1, o, 1, 1)
+    out = apply_epilogue(acc, epilogue, bias)
+    packed = out.reshape(n // b, b, o // co, co, oh, ow).transpose(0, 2, 4, 5, 1, 3)
+    return [np.ascontiguousarray(a) for a in inputs], np.ascontiguousarray(packed)
+
+
+def _dense(config, wl, epilogue, rng) -> Tuple[List[np.ndarray], np.ndarray]:
+    b, ci, co = config.BATCH, config.BLOCK_IN, config.BLOCK_OUT
+    n, k, m = wl.batch, wl.in_features, wl.out_features
+    x, wt = _int8(rng, (n, k)), _int8(rng, (m, k))
+    acc = x.astype(np.int64) @ wt.astype(np.int64).T
+    inputs = [x.reshape(n // b, b, k // ci, ci).transpose(0, 2, 1, 3),
+              wt.reshape(m // co, co, k // ci, ci).transpose(0, 2, 1, 3)]
+    bias = None
+    if any(s[0] == "bias" for s in epilogue):
+        per_feature = rng.integers(-(1 << 14), 1 << 14, m).astype(np.int32)
+        inputs.append(np.broadcast_to(per_feature.reshape(1, m // co, 1, co), (1, m // co, b, co)))
+        bias = per_feature.astype(np.int64).reshape(1, m)
+    out = apply_epilogue(acc, epilogue, bias)
+    packed = out.reshape(n // b, b, m // co, co).transpose(0, 2, 1, 3)
+    return [np.ascontiguousarray(a) for a in inputs], np.ascontiguousarray(packed)
+
+
+for _kind, _fn in (("conv2d", _conv2d), ("group_conv2d", _conv2d), ("dense", _dense)):
+    register_reference(_kind, "stock", _fn)

@@ -1,0 +1,189 @@
+"""Where measurements run: this process, local worker processes, or a Dask cluster.
+
+A runner takes a task's :meth:`~.task.Task.spec` and a batch of knob points and yields
+``(index in the batch, MeasureResult)`` as measurements finish (:func:`~.measure.measure_point`).
+A worker that dies does not take finished results with it: its unfinished points are measured
+again (:class:`LocalRunner` restarts its pool once per batch; Dask reschedules them on other
+workers), and a point that still fails is an error result.
+
+* :class:`LocalRunner` -- ``n_parallel`` worker processes (``0``: in this process);
+* :class:`DaskRunner` -- a ``distributed`` scheduler address (or a ``Client``);
+* :func:`measure_option` -- bundles a runner with the verification settings, as AutoTVM's.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from .measure import MeasureResult, measure_point, verify_point
+
+__all__ = ["LocalRunner", "DaskRunner", "MeasureOption", "measure_option"]
+
+logger = logging.getLogger("tvm_csp_embed.tune")
+
+Batch = Sequence[Dict[str, Any]]
+
+
+def _init_worker() -> None:
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    import vta_ext  # noqa: F401  (registers the stock strategy in the worker)
+
+
+class LocalRunner:
+    """Measure on this machine, in ``n_parallel`` worker processes.
+
+    Parameters
+    ----------
+    n_parallel : int
+        Worker processes (spawned once, reused for every batch). ``0`` measures in this process
+        (no isolation: a crash of the compiler takes the tuner with it).
+    """
+
+    def __init__(self, n_parallel: int = 1) -> None:
+        if n_parallel < 0:
+            raise ValueError(f"n_parallel={n_parallel} must be >= 0")
+        self.n_parallel = n_parallel
+        self._pool: Optional[ProcessPoolExecutor] = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.n_parallel,
+                                             mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_init_worker)
+        return self._pool
+
+    def run(self, spec: Dict[str, Any], batch: Batch) -> Iterator[Tuple[int, MeasureResult]]:
+        """Measure every point of ``batch``; yields ``(index, result)`` as they finish."""
+        if self.n_parallel == 0:
+            for i, knobs in enumerate(batch):
+                yield i, measure_point(spec, knobs)
+            return
+        todo = list(range(len(batch)))
+        for attempt in (1, 2):
+            pool = self._executor()
+            futures = {pool.submit(measure_point, spec, batch[i]): i for i in todo}
+            lost: List[int] = []
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    try:
+                        yield futures[fut], fut.result()
+                    except BrokenProcessPool:
+                        lost.append(futures[fut])
+            if not lost:
+                return
+            self.close()
+            todo = sorted(lost)
+            logger.warning("a measurement worker died; %s %d unfinished point(s)",
+                           "measuring again" if attempt == 1 else "giving up on", len(todo))
+        for i in todo:
+            yield i, MeasureResult(dict(batch[i]), None, "the measurement worker process died")
+
+    def verify(self, spec: Dict[str, Any], knobs: Dict[str, Any], seed: int = 0) -> Optional[str]:
+        """:func:`~.measure.verify_point` in a worker (or here with ``n_parallel=0``)."""
+        if self.n_parallel == 0:
+            return verify_point(spec, knobs, seed)
+        try:
+            return self._executor().submit(verify_point, spec, knobs, seed).result()
+        except BrokenProcessPool:
+            self.close()
+            return "the verification worker process died"
+
+    def close(self) -> None:
+        """Shut the worker processes down (they are started again when needed)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def __repr__(self) -> str:
+        where = "in this process" if self.n_parallel == 0 else f"{self.n_parallel} worker processes"
+        return f"LocalRunner({where})"
+
+
+class DaskRunner:
+    """Measure on a Dask cluster (``distributed``).
+
+    Parameters
+    ----------
+    scheduler : str or distributed.Client or cluster
+        The scheduler address (``"tcp://host:8786"``), a ``Client``, or a cluster object (e.g.
+        ``distributed.LocalCluster``).
+    n_parallel : int, optional
+        For display; the cluster decides how many points run at once.
+    """
+
+    def __init__(self, scheduler: Any, n_parallel: Optional[int] = None) -> None:
+        from distributed import Client
+
+        self._own = not isinstance(scheduler, Client)
+        self.client = scheduler if isinstance(scheduler, Client) else Client(scheduler)
+        self.n_parallel = n_parallel or max(1, sum(
+            w.get("nthreads", 1) for w in self.client.scheduler_info()["workers"].values()))
+
+    def run(self, spec: Dict[str, Any], batch: Batch) -> Iterator[Tuple[int, MeasureResult]]:
+        """Measure every point of ``batch`` on the cluster; yields ``(index, result)``."""
+        from distributed import as_completed
+
+        futures = {self.client.submit(measure_point, spec, dict(k), pure=False): i
+                   for i, k in enumerate(batch)}
+        for fut in as_completed(list(futures)):
+            i = futures[fut]
+            try:
+                yield i, fut.result()
+            except Exception as err:  # a worker lost for good (KilledWorker), a comm error
+                yield i, MeasureResult(dict(batch[i]), None,
+                                       f"Dask worker failure: {type(err).__name__}: {err}")
+
+    def verify(self, spec: Dict[str, Any], knobs: Dict[str, Any], seed: int = 0) -> Optional[str]:
+        """:func:`~.measure.verify_point` on the cluster."""
+        try:
+            return self.client.submit(verify_point, spec, dict(knobs), seed, pure=False).result()
+        except Exception as err:
+            return f"Dask worker failure: {type(err).__name__}: {err}"
+
+    def close(self) -> None:
+        """Close the client if this runner opened it."""
+        if self._own:
+            self.client.close()
+
+    def __repr__(self) -> str:
+        return f"DaskRunner({self.client.scheduler.address}, {self.n_parallel} threads)"
+
+
+@dataclass(frozen=True)
+class MeasureOption:
+    """How a tuner measures: the runner, and how the best point is verified."""
+
+    runner: Any
+    verify: bool = True
+    verify_seed: int = 0
+
+    def __repr__(self) -> str:
+        return f"measure_option(runner={self.runner!r}, verify={self.verify})"
+
+
+def measure_option(runner: Any = None, verify: bool = True, verify_seed: int = 0,
+                   builder: Any = None) -> MeasureOption:
+    """AutoTVM's ``measure_option``: where and how to measure.
+
+    Parameters
+    ----------
+    runner : LocalRunner or DaskRunner, optional
+        Default ``LocalRunner(n_parallel=1)``.
+    verify : bool
+        Verify the best point bit for bit on the functional simulator before it is recorded as
+        best (default True; without it no record is usable as best).
+    verify_seed : int
+        Seed of the verification inputs.
+    builder : None
+        Accepted for AutoTVM compatibility; compiling is part of a measurement here.
+    """
+    if builder is not None:
+        logger.info("measure_option: builder=%r ignored (a measurement compiles its point)", builder)
+    return MeasureOption(runner if runner is not None else LocalRunner(1), verify, verify_seed)
