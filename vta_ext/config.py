@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Union
 
 from .layout import (INSN_BITS, LOG_UOP_BITS, MAX_SRAM_ENTRIES, MEMOP_SRAM_ADDR_BITS, UOP_BITS,
-                     Layout, LayoutOverflowError, instruction_layouts)
+                     Layout, LayoutOverflowError, MemType, instruction_layouts)
 
 __all__ = ["VTAConfig", "ConfigError", "CONFIG_DIR", "EXTENSIONS", "load_config",
            "available_configs"]
@@ -362,12 +362,13 @@ class VTAConfig:
 
     @cached_property
     def _elem_bytes_table(self) -> Dict[int, int]:
-        return {0: self.UOP_ELEM_BYTES, 1: self.wgt_elem_bytes, 2: self.inp_elem_bytes,
-                3: self.acc_elem_bytes, 4: self.out_elem_bytes,
-                5: self.acc_elem_bytes * self.INP_WIDTH // self.ACC_WIDTH}
+        return {MemType.UOP: self.UOP_ELEM_BYTES, MemType.WGT: self.wgt_elem_bytes,
+                MemType.INP: self.inp_elem_bytes, MemType.ACC: self.acc_elem_bytes,
+                MemType.OUT: self.out_elem_bytes,
+                MemType.ACC_8BIT: self.acc_elem_bytes * self.INP_WIDTH // self.ACC_WIDTH}
 
     def elem_bytes(self, memory_type: int) -> int:
-        """DRAM bytes of one element of memory id ``memory_type`` (UOP 0 ... ACC_8BIT 5)."""
+        """DRAM bytes of one element of memory id ``memory_type`` (:class:`~vta_ext.layout.MemType`)."""
         try:
             return self._elem_bytes_table[memory_type]
         except KeyError:

@@ -28,7 +28,7 @@ import numpy as np
 
 from .config import VTAConfig
 from .layout import (CLIP_BOUND_BITS, CLIP_MAX, CLIP_MIN, HEADER, INSN_BITS, INSN_UNIT_BITS,
-                     Layout)
+                     AluOp, Layout, MemType, Opcode)
 
 __all__ = [
     "Opcode", "MemType", "AluOp", "Stage", "FieldRangeError", "DepFlags",
@@ -37,32 +37,6 @@ __all__ = [
     "disassemble", "insn_stage", "stage_of", "token_queue", "StageQueues", "STAGE_QUEUES",
     "TOKEN_QUEUES", "clip_bounds", "clip_imm",
 ]
-
-
-class Opcode(IntEnum):
-    LOAD = 0
-    STORE = 1
-    GEMM = 2
-    FINISH = 3
-    ALU = 4
-
-
-class MemType(IntEnum):
-    UOP = 0
-    WGT = 1
-    INP = 2
-    ACC = 3
-    OUT = 4
-    ACC_8BIT = 5
-
-
-class AluOp(IntEnum):
-    MIN = 0
-    MAX = 1
-    ADD = 2
-    SHR = 3
-    MUL = 4
-    CLIP = 5  # extension: imm low byte = lo, high byte = hi (int8 each)
 
 
 class Stage(IntEnum):

@@ -7,7 +7,8 @@ with a 32-bit unit. This module reproduces that rule so that the encodings are b
 original for every configuration, and reports fields that would overflow the 128-bit instruction
 or the 32-bit micro-op.
 
-It is also the one home of the limits that the fixed field widths imply: :data:`MAX_DMA_PAD`
+It is also the one home of the values of the enumerated fields (:class:`Opcode`,
+:class:`MemType`, :class:`AluOp`; :mod:`vta_ext.isa` re-exports them) and of the limits that the fixed field widths imply: :data:`MAX_DMA_PAD`
 (4-bit pad fields), :data:`MAX_LOOP_EXTENT` (14-bit loop fields), :data:`IMM_MIN`/:data:`IMM_MAX`
 (signed 16-bit immediate), :data:`CLIP_MIN`/:data:`CLIP_MAX` (the int8 CLIP bounds) and
 :data:`MAX_SRAM_ENTRIES` (16-bit ``sram_base``). Import them from here rather than retyping them.
@@ -15,7 +16,40 @@ It is also the one home of the limits that the fixed field widths imply: :data:`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Dict, Iterable, List, Tuple
+
+class Opcode(IntEnum):
+    """Values of the ``opcode`` field (facts §2.1)."""
+
+    LOAD = 0
+    STORE = 1
+    GEMM = 2
+    FINISH = 3
+    ALU = 4
+
+
+class MemType(IntEnum):
+    """Values of the ``memory_type`` field of LOAD/STORE (facts §2.1)."""
+
+    UOP = 0
+    WGT = 1
+    INP = 2
+    ACC = 3
+    OUT = 4
+    ACC_8BIT = 5
+
+
+class AluOp(IntEnum):
+    """Values of the ``alu_opcode`` field (apache numbering, plus the CLIP extension)."""
+
+    MIN = 0
+    MAX = 1
+    ADD = 2
+    SHR = 3
+    MUL = 4
+    CLIP = 5  # extension: imm low byte = lo, high byte = hi (int8 each)
+
 
 # field widths of ``hw_spec_const.h`` (facts §1.3)
 LOG_INSN_BITS = 7
