@@ -227,7 +227,7 @@ def test_tiny_matches_documented_integer_scheme(tiny):
     """Recompute the int8 network in numpy from the node scales and the float weights."""
     model, qm, cal = tiny
     kinds = [n.kind for n in qm.nodes]
-    assert kinds == ["input", "conv", "maxpool", "reshape", "linear"]
+    assert kinds == ["input", "conv", "maxpool", "layout", "linear"]
     inp, conv, _, _, lin = qm.nodes
     assert conv.relu and not lin.relu
     folded = fold_batchnorm(model)
@@ -311,9 +311,31 @@ def _run_llvm_all(mod, x):
     return [t.numpy() for t in vm["main"](tvm.runtime.tensor(x))]
 
 
-def test_unsupported_operator_is_a_clear_error():
+def test_unknown_operator_stays_float_on_the_cpu():
+    """Partial quantisation: the sigmoid runs in float32 between two int8 convolutions."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.Sigmoid(), nn.Conv2d(16, 8, 1)).eval()
+    cal = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    qm = quantize_torch(model, cal)
+    assert [n.kind for n in qm.nodes] == ["input", "conv", "float", "quant", "conv"]
+    (op,) = qm.cpu_float_ops
+    assert (op.op, op.layer, op.source_op) == ("relax.sigmoid", "1", "aten.sigmoid")
+    assert "lookup-table" in op.reason
+    bound = {b.var.name: b.value for blk in qm.mod["main"].body.blocks for b in blk.bindings}
+    assert _op(bound[op.var]) == "relax.sigmoid" and _dtype(bound[op.var].args[0]) == "float32"
+    assert "1 (aten.sigmoid)" in qm.cpu_float_table()
+    convs = [v for v in bound.values() if _op(v) == "relax.nn.conv2d"]
+    assert [_dtype(c.args[0]) for c in convs] == ["int8", "int8"]
+    assert qm.layers[next(k for k, v in bound.items() if _op(v) == "relax.nn.conv2d")] == \
+        "0 (aten.convolution)"
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    assert _cos(_run_llvm(qm.mod, x), model(torch.from_numpy(x)).detach().numpy()) > 0.999
+
+
+def test_real_errors_name_the_layer():
+    """A calibration input of zeros leaves no int32 range for the bias: the error says where."""
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sigmoid()).eval()
-    with pytest.raises(QuantizationError, match="sigmoid"):
+    with pytest.raises(QuantizationError, match=r"conv at 0 \(aten.convolution\).*bias"):
         quantize_torch(model, np.zeros((1, 3, 8, 8), np.float32))
 
 
