@@ -4,7 +4,9 @@ import pytest
 
 from vta_ext.config import load_config
 from vta_ext.isa import AluOp, Opcode
+from vta_ext.errors import TemplateRefusal
 from vta_ext.templates.depthwise import DepthwiseConv2dWorkload, build_depthwise_conv2d
+from vta_ext.templates.errors import AluTemplateError, AluTemplateRefusal, KnobError
 
 
 def pack(x, cfg):
@@ -105,13 +107,20 @@ def test_boundary_values():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="BLOCK_OUT"):
-        build_depthwise_conv2d("default", DepthwiseConv2dWorkload(1, 24, 8, 8, 3, 3, 1, 1, 1, 1))
-    with pytest.raises(ValueError, match="accumulator"):
-        build_depthwise_conv2d("default", DepthwiseConv2dWorkload(1, 16, 8, 1000, 3, 3, 1, 1, 1, 1))
-    with pytest.raises(ValueError, match="pad"):
-        build_depthwise_conv2d("default", DepthwiseConv2dWorkload(1, 16, 8, 8, 3, 3, 16, 16, 1, 1))
+    """Workloads the template does not implement are refusals; bad knobs are knob errors; a wrong
+    number of packed inputs is a usage error."""
+    for wl, match in ((DepthwiseConv2dWorkload(1, 24, 8, 8, 3, 3, 1, 1, 1, 1), "BLOCK_OUT"),
+                      (DepthwiseConv2dWorkload(1, 16, 8, 1000, 3, 3, 1, 1, 1, 1), "accumulator"),
+                      (DepthwiseConv2dWorkload(1, 16, 8, 8, 3, 3, 16, 16, 1, 1), "pad")):
+        with pytest.raises(AluTemplateRefusal, match=match) as err:
+            build_depthwise_conv2d("default", wl)
+        assert isinstance(err.value, TemplateRefusal)
+    wl = DepthwiseConv2dWorkload(1, 16, 8, 8, 3, 3, 1, 1, 1, 1)
+    for knobs, match in ((dict(slots=0), "slots=0; valid values: 1, 2"), ("auto", "valid names: fallback, tps"),
+                         (dict(tile_h=0), "tile_h=0 must be None")):
+        with pytest.raises(KnobError, match=match):
+            build_depthwise_conv2d("default", wl, (), knobs)
     op = build_depthwise_conv2d("default", DepthwiseConv2dWorkload(1, 16, 8, 8, 3, 3, 1, 1, 1, 1),
                                 EPILOGUE)
-    with pytest.raises(ValueError, match="expected 3"):
+    with pytest.raises(AluTemplateError, match="expected 3"):
         op.run(np.zeros((1, 1, 8, 8, 1, 16), np.int8), np.zeros((1, 3, 3, 1, 16), np.int8))

@@ -4,7 +4,9 @@ import pytest
 
 from vta_ext.config import load_config
 from vta_ext.isa import AluOp, Opcode
+from vta_ext.errors import TemplateRefusal
 from vta_ext.templates.eltwise import EltwiseWorkload, build_add
+from vta_ext.templates.errors import AluTemplateError, AluTemplateRefusal, KnobError
 
 
 def pack(x, cfg):
@@ -49,7 +51,7 @@ def test_add(preset, n, c, hw, knobs, epilogue):
     a = rng.integers(-128, 128, (n, c, hw, hw)).astype(np.int8)
     b = rng.integers(-128, 128, (n, c, hw, hw)).astype(np.int8)
     op = build_add(cfg, EltwiseWorkload(n, c, hw, hw), epilogue, knobs)
-    got, stats = op.run(pack(a, cfg), pack(b, cfg))
+    got, _ = op.run(pack(a, cfg), pack(b, cfg))
     again, _ = op.run(pack(a, cfg), pack(b, cfg))
     np.testing.assert_array_equal(got, again)
     np.testing.assert_array_equal(unpack(got), ref_add(a, b, epilogue))
@@ -70,14 +72,19 @@ def test_boundary_values():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="BLOCK_OUT"):
-        build_add("default", EltwiseWorkload(1, 8, 4, 4))
-    with pytest.raises(ValueError, match="BATCH"):
-        build_add("2x16x16", EltwiseWorkload(1, 16, 4, 4))
-    with pytest.raises(ValueError, match="accumulator"):
+    """Workloads the template does not implement are refusals; bad knobs are knob errors; packed
+    inputs of the wrong shape are a usage error."""
+    for config, wl, ep, match in (("default", EltwiseWorkload(1, 8, 4, 4), (), "BLOCK_OUT"),
+                                  ("2x16x16", EltwiseWorkload(1, 16, 4, 4), (), "BATCH"),
+                                  ("default", EltwiseWorkload(1, 16, 4, 4), (("bias",),), "bias")):
+        with pytest.raises(AluTemplateRefusal, match=match) as err:
+            build_add(config, wl, ep)
+        assert isinstance(err.value, TemplateRefusal)
+    # 3 regions (2 output slots + the second operand) of 1000 rows > the 2048-entry accumulator
+    with pytest.raises(KnobError, match="accumulator.*valid tile: 1..682"):
         build_add("default", EltwiseWorkload(1, 16, 40, 40), knobs=dict(tile=1000))
-    with pytest.raises(ValueError, match="bias"):
-        build_add("default", EltwiseWorkload(1, 16, 4, 4), (("bias",),))
+    with pytest.raises(KnobError, match="tile=0 must be an integer >= 1"):
+        build_add("default", EltwiseWorkload(1, 16, 40, 40), knobs={"tile": 0})
     op = build_add("default", EltwiseWorkload(1, 16, 4, 4))
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(AluTemplateError, match="shape"):
         op.run(np.zeros((1, 1, 4, 4, 1, 16), np.int8), np.zeros((1, 1, 4, 5, 1, 16), np.int8))

@@ -4,8 +4,10 @@ import pytest
 
 from vta_ext.config import load_config
 from vta_ext.isa import AluOp, Opcode
-from vta_ext.templates.pool import (AluTemplateError, PoolWorkload, build_avg_pool2d,
-                                    build_max_pool2d, choose_reciprocal)
+from vta_ext.errors import TemplateRefusal
+from vta_ext.templates.errors import AluTemplateRefusal, EpilogueRefusal, KnobError
+from vta_ext.templates.pool import (PoolKnobs, PoolWorkload, build_avg_pool2d, build_max_pool2d,
+                                    choose_reciprocal)
 
 
 def pack(x, cfg):
@@ -72,7 +74,7 @@ def test_max_pool(preset, n, c, hw, pool, stride, pad, knobs):
     wl = PoolWorkload(n, c, hw, hw, pool, pool, stride, stride, pad, pad)
     x = np.random.default_rng(hw * c + pad).integers(-128, 128, (n, c, hw, hw)).astype(np.int8)
     if pad and not cfg.EXT_PAD_MIN:
-        with pytest.raises(ValueError, match="EXT_PAD_MIN"):
+        with pytest.raises(AluTemplateRefusal, match="EXT_PAD_MIN"):
             build_max_pool2d(cfg, wl, (), knobs)
         return
     got, op = run(build_max_pool2d, cfg, wl, x, knobs=knobs)
@@ -156,17 +158,35 @@ def test_reciprocal_is_exact():
 
 
 def test_errors():
+    """Workloads the template does not implement are refusals; bad knobs are knob errors."""
     cfg = load_config("default")
-    with pytest.raises(ValueError, match="BLOCK_OUT"):
-        build_max_pool2d(cfg, PoolWorkload(1, 20, 8, 8, 2, 2, 2, 2, 0, 0))
-    with pytest.raises(ValueError, match="accumulator"):     # one window row > acc_depth
-        build_max_pool2d(cfg, PoolWorkload(1, 16, 4, 1500, 2, 2, 2, 2, 0, 0))
-    with pytest.raises(ValueError, match="accumulator"):
-        build_max_pool2d(cfg, PoolWorkload(1, 16, 40, 40, 2, 2, 2, 2, 0, 0), knobs=dict(tile_h=20, tile_c=1))
-    with pytest.raises(ValueError, match="padding"):
-        build_avg_pool2d(cfg, PoolWorkload(1, 16, 8, 8, 2, 2, 2, 2, 2, 2))
-    with pytest.raises(ValueError, match="bias"):
-        build_avg_pool2d(cfg, PoolWorkload(1, 16, 8, 8, 2, 2, 2, 2, 0, 0), (("bias",),))
-    with pytest.raises(ValueError, match="EXT_PAD_MIN"):
-        build_max_pool2d("apache", PoolWorkload(1, 16, 8, 8, 3, 3, 2, 2, 1, 1))
+    refusals = [
+        (build_max_pool2d, cfg, PoolWorkload(1, 20, 8, 8, 2, 2, 2, 2, 0, 0), (), "BLOCK_OUT"),
+        # one window row of 1500 columns > the 2048-entry accumulator with the output rows
+        (build_max_pool2d, cfg, PoolWorkload(1, 16, 4, 1500, 2, 2, 2, 2, 0, 0), (), "accumulator"),
+        (build_avg_pool2d, cfg, PoolWorkload(1, 16, 8, 8, 2, 2, 2, 2, 2, 2), (), "padding"),
+        (build_avg_pool2d, cfg, PoolWorkload(1, 16, 8, 8, 2, 2, 2, 2, 0, 0), (("bias",),), "bias"),
+        (build_max_pool2d, "apache", PoolWorkload(1, 16, 8, 8, 3, 3, 2, 2, 1, 1), (), "EXT_PAD_MIN"),
+    ]
+    for build, config, wl, ep, match in refusals:
+        with pytest.raises(AluTemplateRefusal, match=match) as err:
+            build(config, wl, ep)
+        assert isinstance(err.value, TemplateRefusal)
+    with pytest.raises(EpilogueRefusal, match="does not fit the 16-bit ALU immediate"):
+        build_max_pool2d(cfg, PoolWorkload(1, 16, 8, 8, 2, 2, 2, 2, 0, 0), (("add", 40000),))
+    wl = PoolWorkload(1, 16, 40, 40, 2, 2, 2, 2, 0, 0)
+    for knobs, match in ((dict(tile_h=20, tile_c=1), "accumulator"), (dict(slots=3), "slots=3; valid values: 1, 2"),
+                         ("best", "valid names: fallback, tps"), (dict(rows=2), "valid fields: tile_h, tile_c, slots")):
+        with pytest.raises(KnobError, match=match) as err:
+            build_max_pool2d(cfg, wl, (), knobs)
+        assert not isinstance(err.value, TemplateRefusal)
+
+
+def test_knob_presets():
+    """"tps", "fallback", None, the dataclass and a dict all build; the presets are the default."""
+    wl = PoolWorkload(1, 32, 8, 8, 2, 2, 2, 2, 0, 0)
+    default = build_max_pool2d("default", wl).program.insn_count
+    for knobs in ("tps", "fallback", PoolKnobs(), {"slots": 2}):
+        assert build_max_pool2d("default", wl, (), knobs).program.insn_count == default
+    assert build_max_pool2d("default", wl, (), {"tile_h": 1}).info["tile_h"] == 1
     build_max_pool2d("apache", PoolWorkload(1, 16, 8, 8, 3, 3, 2, 2, 0, 0))   # no padding: fine

@@ -3,13 +3,15 @@
 These templates are not TE / s_tir schedules: they emit their VTA programs directly through the
 runtime (:class:`vta_ext.runtime.CommandQueue`). This module holds what they have in common:
 
-* :class:`AluTemplateError` — the ``ValueError`` raised for invalid workloads, tiles that do not
-  fit the accumulator SRAM, and missing extensions (the offload pass catches it, keeps the operator
-  on the CPU and reports the message);
-* :func:`alu` — one ALU instruction over an affine (up to two loops) range of accumulator rows;
-* :func:`emit_epilogue` — the conv2d epilogue stages (``vta_ext.templates.conv2d.normalize_epilogue``)
-  on a dense region of accumulator rows;
-* :class:`StorePipeline` — the dependency tokens between the compute and store modules.
+* workload checks that raise :class:`~vta_ext.templates.errors.AluTemplateRefusal` (the operator
+  stays on the CPU) and the row-tile choice (:func:`choose_row_tiles`; explicit tile knobs that do
+  not fit raise :class:`~vta_ext.templates.errors.KnobError`);
+* :func:`alu` -- one ALU instruction over an affine (up to two loops) range of accumulator rows,
+  :func:`alu_range` and :func:`copy_rows`;
+* :class:`StorePipeline` -- the dependency tokens between the compute and store modules;
+* :class:`CompiledAluOp` -- the compiled operator.
+
+The epilogue stages are emitted by :func:`vta_ext.templates.epilogue.emit_epilogue`.
 
 Dependency model. Every data load of these templates is a LOAD ACC / ACC_8BIT, executed by the
 *compute* module in program order with the ALU instructions, so loads, ALU work and micro-op loads
@@ -23,20 +25,22 @@ of times on the same simulator.
 from __future__ import annotations
 
 import numbers
+import time
 from typing import Callable, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ..config import VTAConfig
-from ..isa import AluOp, Stage, clip_imm
+from ..isa import AluOp, Stage
+from ..layout import IMM_MAX, IMM_MIN, MAX_LOOP_EXTENT
 from ..runtime import CommandQueue, UopKernel
+from .errors import AluTemplateError, AluTemplateRefusal, KnobError
 
-__all__ = ["AluTemplateError", "choose_row_tiles", "alu", "alu_range", "copy_rows", "emit_epilogue", "StorePipeline",
-           "CompiledAluOp", "check_positive", "check_non_negative", "require_multiple"]
+__all__ = ["MAX_KERNEL_UOPS", "choose_row_tiles", "alu", "alu_range", "copy_rows", "StorePipeline",
+           "CompiledAluOp", "check_positive", "check_non_negative", "require_multiple", "check_slots"]
 
-INT16_MIN, INT16_MAX = -(1 << 15), (1 << 15) - 1
-
-
-class AluTemplateError(ValueError):
-    """A workload / configuration the ALU templates cannot compile (the message says why)."""
+#: largest micro-op kernel a tile of an ALU template may use (channel blocks x window elements)
+MAX_KERNEL_UOPS = 1024
 
 
 def _is_int(value) -> bool:
@@ -45,25 +49,35 @@ def _is_int(value) -> bool:
 
 def check_non_negative(wl, names: Sequence[str], what: str, max_value: Optional[int] = None,
                        field: str = "") -> None:
+    """Refuse a workload whose fields ``names`` are not integers in ``0..max_value``."""
     for name in names:
         value = getattr(wl, name)
         if not _is_int(value) or value < 0:
-            raise AluTemplateError(f"{what}: {name}={value!r} must be a non-negative integer")
+            raise AluTemplateRefusal(f"{what}: {name}={value!r} must be a non-negative integer")
         if max_value is not None and value > max_value:
-            raise AluTemplateError(f"{what}: {name}={value} exceeds {field} (max {max_value})")
+            raise AluTemplateRefusal(f"{what}: {name}={value} exceeds {field} (max {max_value})")
 
 
 def check_positive(wl, names: Sequence[str], what: str) -> None:
+    """Refuse a workload whose fields ``names`` are not positive integers."""
     for name in names:
         value = getattr(wl, name)
         if not _is_int(value) or value < 1:
-            raise AluTemplateError(f"{what}: {name}={value!r} must be a positive integer")
+            raise AluTemplateRefusal(f"{what}: {name}={value!r} must be a positive integer")
 
 
 def require_multiple(value: int, block: int, name: str, key: str, what: str) -> None:
+    """Refuse a workload whose ``name`` is not a multiple of the block ``key``."""
     if value % block:
-        raise AluTemplateError(f"{what}: {name}={value} is not a multiple of {key}={block}; the "
-                               f"caller pads it to a multiple of the block")
+        raise AluTemplateRefusal(f"{what}: {name}={value} is not a multiple of {key}={block}; the "
+                                 f"caller pads it to a multiple of the block")
+
+
+def check_slots(slots, what: str) -> int:
+    """The ``slots`` knob (output regions: 1, or 2 for double buffering against the STORE)."""
+    if slots not in (1, 2) or isinstance(slots, bool):
+        raise KnobError(f"{what}: knob slots={slots!r}; valid values: 1, 2")
+    return int(slots)
 
 
 def choose_row_tiles(what: str, cfg: VTAConfig, usage: Callable[[int, int, int], int],
@@ -72,26 +86,29 @@ def choose_row_tiles(what: str, cfg: VTAConfig, usage: Callable[[int, int, int],
     """Pick ``(tile_h, tile_c, slots)``: output rows and channel blocks per tile, output slots.
 
     ``usage(tile_h, tile_c, slots)`` is the accumulator entries a tile needs. Explicit ``tile_h`` /
-    ``tile_c`` knobs are checked against the accumulator; otherwise the tile takes as many output
-    rows as fit (all of them first), then as many channel blocks (at most ``max_tile_c``), and
-    falls back to one output slot when two do not fit. ``row_text`` describes one output row's
-    footprint in the error raised when not even that fits (rows are never split).
+    ``tile_c`` knobs are checked against the accumulator (:class:`KnobError` if they do not fit);
+    otherwise the tile takes as many output rows as fit (all of them first), then as many channel
+    blocks (at most ``max_tile_c``), and falls back to one output slot when two do not fit.
+    ``row_text`` describes one output row's footprint in the refusal raised when not even that fits
+    (rows are never split).
     """
     acc = cfg.acc_depth
-    if tile_h is not None or tile_c is not None:
-        th, tc = min(tile_h or out_rows, out_rows), min(tile_c or 1, channel_blocks)
-        if th < 1 or tc < 1:
-            raise AluTemplateError(f"{what}: tile knobs must be >= 1")
-        if usage(th, tc, slots) > acc:
-            raise AluTemplateError(f"{what}: tile {tc} channel block(s) x {th} output row(s) needs "
-                                   f"{usage(th, tc, slots)} accumulator (acc) entries, more than the "
-                                   f"accumulator buffer's {acc}; reduce tile_h / tile_c")
-        return th, tc, slots
     if usage(1, 1, 1) > acc:
-        raise AluTemplateError(
+        raise AluTemplateRefusal(
             f"{what}: one output row of one channel block needs {usage(1, 1, 1)} accumulator "
             f"(acc) entries ({row_text}), more than the accumulator buffer's {acc} on "
             f"{cfg.name!r}; the template does not split rows")
+    if tile_h is not None or tile_c is not None:
+        for name, value in (("tile_h", tile_h), ("tile_c", tile_c)):
+            if value is not None and (not _is_int(value) or value < 1):
+                raise KnobError(f"{what}: knob {name}={value!r} must be None (as large as fits) or "
+                                "an integer >= 1")
+        th, tc = min(tile_h or out_rows, out_rows), min(tile_c or 1, channel_blocks)
+        if usage(th, tc, slots) > acc:
+            raise KnobError(f"{what}: knobs tile_h={th}, tile_c={tc}, slots={slots} need "
+                            f"{usage(th, tc, slots)} accumulator (acc) entries, more than the "
+                            f"accumulator buffer's {acc}; reduce tile_h / tile_c")
+        return th, tc, slots
     if usage(1, 1, slots) > acc:
         slots = 1
     th = max(t for t in range(1, out_rows + 1) if usage(t, 1, slots) <= acc)
@@ -109,8 +126,9 @@ def alu(q: CommandQueue, op: int, uops, loops=(), imm: Optional[int] = None) -> 
     checked; pass ``dst``). ``loops``: up to two ``(extent, dst_factor, src_factor)``, outer first.
     ``imm``: the immediate operand (int16), or None for vector-vector.
     """
-    if imm is not None and not INT16_MIN <= int(imm) <= INT16_MAX:
-        raise AluTemplateError(f"ALU immediate {imm} does not fit int16")
+    if imm is not None and not IMM_MIN <= int(imm) <= IMM_MAX:
+        raise AluTemplateError(f"ALU immediate {imm} does not fit the 16-bit immediate "
+                               f"({IMM_MIN}..{IMM_MAX})")
     k = UopKernel("alu", alu_opcode=op, use_imm=imm is not None, imm=0 if imm is None else int(imm))
     loops = [lp for lp in loops if lp[0] > 1] or []
     for extent, d_f, s_f in loops:
@@ -123,51 +141,15 @@ def alu(q: CommandQueue, op: int, uops, loops=(), imm: Optional[int] = None) -> 
 
 
 def alu_range(q: CommandQueue, op: int, base: int, size: int, imm: int) -> None:
-    """``acc[base:base+size] = op(acc, imm)`` in one instruction (the loop is split if needed)."""
-    if size <= 0:
-        return
-    if size > (1 << 14) - 1:
-        raise AluTemplateError(f"ALU range of {size} rows exceeds the 14-bit loop extent")
-    alu(q, op, [(base, base)], [(size, 1, 1)], imm)
+    """``acc[base:base+size] = op(acc, imm)``: one instruction per :data:`MAX_LOOP_EXTENT` rows."""
+    for start in range(base, base + size, MAX_LOOP_EXTENT):
+        alu(q, op, [(start, start)], [(min(MAX_LOOP_EXTENT, base + size - start), 1, 1)], imm)
 
 
 def copy_rows(q: CommandQueue, uops, loops) -> None:
     """``dst = src`` over the affine range: ``dst *= 0`` then ``dst += src`` (VTA has no MOV)."""
     alu(q, AluOp.MUL, [(d, d) for d, _ in uops], [(e, d_f, d_f) for e, d_f, _ in loops], 0)
     alu(q, AluOp.ADD, uops, loops)
-
-
-def emit_epilogue(q: CommandQueue, cfg: VTAConfig, epilogue, base: int, size: int,
-                  bias=None) -> None:
-    """Apply the (normalised) epilogue stages to ``acc[base:base+size]``.
-
-    ``bias``: for a ``("bias",)`` stage, a callable ``bias(q)`` emitting the vector ADD (the layout
-    of the bias rows is the template's business); None if the template takes no bias.
-    """
-    for st in epilogue:
-        kind = st[0]
-        if kind == "shr":
-            if st[1]:
-                alu_range(q, AluOp.SHR, base, size, st[1])
-        elif kind == "bias":
-            if bias is None:
-                raise AluTemplateError("this operator takes no ('bias',) epilogue stage")
-            bias(q)
-        elif kind == "clip":
-            lo, hi = st[1], st[2]
-            if cfg.EXT_CLIP and -128 <= lo <= hi <= 127:
-                alu_range(q, AluOp.CLIP, base, size, clip_imm(lo, hi))
-            else:
-                alu_range(q, AluOp.MIN, base, size, hi)
-                alu_range(q, AluOp.MAX, base, size, lo)
-        elif kind == "min":
-            alu_range(q, AluOp.MIN, base, size, st[1])
-        elif kind == "max":
-            alu_range(q, AluOp.MAX, base, size, st[1])
-        elif kind == "add":
-            alu_range(q, AluOp.ADD, base, size, st[1])
-        else:  # normalize_epilogue rejects anything else
-            raise AluTemplateError(f"unknown epilogue stage {st!r}")
 
 
 class StorePipeline:
@@ -180,7 +162,7 @@ class StorePipeline:
 
     def __init__(self, q: CommandQueue, slots: int) -> None:
         if slots < 1:
-            raise AluTemplateError("at least one output slot is needed")
+            raise AluTemplateError(f"at least one output slot is needed, got slots={slots}")
         self.q, self.slots, self.tiles = q, slots, 0
 
     def begin_tile(self) -> int:
@@ -230,10 +212,6 @@ class CompiledAluOp:
 
     def run(self, *packed_inputs, simulator=None):
         """Execute on the simulator; returns ``(packed_out_int8, SimStats)``."""
-        import time
-
-        import numpy as np
-
         if len(packed_inputs) != len(self.inputs):
             names = ", ".join(n for n, _, _ in self.inputs)
             raise AluTemplateError(f"expected {len(self.inputs)} packed input(s) ({names}), got "

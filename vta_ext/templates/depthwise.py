@@ -26,15 +26,15 @@ arithmetic on accumulator rows of ``b x co`` int32 lanes. Per tile (``tile_c`` c
    ``out *= k[0,0]`` (MUL vector, source factor 0: the tap row broadcast over all positions).
    Every other tap (i, j): ``tmp = window(i,j)``, ``tmp *= k[i,j]``, ``out += tmp`` (4 ALU
    instructions per tap, each covering the whole tile). int32 arithmetic wraps like the GEMM's.
-3. The epilogue (``conv2d.normalize_epilogue``; ``("bias",)`` is an ADD vector with source factor 0
-   from the bias row of each channel block; CLIP is one ALU CLIP with ``EXT_CLIP``, else MIN + MAX),
-   then STORE (truncating int32 to int8).
+3. The epilogue (:mod:`vta_ext.templates.epilogue`; ``("bias",)`` is an ADD vector with source
+   factor 0 from the bias row of each channel block), then STORE (truncating int32 to int8).
 
 Output rows rotate through ``slots`` (default 2) accumulator regions synchronised with the store
 module by :class:`~vta_ext.templates.alu_program.StorePipeline`; everything else is read and written
 by the compute module only (in order), so it needs no tokens. Tiles are as large as the accumulator
 (``acc_depth`` rows) allows; a single output row of one channel block that does not fit raises
-:class:`AluTemplateError` naming the accumulator.
+:class:`~vta_ext.templates.errors.AluTemplateRefusal` naming the accumulator (the operator stays on
+the CPU).
 """
 from __future__ import annotations
 
@@ -46,19 +46,23 @@ import numpy as np
 
 from ..config import VTAConfig, load_config
 from ..isa import AluOp, MemType
+from ..layout import MAX_DMA_PAD
 from ..runtime import CommandQueue
-from .alu_program import (AluTemplateError, CompiledAluOp, choose_row_tiles, StorePipeline, alu, alu_range,
-                          check_non_negative, check_positive, copy_rows, emit_epilogue, require_multiple)
-from .conv2d import normalize_epilogue
+from .alu_program import (MAX_KERNEL_UOPS, CompiledAluOp, StorePipeline, alu, alu_range,
+                          check_non_negative, check_positive, check_slots, choose_row_tiles,
+                          copy_rows, require_multiple)
+from .epilogue import emit_epilogue, has_bias, normalize_epilogue
+from .errors import AluTemplateError, AluTemplateRefusal
+from .knobs import knobs_from
+from .workload import ConvGeometry, window_size
 
 __all__ = ["DepthwiseConv2dWorkload", "DepthwiseKnobs", "CompiledDepthwiseConv2d",
-           "build_depthwise_conv2d", "AluTemplateError"]
+           "build_depthwise_conv2d", "AluTemplateError", "AluTemplateRefusal"]
 
-MAX_KERNEL_UOPS = 1024
 
 
 @dataclass(frozen=True)
-class DepthwiseConv2dWorkload:
+class DepthwiseConv2dWorkload(ConvGeometry):
     """A depthwise conv2d (groups = channels, one filter per channel) in NCHW terms."""
 
     batch: int
@@ -72,17 +76,13 @@ class DepthwiseConv2dWorkload:
     stride_h: int
     stride_w: int
 
-    @property
-    def out_height(self) -> int:
-        return (self.height + 2 * self.pad_h - self.kernel_h) // self.stride_h + 1
-
-    @property
-    def out_width(self) -> int:
-        return (self.width + 2 * self.pad_w - self.kernel_w) // self.stride_w + 1
-
 
 @dataclass(frozen=True)
 class DepthwiseKnobs:
+    """Output rows and channel blocks per tile (None = as large as the accumulator allows) and the
+    output slots (2 = double buffering against the STORE module). The template has one schedule
+    rule, so the presets ``"tps"`` and ``"fallback"`` are both the default ``DepthwiseKnobs()``."""
+
     tile_h: Optional[int] = None
     tile_c: Optional[int] = None
     slots: int = 2
@@ -94,7 +94,13 @@ class CompiledDepthwiseConv2d(CompiledAluOp):
 
 def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2dWorkload,
                            epilogue=(), knobs=None) -> CompiledDepthwiseConv2d:
-    """Compile a packed depthwise conv2d + epilogue for ``cfg``."""
+    """Compile a packed depthwise conv2d + epilogue for ``cfg``.
+
+    ``knobs``: None / ``"tps"`` / ``"fallback"`` (all the default :class:`DepthwiseKnobs`), a
+    :class:`DepthwiseKnobs` or a dict of its fields. Raises
+    :class:`~vta_ext.templates.errors.AluTemplateRefusal` for workloads the template does not
+    implement and :class:`~vta_ext.templates.errors.KnobError` for invalid knobs.
+    """
     t0 = time.perf_counter()
     cfg = load_config(cfg)
     wl = workload
@@ -105,17 +111,13 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
                         "stride_w"), what)
     require_multiple(wl.batch, cfg.BATCH, "batch", "BATCH", what)
     require_multiple(wl.channels, cfg.BLOCK_OUT, "channels", "BLOCK_OUT", what)
-    check_non_negative(wl, ("pad_h", "pad_w"), what, 15, "the 4-bit DMA pad field")
+    check_non_negative(wl, ("pad_h", "pad_w"), what, MAX_DMA_PAD, "the 4-bit DMA pad field")
     if wl.out_height < 1 or wl.out_width < 1:
-        raise AluTemplateError(f"{what}: empty output {wl.out_height}x{wl.out_width}")
+        raise AluTemplateRefusal(f"{what}: empty output {wl.out_height}x{wl.out_width}")
     epilogue = normalize_epilogue(epilogue)
-    has_bias = any(st[0] == "bias" for st in epilogue)
-    if knobs is None:
-        knobs = DepthwiseKnobs()
-    elif isinstance(knobs, dict):
-        knobs = DepthwiseKnobs(**knobs)
-    if knobs.slots not in (1, 2):
-        raise AluTemplateError(f"{what}: knob slots={knobs.slots} must be 1 or 2")
+    with_bias = has_bias(epilogue)
+    knobs = knobs_from(knobs, DepthwiseKnobs, {"tps": DepthwiseKnobs, "fallback": DepthwiseKnobs})
+    slots = check_slots(knobs.slots, what)
 
     B, BO = cfg.BATCH, cfg.BLOCK_OUT
     NB, CB = wl.batch // B, wl.channels // BO
@@ -125,20 +127,20 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
     Wp = W + 2 * PW
 
     def usage(th, tc, slots):
-        win = tc * ((th - 1) * SH + KH) * Wp
-        return win + tc * KK + (tc if has_bias else 0) + (1 + slots) * tc * th * OW
+        win = tc * window_size(th, KH, SH) * Wp
+        return win + tc * KK + (tc if with_bias else 0) + (1 + slots) * tc * th * OW
 
     th, tc, slots = choose_row_tiles(
-        what, cfg, usage, OH, CB, knobs.slots, knobs.tile_h, knobs.tile_c, MAX_KERNEL_UOPS,
+        what, cfg, usage, OH, CB, slots, knobs.tile_h, knobs.tile_c, MAX_KERNEL_UOPS,
         f"{KH} input rows of {Wp} elements + taps + outputs")
 
-    win_rows = (th - 1) * SH + KH
+    win_rows = window_size(th, KH, SH)
     win_stride = win_rows * Wp
     out_size = tc * th * OW
     IN = 0
     KREG = IN + tc * win_stride
     BREG = KREG + tc * KK
-    TMP = BREG + (tc if has_bias else 0)
+    TMP = BREG + (tc if with_bias else 0)
     OUT0 = TMP + out_size
 
     q = CommandQueue(cfg)
@@ -148,7 +150,8 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
     out_shape = (NB, CB, OH, OW, B, BO)
     data = q.alloc(int(np.prod(data_shape)), "data")
     kernel = q.alloc(int(np.prod(kernel_shape)), "kernel")
-    bias_buf = q.alloc(int(np.prod(bias_shape)) * 4, "bias") if has_bias else None
+    bias_buf = (q.alloc(int(np.prod(bias_shape)) * np.dtype(np.int32).itemsize, "bias")
+                if with_bias else None)
     out = q.alloc(int(np.prod(out_shape)), "out")
     pipe = StorePipeline(q, slots)
     loaded_c0 = None
@@ -163,7 +166,7 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
                 OUT = OUT0 + slot * out_size
                 # 1. loads: input window (zero padding), taps and bias of the channel blocks
                 r0 = oh0 * SH
-                nrows = (thh - 1) * SH + KH
+                nrows = window_size(thh, KH, SH)
                 lo, hi = max(r0, PH), min(r0 + nrows, PH + H)
                 for c in range(tcc):
                     dst = IN + c * win_stride
@@ -175,7 +178,7 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
                 if loaded_c0 != (c0, tcc):
                     q.load_2d(kernel, c0 * KK, tcc * KK, 1, tcc * KK, 0, 0, 0, 0, KREG,
                               MemType.ACC_8BIT)
-                    if has_bias:
+                    if with_bias:
                         q.load_2d(bias_buf, c0, tcc, 1, tcc, 0, 0, 0, 0, BREG, MemType.ACC)
                     loaded_c0 = (c0, tcc)
                 # 2. taps
@@ -198,7 +201,7 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
                 def add_bias(q_, outs=outs, tcc=tcc, thh=thh):
                     alu(q_, AluOp.ADD, [(outs[c], BREG + c) for c in range(tcc)], [(thh * OW, 1, 0)])
 
-                emit_epilogue(q, cfg, epilogue, OUT, size, bias=add_bias if has_bias else None)
+                emit_epilogue(q, cfg, epilogue, OUT, size, bias=add_bias if with_bias else None)
                 pipe.end_compute()
                 pipe.begin_store()
                 q.store_2d(OUT, MemType.OUT, out, ((n * CB + c0) * OH + oh0) * OW, thh * OW, tcc,
@@ -208,7 +211,7 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
     pipe.finish()
     prog = q.synchronize()
     inputs = [("data", data_shape, np.int8), ("kernel", kernel_shape, np.int8)]
-    if has_bias:
+    if with_bias:
         inputs.append(("bias", bias_shape, np.int32))
     info = dict(tile_h=th, tile_c=tc, slots=slots, tiles=n_tiles, acc_used=usage(th, tc, slots))
     return CompiledDepthwiseConv2d(cfg, wl, epilogue, prog, inputs, out_shape,

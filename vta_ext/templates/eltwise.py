@@ -17,8 +17,7 @@ cut into tiles of ``tile`` rows (the last one may be shorter). Per tile:
 1. LOAD ACC_8BIT (compute module, sign-extending int8 into int32) of the tile's rows of ``a`` into
    the output slot and of ``b`` into a scratch region;
 2. one ALU ADD vector-vector (a single loop over the rows);
-3. the epilogue stages (``conv2d.normalize_epilogue``: shr / clip / min / max / add; CLIP is one ALU
-   CLIP with ``EXT_CLIP``, else MIN then MAX);
+3. the epilogue stages (:mod:`vta_ext.templates.epilogue`: shr / clip / min / max / add);
 4. STORE (truncating int32 to int8).
 
 The output slots (default 2: the store of one tile overlaps the next tile's loads and ALU work)
@@ -35,14 +34,16 @@ import numpy as np
 
 from ..config import VTAConfig, load_config
 from ..isa import AluOp, MemType
+from ..layout import MAX_LOOP_EXTENT
 from ..runtime import CommandQueue
-from .alu_program import (AluTemplateError, CompiledAluOp, StorePipeline, alu, check_positive,
-                          emit_epilogue, require_multiple)
-from .conv2d import normalize_epilogue
+from .alu_program import (CompiledAluOp, StorePipeline, alu, check_positive, check_slots,
+                          require_multiple)
+from .epilogue import emit_epilogue, has_bias, normalize_epilogue
+from .errors import AluTemplateError, AluTemplateRefusal, KnobError
+from .knobs import check_int_knob, knobs_from
 
-__all__ = ["EltwiseWorkload", "EltwiseKnobs", "CompiledAdd", "build_add", "AluTemplateError"]
-
-_MAX_EXTENT = (1 << 14) - 1  # 14-bit ALU loop extent
+__all__ = ["EltwiseWorkload", "EltwiseKnobs", "CompiledAdd", "build_add", "AluTemplateError",
+           "AluTemplateRefusal"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class EltwiseWorkload:
 @dataclass(frozen=True)
 class EltwiseKnobs:
     """``tile``: accumulator rows per tile (None = as large as fits); ``slots``: output regions
-    (2 = double buffering against the STORE module)."""
+    (2 = double buffering against the STORE module). The template has one schedule rule, so the
+    presets ``"tps"`` and ``"fallback"`` are both the default ``EltwiseKnobs()``."""
 
     tile: Optional[int] = None
     slots: int = 2
@@ -71,7 +73,13 @@ class CompiledAdd(CompiledAluOp):
 
 def build_add(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=(),
               knobs=None) -> CompiledAdd:
-    """Compile ``int8(epilogue(int32(a) + int32(b)))`` for ``cfg``."""
+    """Compile ``int8(epilogue(int32(a) + int32(b)))`` for ``cfg``.
+
+    ``knobs``: None / ``"tps"`` / ``"fallback"`` (all the default :class:`EltwiseKnobs`), an
+    :class:`EltwiseKnobs` or a dict of its fields. Raises
+    :class:`~vta_ext.templates.errors.AluTemplateRefusal` for workloads the template does not
+    implement and :class:`~vta_ext.templates.errors.KnobError` for invalid knobs.
+    """
     t0 = time.perf_counter()
     cfg = load_config(cfg)
     wl = workload
@@ -82,31 +90,24 @@ def build_add(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=()
     require_multiple(wl.batch, cfg.BATCH, "batch", "BATCH", what)
     require_multiple(wl.channels, cfg.BLOCK_OUT, "channels", "BLOCK_OUT", what)
     epilogue = normalize_epilogue(epilogue)
-    if any(st[0] == "bias" for st in epilogue):
-        raise AluTemplateError(f"{what}: the residual add takes no ('bias',) epilogue stage")
-    if knobs is None:
-        knobs = EltwiseKnobs()
-    elif isinstance(knobs, dict):
-        knobs = EltwiseKnobs(**knobs)
-    if knobs.slots not in (1, 2):
-        raise AluTemplateError(f"{what}: knob slots={knobs.slots} must be 1 or 2")
+    if has_bias(epilogue):
+        raise AluTemplateRefusal(f"{what}: the residual add takes no ('bias',) epilogue stage")
+    knobs = knobs_from(knobs, EltwiseKnobs, {"tps": EltwiseKnobs, "fallback": EltwiseKnobs})
+    slots = check_slots(knobs.slots, what)
 
     B, BO = cfg.BATCH, cfg.BLOCK_OUT
     shape = (wl.batch // B, wl.channels // BO, wl.height, wl.width, B, BO)
     total = int(np.prod(shape[:4]))
-    slots = knobs.slots
     acc = cfg.acc_depth
     if knobs.tile is not None:
-        tile = int(knobs.tile)
-        if tile < 1:
-            raise AluTemplateError(f"{what}: knob tile={tile} must be >= 1")
+        tile = check_int_knob("tile", knobs.tile)
         if (slots + 1) * tile > acc:
-            raise AluTemplateError(f"{what}: tile={tile} needs {(slots + 1) * tile} accumulator "
-                                   f"(acc) entries ({slots} output slot(s) + the second operand), "
-                                   f"more than the accumulator buffer's {acc}")
+            raise KnobError(f"{what}: knob tile={tile} needs {(slots + 1) * tile} accumulator "
+                            f"(acc) entries ({slots} output slot(s) + the second operand), more "
+                            f"than the accumulator buffer's {acc}; valid tile: 1..{acc // (slots + 1)}")
     else:
         tile = acc // (slots + 1)
-    tile = max(1, min(tile, total, _MAX_EXTENT))
+    tile = max(1, min(tile, total, MAX_LOOP_EXTENT))
     B_REG = slots * tile
 
     q = CommandQueue(cfg)

@@ -25,15 +25,16 @@ batch block; the last tiles along C and H may be smaller):
    (MAX or ADD vector-vector): two affine loops over the output rows (dst factor OW, src factor
    stride_h*(W+2*pad_w)) and columns (1, stride_w), one micro-op per (channel block, window offset).
 3. Average pooling only: the exact division truncating toward zero (below).
-4. The epilogue stages (``conv2d.normalize_epilogue``: shr / clip / min / max / add; CLIP is one ALU
-   CLIP with ``EXT_CLIP``, else MIN then MAX), then STORE, which truncates the int32 lanes to int8.
+4. The epilogue stages (:mod:`vta_ext.templates.epilogue`: shr / clip / min / max / add), then
+   STORE, which truncates the int32 lanes to int8.
 
 Output rows rotate through ``slots`` (default 2) accumulator regions so the store of one tile
 overlaps the next tile's work; the compute→store and store→compute tokens are managed by
 :class:`~vta_ext.templates.alu_program.StorePipeline` (all loads are compute-module loads, so they
 need no tokens). Tiles are chosen as large as the accumulator allows (``acc_depth`` rows: input
 window + ``slots`` output regions + division scratch); a single output row of one channel block that
-does not fit raises :class:`AluTemplateError` naming the accumulator buffer.
+does not fit raises :class:`~vta_ext.templates.errors.AluTemplateRefusal` naming the accumulator
+buffer (the operator stays on the CPU).
 
 Division (average pooling). VTA has no divide. A window with divisor ``d`` sums at most ``d``
 int8 values (the non-padded ones; with ``count_include_pad`` the divisor is the window size, which
@@ -43,7 +44,7 @@ bounds the count), so ``|s| <= X_d = 128*d``. Take ``m = ceil(2^k / d)``, so ``m
 holds for every such x when ``X_d*e < 2^k``. The template picks the smallest ``k`` (one ``k`` for all
 the divisors of the workload) for which the identity holds for *every* ``x`` in ``[0, X_d]`` and
 every divisor — verified exhaustively at build time (:func:`choose_reciprocal`) — with
-``X_d*m < 2^31`` (no int32 overflow); if none exists it raises. Truncation toward zero is
+``X_d*m < 2^31`` (no int32 overflow); if none exists the template refuses the workload. Truncation toward zero is
 ``trunc(s/d) = sign(s) * floor(|s|/d)``, built from ALU ops on a scratch copy ``t`` of the sums::
 
     t = s                       (MUL imm 0, ADD vector)
@@ -74,17 +75,19 @@ import numpy as np
 
 from ..config import VTAConfig, load_config
 from ..isa import AluOp, MemType
+from ..layout import IMM_MAX, MAX_DMA_PAD
 from ..runtime import CommandQueue
-from .alu_program import (INT16_MAX, AluTemplateError, CompiledAluOp, choose_row_tiles, StorePipeline, alu,
-                          alu_range, check_non_negative, check_positive, copy_rows, emit_epilogue,
-                          require_multiple)
-from .conv2d import normalize_epilogue
+from .alu_program import (MAX_KERNEL_UOPS, CompiledAluOp, StorePipeline, alu, alu_range,
+                          check_non_negative, check_positive, check_slots, choose_row_tiles,
+                          copy_rows, require_multiple)
+from .epilogue import emit_epilogue, has_bias, normalize_epilogue
+from .errors import AluTemplateError, AluTemplateRefusal, KnobError
+from .knobs import knobs_from
+from .workload import out_size, window_size
 
 __all__ = ["PoolWorkload", "PoolKnobs", "CompiledPool", "build_max_pool2d", "build_avg_pool2d",
-           "choose_reciprocal", "avg_divisors", "AluTemplateError"]
+           "choose_reciprocal", "avg_divisors", "AluTemplateError", "AluTemplateRefusal"]
 
-#: largest micro-op kernel a pooling tile may use (channel blocks x window elements)
-MAX_KERNEL_UOPS = 1024
 
 
 @dataclass(frozen=True)
@@ -106,17 +109,23 @@ class PoolWorkload:
 
     @property
     def out_height(self) -> int:
-        return (self.height + 2 * self.pad_h - self.pool_h) // self.stride_h + 1
+        """Output rows (:func:`~vta_ext.templates.workload.out_size`)."""
+        return out_size(self.height, self.pool_h, self.pad_h, self.stride_h)
 
     @property
     def out_width(self) -> int:
-        return (self.width + 2 * self.pad_w - self.pool_w) // self.stride_w + 1
+        """Output columns (:func:`~vta_ext.templates.workload.out_size`)."""
+        return out_size(self.width, self.pool_w, self.pad_w, self.stride_w)
 
 
 @dataclass(frozen=True)
 class PoolKnobs:
     """Tile sizes (None = as large as the accumulator allows) and the number of output slots
-    (2 = double buffering of the output rows against the STORE module)."""
+    (2 = double buffering of the output rows against the STORE module).
+
+    The template has one schedule rule, so the presets ``"tps"`` and ``"fallback"`` are both the
+    default ``PoolKnobs()``.
+    """
 
     tile_h: Optional[int] = None
     tile_c: Optional[int] = None
@@ -128,17 +137,18 @@ class CompiledPool(CompiledAluOp):
 
 
 def _check(cfg: VTAConfig, wl: PoolWorkload, what: str) -> None:
+    """Refuse (:class:`AluTemplateRefusal`) a pooling the template does not implement."""
     check_positive(wl, ("batch", "channels", "height", "width", "pool_h", "pool_w", "stride_h",
                         "stride_w"), what)
     require_multiple(wl.batch, cfg.BATCH, "batch", "BATCH", what)
     require_multiple(wl.channels, cfg.BLOCK_OUT, "channels", "BLOCK_OUT", what)
-    check_non_negative(wl, ("pad_h", "pad_w"), what, 15, "the 4-bit DMA pad field")
+    check_non_negative(wl, ("pad_h", "pad_w"), what, MAX_DMA_PAD, "the 4-bit DMA pad field")
     if wl.pad_h >= wl.pool_h or wl.pad_w >= wl.pool_w:
-        raise AluTemplateError(f"{what}: padding {wl.pad_h}x{wl.pad_w} must be smaller than the pool "
-                               f"window {wl.pool_h}x{wl.pool_w} (windows made only of padding are "
-                               "not supported)")
+        raise AluTemplateRefusal(f"{what}: padding {wl.pad_h}x{wl.pad_w} must be smaller than the "
+                                 f"pool window {wl.pool_h}x{wl.pool_w} (windows made only of padding "
+                                 "are not supported)")
     if wl.out_height < 1 or wl.out_width < 1:
-        raise AluTemplateError(f"{what}: empty output {wl.out_height}x{wl.out_width}")
+        raise AluTemplateRefusal(f"{what}: empty output {wl.out_height}x{wl.out_width}")
 
 
 def avg_divisors(wl: PoolWorkload) -> np.ndarray:
@@ -166,7 +176,7 @@ def choose_reciprocal(divisors, max_abs_per_element: int = 128,
     ds = sorted({int(d) for d in np.asarray(list(divisors) if not isinstance(divisors, np.ndarray)
                                             else divisors).ravel()})
     if not ds or ds[0] < 1:
-        raise AluTemplateError(f"avg_pool2d divisors must be >= 1, got {ds}")
+        raise AluTemplateRefusal(f"avg_pool2d divisors must be >= 1, got {ds}")
     xs = {d: np.arange(max_abs_per_element * d + 1, dtype=np.int64) for d in ds}
     for k in range(0, 31):
         ms = {d: -(-(1 << k) // d) for d in ds}
@@ -175,18 +185,9 @@ def choose_reciprocal(divisors, max_abs_per_element: int = 128,
             break
         if all(np.array_equal((xs[d] * m) >> k, xs[d] // d) for d, m in ms.items()):
             return k, ms
-    raise AluTemplateError(f"no exact multiply-shift reciprocal with one shift for the avg_pool2d "
-                           f"divisors {ds} (window sums up to {max_abs_per_element}*d) within int32")
-
-
-def _knobs(knobs) -> PoolKnobs:
-    if knobs is None:
-        return PoolKnobs()
-    if isinstance(knobs, dict):
-        return PoolKnobs(**knobs)
-    if isinstance(knobs, PoolKnobs):
-        return knobs
-    raise AluTemplateError(f"knobs must be PoolKnobs, a dict or None, got {knobs!r}")
+    raise AluTemplateRefusal(f"no exact multiply-shift reciprocal with one shift for the avg_pool2d "
+                             f"divisors {ds} (window sums up to {max_abs_per_element}*d) within "
+                             "int32")
 
 
 def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPool:
@@ -194,16 +195,16 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
     what = f"{mode}_pool2d {wl}"
     cfg = load_config(cfg)
     epilogue = normalize_epilogue(epilogue)
-    if any(st[0] == "bias" for st in epilogue):
-        raise AluTemplateError(f"{what}: pooling takes no ('bias',) epilogue stage")
+    if has_bias(epilogue):
+        raise AluTemplateRefusal(f"{what}: pooling takes no ('bias',) epilogue stage")
     if not isinstance(wl, PoolWorkload):
         raise AluTemplateError(f"expected a PoolWorkload, got {type(wl).__name__}")
     _check(cfg, wl, what)
-    kn = _knobs(knobs)
+    kn = knobs_from(knobs, PoolKnobs, {"tps": PoolKnobs, "fallback": PoolKnobs})
     is_max = mode == "max"
     padded = wl.pad_h > 0 or wl.pad_w > 0
     if is_max and padded and not cfg.EXT_PAD_MIN:
-        raise AluTemplateError(
+        raise AluTemplateRefusal(
             f"{what}: max pooling with padding pads with the minimum value (LOAD pad_min): "
             + cfg.missing_extension("EXT_PAD_MIN", "LOAD ACC_8BIT with pad_min=True"))
 
@@ -222,9 +223,9 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
             uniform = divisors.min() == divisors.max()
             if uniform:
                 try:
-                    k, ms = choose_reciprocal(divisors, 128, INT16_MAX)
+                    k, ms = choose_reciprocal(divisors, 128, IMM_MAX)
                     div = dict(k=k, imm=ms[int(divisors.flat[0])], vector=False)
-                except AluTemplateError:
+                except AluTemplateRefusal:
                     uniform = False
             if not uniform:
                 k, ms = choose_reciprocal(divisors, 128)
@@ -234,25 +235,23 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
 
     # ---- tiling
     def usage(th, tc, slots):
-        win = tc * ((th - 1) * SH + wl.pool_h) * Wp
+        win = tc * window_size(th, wl.pool_h, SH) * Wp
         out = tc * th * OW
         extra = 0
         if div is not None:
             extra = out + (th * OW if div["vector"] else 0)
         return win + slots * out + extra
 
-    slots = kn.slots
-    if slots not in (1, 2):
-        raise AluTemplateError(f"{what}: knob slots={slots} must be 1 or 2")
+    slots = check_slots(kn.slots, what)
     uop_cap = min(MAX_KERNEL_UOPS, cfg.uop_depth // 4)
     th, tc, slots = choose_row_tiles(
         what, cfg, usage, OH, CB, slots, kn.tile_h, kn.tile_c, uop_cap // P,
         f"{wl.pool_h} input rows of {Wp} elements + outputs")
     if tc * P > max(uop_cap, P):
-        raise AluTemplateError(f"{what}: tile_c={tc} needs {tc * P} micro-ops per kernel (max "
-                               f"{uop_cap})")
+        raise KnobError(f"{what}: knob tile_c={tc} needs {tc * P} micro-ops per kernel (max "
+                        f"{uop_cap}); valid tile_c: 1..{max(1, uop_cap // P)}")
 
-    win_rows = (th - 1) * SH + wl.pool_h
+    win_rows = window_size(th, wl.pool_h, SH)
     win_stride = win_rows * Wp          # accumulator rows per channel block of the input window
     out_size = tc * th * OW
     IN = 0
@@ -267,7 +266,7 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
     out = q.alloc(int(np.prod(out_shape)), "out")
     mult_buf = None
     if div is not None and div["vector"]:
-        mult_buf = q.alloc(OH * OW * B * BO * 4, "avg_multiplier")
+        mult_buf = q.alloc(OH * OW * B * BO * np.dtype(np.int32).itemsize, "avg_multiplier")
     pipe = StorePipeline(q, slots)
     op = AluOp.MAX if is_max else AluOp.ADD
     loaded_rows = None
@@ -281,7 +280,7 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
                 OUT = OUT0 + slot * out_size
                 # 1. input window rows, padded by the DMA
                 r0 = oh0 * SH
-                nrows = (thh - 1) * SH + wl.pool_h
+                nrows = window_size(thh, wl.pool_h, SH)
                 lo, hi = max(r0, PH), min(r0 + nrows, PH + H)
                 ypb, ypa, ny = lo - r0, r0 + nrows - hi, hi - lo
                 pad_min = is_max and bool(ypb or ypa or PW)
@@ -338,7 +337,10 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
 def build_max_pool2d(cfg: Union[VTAConfig, str], workload: PoolWorkload, epilogue=(),
                      knobs=None) -> CompiledPool:
     """Compile an int8 max pooling (+ epilogue) for ``cfg``. Padding needs ``cfg.EXT_PAD_MIN``;
-    without it (e.g. the ``apache`` preset) an :class:`AluTemplateError` names the extension."""
+    without it (e.g. the ``apache`` preset) an :class:`AluTemplateRefusal` names the extension.
+
+    ``knobs``: None / ``"tps"`` / ``"fallback"`` (all the default :class:`PoolKnobs`), a
+    :class:`PoolKnobs` or a dict of its fields."""
     return _build_pool(cfg, workload, epilogue, knobs, "max")
 
 
