@@ -25,9 +25,11 @@ sys.path.insert(0, str(ROOT))
 
 from vta_ext.config import load_config  # noqa: E402
 from vta_ext.isa import Opcode  # noqa: E402
-from vta_ext.templates.conv2d import (EPILOGUE_ORIGINAL, Conv2dKnobs, Conv2dWorkload,  # noqa: E402
-                                      build_conv2d)
-from vta_ext.templates.tiling import dram_bytes, enumerate_tilings, tps_knobs  # noqa: E402
+from vta_ext.templates.conv2d import build_conv2d  # noqa: E402
+from vta_ext.templates.epilogue import EPILOGUE_ORIGINAL  # noqa: E402
+from vta_ext.templates.knobs import Conv2dKnobs  # noqa: E402
+from vta_ext.templates.tiling import dram_bytes, knob_space, tps_knobs  # noqa: E402
+from vta_ext.templates.workload import Conv2dWorkload  # noqa: E402
 
 RESNET18 = {  # facts §7.2
     "C2": Conv2dWorkload(1, 56, 56, 64, 64, 3, 3, 1, 1, 1, 1),
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
             tps = tps_knobs(cfg, wl, EPILOGUE_ORIGINAL)
             tb, tn, _, tcyc = measure(cfg, wl, tps.knobs)
             # double buffering: the best two-thread tiling, without and with reuse-aware loads
-            db = min((c for c in enumerate_tilings(cfg, wl, EPILOGUE_ORIGINAL)
+            db = min((c for c in knob_space(cfg, wl, EPILOGUE_ORIGINAL)
                       if c.knobs.oc_nthread * c.knobs.h_nthread == 2),
                      key=lambda c: (c.total_bytes, c.insns, str(c.knobs)))
             db_b, _, _, db_cyc = measure(cfg, wl, db.knobs)

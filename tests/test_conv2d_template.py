@@ -11,9 +11,15 @@ from vta_ext.config import CONFIG_DIR, load_config
 
 pytest.importorskip("tvm")
 
-from vta_ext.templates.conv2d import (EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE, Conv2dError,  # noqa: E402
-                                      Conv2dKnobs, Conv2dWorkload, build_conv2d,
-                                      estimate_sram_usage, suggest_knobs)
+from vta_ext.errors import TemplateRefusal  # noqa: E402
+from vta_ext.isa import MemType, Opcode  # noqa: E402
+from vta_ext.templates.conv2d import build_conv2d  # noqa: E402
+from vta_ext.templates.epilogue import EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE  # noqa: E402
+from vta_ext.templates.errors import (Conv2dError, Conv2dRefusal, EpilogueError,  # noqa: E402
+                                      KnobError)
+from vta_ext.templates.knobs import Conv2dKnobs  # noqa: E402
+from vta_ext.templates.tiling import tps_knobs  # noqa: E402
+from vta_ext.templates.workload import Conv2dWorkload  # noqa: E402
 
 SEED = 0xDEADB
 
@@ -135,10 +141,14 @@ def test_virtual_threads(knobs, co_blocks, epilogue):
     cfg = load_config("default")
     wl = wl_blocks(cfg, 6, 6, 2, co_blocks, 3, 1, 1)
     conv, _ = check(cfg, wl, epilogue, Conv2dKnobs(**knobs))
-    src = conv.generated.source
-    assert conv.generated.nthreads == knobs.get("oc_nthread", 1) * knobs.get("h_nthread", 1)
-    # loads of the virtual threads go to different SRAM regions: the lowering duplicated the tiles
-    assert "dep_pop(2, 1)" in src and "dep_push(1, 2)" in src
+    threads = knobs.get("oc_nthread", 1) * knobs.get("h_nthread", 1)
+    assert conv.generated.nthreads == threads
+    # the threads' input tiles go to different SRAM regions (the lowering duplicated the tiles),
+    # and loads wait for the compute module to release a region (double buffering)
+    loads = [i for i in conv.program.insns if i.opcode == Opcode.LOAD and i.x_size
+             and i.memory_type == MemType.INP]
+    assert len({i.sram_base for i in loads}) >= threads
+    assert any(i.pop_next_dep for i in loads)
 
 
 @pytest.mark.skipif(not (CONFIG_DIR / "2x16x16.json").exists(), reason="no 2x16x16 preset")
@@ -174,13 +184,23 @@ def test_per_channel_bias_broadcast():
     np.testing.assert_array_equal(out, pack_nchw(ref, 1, 16))
 
 
-def test_auto_knobs():
+def test_default_knobs_tile_the_layer():
+    """The default (TPS) knobs tile the layer: bit-exact, and far fewer instructions than the
+    fallback's one instruction group per output pixel."""
     cfg = load_config("default")
     wl = Conv2dWorkload(1, 14, 14, 64, 64, 3, 3, 1, 1, 1, 1)
     fallback = build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, "fallback")
-    conv, _ = check(cfg, wl, EPILOGUE_ORIGINAL, "auto")
-    assert conv.knobs == suggest_knobs(cfg, wl, EPILOGUE_ORIGINAL) != Conv2dKnobs()
+    conv, _ = check(cfg, wl, EPILOGUE_ORIGINAL)
+    assert fallback.knobs == Conv2dKnobs() != conv.knobs
     assert conv.program.insn_count * 10 < fallback.program.insn_count
+
+
+def test_knobs_as_dict():
+    """A plain dict of Conv2dKnobs fields (a tuner's or a JSON record's form) is explicit knobs."""
+    cfg = load_config("default")
+    wl = wl_blocks(cfg, 6, 6, 2, 2, 3, 1, 1)
+    conv, _ = check(cfg, wl, EPILOGUE_ORIGINAL, {"tile_h": 3, "tile_co": 2, "oc_nthread": 1})
+    assert conv.knobs == Conv2dKnobs(tile_h=3, tile_co=2)
 
 
 def test_program_reused_across_runs():
@@ -200,31 +220,60 @@ def test_program_reused_across_runs():
 # ------------------------------------------------------------------------------------------------
 # errors
 # ------------------------------------------------------------------------------------------------
-def test_error_channels_not_multiple_of_block():
+@pytest.mark.parametrize("wl,match", [
+    (Conv2dWorkload(1, 8, 8, 24, 32, 3, 3, 1, 1, 1, 1), "in_channels=24 is not a multiple of BLOCK_IN=16"),
+    (Conv2dWorkload(1, 8, 8, 32, 40, 3, 3, 1, 1, 1, 1), "out_channels=40 is not a multiple of BLOCK_OUT=16"),
+    (Conv2dWorkload(1, 40, 40, 16, 16, 3, 3, 16, 16, 1, 1), "padding 16x16 exceeds the 4-bit DMA pad"),
+], ids=["in-channels", "out-channels", "pad"])
+def test_unsupported_workloads_are_refusals(wl, match):
+    """A workload the template does not implement is a TemplateRefusal (the operator stays on the
+    CPU), whatever the knobs."""
     cfg = load_config("default")
-    with pytest.raises(Conv2dError, match="in_channels=24 is not a multiple of BLOCK_IN=16"):
-        build_conv2d(cfg, Conv2dWorkload(1, 8, 8, 24, 32, 3, 3, 1, 1, 1, 1))
-    with pytest.raises(Conv2dError, match="out_channels=40 is not a multiple of BLOCK_OUT=16"):
-        build_conv2d(cfg, Conv2dWorkload(1, 8, 8, 32, 40, 3, 3, 1, 1, 1, 1))
+    for knobs in (None, "fallback", Conv2dKnobs()):
+        with pytest.raises(Conv2dRefusal, match=match) as err:
+            build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, knobs)
+        assert isinstance(err.value, TemplateRefusal)
+
+
+def test_nothing_fits_is_a_refusal_but_explicit_knobs_fail():
+    """A 48x48 kernel needs 2304 weight entries even with every inner tile 1: the presets refuse
+    (no tiling fits), explicit knobs fail with the lowering's message naming the buffer."""
+    cfg = load_config("default")
+    assert cfg.wgt_depth == 1024
+    wl = Conv2dWorkload(1, 48, 48, 16, 16, 48, 48, 0, 0, 1, 1)
+    for preset in ("tps", "fallback"):
+        with pytest.raises(Conv2dRefusal, match="no tiling"):
+            build_conv2d(cfg, wl, (), preset)
+    with pytest.raises(KnobError, match=r"local\.wgt_buffer needs 2304 elements but has 1024") as err:
+        build_conv2d(cfg, wl, (), Conv2dKnobs())
+    assert not isinstance(err.value, TemplateRefusal)
 
 
 def test_error_scratchpad_overflow_names_buffer():
+    """Explicit knobs whose tiles overflow a scratchpad fail the build (never a refusal); the
+    lowering's message names the buffer: acc (4 x (56 x 56 + 1 bias)) and inp (4 x 30 x 58)."""
     cfg = load_config("default")
     wl = Conv2dWorkload(1, 56, 56, 64, 64, 3, 3, 1, 1, 1, 1)
-    with pytest.raises(Conv2dError, match=r"local\.acc_buffer needs 12548 elements but has 2048"):
+    with pytest.raises(KnobError, match=r"local\.acc_buffer needs 12548 elements but has 2048"):
         build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, Conv2dKnobs(tile_h=56, tile_w=56, tile_co=4))
-    with pytest.raises(Conv2dError, match=r"local\.inp_buffer needs 6960 elements but has 2048 \(data_pad"):
-        build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, Conv2dKnobs(tile_h=28, tile_w=56, tile_ci=4))
+    with pytest.raises(KnobError, match=r"local\.inp_buffer needs 6960 elements but has 2048 \(data_pad"):
+        build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, {"tile_h": 28, "tile_w": 56, "tile_ci": 4})
 
 
 def test_error_bad_knobs_and_epilogue():
+    """Knob errors name the knob and the valid values; they are not refusals."""
     cfg = load_config("default")
     wl = Conv2dWorkload(1, 8, 8, 32, 32, 3, 3, 1, 1, 1, 1)
-    with pytest.raises(Conv2dError, match="tile_h=3 does not divide"):
-        build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, Conv2dKnobs(tile_h=3))
-    with pytest.raises(Conv2dError, match="oc_nthread=3 must be 1 or 2"):
-        build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, Conv2dKnobs(oc_nthread=3))
-    with pytest.raises(Conv2dError, match="unknown epilogue stage"):
+    cases = [(Conv2dKnobs(tile_h=3), r"tile_h=3 does not divide OH = 8; valid tile_h: 1, 2, 4, 8"),
+             (Conv2dKnobs(oc_nthread=3), r"oc_nthread=3; valid oc_nthread: 1, 2"),
+             (Conv2dKnobs(tile_co=2, oc_nthread=2), r"oc_nthread=2 must divide \(O/BLOCK_OUT\)/tile_co = 1"),
+             ({"tile_x": 2}, r"unknown Conv2dKnobs field\(s\) tile_x; valid fields: tile_b, tile_h"),
+             ("best", r"unknown knobs 'best'; valid names: fallback, tps, tps-reuse")]
+    for knobs, match in cases:
+        with pytest.raises(KnobError, match=match) as err:
+            build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, knobs)
+        assert not isinstance(err.value, TemplateRefusal)
+    with pytest.raises(EpilogueError, match="unknown epilogue stage"):
         build_conv2d(cfg, wl, (("relu",),))
     conv = build_conv2d(cfg, wl, EPILOGUE_ORIGINAL)
     rng = np.random.default_rng(0)
@@ -282,7 +331,7 @@ def test_dropin_fidelity_resnet18_c2_fallback():
 def _resnet_case(name, knobs):
     cfg = load_config("default")
     wl = RESNET18[name]
-    conv, stats = check(cfg, wl, EPILOGUE_ORIGINAL, knobs)
+    _, stats = check(cfg, wl, EPILOGUE_ORIGINAL, knobs)
     oh, ow = wl.out_height, wl.out_width
     assert stats.out_store_nbytes == wl.batch * wl.out_channels * oh * ow
     assert stats.gemm_counter == (oh * ow * (wl.out_channels // 16) * (wl.in_channels // 16)
@@ -290,14 +339,27 @@ def _resnet_case(name, knobs):
 
 
 @pytest.mark.parametrize("name", sorted(RESNET18, key=lambda n: int(n[1:])))
-def test_resnet18_suggested_knobs(name):
-    """Every ResNet-18 layer with the knobs of :func:`suggest_knobs` (tiled, mostly with virtual
-    threads); they fit the scratchpads by construction."""
-    cfg = load_config("default")
-    knobs = suggest_knobs(cfg, RESNET18[name])
-    use = estimate_sram_usage(cfg, RESNET18[name], knobs)
-    assert use["inp"] <= cfg.inp_depth and use["wgt"] <= cfg.wgt_depth and use["acc"] <= cfg.acc_depth
-    _resnet_case(name, knobs)
+def test_resnet18_tps_knobs(name):
+    """Every ResNet-18 layer with its TPS knobs (reuse-aware double buffering allowed, so many use
+    two virtual threads): bit-exact, every output stored once, one GEMM per output pixel, input
+    block and kernel tap."""
+    _resnet_case(name, tps_knobs("default", RESNET18[name], EPILOGUE_ORIGINAL, reuse=True).knobs)
+
+
+def test_resnet18_c1_instruction_structure():
+    """ResNet-18 C1 (3 -> 64 channels, the input padded to one block; 224x224, 7x7, stride 2, pad 3)
+    with tile_h=14, tile_w=28, tile_co=4, as the original schedules it: 112/14 x 112/28 x 1 = 32
+    tiles and one input-channel block, so per tile one reset and one GEMM instruction: 64 (not one
+    pair per output column). The GEMM folds tile_w (28) and KW (7) and unrolls
+    KH x tile_co x tile_h = 7 x 4 x 14 = 392 micro-ops; the reset folds tile_w and tile_co and
+    unrolls tile_h: 14. Bit-exact."""
+    cfg = apache_config()
+    wl = Conv2dWorkload(1, 224, 224, 16, 64, 7, 7, 3, 3, 2, 2)
+    conv, _ = check(cfg, wl, EPILOGUE_ORIGINAL, Conv2dKnobs(tile_h=14, tile_w=28, tile_co=4))
+    gemms = [i for i in conv.program.insns if i.opcode == Opcode.GEMM]
+    assert len(gemms) == 64
+    assert sorted({(int(i.reset_reg), i.uop_end - i.uop_bgn, i.iter_out, i.iter_in) for i in gemms}) \
+        == [(0, 392, 28, 7), (1, 14, 28, 4)]
 
 
 @pytest.mark.parametrize("name", ["C4", "C9", "C11"])
@@ -352,5 +414,12 @@ def _random_cases(n, seed):
 def test_random_workloads(case):
     from vta_ext.lower.racecheck import check_races
     name, wl, knobs, epilogue = case
-    conv, _ = check(load_config(name), wl, epilogue, knobs)
+    cfg = load_config(name)
+    conv, _ = check(cfg, wl, epilogue, knobs)
     check_races(conv.program)
+    # the original's structure: per output tile and batch block one reset, and one GEMM per step of
+    # the input-channel-block loop split by tile_ci
+    tiles = (wl.batch // cfg.BATCH) * (wl.out_channels // cfg.BLOCK_OUT // knobs.tile_co) * \
+        (wl.out_height // knobs.tile_h) * (wl.out_width // knobs.tile_w)
+    steps = wl.in_channels // cfg.BLOCK_IN // knobs.tile_ci
+    assert sum(i.opcode == Opcode.GEMM for i in conv.program.insns) == tiles * (1 + steps)

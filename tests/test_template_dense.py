@@ -8,10 +8,12 @@ from vta_ext.config import CONFIG_DIR, load_config
 
 pytest.importorskip("tvm")
 
-from vta_ext.templates.conv2d import EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE, Conv2dError  # noqa: E402
-from vta_ext.templates.dense import DenseKnobs, DenseWorkload, build_dense  # noqa: E402
-from vta_ext.templates.tiling import dram_bytes, tps_knobs  # noqa: E402
-from vta_ext.templates.dense import dense_as_conv2d, dense_knobs_as_conv2d  # noqa: E402
+from vta_ext.errors import TemplateRefusal  # noqa: E402
+from vta_ext.templates.dense import (DenseKnobs, DenseWorkload, build_dense, dense_as_conv2d,  # noqa: E402
+                                     dense_knobs_as_conv2d)
+from vta_ext.templates.epilogue import EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE  # noqa: E402
+from vta_ext.templates.errors import Conv2dError, Conv2dRefusal, KnobError  # noqa: E402
+from vta_ext.templates.tiling import dram_bytes, knob_space  # noqa: E402
 
 PRESETS = [c for c in ("default", "2x16x16", "1x32x32") if (CONFIG_DIR / f"{c}.json").exists()]
 
@@ -96,24 +98,38 @@ def test_dense_batch_tiles_2x16x16():
 
 
 def test_dense_tps_beats_fallback():
+    """The default (TPS) knobs load the 512 x 256 int8 weight once (131072 B, its compulsory
+    traffic), move fewer bytes in total than the fallback and need fewer instructions."""
     cfg = load_config("default")
     wl = DenseWorkload(1, 512, 256)
     fb, sfb = check(cfg, wl, EPILOGUE_ORIGINAL, "fallback")
     tp, stp = check(cfg, wl, EPILOGUE_ORIGINAL)
-    assert tp.knobs == DenseKnobs(*[getattr(tps_knobs(cfg, dense_as_conv2d(wl), EPILOGUE_ORIGINAL)
-                                            .knobs, f) for f in ("tile_b", "tile_ci", "tile_co",
-                                                                 "oc_nthread", "reuse")])
+    assert fb.knobs == DenseKnobs() != tp.knobs
+    assert stp.wgt_load_nbytes == 512 * 256
     total = lambda s: s.inp_load_nbytes + s.wgt_load_nbytes + s.acc_load_nbytes  # noqa: E731
     assert total(stp) < total(sfb)
     assert tp.program.insn_count < fb.program.insn_count
 
 
+def test_dense_knob_space_in_dense_terms():
+    """The dense knob space has DenseKnobs points (no rows or columns: tile_h = tile_w = 1)."""
+    cfg = load_config("default")
+    space = knob_space(cfg, DenseWorkload(1, 64, 64), EPILOGUE_ORIGINAL)
+    assert space and all(isinstance(c.knobs, DenseKnobs) for c in space)
+    # divisors of 4 for tile_ci and tile_co, oc_nthread 1 or 2 where it divides (O/co)/tile_co
+    assert len(space) == 3 * (3 + 2)
+
+
 def test_dense_errors():
     cfg = load_config("default")
-    with pytest.raises(Conv2dError, match="in_features=40 is not a multiple of BLOCK_IN=16"):
+    with pytest.raises(Conv2dRefusal, match="in_features=40 is not a multiple of BLOCK_IN=16") as err:
         build_dense(cfg, DenseWorkload(1, 40, 32))
-    with pytest.raises(Conv2dError, match="tile_ci=3 does not divide"):
+    assert isinstance(err.value, TemplateRefusal)
+    with pytest.raises(KnobError, match="tile_ci=3 does not divide C/BLOCK_IN = 4; valid tile_ci: 1, 2, 4"):
         build_dense(cfg, DenseWorkload(1, 64, 32), (), DenseKnobs(tile_ci=3))
+    with pytest.raises(KnobError, match="unknown DenseKnobs field"):
+        build_dense(cfg, DenseWorkload(1, 64, 32), (), {"tile_h": 2})
+    assert build_dense(cfg, DenseWorkload(1, 64, 32), (), {"tile_ci": 2}).knobs == DenseKnobs(tile_ci=2)
     dense = build_dense(cfg, DenseWorkload(1, 32, 32), EPILOGUE_ORIGINAL, "fallback")
     with pytest.raises(Conv2dError, match="expected shape"):
         dense.run(np.zeros((1, 1, 1, 16), np.int8), np.zeros((2, 2, 16, 16), np.int8))

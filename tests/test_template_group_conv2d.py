@@ -9,11 +9,14 @@ from vta_ext.config import CONFIG_DIR, load_config
 
 pytest.importorskip("tvm")
 
+from vta_ext.errors import TemplateRefusal  # noqa: E402
+from vta_ext.isa import Opcode  # noqa: E402
 from vta_ext.lower.racecheck import check_races  # noqa: E402
-from vta_ext.templates.conv2d import (EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE, Conv2dError,  # noqa: E402
-                                      Conv2dKnobs)
+from vta_ext.templates.epilogue import EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE  # noqa: E402
+from vta_ext.templates.errors import Conv2dRefusal, KnobError  # noqa: E402
 from vta_ext.templates.group_conv2d import GroupConv2dWorkload, build_group_conv2d  # noqa: E402
-from vta_ext.templates.tiling import dram_bytes  # noqa: E402
+from vta_ext.templates.knobs import Conv2dKnobs  # noqa: E402
+from vta_ext.templates.tiling import check_knobs, dram_bytes, evaluate, TilingChoice  # noqa: E402
 
 PRESETS = [c for c in ("default", "2x16x16", "1x32x32") if (CONFIG_DIR / f"{c}.json").exists()]
 
@@ -125,11 +128,86 @@ def test_group_conv2d_batch_blocks():
 
 
 def test_group_conv2d_errors():
+    """Unsupported group counts are refusals; knobs outside the space are knob errors."""
     cfg = load_config("default")
-    with pytest.raises(Conv2dError, match="1 < groups < in_channels"):
-        build_group_conv2d(cfg, GroupConv2dWorkload(1, 4, 4, 32, 32, 3, 3, 1, 1, 1, 1, 1))
-    with pytest.raises(Conv2dError, match="multiples of BLOCK_IN=16"):
-        build_group_conv2d(cfg, GroupConv2dWorkload(1, 4, 4, 32, 32, 3, 3, 1, 1, 1, 1, 4))
-    with pytest.raises(Conv2dError, match=r"oc_nthread=2 must divide \(O/BLOCK_OUT/groups\)"):
-        build_group_conv2d(cfg, GroupConv2dWorkload(1, 4, 4, 32, 32, 3, 3, 1, 1, 1, 1, 2), (),
-                           Conv2dKnobs(oc_nthread=2))
+    for wl, match in ((GroupConv2dWorkload(1, 4, 4, 32, 32, 3, 3, 1, 1, 1, 1, 1), "1 < groups < in_channels"),
+                      (GroupConv2dWorkload(1, 4, 4, 32, 32, 3, 3, 1, 1, 1, 1, 4), "multiples of BLOCK_IN=16")):
+        with pytest.raises(Conv2dRefusal, match=match) as err:
+            build_group_conv2d(cfg, wl)
+        assert isinstance(err.value, TemplateRefusal)
+    two = GroupConv2dWorkload(1, 4, 4, 32, 32, 3, 3, 1, 1, 1, 1, 2)
+    with pytest.raises(KnobError, match=r"oc_nthread=2 must divide \(O/BLOCK_OUT\)/tile_co = 1"):
+        build_group_conv2d(cfg, two, (), Conv2dKnobs(tile_co=2, oc_nthread=2))
+    # 3 output-channel blocks per group: a tile of 2 blocks straddles a group boundary
+    odd = GroupConv2dWorkload(1, 4, 4, 32, 96, 3, 3, 1, 1, 1, 1, 2)
+    with pytest.raises(KnobError, match="must hold whole groups .* or lie inside one group"):
+        build_group_conv2d(cfg, odd, (), Conv2dKnobs(tile_co=2))
+
+
+def test_group_conv2d_default_knobs_groups4():
+    """groups=4 with the default (TPS) knobs builds and is bit-exact; here the output-channel tile
+    spans all four groups, so each reduction step loads the input blocks of all of them."""
+    cfg = load_config("default")
+    wl = _wl(cfg, 8, 1, 2, 4)
+    conv, _ = check(cfg, wl, EPILOGUE_ORIGINAL)
+    assert conv.knobs.tile_co > wl.out_channels // cfg.BLOCK_OUT // wl.groups
+
+
+@pytest.mark.parametrize("case", [
+    # (cin blocks/group, cout blocks/group, groups, knobs): tiles spanning groups, tiles inside a
+    # group with the two threads in the same group, threads in different groups
+    (2, 2, 2, Conv2dKnobs(tile_co=4, tile_ci=1, tile_h=7)),
+    (2, 2, 3, Conv2dKnobs(tile_co=2, tile_ci=2)),
+    (1, 4, 2, Conv2dKnobs(tile_co=2, oc_nthread=2, reuse=True)),
+    (1, 1, 4, Conv2dKnobs(tile_co=1, oc_nthread=2, reuse=True, tile_w=7)),
+    (2, 1, 4, Conv2dKnobs(tile_co=2, tile_ci=1, oc_nthread=2)),
+], ids=["span2-tci1", "whole-group", "inside-group-reuse", "threads-cross-groups", "span2-threads"])
+def test_group_conv2d_full_axis_tiles(case):
+    """tile_co / oc_nthread over the full output-channel axis (as the original): bit-exact, and the
+    DRAM model (checked in ``check``) counts the input blocks of every group a tile spans."""
+    cib, cob, g, knobs = case
+    cfg = load_config("default")
+    conv, _ = check(cfg, _wl(cfg, 7, cib, cob, g), EPILOGUE_PIPELINE, knobs)
+    check_races(conv.program)
+
+
+#: MobileNet-G group conv2d layers (facts §7.2, D1-D9: 16 channels per group) and the knobs of their
+#: published tuned records (TopHub ``vta_v0.10.log``, pynq_1x16: tile_h, tile_w, oc_nthread,
+#: h_nthread; every other inner factor 1)
+MOBILENET_RECORDS = {
+    "D1": ((112, 32, 2, 1), (14, 56, 2, 1)), "D2": ((112, 64, 4, 2), (4, 56, 1, 2)),
+    "D3": ((56, 128, 8, 1), (14, 56, 1, 2)), "D4": ((56, 128, 8, 2), (7, 28, 2, 1)),
+    "D5": ((28, 256, 16, 1), (28, 28, 2, 1)), "D6": ((28, 256, 16, 2), (14, 14, 2, 1)),
+    "D7": ((14, 512, 32, 1), (14, 14, 2, 1)), "D8": ((14, 512, 32, 2), (7, 7, 2, 1)),
+    "D9": ((7, 1024, 64, 1), (7, 7, 2, 1)),
+}
+
+
+def _mobilenet(name):
+    (hw, ch, groups, stride), (th, tw, ocn, hn) = MOBILENET_RECORDS[name]
+    wl = GroupConv2dWorkload(1, hw, hw, ch, ch, 3, 3, 1, 1, stride, stride, groups)
+    return wl, Conv2dKnobs(tile_h=th, tile_w=tw, oc_nthread=ocn, h_nthread=hn)
+
+
+@pytest.mark.parametrize("name", sorted(MOBILENET_RECORDS))
+def test_published_mobilenet_records_are_valid_points(name):
+    """All nine published tuned records are points of the knob space that fit the ``apache``
+    scratchpads (seven of them have oc_nthread=2 over one output block per group)."""
+    wl, knobs = _mobilenet(name)
+    cfg = load_config("apache")
+    assert check_knobs(cfg, wl, knobs) == knobs
+    assert isinstance(evaluate(cfg, wl, EPILOGUE_ORIGINAL, knobs), TilingChoice)
+
+
+def test_mobilenet_d1_record_instruction_structure():
+    """D1 with its tuned record, as the original schedules it: 2 output-channel tiles x 8 row tiles
+    x 2 column tiles = 32 tiles, one input block per group, so per tile one reset and one GEMM
+    instruction: 64. The GEMM folds the tile_w (56) and KW (3) loops and unrolls KH x tile_h =
+    3 x 14 = 42 micro-ops; the reset folds tile_w and tile_h: 1 micro-op. Bit-exact."""
+    cfg = load_config("apache")
+    wl, knobs = _mobilenet("D1")
+    conv, _ = check(cfg, wl, EPILOGUE_ORIGINAL, knobs)
+    gemms = [i for i in conv.program.insns if i.opcode == Opcode.GEMM]
+    assert len(gemms) == 64
+    assert sorted({(int(i.reset_reg), i.uop_end - i.uop_bgn, i.iter_out, i.iter_in) for i in gemms}) == \
+        [(0, 42, 56, 3), (1, 1, 56, 14)]

@@ -1,8 +1,9 @@
-"""Tiling Parameter Search: feasibility, the DRAM model against the simulator's counters (the
-independent check), TPS vs the fallback, and the TPS default of build_conv2d."""
+"""The knob space of the GEMM templates and the Tiling Parameter Search: the scratchpad model
+against the lowering's allocation, the DRAM model against the simulator's counters (the
+independent checks), pruning against the lowering's overflow error, TPS vs the fallback and the
+compulsory traffic, and the knobs argument of build_conv2d."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from vta_ext.config import CONFIG_DIR, load_config
@@ -10,10 +11,12 @@ from vta_ext.config import CONFIG_DIR, load_config
 pytest.importorskip("tvm")
 
 from test_conv2d_template import RESNET18, check, wl_blocks  # noqa: E402
-from vta_ext.templates.conv2d import (EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE, Conv2dKnobs,  # noqa: E402
-                                      build_conv2d, estimate_sram_usage)
-from vta_ext.templates.tiling import (BYTE_COUNTERS, dram_bytes, enumerate_tilings,  # noqa: E402
-                                      tps_knobs)
+from vta_ext.templates.conv2d import build_conv2d  # noqa: E402
+from vta_ext.templates.epilogue import EPILOGUE_ORIGINAL  # noqa: E402
+from vta_ext.templates.errors import KnobError  # noqa: E402
+from vta_ext.templates.knobs import Conv2dKnobs  # noqa: E402
+from vta_ext.templates.tiling import (BYTE_COUNTERS, dram_bytes, evaluate, fallback_knobs,  # noqa: E402
+                                      knob_space, pruned_points, tps_knobs)
 
 PRESETS = [c for c in ("default", "1x32x32") if (CONFIG_DIR / f"{c}.json").exists()]
 
@@ -25,18 +28,30 @@ def measured(stats):
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("name", ["C5", "C7", "C11"])
 def test_tps_model_equals_simulator(preset, name):
-    """The TPS tiling fits, compiles, is bit-exact, and its modelled bytes are the measured ones."""
+    """The TPS tiling compiles and is bit-exact; its modelled bytes are the simulator's counters
+    and its modelled scratchpad use is the lowering's allocation."""
     cfg = load_config(preset)
     wl = RESNET18[name]
     choice = tps_knobs(cfg, wl, EPILOGUE_ORIGINAL)
-    use = estimate_sram_usage(cfg, wl, choice.knobs)
-    assert use["inp"] <= cfg.inp_depth and use["wgt"] <= cfg.wgt_depth and use["acc"] <= cfg.acc_depth
     conv, stats = check(cfg, wl, EPILOGUE_ORIGINAL, choice.knobs)
     assert measured(stats) == choice.bytes
-    for scope, n in conv.generated.sram_used.items():    # the lowering's own allocation fits too
-        depth = {"local.inp_buffer": cfg.inp_depth, "local.wgt_buffer": cfg.wgt_depth,
-                 "local.acc_buffer": cfg.acc_depth}[scope]
-        assert n <= depth
+    assert {f"local.{k}_buffer": v for k, v in choice.sram.items()} == conv.generated.sram_used
+
+
+@pytest.mark.parametrize("name,bigger", [("C2", dict(tile_h=14)), ("C5", dict(tile_ci=8)),
+                                         ("C11", dict(tile_ci=4))])
+def test_pruned_one_step_bigger_overflows(name, bigger):
+    """One step beyond the TPS point along one knob, the space prunes the point for a scratchpad,
+    and building it explicitly overflows that scratchpad in the lowering."""
+    from dataclasses import replace
+    cfg = load_config("default")
+    wl = RESNET18[name]
+    knobs = replace(tps_knobs(cfg, wl, EPILOGUE_ORIGINAL).knobs, **bigger)
+    point = evaluate(cfg, wl, EPILOGUE_ORIGINAL, knobs)
+    scratchpad = point.reason.split()[1]
+    assert point.reason.startswith(f"the {scratchpad} tiles need"), point.reason
+    with pytest.raises(KnobError, match=rf"local\.{scratchpad}_buffer needs \d+ elements"):
+        build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, knobs)
 
 
 @pytest.mark.parametrize("knobs,preset,nbb", [
@@ -58,7 +73,7 @@ def test_model_equals_simulator_small(knobs, preset, nbb, geom):
             or wl.out_width % knobs.tile_w:
         pytest.skip("knobs do not divide this geometry")
     for ep in (EPILOGUE_ORIGINAL, (("shr", 8),)):
-        conv, stats = check(cfg, wl, ep, knobs)
+        _, stats = check(cfg, wl, ep, knobs)
         assert measured(stats) == dram_bytes(cfg, wl, knobs, with_bias=ep is EPILOGUE_ORIGINAL)
 
 
@@ -77,15 +92,33 @@ def test_tps_no_worse_than_fallback_resnet18(preset):
     assert sum(dram_bytes(cfg, c2, Conv2dKnobs()).values()) > 20 * tps_knobs(cfg, c2).total_bytes
 
 
-def test_tps_is_exhaustive_minimum_and_deterministic():
+def test_tps_reaches_compulsory_traffic_when_everything_fits():
+    """When the whole layer fits on chip, TPS moves every byte once: a 4x4 image of 2 input blocks
+    (2 x 16 px x 16 B = 512 B), 4 x 2 x 3 x 3 weight blocks of 256 B (18432 B), 4 output blocks of
+    16 px x 16 B (1024 B) and no bias -- 19968 bytes, counted by the simulator."""
     cfg = load_config("default")
-    wl = wl_blocks(cfg, 8, 8, 2, 4, 3, 1, 1)
-    choice = tps_knobs(cfg, wl, EPILOGUE_PIPELINE)
-    allc = list(enumerate_tilings(cfg, wl, EPILOGUE_PIPELINE))
-    assert choice.candidates == len(allc) > 10
-    assert choice.total_bytes == min(c.total_bytes for c in allc)
-    assert all(c.insns >= choice.insns for c in allc if c.total_bytes == choice.total_bytes)
-    assert tps_knobs(cfg, wl, EPILOGUE_PIPELINE) == choice
+    wl = wl_blocks(cfg, 4, 4, 2, 4, 3, 1, 1)
+    choice = tps_knobs(cfg, wl, (("shr", 8),))
+    assert choice.candidates > 10
+    _, stats = check(cfg, wl, (("shr", 8),), choice.knobs)
+    assert measured(stats) == {"inp_load_nbytes": 512, "wgt_load_nbytes": 18432,
+                               "acc_load_nbytes": 0, "out_store_nbytes": 1024}
+
+
+def test_knob_space_and_pruned_points_partition_the_domain():
+    """Valid and pruned points together are the whole original space: divisors of N/b=1, OH=OW=6,
+    C/ci=2, O/co=4 and two thread knobs: 1 x 4 x 4 x 2 x 3 x 2 x 2 = 384 points."""
+    cfg = load_config("default")
+    wl = wl_blocks(cfg, 6, 6, 2, 4, 3, 1, 1)
+    valid = knob_space(cfg, wl, EPILOGUE_ORIGINAL)
+    pruned = pruned_points(cfg, wl, EPILOGUE_ORIGINAL)
+    assert len(valid) + len(pruned) == 384
+    assert {c.knobs for c in valid}.isdisjoint(p.knobs for p in pruned)
+    # tile_co=4 leaves one output-channel tile: two oc threads cannot split it
+    reasons = {p.knobs: p.reason for p in pruned}
+    assert "oc_nthread=2 must divide (O/BLOCK_OUT)/tile_co = 1" in \
+        reasons[Conv2dKnobs(tile_co=4, oc_nthread=2)]
+    assert fallback_knobs(cfg, wl, EPILOGUE_ORIGINAL).knobs == Conv2dKnobs()
 
 
 def test_build_default_is_tps_and_fallback_is_available():
@@ -95,7 +128,7 @@ def test_build_default_is_tps_and_fallback_is_available():
     assert tps.knobs == tps_knobs(cfg, wl, EPILOGUE_ORIGINAL).knobs != Conv2dKnobs()
     assert build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, "fallback").knobs == Conv2dKnobs()
     assert build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, "tps-reuse").knobs.tile_h >= 1
-    with pytest.raises(ValueError, match="knobs must be"):
+    with pytest.raises(KnobError, match="valid names: fallback, tps, tps-reuse"):
         build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, "best")
 
 
@@ -121,5 +154,5 @@ def test_reuse_bit_exact_and_saves_bytes():
 def test_reuse_needs_two_threads():
     cfg = load_config("default")
     wl = wl_blocks(cfg, 6, 6, 2, 2, 3, 1, 1)
-    with pytest.raises(ValueError, match="exactly two virtual threads"):
+    with pytest.raises(KnobError, match="exactly two virtual threads"):
         build_conv2d(cfg, wl, (), Conv2dKnobs(reuse=True))

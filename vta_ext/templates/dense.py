@@ -26,43 +26,15 @@ from typing import Dict, Union
 import numpy as np
 
 from ..config import VTAConfig, load_config
-from .conv2d import (CompiledConv2d, Conv2dError, Conv2dKnobs, Conv2dWorkload, build_conv2d,
-                     normalize_epilogue)
+from .conv2d import CompiledConv2d, compile_conv2d
+from .epilogue import normalize_epilogue
+from .errors import Conv2dError
+from .knobs import DenseKnobs, conv2d_knobs_as_dense, dense_knobs_as_conv2d
+from .tiling import resolve_knobs
+from .workload import DenseWorkload, check_dense_workload, dense_as_conv2d
 
 __all__ = ["DenseWorkload", "DenseKnobs", "CompiledDense", "build_dense", "dense_as_conv2d",
            "dense_knobs_as_conv2d"]
-
-
-@dataclass(frozen=True)
-class DenseWorkload:
-    """``out (batch, out_features) = data (batch, in_features) @ weight (out_features,
-    in_features).T``; batch a multiple of ``BATCH``, features multiples of the blocks."""
-
-    batch: int
-    in_features: int
-    out_features: int
-
-
-@dataclass(frozen=True)
-class DenseKnobs:
-    """The original ``dense_packed`` knobs (inner split factors; defaults = the autotvm fallback)."""
-
-    tile_b: int = 1
-    tile_ci: int = 1
-    tile_co: int = 1
-    oc_nthread: int = 1
-    reuse: bool = False
-
-
-def dense_as_conv2d(wl: DenseWorkload) -> Conv2dWorkload:
-    """The 1x1-image, 1x1-kernel conv2d with the same packed memory layouts as ``wl``."""
-    return Conv2dWorkload(wl.batch, 1, 1, wl.in_features, wl.out_features, 1, 1, 0, 0, 1, 1)
-
-
-def dense_knobs_as_conv2d(knobs: DenseKnobs) -> Conv2dKnobs:
-    """The conv2d knobs realising the dense knobs (``tile_h = tile_w = 1``, ``h_nthread = 1``)."""
-    return Conv2dKnobs(tile_b=knobs.tile_b, tile_ci=knobs.tile_ci, tile_co=knobs.tile_co,
-                       oc_nthread=knobs.oc_nthread, reuse=knobs.reuse)
 
 
 @dataclass
@@ -123,22 +95,8 @@ class CompiledDense:
         return out.reshape(shapes["out"]), stats
 
 
-def _check(cfg: VTAConfig, wl: DenseWorkload) -> None:
-    for name in ("batch", "in_features", "out_features"):
-        if getattr(wl, name) < 1:
-            raise Conv2dError(f"{name}={getattr(wl, name)} must be >= 1")
-    if wl.batch % cfg.BATCH:
-        raise Conv2dError(f"batch={wl.batch} is not a multiple of BATCH={cfg.BATCH}; pad the batch")
-    if wl.in_features % cfg.BLOCK_IN:
-        raise Conv2dError(f"in_features={wl.in_features} is not a multiple of BLOCK_IN="
-                          f"{cfg.BLOCK_IN}; pad the features (and the weight)")
-    if wl.out_features % cfg.BLOCK_OUT:
-        raise Conv2dError(f"out_features={wl.out_features} is not a multiple of BLOCK_OUT="
-                          f"{cfg.BLOCK_OUT}; pad the output features (weight and bias)")
-
-
 def build_dense(cfg: Union[VTAConfig, str], workload: DenseWorkload, epilogue=(),
-                knobs: Union[DenseKnobs, Conv2dKnobs, str, None] = None) -> CompiledDense:
+                knobs=None) -> CompiledDense:
     """Compile a packed dense + epilogue for ``cfg``.
 
     Parameters
@@ -148,29 +106,26 @@ def build_dense(cfg: Union[VTAConfig, str], workload: DenseWorkload, epilogue=()
     workload : DenseWorkload
         The layer.
     epilogue : sequence of tuples
-        Requantisation stages (:func:`vta_ext.templates.conv2d.normalize_epilogue`).
-    knobs : DenseKnobs, str or None
+        Requantisation stages (:mod:`vta_ext.templates.epilogue`).
+    knobs : None, str, DenseKnobs or dict
         None (or ``"tps"``) = Tiling Parameter Search, ``"tps-reuse"``, ``"fallback"`` (inner 1),
-        or explicit :class:`DenseKnobs`.
+        explicit :class:`DenseKnobs` or a dict of its fields.
 
     Returns
     -------
     CompiledDense
         ``.program`` and ``.run(data, weight, bias=None, simulator=None) -> (out, SimStats)``.
+
+    Raises
+    ------
+    Conv2dRefusal
+        For a workload the template does not implement or when no tiling fits.
+    KnobError
+        For knobs outside the knob space.
     """
     cfg = load_config(cfg)
-    _check(cfg, workload)
+    check_dense_workload(cfg, workload)
     epilogue = normalize_epilogue(epilogue)
-    cwl = dense_as_conv2d(workload)
-    if isinstance(knobs, DenseKnobs):
-        ck = dense_knobs_as_conv2d(knobs)
-    elif isinstance(knobs, Conv2dKnobs):
-        if (knobs.tile_h, knobs.tile_w, knobs.h_nthread) != (1, 1, 1):
-            raise Conv2dError("dense knobs: tile_h, tile_w and h_nthread must be 1")
-        ck = knobs
-    else:
-        from .conv2d import resolve_knobs
-        ck = resolve_knobs(cfg, cwl, epilogue, knobs)
-    conv = build_conv2d(cfg, cwl, epilogue, ck)
-    dk = DenseKnobs(ck.tile_b, ck.tile_ci, ck.tile_co, ck.oc_nthread, ck.reuse)
-    return CompiledDense(cfg, workload, dk, conv)
+    ck, explicit = resolve_knobs(cfg, workload, epilogue, knobs)
+    conv = compile_conv2d(cfg, dense_as_conv2d(workload), epilogue, ck, explicit)
+    return CompiledDense(cfg, workload, conv2d_knobs_as_dense(conv.knobs), conv)

@@ -9,34 +9,24 @@ Layouts (``b = BATCH``, ``ci = BLOCK_IN``, ``co = BLOCK_OUT``)::
 
 Output-channel block ``o`` of group ``g = o // ((O/co)/groups)`` reduces over the input-channel
 blocks ``g * (C/groups)/ci + k_o`` (facts §5.10). The TE compute and the s_tir schedule are those of
-:mod:`.conv2d` with a ``groups`` parameter: the output-channel axis is first split into
-``(group, block within the group)`` so that the input index stays affine; the knobs (``tile_co`` and
-``oc_nthread`` apply within a group) and the epilogue are the conv2d ones.
+:mod:`.conv2d` with a ``groups`` parameter. As in the original, ``tile_co`` and ``oc_nthread`` split
+the full output-channel axis, so an output-channel tile may span several groups (it then loads the
+input-channel blocks of all of them) or lie inside one group; see :mod:`.tiling` for the knob space.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Union
 
 from ..config import VTAConfig, load_config
-from .conv2d import CompiledConv2d, Conv2dError, Conv2dKnobs, Conv2dWorkload, build_conv2d
+from .conv2d import CompiledConv2d, build_conv2d
+from .errors import Conv2dError, Conv2dRefusal
+from .workload import GroupConv2dWorkload
 
-__all__ = ["GroupConv2dWorkload", "build_group_conv2d", "CompiledGroupConv2d"]
-
-#: a compiled group conv2d has the interface of :class:`~.conv2d.CompiledConv2d`
-CompiledGroupConv2d = CompiledConv2d
-
-
-@dataclass(frozen=True)
-class GroupConv2dWorkload(Conv2dWorkload):
-    """A grouped conv2d in NCHW terms (``1 < groups < in_channels``; channels per group multiples
-    of ``BLOCK_IN`` / ``BLOCK_OUT``)."""
-
-    groups: int = 1
+__all__ = ["GroupConv2dWorkload", "build_group_conv2d"]
 
 
 def build_group_conv2d(cfg: Union[VTAConfig, str], workload: GroupConv2dWorkload, epilogue=(),
-                       knobs: Union[Conv2dKnobs, str, None] = None) -> CompiledConv2d:
+                       knobs=None) -> CompiledConv2d:
     """Compile a packed group conv2d + epilogue for ``cfg``.
 
     Parameters
@@ -46,8 +36,8 @@ def build_group_conv2d(cfg: Union[VTAConfig, str], workload: GroupConv2dWorkload
     workload : GroupConv2dWorkload
         The layer; ``1 < groups < in_channels``.
     epilogue : sequence of tuples
-        Requantisation stages (:func:`vta_ext.templates.conv2d.normalize_epilogue`).
-    knobs : Conv2dKnobs, str or None
+        Requantisation stages (:mod:`vta_ext.templates.epilogue`).
+    knobs : None, str, Conv2dKnobs or dict
         As :func:`vta_ext.templates.conv2d.build_conv2d` (None = Tiling Parameter Search,
         ``"fallback"`` = inner tiles 1).
 
@@ -58,16 +48,17 @@ def build_group_conv2d(cfg: Union[VTAConfig, str], workload: GroupConv2dWorkload
 
     Raises
     ------
-    Conv2dError
-        For a group count outside ``(1, in_channels)``, channels per group that are not multiples
-        of the blocks, or knobs that do not divide the per-group axes.
+    Conv2dRefusal
+        For a group count outside ``(1, in_channels)`` or channels per group that are not multiples
+        of the blocks.
+    KnobError
+        For knobs outside the knob space.
     """
     cfg = load_config(cfg)
-    g = int(getattr(workload, "groups", 1))
     if not isinstance(workload, GroupConv2dWorkload):
         raise Conv2dError(f"expected a GroupConv2dWorkload, got {type(workload).__name__}")
-    if not 1 < g < workload.in_channels:
-        raise Conv2dError(f"group_conv2d needs 1 < groups < in_channels, got groups={g}, "
-                          f"in_channels={workload.in_channels} (use conv2d for groups=1 and "
-                          "depthwise_conv2d for groups=in_channels)")
+    if not 1 < workload.groups < workload.in_channels:
+        raise Conv2dRefusal(f"group_conv2d needs 1 < groups < in_channels, got "
+                            f"groups={workload.groups}, in_channels={workload.in_channels} (use "
+                            "conv2d for groups=1 and depthwise_conv2d for groups=in_channels)")
     return build_conv2d(cfg, workload, epilogue, knobs)
