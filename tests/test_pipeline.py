@@ -72,12 +72,17 @@ def test_report_names_cpu_operators_and_reasons():
         bb.emit_func_output(out)
     relax.build(bb.get(), target="ext_vta")
     report = vta_ext.last_build_report()
-    assert [p.op for p in report.on_vta] == ["relax.nn.conv2d", "relax.nn.max_pool2d"]
-    conv_reasons = [p.reason for p in report.on_cpu if p.op == "relax.nn.conv2d"]
-    assert len(conv_reasons) == 2
-    assert any("groups=2" in r for r in conv_reasons)
-    assert any("float32" in r for r in conv_reasons)
-    assert any(p.op == "relax.nn.softmax" and "no VTA template" in p.reason for p in report.on_cpu)
+    assert report.placement() == [
+        ("relax.nn.conv2d", "vta"), ("relax.nn.max_pool2d", "vta"),
+        ("relax.nn.conv2d", "cpu"), ("relax.clip", "cpu"), ("relax.astype", "cpu"),  # groups=2
+        ("relax.nn.conv2d", "cpu"), ("relax.nn.softmax", "cpu")]                    # float32
+    reasons = {p.name: p.reason for p in report.on_cpu}
+    group_conv, float_conv = [p.name for p in report.on_cpu if p.op == "relax.nn.conv2d"]
+    assert reasons[group_conv].startswith("groups=2: 8 input / 8 output channels per group are "
+                                          "not multiples of the 16x16 GEMM block")
+    assert reasons[float_conv] == "data/weight are float32/float32, VTA needs int8/int8"
+    assert [p.reason for p in report.on_cpu if p.op == "relax.nn.softmax"] == [
+        "no VTA template for this operator"]
     assert "VTA runs 1x relax.nn.conv2d, 1x relax.nn.max_pool2d" in report.summary()
 
 
@@ -127,6 +132,7 @@ def test_consecutive_vta_convs_keep_packed_layout():
     got = _run(mod, "ext_vta", arrays)
     report = vta_ext.last_build_report()
     assert len(vta_ext.run_log()) == 2
+    assert report.placement() == [("relax.nn.conv2d", "vta")] * 2
     assert "kept in the packed layout" in report.on_vta[1].detail
     transposes = [p for p in report.on_cpu if p.op == "relax.permute_dims"]
     assert len(transposes) == 4  # pack data + 2 weights, one final unpack: none between the convs
