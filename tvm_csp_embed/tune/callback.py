@@ -54,6 +54,8 @@ class ProgressBar:
     def __call__(self, tuner, inputs: Sequence[Any], results: Sequence[Any]) -> None:
         from tqdm.auto import tqdm
 
+        if not results and (self._bar is None or self._task is not tuner.task):
+            return
         if self._bar is None or self._task is not tuner.task:
             if self._bar is not None:
                 self._bar.close()

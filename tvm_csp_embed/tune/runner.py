@@ -29,9 +29,14 @@ logger = logging.getLogger("tvm_csp_embed.tune")
 Batch = Sequence[Dict[str, Any]]
 
 
-def _init_worker() -> None:
+def _init_worker(imports: Sequence[str] = ()) -> None:
+    """Worker start: one BLAS thread; import vta_ext and tvm_csp_embed (they register the
+    strategies) and the modules of ``imports`` (e.g. ones registering more templates)."""
+    import importlib
+
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    import vta_ext  # noqa: F401  (registers the stock strategy in the worker)
+    for name in ("vta_ext", "tvm_csp_embed", *imports):
+        importlib.import_module(name)
 
 
 class LocalRunner:
@@ -42,19 +47,24 @@ class LocalRunner:
     n_parallel : int
         Worker processes (spawned once, reused for every batch). ``0`` measures in this process
         (no isolation: a crash of the compiler takes the tuner with it).
+    imports : sequence of str
+        Modules each worker imports at start, besides ``vta_ext`` and ``tvm_csp_embed``: those
+        that register the strategies and templates being tuned.
     """
 
-    def __init__(self, n_parallel: int = 1) -> None:
+    def __init__(self, n_parallel: int = 1, imports: Sequence[str] = ()) -> None:
         if n_parallel < 0:
             raise ValueError(f"n_parallel={n_parallel} must be >= 0")
         self.n_parallel = n_parallel
+        self.imports = tuple(imports)
         self._pool: Optional[ProcessPoolExecutor] = None
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.n_parallel,
                                              mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init_worker)
+                                             initializer=_init_worker,
+                                             initargs=(self.imports,))
         return self._pool
 
     def run(self, spec: Dict[str, Any], batch: Batch) -> Iterator[Tuple[int, MeasureResult]]:

@@ -171,8 +171,9 @@ def extract_tasks(mod, target: Any = "ext_vta", strategy: Optional[str] = None,
     Returns
     -------
     list of Task
-        In the order of first occurrence; operators sharing kind, workload and epilogue are one
-        task (:attr:`Task.count`). Operators whose template has no knobs (pools, adds, depthwise
+        In the order of first occurrence; operators sharing kind, workload and the kinds of their
+        epilogue stages (shift amounts and clip bounds do not change a program's cost) are one
+        task (:attr:`Task.count`), measured with the first one's epilogue. Operators whose template has no knobs (pools, adds, depthwise
         on the ALU) are not tasks. An empty list, with a warning, if nothing is tunable.
     """
     from tvm import relax
@@ -200,8 +201,10 @@ def extract_tasks(mod, target: Any = "ext_vta", strategy: Optional[str] = None,
     for key in keys:
         spec = json.loads(key)
         task = Task.from_spec({**spec, "kind": spec["op"]})
+        # the stage kinds decide the program's shape and cost; shift amounts and clip bounds
+        # do not, so operators that differ only in them share a task (and its records)
         ident = (task.kind, task.strategy, json.dumps(spec["workload"], sort_keys=True),
-                 json.dumps(spec["epilogue"]))
+                 tuple(stage[0] for stage in task.epilogue))
         if ident in tasks:
             tasks[ident] = dataclasses.replace(tasks[ident], count=tasks[ident].count + 1,
                                                _space=tasks[ident]._space)

@@ -256,23 +256,20 @@ class XGBTuner(Tuner):
     seed : int
         Seed of the initial random points, the exploration and XGBoost.
     batch_size : int
-        Points per batch (the model is refit after each).
-    n_initial : int
-        Points of the first batch: the TPS point, then random ones.
+        Points per batch (the model is refit after each). The first batch is the TPS point and
+        random points.
     epsilon : float
         Fraction of each later batch chosen at random (exploration).
     """
 
-    def __init__(self, task: Task, seed: int = 0, batch_size: int = 8, n_initial: int = 8,
+    def __init__(self, task: Task, seed: int = 0, batch_size: int = 8,
                  epsilon: float = 0.1) -> None:
         super().__init__(task, seed, batch_size)
         from .features import space_features
 
-        self.n_initial = max(1, n_initial)
         self.epsilon = epsilon
         self.features = space_features(task) if len(self.space) else np.zeros((0, 0))
         self._model = None
-        self._first = True
 
     def _unvisited(self) -> List[int]:
         return [i for i in range(len(self.space)) if i not in self.visited]
@@ -287,11 +284,10 @@ class XGBTuner(Tuner):
             if tps is not None and tps not in self.visited:
                 chosen.append(tps)
             rest = [i for i in free if i not in chosen]
-            want = min(size if not self._first else max(size, 1), len(free)) - len(chosen)
+            want = min(size, len(free)) - len(chosen)
             if want > 0:
                 chosen += [int(i) for i in self.rng.choice(rest, size=min(want, len(rest)),
                                                            replace=False)]
-            self._first = False
             return chosen[:size]
         n_random = int(math.floor(self.epsilon * size))
         pred = self._model.predict(self._dmatrix(free))
