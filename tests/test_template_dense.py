@@ -13,7 +13,7 @@ from vta_ext.templates.dense import (DenseKnobs, DenseWorkload, build_dense, den
                                      dense_knobs_as_conv2d)
 from vta_ext.templates.epilogue import EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE  # noqa: E402
 from vta_ext.templates.errors import Conv2dError, Conv2dRefusal, KnobError  # noqa: E402
-from vta_ext.templates.tiling import dram_bytes, knob_space  # noqa: E402
+from vta_ext.templates.tiling import dram_bytes, knob_space, pruned_points  # noqa: E402
 
 PRESETS = [c for c in ("default", "2x16x16", "1x32x32") if (CONFIG_DIR / f"{c}.json").exists()]
 
@@ -112,12 +112,17 @@ def test_dense_tps_beats_fallback():
 
 
 def test_dense_knob_space_in_dense_terms():
-    """The dense knob space has DenseKnobs points (no rows or columns: tile_h = tile_w = 1)."""
+    """The dense knob space is in DenseKnobs: tile_ci and tile_co over the divisors of 4, oc_nthread
+    1 or 2 -- 3 x 3 x 2 = 18 points, of which the 3 with tile_co=4 and oc_nthread=2 are pruned (two
+    threads cannot split one output-channel tile)."""
     cfg = load_config("default")
-    space = knob_space(cfg, DenseWorkload(1, 64, 64), EPILOGUE_ORIGINAL)
-    assert space and all(isinstance(c.knobs, DenseKnobs) for c in space)
-    # divisors of 4 for tile_ci and tile_co, oc_nthread 1 or 2 where it divides (O/co)/tile_co
-    assert len(space) == 3 * (3 + 2)
+    wl = DenseWorkload(1, 64, 64)
+    space = knob_space(cfg, wl, EPILOGUE_ORIGINAL)
+    pruned = pruned_points(cfg, wl, EPILOGUE_ORIGINAL)
+    assert all(isinstance(c.knobs, DenseKnobs) for c in space)
+    assert len(space) == 15
+    assert sorted((p.knobs.tile_ci, p.knobs.tile_co, p.knobs.oc_nthread) for p in pruned) == \
+        [(1, 4, 2), (2, 4, 2), (4, 4, 2)]
 
 
 def test_dense_errors():

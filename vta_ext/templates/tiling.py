@@ -363,11 +363,13 @@ def _fit_reason(cfg: VTAConfig, geo: _Geometry, wl: Conv2dWorkload, k: Conv2dKno
     return None
 
 
-def _points(cfg: VTAConfig, wl: Conv2dWorkload, reuse: bool) -> Iterator[Conv2dKnobs]:
+def _points(cfg: VTAConfig, wl: Conv2dWorkload, reuse: bool, dense: bool
+            ) -> Iterator[Conv2dKnobs]:
+    """The domain's points in conv2d terms (a dense layer's have ``h_nthread = 1``)."""
     geo = _geometry(cfg, wl)
     for tb, th, tw, tco, tci, ocn, hn in itertools.product(
             _divisors(geo.nb), _divisors(geo.oh), _divisors(geo.ow), _divisors(geo.ob),
-            _divisors(geo.cbg), _THREADS, _THREADS):
+            _divisors(geo.cbg), _THREADS, (1,) if dense else _THREADS):
         yield Conv2dKnobs(tb, th, tw, tci, tco, ocn, hn, reuse=bool(reuse and ocn * hn == 2))
 
 
@@ -379,7 +381,7 @@ def _classify(cfg: VTAConfig, wl: GemmWorkload, epilogue, reuse: bool
     with_bias = has_bias(ep)
     n_alu = alu_count(cfg, ep)
     geo = _geometry(cfg, cwl)
-    for k in _points(cfg, cwl, reuse):
+    for k in _points(cfg, cwl, reuse, isinstance(wl, DenseWorkload)):
         reason = _structural_reason(geo, k)
         if reason is None:
             use = sram_usage(cfg, cwl, k, with_bias)
@@ -461,8 +463,7 @@ def tps_knobs(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue=(),
     cfg = load_config(cfg)
     space = knob_space(cfg, wl, epilogue, reuse)
     if not space:
-        raise Conv2dRefusal(f"no tiling of {wl} fits the scratchpads of {cfg.name!r} (inp "
-                            f"{cfg.inp_depth}, wgt {cfg.wgt_depth}, acc {cfg.acc_depth} entries)")
+        fallback_knobs(cfg, wl, epilogue)      # raises the refusal with the reason
     best = min(space, key=_rank)
     return TilingChoice(best.knobs, best.bytes, best.insns, best.sram, best.uops, len(space))
 
@@ -504,8 +505,8 @@ def fallback_knobs(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue=()) ->
     point = evaluate(cfg, wl, epilogue, DenseKnobs() if isinstance(wl, DenseWorkload)
                      else Conv2dKnobs())
     if isinstance(point, PrunedPoint):
-        raise Conv2dRefusal(f"no tiling of {wl} fits on {load_config(cfg).name!r}: even the "
-                            f"fallback (all inner tiles 1) is out: {point.reason}")
+        raise Conv2dRefusal(f"no tiling of {wl} fits on {load_config(cfg).name!r}: even every "
+                            f"inner tile 1 is out: {point.reason}")
     return point
 
 
