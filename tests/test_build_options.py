@@ -32,6 +32,10 @@ def test_unknown_names_list_the_valid_ones():
         vta_ext.build_options(knobs=3)
     with pytest.raises(ValueError, match="best_knobs"):
         vta_ext.build_options(records="net.json")
+    with pytest.raises(ValueError, match=r"unknown layout 'NWHC'; use one of \['auto', 'NCHW', 'NHWC'\]"):
+        vta_ext.build_options(layout="NWHC")
+    with pytest.raises(ValueError, match=r"unknown objective 'speed'.*'footprint'"):
+        vta_ext.build_options(objective="speed")
 
 
 def test_options_nest_and_restore():

@@ -11,6 +11,10 @@
   ``"fallback"`` (the original stack's fallback schedule) or an explicit knob dict, either flat
   (applied to every operator; each template validates it) or keyed by operator kind
   (``{"conv2d": {...}, "dense": {...}}``; kinds not named get ``"tps"``).
+* ``layout`` (``"NCHW"``, ``"NHWC"`` or ``"auto"``) and ``objective`` (``"cycles"``,
+  ``"combined"`` or ``"footprint"``): how strategies that choose a data layout and an embedding (the
+  CSP strategies of :mod:`tvm_csp_embed`) order the free dimensions and rank their candidates; the
+  ``stock`` strategy has one fixed layout and ignores them.
 * ``records``: tuned records (see :mod:`tvm_csp_embed.tune`), any object with
   ``best_knobs(kind, strategy, workload, config) -> (knobs dict, origin text) or None``. A record
   that applies overrides ``knobs`` for its workload.
@@ -26,10 +30,15 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from .strategy import default_strategy, get_strategy
 
-__all__ = ["BuildOptions", "build_options", "current_options", "KNOB_POLICIES"]
+__all__ = ["BuildOptions", "build_options", "current_options", "KNOB_POLICIES", "LAYOUTS",
+           "OBJECTIVES"]
 
 #: the named knob policies every template understands
 KNOB_POLICIES = ("tps", "fallback")
+#: data layouts of the free dimensions a layout-choosing strategy may use
+LAYOUTS = ("auto", "NCHW", "NHWC")
+#: how a strategy with several candidate embeddings ranks them
+OBJECTIVES = ("cycles", "combined", "footprint")
 
 Knobs = Union[str, Mapping[str, Any]]
 
@@ -41,6 +50,8 @@ class BuildOptions:
     strategy: Optional[str] = None
     knobs: Knobs = "tps"
     records: Any = None
+    layout: str = "auto"
+    objective: str = "cycles"
 
     @property
     def strategy_name(self) -> str:
@@ -75,12 +86,14 @@ class BuildOptions:
         _CURRENT.reset(self.__dict__["_tokens"].pop())
 
     def __repr__(self) -> str:
-        records = "" if self.records is None else f", records={self.records!r}"
-        return f"build_options(strategy={self.strategy_name!r}, knobs={self.knobs!r}{records})"
+        extra = "" if self.records is None else f", records={self.records!r}"
+        if (self.layout, self.objective) != ("auto", "cycles"):
+            extra += f", layout={self.layout!r}, objective={self.objective!r}"
+        return f"build_options(strategy={self.strategy_name!r}, knobs={self.knobs!r}{extra})"
 
 
-def build_options(strategy: Optional[str] = None, knobs: Knobs = "tps",
-                  records: Any = None) -> BuildOptions:
+def build_options(strategy: Optional[str] = None, knobs: Knobs = "tps", records: Any = None,
+                  layout: str = "auto", objective: str = "cycles") -> BuildOptions:
     """Choose the strategy, knobs and tuned records of the ``relax.build`` calls in a ``with``.
 
     Parameters
@@ -93,6 +106,10 @@ def build_options(strategy: Optional[str] = None, knobs: Knobs = "tps",
     records : object, optional
         Tuned records with a ``best_knobs(kind, strategy, workload, config)`` method, e.g.
         ``tvm_csp_embed.tune.apply_history_best(...)``.
+    layout : {"auto", "NCHW", "NHWC"}
+        Layout of the free dimensions for strategies that choose one (``auto``: the strategy picks).
+    objective : {"cycles", "combined", "footprint"}
+        Ranking of candidate embeddings: operator cycles, cycles plus host relayout time, or bytes.
 
     Raises
     ------
@@ -111,7 +128,11 @@ def build_options(strategy: Optional[str] = None, knobs: Knobs = "tps",
     if records is not None and not callable(getattr(records, "best_knobs", None)):
         raise ValueError(f"records must have a best_knobs(kind, strategy, workload, config) method "
                          f"(e.g. tvm_csp_embed.tune.apply_history_best(...)), got {records!r}")
-    return BuildOptions(strategy, knobs if isinstance(knobs, str) else dict(knobs), records)
+    for name, value, valid in (("layout", layout, LAYOUTS), ("objective", objective, OBJECTIVES)):
+        if value not in valid:
+            raise ValueError(f"unknown {name} {value!r}; use one of {list(valid)}")
+    return BuildOptions(strategy, knobs if isinstance(knobs, str) else dict(knobs), records,
+                        layout, objective)
 
 
 _CURRENT: contextvars.ContextVar = contextvars.ContextVar("vta_ext_build_options",
