@@ -2,28 +2,18 @@
 depthwise conv2d) versus target="llvm": bit-exact, and the build report places them on VTA."""
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
 import vta_ext
+from conftest import random_inputs, run_module
 from vta_ext.target import vta_target
 
 
-def _run(mod, target, arrays):
-    vm = relax.VirtualMachine(relax.build(mod, target=target), tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+_run = run_module
 
 
 def _inputs(mod, seed, int32_range=1 << 12):
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for p in mod["main"].params:
-        shape = tuple(int(d) for d in p.ty.shape)
-        if str(p.ty.dtype) == "int8":
-            arrays.append(rng.integers(-128, 128, shape).astype(np.int8))
-        else:
-            arrays.append(rng.integers(-int32_range, int32_range, shape).astype(np.int32))
-    return arrays
+    return random_inputs(mod, seed, int32_range)
 
 
 def _check(mod, op, kind, seed=0, target="ext_vta", arrays=None):
