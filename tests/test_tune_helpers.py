@@ -17,6 +17,7 @@ import os
 from vta_ext.stock import StockDense
 from vta_ext.strategy import Strategy, register_strategy, register_template
 
+from tvm_csp_embed.tune.features import estimator_for, register_estimator
 from tvm_csp_embed.tune.reference import reference_for, register_reference
 
 #: the dense workload of these tests: 28 valid points, 8 pruned
@@ -59,3 +60,4 @@ for _strategy, _template in (("tune-test", FaultyDense()), ("tune-kill", Killing
     register_strategy(Strategy(_strategy, "test strategy of tests/test_tune*.py"))
     register_template("dense", _strategy, _template)
     register_reference("dense", _strategy, reference_for("dense", "stock"))
+    register_estimator("dense", _strategy, estimator_for("dense", "stock"))

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["register_estimator", "point_features", "space_features"]
+__all__ = ["register_estimator", "estimator_for", "point_features", "space_features"]
 
 Estimator = Callable[[Any, Any, Sequence[tuple], Dict[str, Any]], Optional[Dict[str, float]]]
 _ESTIMATORS: Dict[Tuple[str, str], Estimator] = {}
@@ -27,6 +27,11 @@ def register_estimator(kind: str, strategy: str, fn: Estimator) -> None:
     """Register ``fn(config, workload, epilogue, knobs) -> {name: value}`` (or None) as the
     analytic model of ``(kind, strategy)`` points."""
     _ESTIMATORS[(kind, strategy)] = fn
+
+
+def estimator_for(kind: str, strategy: str) -> Optional[Estimator]:
+    """The analytic model registered for ``(kind, strategy)`` points, or None."""
+    return _ESTIMATORS.get((kind, strategy))
 
 
 def _log(v: float) -> float:
@@ -64,7 +69,7 @@ def point_features(task, knobs: Dict[str, Any]) -> List[float]:
     names = task.knob_space.names
     feats = [_log(knobs[n]) for n in names]
     feats += [_log(v) for v in task.workload_dict.values() if isinstance(v, (int, float))]
-    estimator = _ESTIMATORS.get((task.kind, task.strategy))
+    estimator = estimator_for(task.kind, task.strategy)
     if estimator is not None:
         est = estimator(task.config, task.workload, task.epilogue, knobs) or {}
         feats += [_log(est[k]) for k in sorted(est)]

@@ -2,9 +2,9 @@
 
 A runner takes a task's :meth:`~.task.Task.spec` and a batch of knob points and yields
 ``(index in the batch, MeasureResult)`` as measurements finish (:func:`~.measure.measure_point`).
-A worker that dies does not take finished results with it: its unfinished points are measured
-again (:class:`LocalRunner` restarts its pool once per batch; Dask reschedules them on other
-workers), and a point that still fails is an error result.
+A worker that dies does not take finished results with it: the unfinished points are measured
+again (:class:`LocalRunner` restarts its pool and measures them one at a time; Dask reschedules
+them on other workers), and a point that still kills its worker is an error result.
 
 * :class:`LocalRunner` -- ``n_parallel`` worker processes (``0``: in this process);
 * :class:`DaskRunner` -- a ``distributed`` scheduler address (or a ``Client``);
@@ -73,27 +73,32 @@ class LocalRunner:
             for i, knobs in enumerate(batch):
                 yield i, measure_point(spec, knobs)
             return
-        todo = list(range(len(batch)))
-        for attempt in (1, 2):
-            pool = self._executor()
-            futures = {pool.submit(measure_point, spec, batch[i]): i for i in todo}
-            lost: List[int] = []
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    try:
-                        yield futures[fut], fut.result()
-                    except BrokenProcessPool:
-                        lost.append(futures[fut])
-            if not lost:
-                return
+        lost: List[int] = []
+        pool = self._executor()
+        futures = {pool.submit(measure_point, spec, batch[i]): i for i in range(len(batch))}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                try:
+                    yield futures[fut], fut.result()
+                except BrokenProcessPool:
+                    lost.append(futures[fut])
+        if lost:
+            # a worker died: its point and every point in flight were lost with the pool; measure
+            # them again one at a time, so that only a point that kills its worker again fails
             self.close()
-            todo = sorted(lost)
-            logger.warning("a measurement worker died; %s %d unfinished point(s)",
-                           "measuring again" if attempt == 1 else "giving up on", len(todo))
-        for i in todo:
-            yield i, MeasureResult(dict(batch[i]), None, "the measurement worker process died")
+            logger.warning("a measurement worker process died; measuring %d unfinished point(s) "
+                           "again, one at a time", len(lost))
+        for i in sorted(lost):
+            try:
+                yield i, self._executor().submit(measure_point, spec, batch[i]).result()
+            except BrokenProcessPool:
+                self.close()
+                logger.warning("measuring %s kills the worker process; recorded as an error",
+                               batch[i])
+                yield i, MeasureResult(dict(batch[i]), None,
+                                       "the measurement worker process died")
 
     def verify(self, spec: Dict[str, Any], knobs: Dict[str, Any], seed: int = 0) -> Optional[str]:
         """:func:`~.measure.verify_point` in a worker (or here with ``n_parallel=0``)."""
