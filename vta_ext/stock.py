@@ -50,21 +50,6 @@ class _Stock(OpTemplate):
         return getattr(module, self.builder)(config, workload, tuple(epilogue), knobs)
 
 
-def _pruned_points(config, workload, epilogue: Sequence[tuple], reuse: bool) -> list:
-    """``tiling.pruned_points``; for a dense layer those of its 1x1 conv2d form that are dense
-    points (``h_nthread = 1``), in dense knobs."""
-    from .templates import tiling
-    from .templates.knobs import conv2d_knobs_as_dense
-    from .templates.workload import DenseWorkload, dense_as_conv2d
-
-    if not isinstance(workload, DenseWorkload):
-        return tiling.pruned_points(config, workload, epilogue, reuse=reuse)
-    return [tiling.PrunedPoint(conv2d_knobs_as_dense(bad.knobs), bad.reason)
-            for bad in tiling.pruned_points(config, dense_as_conv2d(workload), epilogue,
-                                            reuse=reuse)
-            if (bad.knobs.tile_h, bad.knobs.tile_w, bad.knobs.h_nthread) == (1, 1, 1)]
-
-
 def _gemm_knob_space(config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
     """The knob space of a GEMM template (conv2d, group conv2d, dense), from the templates' own
     enumeration (:mod:`vta_ext.templates.tiling`): its valid and pruned points, without and with
@@ -78,7 +63,7 @@ def _gemm_knob_space(config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
             if tuple(point.items()) not in seen:
                 seen.add(tuple(point.items()))
                 points.append(point)
-        for bad in _pruned_points(config, workload, epilogue, reuse):
+        for bad in tiling.pruned_points(config, workload, epilogue, reuse=reuse):
             point = dataclasses.asdict(bad.knobs)
             if tuple(point.items()) not in seen:
                 seen.add(tuple(point.items()))
