@@ -185,7 +185,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="do not measure the fallback point of every task (slow builds)")
     parser.add_argument("--baseline-config", default=None,
                         help="also build the model with TPS on this preset (e.g. default)")
-    parser.add_argument("--csv", default=None, help="write the per-task table here")
+    parser.add_argument("--csv", default=None, help="write the per-task table here (and the "
+                        "whole-model totals to <name>_totals.csv)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
@@ -215,19 +216,30 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"wrote {args.csv}")
 
     print("\n== whole model (cycle model, one inference)")
+    totals = []
     tps_total, tps_out, _, _ = run_model(mod, args.config, data)
     tuned_total, tuned_out, report, calls = run_model(mod, args.config, data, args.records)
     tuned_ops = sum("tuned record" in p.detail for p in report.on_vta)
+    totals += [{"config": args.config, "variant": "TPS", "cycles": tps_total},
+               {"config": args.config, "variant": "tuned", "cycles": tuned_total}]
     print(f"  {args.config} TPS:   {tps_total:>13,} cycles")
     print(f"  {args.config} tuned: {tuned_total:>13,} cycles ({tuned_ops} operators from records; "
           f"x{tps_total / tuned_total:.2f} fewer than TPS); outputs "
           f"{'equal' if np.array_equal(tps_out, tuned_out) else 'DIFFER'}")
     if args.baseline_config:
         base_total, base_out, _, _ = run_model(mod, args.baseline_config, data)
+        totals.insert(0, {"config": args.baseline_config, "variant": "TPS", "cycles": base_total})
         print(f"  {args.baseline_config} TPS: {base_total:>13,} cycles -> {args.config} tuned is "
               f"x{base_total / tuned_total:.2f} fewer (TPS on {args.config}: "
               f"x{base_total / tps_total:.2f}); outputs "
               f"{'equal' if np.array_equal(base_out, tuned_out) else 'DIFFER'}")
+    if args.csv:
+        path = Path(args.csv).with_name(Path(args.csv).stem + "_totals.csv")
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["config", "variant", "cycles"])
+            writer.writeheader()
+            writer.writerows(totals)
+        print(f"wrote {path}")
     return 0 if np.array_equal(tps_out, tuned_out) else 1
 
 

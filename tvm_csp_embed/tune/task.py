@@ -168,6 +168,12 @@ def extract_tasks(mod, target: Any = "ext_vta", strategy: Optional[str] = None,
     config : str or VTAConfig, optional
         Overrides the target's configuration.
 
+    Notes
+    -----
+    The offload pass compiles every matched operator with the knobs in effect (TPS by default;
+    cached per process, so the tuner's TPS measurement reuses nothing but the time is small) and
+    publishes its build report (:func:`vta_ext.last_build_report`), as a build would.
+
     Returns
     -------
     list of Task

@@ -180,7 +180,9 @@ class Tuner:
         except KeyboardInterrupt:
             logger.warning("%s: interrupted after %d measurement(s); every finished one is "
                            "already recorded", self.task.name, len(self.visited))
-            runner.close() if hasattr(runner, "close") else None
+            close = getattr(runner, "close", None)
+            if close is not None:
+                close()
             raise
         finally:
             self.done = True

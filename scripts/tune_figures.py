@@ -1,0 +1,365 @@
+#!/usr/bin/env python
+"""Figures of the tuner (docs/results.md, "Tuning"): layers, search efficiency, whole network.
+
+Subcommands (all cycles from the cycle model; every tuned best verified bit for bit):
+
+* ``layers`` -- ResNet-18 C1-C11 and MobileNet D1-D9 (facts §7.2; C1's 3 input channels padded
+  to 16, as the stock template does) on ``--config``: XGB tuning (``--trials``, resuming from
+  ``--records``), the TPS point, the fallback point and the original stack's tuned record (TopHub
+  ``vta_v0.10.log``, where it has one): cycles and DRAM bytes of each; reuse-aware double
+  buffering of the best two-thread point found (input + weight bytes with and without reuse).
+  Writes ``docs/figures/tune_layers.{csv,png}``.
+* ``search`` -- exhaustive measurement of small spaces (resuming from ``--records``), then the
+  trials XGB / random / grid search need to come within 5 % of the exhaustive best, replayed on the
+  measured table for ``--seeds`` seeds. Writes ``docs/figures/tune_search.{csv,png}``.
+* ``network`` -- the bars of ``scripts/tune_network.py``'s totals CSV(s).
+  Writes ``docs/figures/tune_network.png``.
+
+Usage::
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/tune_figures.py layers --config pipelined \
+        --trials 60 --records resnet18_pipelined.json
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/tune_figures.py search --config pipelined \
+        --records resnet18_pipelined.json --layers C9 C10 C11 D9
+    .venv/bin/python scripts/tune_figures.py network docs/figures/tune_resnet18_pipelined_totals.csv
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+FIG = ROOT / "docs" / "figures"
+EPILOGUE = (("bias",), ("shr", 8), ("clip", 0, 127))
+
+
+def conv_wl(hw, cin, cout, k, pad, stride, groups=1):
+    wl = dict(batch=1, height=hw, width=hw, in_channels=cin, out_channels=cout, kernel_h=k,
+              kernel_w=k, pad_h=pad, pad_w=pad, stride_h=stride, stride_w=stride)
+    if groups > 1:
+        wl["groups"] = groups
+    return wl
+
+
+#: facts §7.2 (C1 with its input channels padded 3 -> 16)
+LAYERS = {"C1": ("conv2d", conv_wl(224, 16, 64, 7, 3, 2)),
+          "C2": ("conv2d", conv_wl(56, 64, 64, 3, 1, 1)),
+          "C3": ("conv2d", conv_wl(56, 64, 128, 3, 1, 2)),
+          "C4": ("conv2d", conv_wl(56, 64, 128, 1, 0, 2)),
+          "C5": ("conv2d", conv_wl(28, 128, 128, 3, 1, 1)),
+          "C6": ("conv2d", conv_wl(28, 128, 256, 3, 1, 2)),
+          "C7": ("conv2d", conv_wl(28, 128, 256, 1, 0, 2)),
+          "C8": ("conv2d", conv_wl(14, 256, 256, 3, 1, 1)),
+          "C9": ("conv2d", conv_wl(14, 256, 512, 3, 1, 2)),
+          "C10": ("conv2d", conv_wl(14, 256, 512, 1, 0, 2)),
+          "C11": ("conv2d", conv_wl(7, 512, 512, 3, 1, 1))}
+for _i, (_hw, _c, _g, _s) in enumerate([(112, 32, 2, 1), (112, 64, 4, 2), (56, 128, 8, 1),
+                                         (56, 128, 8, 2), (28, 256, 16, 1), (28, 256, 16, 2),
+                                         (14, 512, 32, 1), (14, 512, 32, 2), (7, 1024, 64, 1)], 1):
+    LAYERS[f"D{_i}"] = ("group_conv2d", conv_wl(_hw, _c, _c, 3, 1, _s, _g))
+LAYERS["dense"] = ("dense", dict(batch=1, in_features=512, out_features=1008))
+
+
+def task_of(name: str, config: str):
+    from tvm_csp_embed import tune
+
+    kind, wl = LAYERS[name]
+    return tune.Task.create(kind, wl, EPILOGUE, config=config)
+
+
+def inp_wgt(task, knobs) -> Optional[int]:
+    """Modelled input + weight bytes of a point (the stock templates' DRAM model)."""
+    from vta_ext.templates import tiling
+    from tvm_csp_embed.tune.features import knobs_type
+
+    choice = tiling.evaluate(task.config, task.workload, task.epilogue,
+                             knobs_type(task.workload)(**knobs))
+    if not isinstance(choice, tiling.TilingChoice):
+        return None
+    return choice.bytes["inp_load_nbytes"] + choice.bytes["wgt_load_nbytes"]
+
+
+def write_csv(rows: List[Dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {path}")
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+# ------------------------------------------------------------------------------------------------
+def cmd_layers(args) -> int:
+    from tvm_csp_embed import tune
+    from tvm_csp_embed.tune.measure import measure_point
+
+    history = tune.apply_history_best(tune.TOPHUB_LOG)
+    option = tune.measure_option(runner=tune.LocalRunner(args.parallel))
+    rows = []
+    for name in args.layers or list(LAYERS):
+        task = task_of(name, args.config)
+        space = task.knob_space
+        start = time.perf_counter()
+        tuner = tune.XGBTuner(task, seed=args.seed)
+        best = tuner.tune(args.trials, option, callbacks=[
+            tune.callback.progress_bar(args.trials, prefix=f"{name} {task.name}"),
+            tune.callback.log_to_file(args.records)])
+        measured = {}
+
+        def cycles_of(knobs):
+            key = json.dumps(knobs, sort_keys=True)
+            index = space.index(knobs)
+            if index is not None and index in tuner.results and tuner.results[index].ok:
+                measured[key] = tuner.results[index]
+            if key not in measured:
+                measured[key] = measure_point(task.spec(), knobs)
+            return measured[key]
+
+        tps, fallback = cycles_of(space.tps), cycles_of(space.fallback)
+        original = history.best_knobs(task.kind, "stock", task.workload, task.config)
+        orig = cycles_of(original[0]) if original else None
+        two = [(r.cycles, i) for i, r in tuner.results.items() if r.ok and
+               space.points[i].get("oc_nthread", 1) * space.points[i].get("h_nthread", 1) == 2]
+        pair = None
+        if two:
+            point = dict(space.points[min(two)[1]])
+            pair = (inp_wgt(task, dict(point, reuse=False)), inp_wgt(task, dict(point, reuse=True)))
+        rows.append({
+            "layer": name, "kind": task.kind, "workload": task.name, "space": len(space),
+            "trials": len(tuner.visited), "tuned_cycles": best.cycles if best else None,
+            "tps_cycles": tps.cycles, "fallback_cycles": fallback.cycles,
+            "original_cycles": orig.cycles if orig else None,
+            "tuned_dram_bytes": best.dram_bytes if best else None, "tps_dram_bytes": tps.dram_bytes,
+            "fallback_dram_bytes": fallback.dram_bytes,
+            "original_dram_bytes": orig.dram_bytes if orig else None,
+            "tuned_inp_wgt": inp_wgt(task, best.knobs) if best else None,
+            "original_inp_wgt": inp_wgt(task, original[0]) if original else None,
+            "tuned_knobs": json.dumps(best.knobs) if best else "",
+            "original_knobs": json.dumps(original[0]) if original else "",
+            "tuned_uses_reuse": bool(best and best.knobs.get("reuse")),
+            "best_two_thread_inp_wgt_no_reuse": pair[0] if pair else None,
+            "best_two_thread_inp_wgt_reuse": pair[1] if pair else None,
+            "seconds": round(time.perf_counter() - start, 1)})
+        r = rows[-1]
+        print(f"{name:>5} tuned {r['tuned_cycles']:>11,} TPS {r['tps_cycles']:>11,} fallback "
+              f"{r['fallback_cycles']:>12,} original {r['original_cycles'] or 0:>11,}")
+    option.runner.close()
+    out = Path(args.csv)
+    write_csv(rows, out)
+    plot_layers(rows, out.with_suffix(".png"), args.config)
+    return 0
+
+
+def plot_layers(rows, path: Path, config: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["layer"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
+    width = 0.2
+    series = [("fallback", "fallback_cycles", "#bbbbbb"), ("original record", "original_cycles",
+                                                            "#8c6d31"),
+              ("TPS", "tps_cycles", "#1f77b4"), ("tuned", "tuned_cycles", "#d62728")]
+    for j, (label, key, color) in enumerate(series):
+        xs = [i + (j - 1.5) * width for i in range(len(rows))]
+        ys = [r[key] or float("nan") for r in rows]
+        ax1.bar(xs, ys, width, label=label, color=color)
+    ax1.set_yscale("log")
+    ax1.set_ylabel(f"cycles ({config})")
+    ax1.legend(ncol=4, fontsize=8)
+    ax1.set_title("Tuned vs TPS vs fallback vs the original stack's tuned record, per layer")
+    for j, (label, key, color) in enumerate([("TPS / tuned", "tps_cycles", "#1f77b4"),
+                                             ("original / tuned", "original_cycles", "#8c6d31")]):
+        xs = [i + (j - 0.5) * 0.35 for i in range(len(rows))]
+        ys = [(r[key] / r["tuned_cycles"]) if r[key] and r["tuned_cycles"] else float("nan")
+              for r in rows]
+        ax2.bar(xs, ys, 0.35, label=label, color=color)
+    ax2.axhline(1.0, color="k", lw=0.8)
+    ax2.set_ylabel("cycles / tuned cycles")
+    ax2.legend(fontsize=8)
+    ax2.set_xticks(range(len(rows)))
+    ax2.set_xticklabels(names)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+# ------------------------------------------------------------------------------------------------
+class TableRunner:
+    """Replays measured cycles (a lookup, no compilation): for comparing search strategies."""
+
+    n_parallel = 0
+
+    def __init__(self, table: Dict[str, int]) -> None:
+        self.table = table
+
+    def run(self, spec, batch):
+        from tvm_csp_embed.tune.measure import MeasureResult
+
+        for i, knobs in enumerate(batch):
+            yield i, MeasureResult(dict(knobs), self.table[json.dumps(knobs, sort_keys=True)])
+
+    def close(self) -> None:
+        pass
+
+
+def trials_to_within(tuner_cls, task, table, target: float, seed: int) -> int:
+    from tvm_csp_embed import tune
+
+    tuner = tuner_cls(task, seed=seed)
+    option = tune.measure_option(runner=TableRunner(table), verify=False)
+    count = [0, None]
+
+    def watch(t, inputs, results):
+        for r in results:
+            count[0] += 1
+            if count[1] is None and r.cycles is not None and r.cycles <= target:
+                count[1] = count[0]
+
+    tuner.tune(len(task.knob_space), option, callbacks=[watch])
+    return count[1]
+
+
+def cmd_search(args) -> int:
+    from tvm_csp_embed import tune
+
+    rows = []
+    for name in args.layers:
+        task = task_of(name, args.config)
+        space = task.knob_space
+        grid = tune.GridSearchTuner(task)
+        grid.tune(len(space), tune.measure_option(runner=tune.LocalRunner(args.parallel)),
+                  callbacks=[tune.callback.progress_bar(len(space), prefix=f"{name} exhaustive"),
+                             tune.callback.log_to_file(args.records)])
+        table = {json.dumps(space.points[i], sort_keys=True): r.cycles
+                 for i, r in grid.results.items() if r.ok}
+        if len(table) < len(space):
+            print(f"{name}: {len(space) - len(table)} point(s) failed; they count as never good")
+            worst = max(table.values()) * 10
+            for p in space.points:
+                table.setdefault(json.dumps(p, sort_keys=True), worst)
+        best = min(table.values())
+        target = best * 1.05
+        result = {"layer": name, "workload": task.name, "space": len(space), "best_cycles": best,
+                  "tps_cycles": table[json.dumps(space.tps, sort_keys=True)]}
+        for label, cls in (("xgb", tune.XGBTuner), ("random", tune.RandomTuner)):
+            trials = [trials_to_within(cls, task, table, target, s) for s in range(args.seeds)]
+            result[f"{label}_median"] = statistics.median(trials)
+            result[f"{label}_max"] = max(trials)
+            result[f"{label}_trials"] = " ".join(map(str, trials))
+        result["grid"] = trials_to_within(tune.GridSearchTuner, task, table, target, 0)
+        for label in ("xgb_median", "random_median", "grid"):
+            result[f"{label}_fraction"] = round(result[label] / len(space), 4)
+        rows.append(result)
+        print(f"{name}: space {len(space)}, trials to within 5 % of the best: XGB median "
+              f"{result['xgb_median']} (max {result['xgb_max']}), random median "
+              f"{result['random_median']}, grid {result['grid']}")
+    out = Path(args.csv)
+    write_csv(rows, out)
+    plot_search(rows, out.with_suffix(".png"))
+    return 0
+
+
+def plot_search(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.27
+    for j, (label, key, color) in enumerate([("XGB (median of seeds)", "xgb_median_fraction",
+                                              "#d62728"),
+                                             ("random (median)", "random_median_fraction",
+                                              "#7f7f7f"),
+                                             ("grid", "grid_fraction", "#1f77b4")]):
+        ax.bar([i + (j - 1) * width for i in range(len(rows))], [100 * r[key] for r in rows],
+               width, label=label, color=color)
+    ax.axhline(10, color="k", ls="--", lw=0.8, label="10 % of the space")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{r['layer']}\n({r['space']} pts)" for r in rows])
+    ax.set_ylabel("trials to within 5 % of the best (% of space)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+# ------------------------------------------------------------------------------------------------
+def cmd_network(args) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for path in args.totals:
+        with open(path) as f:
+            rows += list(csv.DictReader(f))
+    labels = [f"{r['config']}\n{r['variant']}" for r in rows]
+    cycles = [int(r["cycles"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(range(len(rows)), [c / 1e6 for c in cycles], color="#1f77b4")
+    for i, c in enumerate(cycles):
+        ax.text(i, c / 1e6, f"x{cycles[0] / c:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("cycles (millions), one inference")
+    ax.set_title("ResNet-18: speedup over the first bar")
+    fig.tight_layout()
+    out = FIG / "tune_network.png"
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("layers")
+    p.add_argument("--config", default="pipelined")
+    p.add_argument("--trials", type=int, default=60)
+    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--records", required=True)
+    p.add_argument("--layers", nargs="*")
+    p.add_argument("--csv", default=str(FIG / "tune_layers.csv"))
+    p = sub.add_parser("search")
+    p.add_argument("--config", default="pipelined")
+    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--records", required=True)
+    p.add_argument("--layers", nargs="+", default=["C9", "C10", "C11", "D9", "dense"])
+    p.add_argument("--csv", default=str(FIG / "tune_search.csv"))
+    p = sub.add_parser("network")
+    p.add_argument("totals", nargs="+")
+    args = parser.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return {"layers": cmd_layers, "search": cmd_search, "network": cmd_network}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
