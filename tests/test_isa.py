@@ -575,3 +575,16 @@ def test_vectorised_stream_encoding_equals_plain_bit_packing():
     assert decode_uops(DEFAULT, words) == uops
     with pytest.raises(FieldRangeError, match=r"GEMM\.iter_in = 16384 of instruction 1 "):
         encode_stream(DEFAULT, [FinishInsn(), GemmInsn(iter_in=1 << 14)])
+
+
+def test_clip_alu_ops_one_rule_for_every_clip():
+    """CLIP [lo, hi] packs lo in the low byte, hi in the high byte (docs/isa.md); MIN/MAX otherwise."""
+    from vta_ext.isa import clip_alu_ops
+
+    assert clip_alu_ops(True, 0, 127) == [(AluOp.CLIP, 127 * 256)]
+    assert clip_alu_ops(True, -128, 127) == [(AluOp.CLIP, 0x7F80)]
+    assert clip_alu_ops(True, -1, -1) == [(AluOp.CLIP, -1)]                 # 0xFFFF as int16
+    assert clip_alu_ops(False, 0, 127) == [(AluOp.MIN, 127), (AluOp.MAX, 0)]
+    assert clip_alu_ops(True, -200, 100) == [(AluOp.MIN, 100), (AluOp.MAX, -200)]  # not int8
+    with pytest.raises(FieldRangeError, match="clip bound 40000 does not fit the 16-bit"):
+        clip_alu_ops(True, 0, 40000)

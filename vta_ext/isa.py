@@ -27,15 +27,15 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .config import VTAConfig
-from .layout import (CLIP_BOUND_BITS, CLIP_MAX, CLIP_MIN, HEADER, INSN_BITS, INSN_UNIT_BITS,
-                     AluOp, Layout, MemType, Opcode)
+from .layout import (CLIP_BOUND_BITS, CLIP_MAX, CLIP_MIN, HEADER, IMM_MAX, IMM_MIN, INSN_BITS,
+                     INSN_UNIT_BITS, AluOp, Layout, MemType, Opcode)
 
 __all__ = [
     "Opcode", "MemType", "AluOp", "Stage", "FieldRangeError", "DepFlags",
     "MemInsn", "GemmInsn", "AluInsn", "FinishInsn", "Uop", "Insn",
     "decode_insn", "decode_stream", "decode_uops", "encode_stream", "encode_uops", "unpack_fields",
     "disassemble", "insn_stage", "stage_of", "token_queue", "StageQueues", "STAGE_QUEUES",
-    "TOKEN_QUEUES", "clip_bounds", "clip_imm",
+    "TOKEN_QUEUES", "clip_bounds", "clip_imm", "clip_alu_ops",
 ]
 
 
@@ -310,6 +310,24 @@ def clip_imm(lo: int, hi: int) -> int:
         raise FieldRangeError(f"CLIP bounds [{lo}, {hi}]: lo must not exceed hi")
     mask = (1 << CLIP_BOUND_BITS) - 1
     return _signed((lo & mask) | ((hi & mask) << CLIP_BOUND_BITS), 2 * CLIP_BOUND_BITS)
+
+
+def clip_alu_ops(ext_clip: bool, lo: int, hi: int) -> List[Tuple[AluOp, int]]:
+    """The ALU instructions ``(op, immediate)`` of ``max(min(x, hi), lo)``: one CLIP when the
+    configuration has the extension (``EXT_CLIP``) and both bounds are int8, else MIN hi then MAX lo.
+
+    Raises
+    ------
+    FieldRangeError
+        If a bound needs MIN/MAX and does not fit the signed 16-bit immediate.
+    """
+    if ext_clip and CLIP_MIN <= lo <= hi <= CLIP_MAX:
+        return [(AluOp.CLIP, clip_imm(lo, hi))]
+    for bound in (lo, hi):
+        if not IMM_MIN <= bound <= IMM_MAX:
+            raise FieldRangeError(f"clip bound {bound} does not fit the 16-bit ALU immediate "
+                                  f"({IMM_MIN}..{IMM_MAX})")
+    return [(AluOp.MIN, hi), (AluOp.MAX, lo)]
 
 
 _CLASSES = {Opcode.LOAD: (MemInsn, "MEM"), Opcode.STORE: (MemInsn, "MEM"),

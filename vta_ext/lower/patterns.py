@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Set, Tuple
 
-from ..isa import AluOp, MemType, clip_imm
-from ..layout import CLIP_MAX, CLIP_MIN, IMM_MAX, IMM_MIN
+from ..isa import AluOp, FieldRangeError, MemType, clip_alu_ops
+from ..layout import CLIP_MIN, IMM_MAX, IMM_MIN
 from ..memory import ACC_SCOPE, INP_SCOPE, WGT_SCOPE
 from .affine import Aff
 from .convert import TirConverter
@@ -192,15 +192,8 @@ def _analyse_alu(conv: TirConverter, inner, dbuf: SramBuf, didx: Aff, value, pro
             raise LoweringError(f"{what}: operand {sbuf.name} is not in {ACC_SCOPE}")
     d_out, s_out, merged = _alu_loops(inner, didx, other, elem, what)
     if op == "CLIP":
-        lo, hi = clip[1], clip[2]
-        if conv.cfg.EXT_CLIP and CLIP_MIN <= lo <= hi <= CLIP_MAX:
-            return [Alu(int(AluOp.CLIP), True, clip_imm(lo, hi), dbuf, sbuf, d_out, s_out, merged)]
-        for v in (lo, hi):
-            if not IMM_MIN <= v <= IMM_MAX:
-                raise LoweringError(f"{what}: clip bound {v} does not fit the 16-bit ALU "
-                                    f"immediate ({IMM_MIN}..{IMM_MAX})")
-        return [Alu(int(AluOp.MIN), True, hi, dbuf, sbuf, d_out, s_out, merged),
-                Alu(int(AluOp.MAX), True, lo, dbuf, sbuf, d_out, s_out, merged)]
+        return [Alu(int(alu_op), True, value, dbuf, sbuf, d_out, s_out, merged)
+                for alu_op, value in _clip_ops(conv, clip[1], clip[2], what)]
     return [Alu(int(op), use_imm, imm, dbuf, sbuf, d_out, s_out, merged)]
 
 
@@ -234,10 +227,16 @@ def _alu_const(conv, inner, dbuf: SramBuf, didx: Aff, c: int, what: str):
                             f"({IMM_MIN}..{IMM_MAX}); initialise with a value of the data's range "
                             f"(e.g. {CLIP_MIN} for int8)")
     d_out, s_out, merged = _alu_loops(inner, didx, didx, dbuf.elem, what)
-    if conv.cfg.EXT_CLIP and CLIP_MIN <= c <= CLIP_MAX:
-        return [Alu(int(AluOp.CLIP), True, clip_imm(c, c), dbuf, dbuf, d_out, s_out, merged)]
-    return [Alu(int(AluOp.MIN), True, c, dbuf, dbuf, d_out, s_out, merged),
-            Alu(int(AluOp.MAX), True, c, dbuf, dbuf, d_out, s_out, merged)]
+    return [Alu(int(alu_op), True, value, dbuf, dbuf, d_out, s_out, merged)
+            for alu_op, value in _clip_ops(conv, c, c, what)]
+
+
+def _clip_ops(conv, lo: int, hi: int, what: str):
+    """:func:`vta_ext.isa.clip_alu_ops` for this configuration, as a lowering error."""
+    try:
+        return clip_alu_ops(conv.cfg.EXT_CLIP, lo, hi)
+    except FieldRangeError as err:
+        raise LoweringError(f"{what}: {err}") from None
 
 
 def _clip_pattern(t, value):

@@ -29,8 +29,8 @@ import numbers
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from ..config import VTAConfig
-from ..isa import AluOp, clip_imm
-from ..layout import CLIP_MAX, CLIP_MIN, IMM_MAX, IMM_MIN
+from ..isa import AluOp, clip_alu_ops
+from ..layout import IMM_MAX, IMM_MIN
 from .alu_program import alu_range
 from .errors import EpilogueError, EpilogueRefusal
 
@@ -117,10 +117,7 @@ def alu_ops(cfg: VTAConfig, stage: Stage) -> List[Tuple[AluOp, int]]:
     if kind == "shr":
         return [(AluOp.SHR, stage[1])] if stage[1] else []
     if kind == "clip":
-        lo, hi = stage[1], stage[2]
-        if cfg.EXT_CLIP and CLIP_MIN <= lo <= hi <= CLIP_MAX:
-            return [(AluOp.CLIP, clip_imm(lo, hi))]
-        return [(AluOp.MIN, hi), (AluOp.MAX, lo)]
+        return clip_alu_ops(cfg.EXT_CLIP, stage[1], stage[2])
     if kind in ("min", "max", "add"):
         return [({"min": AluOp.MIN, "max": AluOp.MAX, "add": AluOp.ADD}[kind], stage[1])]
     raise EpilogueError(f"epilogue stage {stage!r} has no immediate ALU form")
