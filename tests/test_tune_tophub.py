@@ -128,7 +128,8 @@ def expected_counters(cfg, spec, k, n_alu):
     tiles = (ob // k["tile_co"]) * tiles_hw
     steps = cb // k["tile_ci"]
     rows = clipped(out, k["tile_h"], stride, kk, pad, hw)
-    counters = {"inp_load_nbytes": (ob // k["tile_co"]) * cb * rows * rows * b * bi,
+    cols = clipped(out, k["tile_w"], stride, kk, pad, hw)
+    counters = {"inp_load_nbytes": (ob // k["tile_co"]) * cb * rows * cols * b * bi,
                 "wgt_load_nbytes": tiles_hw * ob * cb * kk * kk * bo * bi,
                 "acc_load_nbytes": tiles * k["tile_co"] * b * bo * 4,
                 "out_store_nbytes": cout * out * out,
