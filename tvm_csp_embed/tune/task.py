@@ -171,8 +171,8 @@ def extract_tasks(mod, target: Any = "ext_vta", strategy: Optional[str] = None,
     Notes
     -----
     The offload pass compiles every matched operator with the knobs in effect (TPS by default;
-    cached per process, so the tuner's TPS measurement reuses nothing but the time is small) and
-    publishes its build report (:func:`vta_ext.last_build_report`), as a build would.
+    seconds for a whole ResNet-18) and publishes its build report
+    (:func:`vta_ext.last_build_report`), as a build would.
 
     Returns
     -------
