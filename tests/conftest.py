@@ -55,17 +55,66 @@ def requantize(acc: np.ndarray, bias: Optional[np.ndarray] = None, shift: Option
     return out.astype(np.int8)
 
 
+def apply_epilogue(acc: np.ndarray, epilogue: Sequence[tuple], bias: Optional[np.ndarray] = None
+                   ) -> np.ndarray:
+    """The template epilogue as docs/templates-api.md defines it: the int32 accumulator, then each
+    stage in order (``("bias",)`` adds ``bias`` broadcast against ``acc``; ``("shr", s)`` is an
+    arithmetic shift; ``("clip", lo, hi)``, ``("min", c)``, ``("max", c)``, ``("add", c)``), then the
+    truncating int8 store (keeps the low byte)."""
+    res = acc.astype(np.int64).astype(np.int32).astype(np.int64)
+    for stage in epilogue:
+        kind = stage[0]
+        if kind == "bias":
+            res = res + bias.astype(np.int64)
+        elif kind == "shr":
+            res = res >> stage[1]
+        elif kind == "clip":
+            res = np.clip(res, stage[1], stage[2])
+        elif kind == "min":
+            res = np.minimum(res, stage[1])
+        elif kind == "max":
+            res = np.maximum(res, stage[1])
+        elif kind == "add":
+            res = res + stage[1]
+        else:
+            raise ValueError(f"unknown epilogue stage {stage!r}")
+    return res.astype(np.int8)
+
+
 # ------------------------------------------------------------------ packing in numpy
 def pack_nchw(x: np.ndarray, b: int, c: int) -> np.ndarray:
     """NCHW -> ``(N/b, C/c, H, W, b, c)`` (shapes must divide)."""
     n, ch, h, w = x.shape
-    return x.reshape(n // b, b, ch // c, c, h, w).transpose(0, 2, 4, 5, 1, 3).copy()
+    return np.ascontiguousarray(x.reshape(n // b, b, ch // c, c, h, w).transpose(0, 2, 4, 5, 1, 3))
 
 
 def unpack_nchw(p: np.ndarray) -> np.ndarray:
     """``(N/b, C/c, H, W, b, c)`` -> NCHW."""
     nb, cb, h, w, b, c = p.shape
     return p.transpose(0, 4, 1, 5, 2, 3).reshape(nb * b, cb * c, h, w)
+
+
+def pack_activation(x: np.ndarray, cfg) -> np.ndarray:
+    """NCHW -> the ALU templates' ``(N/b, C/co, H, W, b, co)`` of ``cfg``."""
+    return pack_nchw(x, cfg.BATCH, cfg.BLOCK_OUT)
+
+
+def unpack_oihw(k: np.ndarray) -> np.ndarray:
+    """``(O/co, I/ci, KH, KW, co, ci)`` -> OIHW."""
+    ob, cb, kh, kw, o, c = k.shape
+    return k.transpose(0, 4, 1, 5, 2, 3).reshape(ob * o, cb * c, kh, kw)
+
+
+def pack_matrix(x: np.ndarray, r: int, c: int) -> np.ndarray:
+    """``(R, C)`` -> ``(R/r, C/c, r, c)``."""
+    rows, cols = x.shape
+    return np.ascontiguousarray(x.reshape(rows // r, r, cols // c, c).transpose(0, 2, 1, 3))
+
+
+def unpack_matrix(x: np.ndarray) -> np.ndarray:
+    """``(R/r, C/c, r, c)`` -> ``(R, C)``."""
+    a, b, r, c = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(a * r, b * c)
 
 
 # ------------------------------------------------------------------ Relax modules and running

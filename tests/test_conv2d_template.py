@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import apply_epilogue, conv2d_nchw, pack_nchw, unpack_nchw, unpack_oihw
 from vta_ext.config import CONFIG_DIR, load_config
 
 pytest.importorskip("tvm")
@@ -27,49 +28,11 @@ SEED = 0xDEADB
 # ------------------------------------------------------------------------------------------------
 # independent reference: unpack to NCHW / OIHW, direct convolution with einsum in int64
 # ------------------------------------------------------------------------------------------------
-def unpack_nchw(x):
-    nb, cb, h, w, b, c = x.shape
-    return x.transpose(0, 4, 1, 5, 2, 3).reshape(nb * b, cb * c, h, w)
-
-
-def pack_nchw(x, b, c):
-    n, ch, h, w = x.shape
-    return x.reshape(n // b, b, ch // c, c, h, w).transpose(0, 2, 4, 5, 1, 3)
-
-
-def unpack_oihw(k):
-    ob, cb, kh, kw, o, c = k.shape
-    return k.transpose(0, 4, 1, 5, 2, 3).reshape(ob * o, cb * c, kh, kw)
-
-
 def reference(wl, epilogue, data, kernel, bias):
-    d = unpack_nchw(data).astype(np.int64)
-    k = unpack_oihw(kernel).astype(np.int64)
-    d = np.pad(d, ((0, 0), (0, 0), (wl.pad_h, wl.pad_h), (wl.pad_w, wl.pad_w)))
-    oh = (wl.height + 2 * wl.pad_h - wl.kernel_h) // wl.stride_h + 1
-    ow = (wl.width + 2 * wl.pad_w - wl.kernel_w) // wl.stride_w + 1
-    res = np.zeros((d.shape[0], k.shape[0], oh, ow), np.int64)
-    for i in range(wl.kernel_h):
-        for j in range(wl.kernel_w):
-            win = d[:, :, i:i + wl.stride_h * (oh - 1) + 1:wl.stride_h,
-                    j:j + wl.stride_w * (ow - 1) + 1:wl.stride_w]
-            res += np.einsum("nchw,oc->nohw", win, k[:, :, i, j])
-    if bias is not None:
-        b = unpack_nchw(bias).astype(np.int64)  # (N or 1, O, 1, 1)
-    for st in epilogue:
-        if st[0] == "shr":
-            res = res >> st[1]
-        elif st[0] == "bias":
-            res = res + b
-        elif st[0] == "clip":
-            res = np.clip(res, st[1], st[2])
-        elif st[0] == "min":
-            res = np.minimum(res, st[1])
-        elif st[0] == "max":
-            res = np.maximum(res, st[1])
-        elif st[0] == "add":
-            res = res + st[1]
-    return res.astype(np.int8)  # wrapping cast
+    res = conv2d_nchw(unpack_nchw(data), unpack_oihw(kernel), (wl.stride_h, wl.stride_w),
+                      (wl.pad_h, wl.pad_w))
+    b = None if bias is None else unpack_nchw(bias)  # (N or 1, O, 1, 1)
+    return apply_epilogue(res, epilogue, b)
 
 
 def make_inputs(cfg, wl, with_bias, rng):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import apply_epilogue, pack_matrix as pack2, unpack_matrix as unpack2
 from vta_ext.config import CONFIG_DIR, load_config
 
 pytest.importorskip("tvm")
@@ -18,34 +19,10 @@ from vta_ext.templates.tiling import dram_bytes, knob_space, pruned_points  # no
 PRESETS = [c for c in ("default", "2x16x16", "1x32x32") if (CONFIG_DIR / f"{c}.json").exists()]
 
 
-def pack2(x, r, c):
-    """(R, C) -> (R/r, C/c, r, c)."""
-    R, C = x.shape
-    return np.ascontiguousarray(x.reshape(R // r, r, C // c, c).transpose(0, 2, 1, 3))
-
-
-def unpack2(x):
-    a, b, r, c = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(a * r, b * c)
-
-
 def reference(epilogue, data, weight, bias):
     """data (N, K), weight (M, K), bias (M,) -> int8 (N, M)."""
     res = data.astype(np.int64) @ weight.astype(np.int64).T
-    for st in epilogue:
-        if st[0] == "shr":
-            res = res >> st[1]
-        elif st[0] == "bias":
-            res = res + bias.astype(np.int64)[None, :]
-        elif st[0] == "clip":
-            res = np.clip(res, st[1], st[2])
-        elif st[0] == "min":
-            res = np.minimum(res, st[1])
-        elif st[0] == "max":
-            res = np.maximum(res, st[1])
-        elif st[0] == "add":
-            res = res + st[1]
-    return res.astype(np.int8)
+    return apply_epilogue(res, epilogue, bias.astype(np.int64)[None, :])
 
 
 def check(cfg, wl, epilogue, knobs=None, seed=3):

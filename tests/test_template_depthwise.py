@@ -2,22 +2,12 @@
 import numpy as np
 import pytest
 
+from conftest import pack_activation as pack, unpack_nchw as unpack
 from vta_ext.config import load_config
 from vta_ext.isa import AluOp, Opcode
 from vta_ext.errors import TemplateRefusal
 from vta_ext.templates.depthwise import DepthwiseConv2dWorkload, build_depthwise_conv2d
 from vta_ext.templates.errors import AluTemplateError, AluTemplateRefusal, KnobError
-
-
-def pack(x, cfg):
-    n, c, h, w = x.shape
-    b, co = cfg.BATCH, cfg.BLOCK_OUT
-    return np.ascontiguousarray(x.reshape(n // b, b, c // co, co, h, w).transpose(0, 2, 4, 5, 1, 3))
-
-
-def unpack(p):
-    nb, cb, h, w, b, co = p.shape
-    return p.transpose(0, 4, 1, 5, 2, 3).reshape(nb * b, cb * co, h, w)
 
 
 def pack_kernel(k, cfg):

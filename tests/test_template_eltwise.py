@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from conftest import apply_epilogue, pack_activation as pack, unpack_nchw as unpack
 from vta_ext.config import load_config
 from vta_ext.isa import AluOp, Opcode
 from vta_ext.errors import TemplateRefusal
@@ -9,31 +10,9 @@ from vta_ext.templates.eltwise import EltwiseWorkload, build_add
 from vta_ext.templates.errors import AluTemplateError, AluTemplateRefusal, KnobError
 
 
-def pack(x, cfg):
-    n, c, h, w = x.shape
-    b, co = cfg.BATCH, cfg.BLOCK_OUT
-    return np.ascontiguousarray(x.reshape(n // b, b, c // co, co, h, w).transpose(0, 2, 4, 5, 1, 3))
-
-
-def unpack(p):
-    nb, cb, h, w, b, co = p.shape
-    return p.transpose(0, 4, 1, 5, 2, 3).reshape(nb * b, cb * co, h, w)
-
-
 def ref_add(a, b, epilogue):
     acc = a.astype(np.int64) + b.astype(np.int64)
-    for st in epilogue:
-        if st[0] == "shr":
-            acc = acc >> st[1]
-        elif st[0] == "clip":
-            acc = np.clip(acc, st[1], st[2])
-        elif st[0] == "min":
-            acc = np.minimum(acc, st[1])
-        elif st[0] == "max":
-            acc = np.maximum(acc, st[1])
-        elif st[0] == "add":
-            acc = acc + st[1]
-    return acc.astype(np.int8)   # wraps like the truncating STORE
+    return apply_epilogue(acc, epilogue)
 
 
 @pytest.mark.parametrize("preset", ["default", "apache", "pipelined", "2x16x16", "1x32x32"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import apply_epilogue
 from vta_ext.config import CONFIG_DIR, load_config
 
 pytest.importorskip("tvm")
@@ -42,20 +43,7 @@ def reference(wl, epilogue, data, kernel, bias):
                 win = dg[:, :, i:i + wl.stride_h * (oh - 1) + 1:wl.stride_h,
                          j:j + wl.stride_w * (ow - 1) + 1:wl.stride_w]
                 res[:, gi * opg:(gi + 1) * opg] += np.einsum("nchw,oc->nohw", win, kg[:, :, i, j])
-    for st in epilogue:
-        if st[0] == "shr":
-            res = res >> st[1]
-        elif st[0] == "bias":
-            res = res + bias.astype(np.int64)[None, :, None, None]
-        elif st[0] == "clip":
-            res = np.clip(res, st[1], st[2])
-        elif st[0] == "min":
-            res = np.minimum(res, st[1])
-        elif st[0] == "max":
-            res = np.maximum(res, st[1])
-        elif st[0] == "add":
-            res = res + st[1]
-    return res.astype(np.int8)
+    return apply_epilogue(res, epilogue, bias.astype(np.int64)[None, :, None, None])
 
 
 def check(cfg, wl, epilogue, knobs=None, seed=11):
