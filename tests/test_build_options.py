@@ -210,3 +210,24 @@ def test_runs_from_four_threads_are_bit_exact():
         assert len(results[i]) == 20
         for out in results[i]:
             np.testing.assert_array_equal(out, serial[i])
+
+
+def test_explicit_knobs_reach_the_template_and_bad_ones_fail_the_build():
+    mod = conv_module(1, 32, 32, 8, 3, shift=6)
+    arrays = random_inputs(mod, 7)
+    x, w, b = arrays
+    ref = requantize(conv2d_nchw(x, w, 1, 1), b, 6, (0, 127))
+    for knobs in ({"tile_h": 4, "tile_w": 8, "tile_ci": 2},
+                  {"conv2d": {"tile_h": 4, "tile_w": 8, "tile_ci": 2}, "dense": {"tile_ci": 1}}):
+        with vta_ext.build_options(knobs=knobs):
+            got = run_module(mod, "ext_vta", arrays)
+        detail = vta_ext.last_build_report().on_vta[0].detail
+        assert "explicit knobs, tiling tile_h=4 tile_w=8 tile_ci=2" in detail
+        np.testing.assert_array_equal(got, ref)
+    # 8 output rows cannot be split by 3, and "tile_q" is no knob: the build fails, naming them
+    with vta_ext.build_options(knobs={"tile_h": 3}):
+        with pytest.raises(VTABuildError, match=r"building conv2d .*KnobError.*tile_h"):
+            relax.build(mod, target="ext_vta")
+    with vta_ext.build_options(knobs={"tile_q": 2}):
+        with pytest.raises(VTABuildError, match=r"KnobError: unknown Conv2dKnobs field\(s\) tile_q"):
+            relax.build(mod, target="ext_vta")
