@@ -1,0 +1,165 @@
+"""Compile a packed GEMM (:class:`~.plan.PackedGemm`) with knobs into one VTA program.
+
+:func:`build_gemm` resolves the knobs (``"tps"``, ``"fallback"`` or an explicit dict, see
+:mod:`.knobs`), schedules (:mod:`.schedule`), lowers with :mod:`vta_ext.lower` exactly as the stock
+templates do, and emits the instruction stream into a :class:`vta_ext.runtime.CommandQueue` whose
+DRAM buffers are allocated in the order A, B, output, bias. The result, :class:`CompiledGemm`, has
+the interface the executor expects of every compiled operator: ``.program``, ``.knobs`` and
+``.run(*packed_inputs, simulator=None) -> (packed_output, SimStats)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Tuple
+
+import numpy as np
+
+from .knobs import KnobPoint, Pruned, check_point, fallback_point, knob_names, tps_point
+from .plan import PackedGemm
+from .schedule import bias_shape, schedule_gemm
+
+__all__ = ["CompiledGemm", "resolve_knobs", "build_gemm", "knob_record"]
+
+
+@functools.lru_cache(maxsize=None)
+def _knob_type(names: Tuple[str, ...]):
+    return dataclasses.make_dataclass("CspKnobs", [(n, int) for n in names], frozen=True)
+
+
+def knob_record(point: Dict[str, int]):
+    """The knobs as a frozen dataclass (what the build report prints)."""
+    return _knob_type(tuple(point))(**point)
+
+
+def resolve_knobs(cfg, pg: PackedGemm, epilogue, knobs: Any) -> Tuple[Dict[str, int], bool]:
+    """The ``knobs`` argument as ``(full point, explicit)``.
+
+    Raises
+    ------
+    vta_ext.templates.errors.Conv2dRefusal
+        If a preset (``"tps"``, ``"fallback"``) finds no point that fits.
+    vta_ext.templates.errors.KnobError
+        For an unknown preset or invalid explicit knobs.
+    """
+    from vta_ext.templates.errors import Conv2dRefusal, KnobError
+
+    if knobs is None:
+        knobs = "tps"
+    if isinstance(knobs, str):
+        if knobs == "tps":
+            best = tps_point(cfg, pg, epilogue)
+            if best is None:
+                fb = fallback_point(cfg, pg, epilogue)
+                raise Conv2dRefusal(f"no tiling of the embedding {pg.embedding.mapping_str()} fits "
+                                    f"on {cfg.name!r}: even every tile 1 is out: "
+                                    f"{fb.reason if isinstance(fb, Pruned) else fb}")
+            return dict(best.knobs), False
+        if knobs == "fallback":
+            fb = fallback_point(cfg, pg, epilogue)
+            if isinstance(fb, Pruned):
+                raise Conv2dRefusal(f"the fallback tiling of {pg.embedding.mapping_str()} does not "
+                                    f"fit on {cfg.name!r}: {fb.reason}")
+            return dict(fb.knobs), False
+        raise KnobError(f"unknown knobs {knobs!r}; valid names: fallback, tps (or a dict of "
+                        f"{', '.join(knob_names(pg))})")
+    if dataclasses.is_dataclass(knobs):
+        knobs = dataclasses.asdict(knobs)
+    if not isinstance(knobs, dict):
+        raise KnobError(f"knobs must be 'tps', 'fallback' or a dict of {', '.join(knob_names(pg))}, "
+                        f"got {type(knobs).__name__}")
+    return check_point(pg, knobs), True
+
+
+@dataclass
+class CompiledGemm:
+    """A packed GEMM compiled into one VTA program (built once; :meth:`run` copies data in and out)."""
+
+    config: Any
+    plan: PackedGemm
+    epilogue: Tuple[tuple, ...]
+    knobs: Any
+    program: Any
+    shapes: Dict[str, tuple]
+    timings: Dict[str, float]
+    generated: Any = field(repr=False, default=None)
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether the epilogue adds a bias tensor (a third :meth:`run` argument)."""
+        return "bias" in self.shapes
+
+    def run(self, a_packed, b_packed, bias_packed=None, simulator=None):
+        """Execute on the functional simulator; returns ``(out_packed_int8, SimStats)``."""
+        from vta_ext.templates.errors import Conv2dError
+
+        prog = self.program
+        names = [self.plan.operands["A"].tensor, self.plan.operands["B"].tensor]
+        for name, arr, dtype in ((names[0], a_packed, np.int8), (names[1], b_packed, np.int8),
+                                 ("bias", bias_packed, np.int32)):
+            if name == "bias" and not self.has_bias:
+                if arr is not None:
+                    raise Conv2dError("bias_packed given but the epilogue has no ('bias',) stage")
+                continue
+            if arr is None:
+                raise Conv2dError(f"this GEMM needs its {name} input")
+            arr = np.asarray(arr)
+            if arr.shape != self.shapes[name] or arr.dtype != np.dtype(dtype):
+                raise Conv2dError(f"{name}: expected {self.shapes[name]} {np.dtype(dtype)}, got "
+                                  f"{arr.shape} {arr.dtype}")
+            prog.write(name, np.ascontiguousarray(arr))
+        t = time.perf_counter()
+        stats = prog.run(simulator)
+        self.timings["last_run"] = time.perf_counter() - t
+        return prog.read("out", np.int8, self.shapes["out"]), stats
+
+
+def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps") -> CompiledGemm:
+    """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``.
+
+    Raises
+    ------
+    vta_ext.templates.errors.Conv2dRefusal
+        If a preset finds no tiling that fits.
+    vta_ext.templates.errors.KnobError
+        For invalid explicit knobs, or explicit knobs whose tiles overflow a scratchpad (the
+        message names the buffer).
+    """
+    from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
+    from vta_ext.lower.passes import lower_schedule
+    from vta_ext.runtime import CommandQueue
+    from vta_ext.templates.epilogue import has_bias, normalize_epilogue
+    from vta_ext.templates.errors import Conv2dRefusal, KnobError
+
+    epilogue = normalize_epilogue(epilogue)
+    point, explicit = resolve_knobs(cfg, pg, epilogue, knobs)
+    timings = {}
+    t0 = time.perf_counter()
+    sch, _ = schedule_gemm(cfg, pg, epilogue, point)
+    t1 = time.perf_counter()
+    lowered = lower_schedule(sch.mod)
+    func = lowered["csp_gemm"] if "csp_gemm" in [g.name_hint for g in lowered.functions] else \
+        list(lowered.functions.values())[0]
+    try:
+        gen = lower_to_runtime(cfg, func)
+    except SramOverflowError as err:
+        message = (f"embedding {pg.embedding.mapping_str()} with knobs {point} on {cfg.name!r}: "
+                   f"{err}. Reduce the tile knobs or the virtual threads")
+        raise (KnobError if explicit else Conv2dRefusal)(message) from None
+    t2 = time.perf_counter()
+    A, B, C = (pg.operands[r] for r in "ABC")
+    shapes = {A.tensor: A.stored_shape, B.tensor: B.stored_shape, "out": C.stored_shape}
+    if has_bias(epilogue):
+        shapes["bias"] = bias_shape(pg)
+    q = CommandQueue(cfg)
+    bufs = {}
+    for name, shape in shapes.items():
+        dtype = np.int32 if name == "bias" else np.int8
+        bufs[name] = q.alloc(int(np.prod(shape)) * np.dtype(dtype).itemsize, name)
+    gen.emit(q, bufs)
+    prog = q.synchronize()
+    t3 = time.perf_counter()
+    timings.update(schedule=t1 - t0, lower=t2 - t1, generate=t3 - t2)
+    return CompiledGemm(cfg, pg, epilogue, knob_record(point), prog, shapes, timings, gen)

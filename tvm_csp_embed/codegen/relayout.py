@@ -1,0 +1,278 @@
+"""Host relayout of VTA operands: concrete steps, emitted as Relax ops or applied to numpy constants.
+
+An embedding's :class:`~tvm_csp_embed.embedding.TensorRelayout` says, per tensor, which dims to
+pad, which to stencil-unroll, split, transpose and fuse. :class:`HostLayout` is the concrete form
+of such a plan on the operator's own tensor (NCHW activations, OIHW weights, ``(N, K)`` matrices):
+a tuple of positional steps with every shape known,
+
+* ``("permute", perm)`` -- ``relax.op.permute_dims``;
+* ``("pad", ((lo, hi), ...))`` -- zero padding per axis (``relax.op.nn.pad``);
+* ``("unroll", axis, extents, coefs, const)`` -- stencil unrolling of one axis into
+  ``len(extents)`` axes, ``new[..., i_1, ..., i_k, ...] = old[..., const + sum(c_j * i_j), ...]``:
+  strided slices along the axis (one per value of the other loops) stacked and reshaped, so the
+  host runs compiled slice/concatenate kernels, never an index gather;
+* ``("reshape", shape)`` -- split and fuse;
+* ``("slice", ((begin, end), ...))`` -- cropping;
+* ``("broadcast", shape)`` -- repeating size-1 axes (the per-channel bias over the lanes).
+
+The same steps have two backends: :meth:`HostLayout.pack` emits Relax ops through the offload
+pass's packer (``packer.emit(expr, name)``, ``packer.operand(expr)``) and :meth:`HostLayout.pack_numpy`
+applies them to a numpy array (constant weights are relayouted at build time and enter the module
+as a ``relax.const``). Layouts without unrolling are invertible: :meth:`HostLayout.unpack` emits the
+inverse (the output of a VTA operator back to the operator's layout).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["Step", "HostLayout", "step_shape"]
+
+Step = Tuple[Any, ...]
+
+
+def step_shape(shape: Sequence[int], step: Step) -> Tuple[int, ...]:
+    """The shape after ``step`` of a tensor of ``shape``.
+
+    Raises
+    ------
+    ValueError
+        If the step does not apply to the shape (a reshape that changes the size, an unroll that
+        reads beyond the axis).
+    """
+    shape = tuple(int(s) for s in shape)
+    kind = step[0]
+    if kind == "permute":
+        return tuple(shape[p] for p in step[1])
+    if kind == "pad":
+        return tuple(s + lo + hi for s, (lo, hi) in zip(shape, step[1]))
+    if kind == "unroll":
+        _, axis, extents, coefs, const = step
+        last = const + sum(c * (e - 1) for c, e in zip(coefs, extents))
+        if const < 0 or last >= shape[axis]:
+            raise ValueError(f"unroll of axis {axis} (size {shape[axis]}) reads index {last}")
+        return shape[:axis] + tuple(extents) + shape[axis + 1:]
+    if kind == "reshape":
+        if math.prod(step[1]) != math.prod(shape):
+            raise ValueError(f"reshape {shape} -> {tuple(step[1])} changes the size")
+        return tuple(step[1])
+    if kind == "slice":
+        return tuple(e - b for b, e in step[1])
+    if kind == "broadcast":
+        if any(s not in (1, t) for s, t in zip(shape, step[1])) or len(shape) != len(step[1]):
+            raise ValueError(f"cannot broadcast {shape} to {tuple(step[1])}")
+        return tuple(step[1])
+    raise ValueError(f"unknown relayout step {kind!r}")
+
+
+def _unroll_plan(extents: Sequence[int], coefs: Sequence[int], const: int):
+    """``(sliced loop, other loops, [(begin, values of the others)...])`` of an unroll step: the loop
+    of largest extent is the strided slice, the others are enumerated row-major."""
+    j = max(range(len(extents)), key=lambda i: (extents[i], -i))
+    others = [i for i in range(len(extents)) if i != j]
+    starts = []
+    for vals in itertools.product(*[range(extents[i]) for i in others]):
+        starts.append(const + sum(coefs[i] * v for i, v in zip(others, vals)))
+    return j, others, starts
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """A packed layout of one operand: concrete steps from the operator's own tensor.
+
+    Attributes
+    ----------
+    src_shape : tuple of int
+        Shape of the tensor in the operator's own layout.
+    steps : tuple of Step
+        The steps (module docstring), applied in order.
+    name : str
+        Base name of the bound Relax variables (``vta_pack_<name>...``).
+    """
+
+    src_shape: Tuple[int, ...]
+    steps: Tuple[Step, ...]
+    name: str = "data"
+
+    @property
+    def shapes(self) -> List[Tuple[int, ...]]:
+        """The shape before every step and after the last."""
+        out = [tuple(self.src_shape)]
+        for st in self.steps:
+            out.append(step_shape(out[-1], st))
+        return out
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """The packed shape."""
+        return self.shapes[-1]
+
+    @property
+    def unrolled(self) -> bool:
+        """Whether a step replicates elements (then the layout has no inverse)."""
+        return any(st[0] == "unroll" for st in self.steps)
+
+    @property
+    def nbytes_factor(self) -> float:
+        """Packed elements over source elements."""
+        return math.prod(self.shape) / max(1, math.prod(self.src_shape))
+
+    # ------------------------------------------------------------------ numpy backend
+    def pack_numpy(self, array: np.ndarray) -> np.ndarray:
+        """Apply the steps to ``array`` (C-contiguous result)."""
+        x = np.asarray(array)
+        if tuple(x.shape) != tuple(self.src_shape):
+            raise ValueError(f"{self.name}: expected shape {self.src_shape}, got {x.shape}")
+        for st in self.steps:
+            x = _numpy_step(x, st)
+        return np.ascontiguousarray(x)
+
+    def unpack_numpy(self, array: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`pack_numpy` (padding cropped)."""
+        x = np.asarray(array)
+        for st, before in zip(reversed(self.steps), reversed(self.shapes[:-1])):
+            x = _numpy_step(x, _inverse(st, before))
+        return np.ascontiguousarray(x)
+
+    # ------------------------------------------------------------------ Relax backend
+    def pack(self, packer, expr):
+        """Emit the steps as Relax ops on the host; returns the packed expression (bound).
+
+        A ``relax.Constant`` operand is relayouted now, with numpy, and enters as a constant.
+        """
+        from tvm import relax
+
+        x = packer.operand(expr)
+        if isinstance(x, relax.Constant):
+            packed = self.pack_numpy(x.data.numpy())
+            return relax.const(packed, str(x.struct_info.dtype))
+        shapes = self.shapes
+        for i, st in enumerate(self.steps):
+            if _is_identity(st, shapes[i]):
+                continue
+            last = i == len(self.steps) - 1
+            x = _relax_step(packer.emit, x, st, shapes[i],
+                            self.name if last else f"{st[0]}{i}_{self.name}")
+        return x
+
+    def unpack(self, packer, expr):
+        """Emit the inverse steps (packed -> operator layout); the last one is returned unbound."""
+        inverse = [_inverse(st, before) for st, before in
+                   zip(reversed(self.steps), reversed(self.shapes[:-1]))]
+        todo, shape = [], self.shape
+        for st in inverse:
+            if not _is_identity(st, shape):
+                todo.append((st, shape))
+            shape = step_shape(shape, st)
+        x = expr
+        for i, (st, before) in enumerate(todo):
+            last = i == len(todo) - 1
+            x = _relax_step(None if last else packer.emit_unpack, x, st, before, f"{st[0]}{i}")
+        return x
+
+    def __repr__(self) -> str:
+        return f"HostLayout({self.name}: {self.src_shape} -> {self.shape}, {len(self.steps)} steps)"
+
+
+def _is_identity(st: Step, shape) -> bool:
+    kind = st[0]
+    if kind == "permute":
+        return tuple(st[1]) == tuple(range(len(st[1])))
+    if kind == "pad":
+        return not any(lo or hi for lo, hi in st[1])
+    if kind == "reshape":
+        return tuple(st[1]) == tuple(shape)
+    if kind == "slice":
+        return all(b == 0 and e == s for (b, e), s in zip(st[1], shape))
+    if kind == "broadcast":
+        return tuple(st[1]) == tuple(shape)
+    return False
+
+
+def _inverse(st: Step, before: Sequence[int]) -> Step:
+    kind = st[0]
+    if kind == "permute":
+        inv = [0] * len(st[1])
+        for i, p in enumerate(st[1]):
+            inv[p] = i
+        return ("permute", tuple(inv))
+    if kind == "pad":
+        return ("slice", tuple((lo, lo + s) for (lo, _), s in zip(st[1], before)))
+    if kind == "reshape":
+        return ("reshape", tuple(before))
+    raise ValueError(f"a {kind!r} step has no inverse; this layout cannot be unpacked")
+
+
+def _numpy_step(x: np.ndarray, st: Step) -> np.ndarray:
+    kind = st[0]
+    if kind == "permute":
+        return np.transpose(x, st[1])
+    if kind == "pad":
+        return np.pad(x, st[1]) if any(lo or hi for lo, hi in st[1]) else x
+    if kind == "reshape":
+        return np.ascontiguousarray(x).reshape(st[1])
+    if kind == "slice":
+        return x[tuple(slice(b, e) for b, e in st[1])]
+    if kind == "broadcast":
+        return np.broadcast_to(x, st[1])
+    if kind == "unroll":
+        _, axis, extents, coefs, const = st
+        j, others, starts = _unroll_plan(extents, coefs, const)
+        pre = (slice(None),) * axis
+        span = coefs[j] * (extents[j] - 1) + 1
+        parts = [x[pre + (slice(b, b + span, coefs[j]),)] for b in starts]
+        y = np.stack(parts, axis=axis + 1)
+        lead, tail, order, perm = _unroll_layout(x.shape, axis, extents, j, others)
+        return np.transpose(y.reshape(lead + [extents[i] for i in order] + tail), perm)
+    raise ValueError(f"unknown relayout step {kind!r}")
+
+
+def _unroll_layout(before, axis, extents, j, others):
+    """``(lead, tail, loop order after stacking, permutation back to the loops' order)``."""
+    lead, tail = list(before[:axis]), list(before[axis + 1:])
+    order = [j] + list(others)
+    perm = list(range(axis)) + [axis + order.index(i) for i in range(len(extents))] + \
+        [axis + len(extents) + t for t in range(len(tail))]
+    return lead, tail, order, perm
+
+
+def _relax_step(emit, x, st: Step, before: Sequence[int], name: str):
+    """One step as Relax ops; bound with ``emit`` (None: the result is returned unbound)."""
+    from tvm import relax
+
+    bind = (lambda e, n: e) if emit is None else emit
+    kind = st[0]
+    if kind == "permute":
+        return bind(relax.op.permute_dims(x, list(st[1])), name)
+    if kind == "pad":
+        widths = [v for pair in st[1] for v in pair]
+        return bind(relax.op.nn.pad(x, widths), name)
+    if kind == "reshape":
+        return bind(relax.op.reshape(x, tuple(st[1])), name)
+    if kind == "slice":
+        axes = [i for i, ((b, e), s) in enumerate(zip(st[1], before)) if (b, e) != (0, s)]
+        return bind(relax.op.strided_slice(x, axes=axes, begin=[st[1][a][0] for a in axes],
+                                           end=[st[1][a][1] for a in axes]), name)
+    if kind == "broadcast":
+        return bind(relax.op.broadcast_to(x, tuple(st[1])), name)
+    if kind == "unroll":
+        if emit is None:
+            raise ValueError("an unroll step cannot be the unbound last step of an unpacking")
+        _, axis, extents, coefs, const = st
+        j, others, starts = _unroll_plan(extents, coefs, const)
+        span = coefs[j] * (extents[j] - 1) + 1
+        parts = [relax.op.strided_slice(x, axes=[axis], begin=[b], end=[b + span],
+                                        strides=[coefs[j]]) for b in starts]
+        y = emit(relax.op.stack(parts, axis=axis + 1) if len(parts) > 1
+                 else relax.op.expand_dims(parts[0], axis + 1), f"{name}_stack")
+        lead, tail, order, perm = _unroll_layout(before, axis, extents, j, others)
+        y = emit(relax.op.reshape(y, tuple(lead + [extents[i] for i in order] + tail)),
+                 f"{name}_split")
+        if perm != list(range(len(perm))):
+            y = emit(relax.op.permute_dims(y, perm), name)
+        return y
+    raise ValueError(f"unknown relayout step {kind!r}")

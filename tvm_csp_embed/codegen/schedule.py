@@ -1,0 +1,266 @@
+"""The packed TE compute of a :class:`~.plan.PackedGemm` and its s_tir schedule.
+
+Compute (instruction axes innermost)::
+
+    C[c..., x, y] = sum over the free reduction loops and z of
+                    int32(A[a(...), x, z]) * int32(B[b(...), y, z])
+
+with every packed index an affine expression of the free loops (:class:`~.plan.PackedDim`). An
+input padded by the DMA reads through a ``<tensor>_pad`` stage (``if_then_else`` on the padded
+dims), as the stock conv2d's ``data_pad``. The epilogue stages run on the accumulator
+(:func:`vta_ext.templates.epilogue.te_stage`), a bias is the per-channel tensor of
+:meth:`~.plan.PackedGemm.bias_layout`; the ``out`` stage truncates to int8.
+
+Schedule (the rule of the stock ``conv2d_packed``, stated on loop roles, :func:`loop_orders`):
+
+* output: every free loop split by its ``tile_`` knob; outer loops ordered batch, image rows
+  but the last, output channels, the last image row (the store point); virtual-thread splits of
+  the outer output-channel and first-row loops outermost; inner loops in packed order, then the
+  lanes;
+* the GEMM stage and the epilogue in the accumulator at the store point, the bias loaded there;
+* GEMM stage: batch | z-tile outer loops (the load point of the input and weight caches) | z-tile
+  inner loops, last image row, the other reductions innermost-first, output channels, other image
+  rows | lanes; the reset before the first loop after the batch, the GEMM intrinsic tensorized at
+  the lanes (the batch lane with ``BATCH > 1``, else the ``BLOCK_OUT`` lane).
+
+The lowering is :mod:`vta_ext.lower` (``lower_schedule`` then ``lower_to_runtime``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+from .plan import AXIS_PREFIX, PackedDim, PackedGemm
+
+__all__ = ["LoopOrders", "loop_orders", "gemm_compute", "schedule_gemm", "bias_shape"]
+
+#: the TIR name of an instruction-axis variable
+_AXIS_NAMES = {"x": "x_i", "y": "y_i", "z": "z_i"}
+
+
+@dataclass(frozen=True)
+class LoopOrders:
+    """Loop orders of the schedule (free loop names).
+
+    Attributes
+    ----------
+    outer : tuple of str
+        Outer output loops, outermost first; the last one is the store point.
+    batch : tuple of str
+        GEMM-stage loops above the load point (their inner tiles).
+    ztile : tuple of str
+        Tile loops of the dims z walks (split: outer parts above, inner parts below the load point).
+    kernel : tuple of str
+        Loops of one load step's GEMM kernel, outermost first (the z-tile inner parts first).
+    vthreads : tuple of str
+        Loops that may carry virtual threads, in the order their splits are made.
+    """
+
+    outer: Tuple[str, ...]
+    batch: Tuple[str, ...]
+    ztile: Tuple[str, ...]
+    kernel: Tuple[str, ...]
+    vthreads: Tuple[str, ...]
+
+
+def loop_orders(pg: PackedGemm) -> LoopOrders:
+    """The loop orders of the schedule of ``pg`` (module docstring), from the loop roles."""
+    from .knobs import vt_loops
+
+    c = pg.c_loops()
+    role = pg.roles
+    batch = [n for n in c if role[n] in ("shared", "plain")]
+    stencil = [n for n in c if role[n] == "stencil"]
+    weight = [n for n in c if role[n] == "weight"]
+    last = stencil[-1:]
+    outer = batch + stencil[:-1] + weight + last
+    ztile = [lp.name for lp in pg.loops if role[lp.name] == "ztile"]
+    reduce_ = [lp.name for lp in pg.loops if role[lp.name] == "reduce"]
+    kernel = ztile + last + reduce_[::-1] + weight + stencil[:-1]
+    vts = vt_loops(pg)
+    # the first-row split is made first, then the output-channel one (the original's order)
+    vts = [n for n in vts if role[n] == "stencil"] + [n for n in vts if role[n] == "weight"]
+    return LoopOrders(tuple(outer), tuple(batch), tuple(ztile), tuple(kernel), tuple(vts))
+
+
+def bias_shape(pg: PackedGemm) -> Tuple[int, ...]:
+    """Shape of the packed bias: the output's, with 1 on the free dims the channel does not index."""
+    out = []
+    for d in pg.operands["C"].dims:
+        v = d.terms[0][0]
+        out.append(d.extent if v.startswith(AXIS_PREFIX) or v in pg.channel_loops else 1)
+    return tuple(out)
+
+
+def _index(dim: PackedDim, env: Mapping[str, object]):
+    expr = None
+    for v, c in dim.terms:
+        term = env[v] if c == 1 else env[v] * c
+        expr = term if expr is None else expr + term
+    if dim.const or expr is None:
+        expr = dim.const if expr is None else expr + dim.const
+    return expr
+
+
+def gemm_compute(cfg, pg: PackedGemm, epilogue):
+    """The TE tensors of the packed GEMM + epilogue.
+
+    Returns
+    -------
+    tuple
+        ``(inputs, out, stage_names, pad_stage)``: placeholders (A, B[, bias]), the int8 output,
+        the epilogue stage names and the name of A's padding stage (None without device padding).
+    """
+    from tvm import te, tirx
+
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    epilogue = normalize_epilogue(epilogue)
+    A, B, C = (pg.operands[r] for r in "ABC")
+    if B.device_padded:
+        raise ValueError("only operand A (the input buffer) can be padded by the DMA")
+    a = te.placeholder(A.stored_shape, "int8", name=A.tensor)
+    b = te.placeholder(B.stored_shape, "int8", name=B.tensor)
+    a_src, pad_stage = a, None
+    if A.device_padded:
+        pad_stage = f"{A.tensor}_pad"
+
+        def _pad(*idx):
+            conds, src = [], []
+            for i, d in zip(idx, A.dims):
+                if d.padded:
+                    if d.stored_lo:
+                        conds.append(i >= d.stored_lo)
+                    if d.stored_lo + d.stored_extent < d.extent:
+                        conds.append(i < d.stored_lo + d.stored_extent)
+                    src.append(i - d.stored_lo)
+                else:
+                    src.append(i)
+            return tirx.if_then_else(tirx.all(*conds), a[tuple(src)], tirx.const(0, "int8"))
+        a_src = te.compute(A.shape, _pad, name=pad_stage)
+    red = {lp.name: te.reduce_axis((0, lp.extent), lp.name) for lp in pg.loops if lp.reduction}
+    zax = te.reduce_axis((0, pg.axes["z"]), _AXIS_NAMES["z"])
+    c_vars = [d.terms[0][0] for d in C.dims]
+
+    def body(*ivs):
+        env = dict(zip(c_vars, ivs))
+        env.update(red)
+        env[AXIS_PREFIX + "z"] = zax
+        ia = tuple(_index(d, env) for d in A.dims)
+        ib = tuple(_index(d, env) for d in B.dims)
+        return te.sum(a_src[ia].astype("int32") * b[ib].astype("int32"),
+                      axis=list(red.values()) + [zax])
+    res = te.compute(C.shape, body, name="gemm")
+    inputs = [a, b]
+    bias = None
+    stage_names = []
+    bshape = bias_shape(pg)
+    for idx, st in enumerate(epilogue):
+        if st[0] == "bias":
+            bias = te.placeholder(bshape, "int32", name="bias")
+        res = te.compute(C.shape, _stage_fn(st, res, bias, bshape), name=f"ep{idx}_{st[0]}")
+        stage_names.append(res.op.name)
+    final = res
+    out = te.compute(C.shape, lambda *i: final(*i).astype("int8"), name="out")
+    if bias is not None:
+        inputs.append(bias)
+    return inputs, out, stage_names, pad_stage
+
+
+def _stage_fn(stage, prev, bias, bshape):
+    """The TE ``fcompute`` of one epilogue stage (the bias indexed by the channel dims only)."""
+    from vta_ext.templates.epilogue import te_stage
+
+    if stage[0] == "bias":
+        return lambda *i: te_stage(stage, prev(*i), bias(*[v if n > 1 else 0
+                                                            for v, n in zip(i, bshape)]))
+    return lambda *i: te_stage(stage, prev(*i))
+
+
+def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int]):
+    """Build the compute, schedule it with ``knobs`` (a full point, see
+    :func:`~.knobs.check_point`) and return ``(sch, info)``."""
+    from tvm import te
+    from tvm.s_tir import Schedule
+
+    from vta_ext.lower.intrin import register_gemm_intrin
+    from vta_ext.memory import ACC_SCOPE, INP_SCOPE, WGT_SCOPE
+
+    inputs, out, stage_names, pad_stage = gemm_compute(cfg, pg, epilogue)
+    func = te.create_prim_func(inputs + [out]).with_attr("global_symbol", "csp_gemm")
+    gemm_name, reset_name = register_gemm_intrin(cfg)
+    sch = Schedule(func)
+    orders = loop_orders(pg)
+    ext = {lp.name: lp.extent for lp in pg.loops}
+    C = pg.operands["C"]
+    c_names = [d.terms[0][0] for d in C.dims]
+    tile = {n: knobs[f"tile_{n}"] for n in pg.c_loops() + list(orders.ztile)}
+
+    # ---- output stage: split every free loop; virtual threads outermost; store point last
+    out_blk = sch.get_sblock("out")
+    loops = dict(zip(c_names, sch.get_loops(out_blk)))
+    outer, inner = {}, {}
+    for n in pg.c_loops():
+        outer[n], inner[n] = sch.split(loops[n], [ext[n] // tile[n], tile[n]])
+    vthreads = []
+    for n in orders.vthreads:
+        t = knobs.get(f"vt_{n}", 1)
+        if t > 1:
+            outer[n], v = sch.split(outer[n], [None, t])
+            vthreads.append(v)
+    lanes = [loops[AXIS_PREFIX + "x"], loops[AXIS_PREFIX + "y"]]
+    sch.reorder(*vthreads[::-1], *[outer[n] for n in orders.outer], *[inner[n] for n in pg.c_loops()],
+                *lanes)
+    for v in vthreads:
+        sch.annotate(v, "vta_vthread", 1)
+    store = outer[orders.outer[-1]]
+
+    # ---- epilogue stages and the GEMM stage in the accumulator, computed at the store point
+    for name in reversed(["gemm"] + stage_names):
+        blk = sch.get_sblock(name)
+        sch.set_scope(blk, 0, ACC_SCOPE)
+        sch.compute_at(blk, store)
+    bias_ep = [n for n in stage_names if n.endswith("_bias")]
+    if bias_ep:
+        bblk = sch.get_sblock(bias_ep[0])
+        sch.compute_at(sch.cache_read(bblk, 1, ACC_SCOPE), store)
+
+    # ---- GEMM stage
+    gemm = sch.get_sblock("gemm")
+    names = c_names + [lp.name for lp in pg.loops if lp.reduction] + [AXIS_PREFIX + "z"]
+    c_free = set(pg.c_loops())
+    extents = [pg.axes[n[len(AXIS_PREFIX):]] if n.startswith(AXIS_PREFIX) else
+               (tile[n] if n in c_free else ext[n]) for n in names]
+    gl = sch.get_loops(gemm)
+    it = iter(gl[len(gl) - sum(1 for e in extents if e > 1):])
+    lmap = {n: (next(it) if e > 1 else None) for n, e in zip(names, extents)}
+    zouter, zinner = [], []
+    for n in orders.ztile:
+        if lmap[n] is not None:
+            o, i = sch.split(lmap[n], [ext[n] // tile[n], tile[n]])
+            zouter.append(o)
+            zinner.append((n, i))
+    zin = dict(zinner)
+    kernel = [zin[n] if n in zin else lmap[n] for n in orders.kernel]
+    batch = [lmap[n] for n in orders.batch]
+    lane_names = ([AXIS_PREFIX + "x"] if pg.axes["x"] > 1 else []) + [AXIS_PREFIX + "y",
+                                                                        AXIS_PREFIX + "z"]
+    order = [lp for lp in batch + zouter + kernel + [lmap[n] for n in lane_names] if lp is not None]
+    sch.reorder(*order)
+    anchor = zouter[-1] if zouter else store
+    if pad_stage is not None:
+        pblk = sch.get_sblock(pad_stage)
+        sch.set_scope(pblk, 0, INP_SCOPE)
+        sch.compute_at(pblk, anchor)
+    else:
+        sch.compute_at(sch.cache_read(gemm, 0, INP_SCOPE), anchor)
+    sch.compute_at(sch.cache_read(gemm, 1, WGT_SCOPE), anchor)
+    tens = lmap[AXIS_PREFIX + "x"] if pg.axes["x"] > 1 else lmap[AXIS_PREFIX + "y"]
+    body = [lp for lp in order if not any(lp is b for b in batch if b is not None)]
+    init = sch.decompose_reduction(gemm, body[0] if body else tens)
+    sch.tensorize(tens, gemm_name)
+    iloops = sch.get_loops(init)
+    sch.tensorize(iloops[-2] if pg.axes["x"] > 1 else iloops[-1], reset_name)
+    info = dict(stage_names=stage_names, pad_stage=pad_stage, inputs=[t.op.name for t in inputs],
+                vthreads=len(vthreads))
+    return sch, info
