@@ -219,6 +219,11 @@ def test_ctrl_c_keeps_finished_records_and_a_restart_resumes(tmp_path):
     measured = [json.dumps(r["knobs"], sort_keys=True) for r in lines(path) if not r["verified"]]
     assert len(measured) == 12 and len(set(measured)) == 12  # 5 resumed + 7 new, none twice
     assert tuner.best_knobs is not None
+    resumed = {json.dumps(r["knobs"], sort_keys=True): r for r in first}
+    for i, result in tuner.results.items():
+        if json.dumps(result.knobs, sort_keys=True) in resumed:  # read back, not measured again
+            assert result.dram_bytes == resumed[json.dumps(result.knobs, sort_keys=True)][
+                "dram_bytes"] > 0
 
 
 # ------------------------------------------------------------------ records

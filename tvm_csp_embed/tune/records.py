@@ -80,6 +80,8 @@ class Record:
         The epilogue the point was measured with (empty for AutoTVM lines).
     autotvm : str
         The original template name for an AutoTVM line, else ``""``.
+    dram_bytes, insns : int
+        Our records: DRAM bytes and instructions of the measured program (0 otherwise).
     """
 
     key: Tuple[str, str, str, str]
@@ -89,6 +91,8 @@ class Record:
     source: str
     epilogue: Tuple[tuple, ...] = ()
     autotvm: str = ""
+    dram_bytes: int = 0
+    insns: int = 0
 
     @property
     def kind(self) -> str:
@@ -150,7 +154,8 @@ def _parse(obj: Any, where: str) -> Record:
         return Record((obj["kind"], obj["strategy"], obj["config_hash"],
                        json.dumps(obj["workload"], sort_keys=True)), dict(obj["knobs"]),
                       None if cycles is None else float(cycles), bool(obj.get("verified")), where,
-                      tuple(tuple(s) for s in obj.get("epilogue", ())))
+                      tuple(tuple(s) for s in obj.get("epilogue", ())), "",
+                      int(obj.get("dram_bytes") or 0), int(obj.get("insns") or 0))
     if is_autotvm_line(obj):
         rec = parse_autotvm_line(obj)
         return Record((rec.kind, "stock", f"autotvm:{rec.model}",

@@ -107,7 +107,8 @@ class Tuner:
                     resumed += 1
                 cycles = None if rec.cost is None else int(rec.cost)
                 self._record(index, MeasureResult(dict(rec.knobs), cycles,
-                                                  None if cycles is not None else "error (resumed)"))
+                                                  None if cycles is not None else "error (resumed)",
+                                                  rec.dram_bytes, rec.insns))
         if resumed:
             ok = [i for i in self.visited if self.results[i].ok]
             self.update(ok, [self.results[i] for i in ok])
