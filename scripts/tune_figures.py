@@ -6,7 +6,8 @@ Subcommands (all cycles from the cycle model; every tuned best verified bit for 
 * ``layers`` -- ResNet-18 C1-C11 and MobileNet D1-D9 (facts §7.2; C1's 3 input channels padded
   to 16, as the stock template does) on ``--config``: XGB tuning (``--trials``, resuming from
   ``--records``), the TPS point, the fallback point and the original stack's tuned record (TopHub
-  ``vta_v0.10.log``, where it has one): cycles and DRAM bytes of each; reuse-aware double
+  ``vta_v0.10.log``, where it has one), and TPS with reuse-aware double buffering allowed (the
+  fewest modelled bytes): cycles and DRAM bytes of each; reuse-aware double
   buffering of the best two-thread point found (input + weight bytes with and without reuse).
   Writes ``docs/figures/tune_layers.{csv,png}``.
 * ``search`` -- exhaustive measurement of small spaces (resuming from ``--records``), then the
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -106,6 +108,7 @@ def geomean(values) -> float:
 
 # ------------------------------------------------------------------------------------------------
 def cmd_layers(args) -> int:
+    from vta_ext.templates import tiling
     from tvm_csp_embed import tune
     from tvm_csp_embed.tune.measure import measure_point
 
@@ -132,6 +135,8 @@ def cmd_layers(args) -> int:
             return measured[key]
 
         tps, fallback = cycles_of(space.tps), cycles_of(space.fallback)
+        tps_reuse = cycles_of(dataclasses.asdict(
+            tiling.tps_knobs(task.config, task.workload, task.epilogue, reuse=True).knobs))
         original = history.best_knobs(task.kind, "stock", task.workload, task.config)
         orig = cycles_of(original[0]) if original else None
         two = [(r.cycles, i) for i, r in tuner.results.items() if r.ok and
@@ -147,6 +152,7 @@ def cmd_layers(args) -> int:
             "original_cycles": orig.cycles if orig else None,
             "tuned_dram_bytes": best.dram_bytes if best else None, "tps_dram_bytes": tps.dram_bytes,
             "fallback_dram_bytes": fallback.dram_bytes,
+            "tps_reuse_cycles": tps_reuse.cycles, "tps_reuse_dram_bytes": tps_reuse.dram_bytes,
             "original_dram_bytes": orig.dram_bytes if orig else None,
             "tuned_inp_wgt": inp_wgt(task, best.knobs) if best else None,
             "original_inp_wgt": inp_wgt(task, original[0]) if original else None,
