@@ -125,6 +125,10 @@ def emit_module(nodes: List[QNode], outputs: List[Union[int, str]], param: relax
                         x32, pool_size=p["pool_size"], strides=p["strides"], padding=p["padding"],
                         ceil_mode=p["ceil_mode"], count_include_pad=p["count_include_pad"]),
                         f"avgpool_{tag}")
+                    if n.shift:
+                        # TVM 0.27 legalises an int32 avg_pool2d to an int64 result, which a
+                        # following int32 right_shift rejects; the cast is a no-op before that
+                        acc = emit(relax.op.astype(acc, "int32"), f"{tag}_acc")
                     out = emit.requant(acc, n.shift or None, *clip_bounds(n.lo, n.hi, n.exponent),
                                        tag)
                     if p["squeeze"]:

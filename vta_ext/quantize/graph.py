@@ -532,7 +532,9 @@ class Analyser:
             params.update(pool_size=[int(p) for p in a.pool_size],
                           strides=[int(s) for s in a.strides], padding=[int(p) for p in a.padding],
                           ceil_mode=_canonical_ceil_mode(value),
-                          count_include_pad=bool(a.count_include_pad))
+                          # without padding every window is full: the flag changes nothing
+                          count_include_pad=bool(a.count_include_pad)
+                          and any(int(p) for p in a.padding))
         node = QNode("avgpool", name, [self.qin(src)], call=value, core=name, params=params)
         self._absorb(node, name, c, 4)
         self._add(node)
