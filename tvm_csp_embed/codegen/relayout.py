@@ -144,12 +144,13 @@ class HostLayout:
 
         A ``relax.Constant`` operand is relayouted now, with numpy, and enters as a constant.
         """
+        import tvm
         from tvm import relax
 
         x = packer.operand(expr)
-        if isinstance(x, relax.Constant):
-            packed = self.pack_numpy(x.data.numpy())
-            return relax.const(packed, str(x.struct_info.dtype))
+        if isinstance(x, tvm.ir.expr.Constant):
+            packed = self.pack_numpy(x.value.numpy())
+            return relax.const(packed, str(x.ty.dtype))
         shapes = self.shapes
         for i, st in enumerate(self.steps):
             if _is_identity(st, shapes[i]):

@@ -1,0 +1,457 @@
+"""The CSP strategies ``csp-strict`` and ``csp-relaxed`` in :mod:`vta_ext`'s strategy registry.
+
+``import tvm_csp_embed`` registers both and makes ``csp-relaxed`` the default of
+``relax.build(mod, target="ext_vta")``; ``vta_ext.build_options(strategy="stock")`` keeps the stock
+templates. Per matched operator (conv2d, group conv2d, dense; pools, the residual add and depthwise
+convolutions fall back to ``stock``):
+
+1. the operator becomes a :class:`~tvm_csp_embed.workload.Workload` in each candidate layout of its
+   free dims (``build_options(layout=...)``: ``NCHW``, ``NHWC`` or ``auto`` = both);
+2. the solver (:func:`tvm_csp_embed.cache.cached_embeddings`, cached on disk) gives the best
+   embeddings of the GEMM under the strategy's constraint set (``strict``: the stock mapping family
+   and its operand swap; ``relaxed``: stencil unrolling, fused z, strides);
+3. each embedding becomes a packed GEMM program (:mod:`tvm_csp_embed.codegen`) with its knob space;
+4. the candidates are ranked by ``build_options(objective=...)``: ``cycles`` (the cycle model of the
+   built program; the two best by a static estimate are built), ``combined`` (cycles at the
+   configuration's clock plus the measured host relayout time) or ``footprint`` (bytes of the packed
+   tensors). The choice is cached on disk next to the embeddings;
+5. the plan emits the host relayout through the offload pass's packer and the output layout that
+   unpacks it.
+
+A solver timeout or "no embedding" keeps the operator on the ``stock`` template, and the build
+report says so (``STOCK FALLBACK: ...``). Only a :class:`~vta_ext.errors.TemplateRefusal` (from the
+stock fallback or an epilogue the ALU cannot run) keeps an operator on the CPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import vta_ext  # noqa: F401  (registers the stock strategy)
+from vta_ext.errors import TemplateRefusal
+from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, Strategy, get_template,
+                              register_strategy, register_template, set_default_strategy)
+
+from .cache import _write, cache_dir, cached_embeddings
+from .codegen.build import build_gemm
+from .codegen.knobs import KnobPoint, Pruned, enumerate_points, fallback_point, knob_names, tps_point
+from .codegen.plan import PackedGemm, packed_gemm
+from .embedding import Embedding, decode
+from .instructions import gemm
+from .solve import RawSolution, SolverError
+from .workload import Workload, conv2d, dense
+
+__all__ = ["MODES", "CspWorkload", "CspGemmTemplate", "STRATEGY_NAMES", "DEFAULT_SOLUTIONS",
+           "DEFAULT_TIMEOUT", "operator_workload", "packed_of", "candidates"]
+
+#: strategy name -> constraint set of the solver
+MODES = {"csp-strict": "strict", "csp-relaxed": "relaxed"}
+STRATEGY_NAMES = tuple(MODES)
+#: embeddings the solver returns per layer and layout
+DEFAULT_SOLUTIONS = 4
+#: seconds the solver may take per layer and layout
+DEFAULT_TIMEOUT = 30.0
+#: candidates built and timed by the cycle model (the best by the static estimate)
+CYCLE_RANKED = 2
+#: the layouts of a conv2d's free dims, with the permutations from NCHW/OIHW
+CONV_LAYOUTS = {"NCHW": {"data": (0, 1, 2, 3), "weight": (0, 1, 2, 3), "out": (0, 1, 2, 3)},
+                "NHWC": {"data": (0, 2, 3, 1), "weight": (2, 3, 1, 0), "out": (0, 2, 3, 1)}}
+
+
+def _tuples(v):
+    return tuple(_tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+@dataclass(frozen=True)
+class CspWorkload:
+    """What a compiled CSP operator is rebuilt from: the operator and the embedding's structure.
+
+    Attributes
+    ----------
+    op : str
+        ``"conv2d"`` or ``"dense"``.
+    params : tuple of (str, int)
+        Operator parameters (conv2d: ``n c h w k kh kw pt pl pb pr sh sw``; dense: ``n k m``).
+    layout : str
+        Layout of the free dims (``"NCHW"`` or ``"NHWC"``; dense: ``"NCHW"``).
+    mode : str
+        Constraint set (``"strict"`` or ``"relaxed"``).
+    binding, bit_dims, bit_steps, pad
+        The solver's structural solution (:class:`~tvm_csp_embed.solve.RawSolution`).
+    stock : tuple of (str, int)
+        Non-empty when the operator fell back to the stock template: its workload's fields.
+    """
+
+    op: str
+    params: Tuple[Tuple[str, int], ...]
+    layout: str = "NCHW"
+    mode: str = "relaxed"
+    binding: int = 1
+    bit_dims: Tuple[int, ...] = ()
+    bit_steps: Tuple[int, ...] = ()
+    pad: Tuple[int, ...] = ()
+    stock: Tuple[Tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _tuples(getattr(self, f.name)))
+
+    @property
+    def p(self) -> Dict[str, int]:
+        """The operator parameters as a dict."""
+        return dict(self.params)
+
+
+# ------------------------------------------------------------------------------------ operators
+def _shape(expr) -> Tuple[int, ...]:
+    return tuple(int(d) for d in expr.ty.shape)
+
+
+def _conv_params(op: MatchedOp) -> Tuple[Tuple[str, int], ...]:
+    a = op.core.attrs
+    if any(int(d) != 1 for d in a.dilation):
+        raise TemplateRefusal(f"dilation {tuple(int(d) for d in a.dilation)} is not supported by "
+                              "the CSP conv2d workload")
+    n, c, h, w = _shape(op.operands[0])
+    k, _, kh, kw = _shape(op.operands[1])
+    pt, pl, pb, pr = (int(v) for v in a.padding)
+    return (("n", n), ("c", c), ("h", h), ("w", w), ("k", k), ("kh", kh), ("kw", kw), ("pt", pt),
+            ("pl", pl), ("pb", pb), ("pr", pr), ("sh", int(a.strides[0])), ("sw", int(a.strides[1])))
+
+
+def operator_workload(cw: CspWorkload):
+    """``(workload, operator shapes, permutations, input pads)`` of ``cw``'s operator in its layout
+    (the arguments of :func:`~tvm_csp_embed.codegen.plan.packed_gemm`)."""
+    p = cw.p
+    if cw.op == "conv2d":
+        perms = CONV_LAYOUTS[cw.layout]
+        wl = conv2d(p["n"], p["c"], p["h"] + p["pt"] + p["pb"], p["w"] + p["pl"] + p["pr"], p["k"],
+                    p["kh"], p["kw"], stride=(p["sh"], p["sw"]), layout=cw.layout,
+                    name=f"conv2d_{cw.layout}_" + "_".join(f"{k}{v}" for k, v in cw.params))
+        out = wl.output.shape
+        inv = [perms["out"].index(i) for i in range(4)]
+        shapes = {"data": (p["n"], p["c"], p["h"], p["w"]), "weight": (p["k"], p["c"], p["kh"], p["kw"]),
+                  "out": tuple(out[i] for i in inv)}
+        dpad = {"n": (0, 0), "c": (0, 0), "h": (p["pt"], p["pb"]), "w": (p["pl"], p["pr"])}
+        pads = {"data": tuple(dpad[d] for d in wl.inputs[0].dim_names)}
+        return wl, shapes, perms, pads
+    if cw.op == "dense":
+        wl = dense(p["n"], p["k"], p["m"], name=f"dense_n{p['n']}_k{p['k']}_m{p['m']}")
+        return wl, {"data": (p["n"], p["k"]), "weight": (p["m"], p["k"]), "out": (p["n"], p["m"])}, {}, {}
+    raise ValueError(f"no CSP workload for operator {cw.op!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def _packed(cw: CspWorkload, instr_sizes: Tuple[int, int, int]) -> PackedGemm:
+    wl, shapes, perms, pads = operator_workload(cw)
+    raw = RawSolution(cw.binding, cw.bit_dims, cw.bit_steps, cw.pad, 0, True, [], {})
+    emb = decode(raw, wl, gemm(instr_sizes), cw.mode)
+    return packed_gemm(emb, shapes, perms, pads)
+
+
+def packed_of(cw: CspWorkload, config) -> PackedGemm:
+    """The packed GEMM program of ``cw`` on ``config`` (cached)."""
+    return _packed(cw, (config.BATCH, config.BLOCK_IN, config.BLOCK_OUT))
+
+
+def _record(base: CspWorkload, layout: str, emb: Embedding) -> CspWorkload:
+    r = emb.raw
+    return dataclasses.replace(base, layout=layout, mode=emb.mode, binding=r.binding,
+                               bit_dims=tuple(r.bit_dims), bit_steps=tuple(r.bit_steps), pad=tuple(r.pad))
+
+
+# ------------------------------------------------------------------------------------ candidates
+@dataclass
+class Candidate:
+    """One embedding considered for an operator, with its figures."""
+
+    workload: CspWorkload
+    embedding: Embedding
+    packed: PackedGemm
+    estimate: float = math.inf
+    cycles: Optional[int] = None
+    host_seconds: Optional[float] = None
+    footprint: int = 0
+    refused: str = ""
+
+    @property
+    def label(self) -> str:
+        e = self.embedding
+        return (f"{self.workload.layout} {e.mapping_str()} (A<-{e.binding['A']}"
+                + (f", pad {' '.join(f'{d}+{v}' for d, v in e.padding.items())}" if e.padding else "")
+                + ")")
+
+
+def _footprint(pg: PackedGemm) -> int:
+    ops = pg.operands
+    return sum(math.prod(ops[r].stored_shape) for r in "ABC")
+
+
+def _estimate(config, pg: PackedGemm, point: KnobPoint) -> float:
+    """Static cycles: GEMM micro-op cycles plus modelled DRAM bytes at the memory bandwidth."""
+    return (pg.embedding.instruction_count * config.GEMM_CYCLES_PER_UOP
+            + point.total_bytes / config.MEM_BYTES_PER_CYCLE)
+
+
+def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epilogue,
+               solutions: int = DEFAULT_SOLUTIONS, timeout: float = DEFAULT_TIMEOUT
+               ) -> Tuple[List[Candidate], List[str]]:
+    """The embeddings of ``base``'s operator in each layout, with their static figures.
+
+    Returns the candidates (best first by the solver within a layout) and the solver messages of
+    layouts without an embedding.
+    """
+    instr = gemm((config.BATCH, config.BLOCK_IN, config.BLOCK_OUT))
+    out, notes = [], []
+    for layout in layouts:
+        cw0 = dataclasses.replace(base, layout=layout, mode=mode)
+        wl = operator_workload(cw0)[0]
+        res = cached_embeddings(wl, instr, mode, solutions=solutions, timeout=timeout, cfg=config)
+        if res.status != "ok":
+            notes.append(f"{layout}: {res.message}")
+            continue
+        for emb in res.embeddings:
+            cw = _record(cw0, layout, emb)
+            pg = packed_of(cw, config)
+            cand = Candidate(cw, emb, pg, footprint=_footprint(pg))
+            point = tps_point(config, pg, epilogue)
+            if point is None:
+                fb = fallback_point(config, pg, epilogue)
+                cand.refused = f"no tiling fits: {fb.reason if isinstance(fb, Pruned) else fb}"
+            else:
+                cand.estimate = _estimate(config, pg, point)
+            out.append(cand)
+    return out, notes
+
+
+def host_relayout_seconds(pg: PackedGemm, repeats: int = 5) -> float:
+    """Median wall time of the host relayout of the operands that are not constants (the
+    activation packing and the output unpacking), compiled for llvm."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from .codegen.plan import PackedOperand  # noqa: F401
+
+    data_role = next(r for r in "AB" if pg.operands[r].tensor == pg.embedding.workload.inputs[0].name)
+    layouts = [(pg.operands[data_role].host, "pack"), (pg.operands["C"].host, "unpack")]
+    total = 0.0
+    for host, kind in layouts:
+        bb = relax.BlockBuilder()
+        shape = host.src_shape if kind == "pack" else host.shape
+        x = relax.Var("x", relax.TensorType(shape, "int8"))
+
+        class _Packer:
+            def emit(self, e, name):
+                return bb.emit(e, name_hint=f"p_{name}")
+
+            emit_unpack = emit
+
+            def operand(self, e):
+                return e
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                y = host.pack(_Packer(), x) if kind == "pack" else bb.emit(host.unpack(_Packer(), x))
+                out = bb.emit_output(y)
+            bb.emit_func_output(out)
+        ex = relax.build(bb.get(), target="llvm")
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        arr = tvm.runtime.tensor(np.zeros(shape, np.int8))
+        vm["main"](arr)
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            vm["main"](arr)
+            times.append(time.perf_counter() - t)
+        total += sorted(times)[len(times) // 2]
+    return total
+
+
+def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, epilogue, knobs) -> str:
+    from vta_ext.executor import config_digest
+
+    text = json.dumps({"v": 1, "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
+                       "objective": objective, "epilogue": [list(s) for s in epilogue],
+                       "knobs": knobs, "config": config_digest(config)}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# ------------------------------------------------------------------------------------ template
+class CspGemmTemplate(OpTemplate):
+    """The CSP template of a GEMM operator kind (conv2d, dense) under one CSP strategy."""
+
+    workload_type = CspWorkload
+
+    def __init__(self, kind: str, strategy: str) -> None:
+        self.kind = kind
+        self.strategy = strategy
+        self.mode = MODES[strategy]
+        self.report_text = f"{strategy} embedding"
+
+    def workload_from_dict(self, values: Dict[str, Any]) -> CspWorkload:
+        return CspWorkload(**values)
+
+    # ---------------------------------------------------------------- plan
+    def _base(self, op: MatchedOp) -> CspWorkload:
+        if self.kind == "conv2d":
+            return CspWorkload("conv2d", _conv_params(op))
+        if self.kind == "dense":
+            (n, k), (m, _) = _shape(op.operands[0]), _shape(op.operands[1])
+            return CspWorkload("dense", (("n", n), ("k", k), ("m", m)))
+        raise TemplateRefusal(f"no CSP template for {self.kind}")
+
+    def _layouts(self, layout: str) -> List[str]:
+        if self.kind != "conv2d":
+            return ["NCHW"]
+        return ["NCHW", "NHWC"] if layout == "auto" else [layout]
+
+    def _stock(self, op: MatchedOp, config, reason: str) -> OpPlan:
+        plan = get_template(self.kind, "stock").plan(op, config)
+        wl = CspWorkload(self.kind, (), stock=tuple(dataclasses.asdict(plan.workload).items()))
+        return OpPlan(wl, plan.inputs, plan.out_layout,
+                      f"{plan.description}; STOCK FALLBACK ({self.strategy}: {reason})", plan.padding)
+
+    def plan(self, op: MatchedOp, config) -> OpPlan:
+        from vta_ext.options import current_options
+
+        options = current_options()
+        base = self._base(op)
+        layouts = self._layouts(options.layout)
+        try:
+            cands, notes = candidates(config, base, self.mode, layouts, op.epilogue)
+        except SolverError as err:
+            return self._stock(op, config, f"the solver failed: {err}")
+        usable = [c for c in cands if not c.refused]
+        if not usable:
+            why = "; ".join(notes + [f"{c.label}: {c.refused}" for c in cands]) or "no embedding"
+            return self._stock(op, config, why)
+        best, why = self._choose(config, base, layouts, usable, op, options)
+        return self._plan_of(op, config, best, why, len(usable), notes)
+
+    def _choose(self, config, base, layouts, usable: List[Candidate], op: MatchedOp, options
+                ) -> Tuple[Candidate, str]:
+        """The candidate the objective prefers, and the sentence saying why (cached on disk)."""
+        objective = options.objective
+        knobs = {c.workload: options.knobs_for(self.kind, self.strategy, c.workload, config)[0]
+                 for c in usable}
+        key = _choice_key(config, base, self.mode, layouts, objective, op.epilogue,
+                          [knobs[c.workload] for c in usable])
+        path = cache_dir() / "choices" / f"{key}.json"
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+                chosen = CspWorkload(**data["workload"])
+                for c in usable:
+                    if c.workload == chosen:
+                        return c, data["why"]
+            except (OSError, ValueError, KeyError):
+                pass
+        if objective == "footprint":
+            ranked = sorted(usable, key=lambda c: (c.footprint, c.estimate))
+            best = ranked[0]
+            why = (f"smallest packed footprint {best.footprint:,} B of {len(usable)} embedding(s)"
+                   + (f" (next {ranked[1].footprint:,} B, {ranked[1].label})" if len(ranked) > 1 else ""))
+        else:
+            timed = sorted(usable, key=lambda c: c.estimate)[:CYCLE_RANKED]
+            from vta_ext.executor import compiled_op, cycle_report, op_key
+
+            for c in timed:
+                k = op_key(self.kind, self.strategy, config, c.workload, op.epilogue, knobs[c.workload])
+                compiled_op(k, config=config)
+                c.cycles = cycle_report(k).total_cycles
+                if objective == "combined":
+                    c.host_seconds = host_relayout_seconds(c.packed)
+            clock = config.CLOCK_MHZ * 1e6
+
+            def score(c):
+                return c.cycles / clock + (c.host_seconds or 0.0) if objective == "combined" else c.cycles
+            ranked = sorted(timed, key=score)
+            best = ranked[0]
+            unit = (lambda c: f"{score(c) * 1e3:.3f} ms (cycles {c.cycles:,}, host "
+                    f"{c.host_seconds * 1e3:.3f} ms)") if objective == "combined" else \
+                (lambda c: f"{c.cycles:,} cycles")
+            why = (f"{'fastest combined' if objective == 'combined' else 'fewest cycles'}: "
+                   f"{unit(best)}; {len(timed)} of {len(usable)} embedding(s) timed by the cycle model "
+                   "(the best by the static estimate)"
+                   + (f"; next {ranked[1].label}: {unit(ranked[1])}" if len(ranked) > 1 else ""))
+        _write(path, {"workload": dataclasses.asdict(best.workload), "why": why})
+        return best, why
+
+    def _plan_of(self, op: MatchedOp, config, cand: Candidate, why: str, n_usable: int,
+                 notes: List[str]) -> OpPlan:
+        pg = cand.packed
+        emb = cand.embedding
+        A, B = pg.operands["A"], pg.operands["B"]
+        by_tensor = {A.tensor: A, B.tensor: B}
+        data_name, weight_name = (t.name for t in emb.workload.inputs)
+
+        def inputs(packer):
+            args = {}
+            for name, expr in ((data_name, op.operands[0]), (weight_name, op.operands[1])):
+                operand = by_tensor[name]
+                kept = packer.handover(expr, operand.host)
+                args[name] = kept if kept is not None else operand.host.pack(packer, expr)
+                if name == data_name:
+                    packer.note_kept(kept is not None)
+            out = [args[A.tensor], args[B.tensor]]
+            if op.bias is not None:
+                out.append(pg.bias_layout(_shape(op.bias)).pack(packer, op.bias))
+            return out
+
+        e = emb
+        unrolled = ", ".join(f"{t} stencil-unrolled over {'/'.join(d)}" for t, d in e.unrolled.items())
+        desc = (f"{_op_text(cand.workload)}; embedding {e.mapping_str()} in layout "
+                f"{cand.workload.layout} (A<-{e.binding['A']}, B<-{e.binding['B']}"
+                + (f"; {unrolled}" if unrolled else "") + f"); chosen for {why}")
+        if notes:
+            desc += "; " + "; ".join(notes)
+        pads = ", ".join(f"{d} {e.workload.extents[e.workload.dims.index(d)]}->{e.padded_extents[d]}"
+                         for d in e.padding)
+        return OpPlan(cand.workload, inputs, pg.operands["C"].host, desc, pads)
+
+    # ---------------------------------------------------------------- build
+    def build(self, config, workload: CspWorkload, epilogue: Sequence[tuple], knobs) -> Any:
+        if workload.stock:
+            stock = get_template(self.kind, "stock")
+            return stock.build(config, stock.workload_from_dict(dict(workload.stock)), epilogue, knobs)
+        return build_gemm(config, packed_of(workload, config), epilogue, knobs)
+
+    def knob_space(self, config, workload: CspWorkload, epilogue: Sequence[tuple]) -> KnobSpace:
+        if workload.stock:
+            stock = get_template(self.kind, "stock")
+            return stock.knob_space(config, stock.workload_from_dict(dict(workload.stock)), epilogue)
+        pg = packed_of(workload, config)
+        points, pruned = [], []
+        for point, res in enumerate_points(config, pg, epilogue):
+            if isinstance(res, KnobPoint):
+                points.append(point)
+            else:
+                pruned.append((point, res.reason))
+        tps = tps_point(config, pg, epilogue)
+        fb = fallback_point(config, pg, epilogue)
+        return KnobSpace(knob_names(pg), tuple(points), tuple(pruned),
+                         dict(tps.knobs) if tps else None,
+                         dict(fb.knobs) if isinstance(fb, KnobPoint) else None)
+
+
+def _op_text(cw: CspWorkload) -> str:
+    p = cw.p
+    if cw.op == "conv2d":
+        return (f"{p['n']}x{p['c']}x{p['h']}x{p['w']} * {p['k']}x{p['c']}x{p['kh']}x{p['kw']} "
+                f"s{p['sh']} p{p['pt']}")
+    return f"{p['n']}x{p['k']} * {p['m']}x{p['k']}"
+
+
+# ------------------------------------------------------------------------------------ registry
+for _name in STRATEGY_NAMES:
+    register_strategy(Strategy(_name, f"the MiniZinc-solved embeddings of tvm_csp_embed "
+                                      f"({MODES[_name]} constraints)", fallback="stock"))
+    for _kind in ("conv2d", "dense"):
+        register_template(_kind, _name, CspGemmTemplate(_kind, _name))
+set_default_strategy("csp-relaxed")
