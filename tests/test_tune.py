@@ -110,13 +110,14 @@ def two_conv_module():
 
 
 def test_extract_tasks_one_per_distinct_workload():
-    tasks = tune.extract_tasks(two_conv_module(), target="ext_vta")
+    tasks = tune.extract_tasks(two_conv_module(), target="ext_vta", strategy="stock")
     assert [t.kind for t in tasks] == ["conv2d", "conv2d"]
     assert [t.count for t in tasks] == [2, 1]
     assert tasks[0].workload_dict["kernel_h"] == 3 and tasks[1].workload_dict["out_channels"] == 32
     assert tasks[0].config.name == "default" and tasks[0].strategy == "stock"
     assert "conv2d 1x16x8x8 -> 16 k3x3 s1 p1" in repr(tasks[0])
-    piped = tune.extract_tasks(two_conv_module(), target=vta_ext.vta_target("pipelined"))
+    piped = tune.extract_tasks(two_conv_module(), target=vta_ext.vta_target("pipelined"),
+                               strategy="stock")
     assert piped[0].config.name == "pipelined"
 
 
@@ -297,7 +298,7 @@ def test_missing_records_file_is_a_clear_error(tmp_path):
 
 def test_apply_history_best_in_relax_build_keeps_the_user_options(tmp_path):
     mod = conv_module(1, 16, 16, 8, 1, padding=0)
-    task, = tune.extract_tasks(mod)
+    task, = tune.extract_tasks(mod, strategy="stock")
     path = tmp_path / "conv.json"
     best = tune.GridSearchTuner(task).tune(6, LOCAL, callbacks=[tune.callback.log_to_file(path)])
     with vta_ext.build_options(strategy="stock", knobs="fallback"):
