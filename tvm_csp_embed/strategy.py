@@ -57,8 +57,10 @@ STRATEGY_NAMES = tuple(MODES)
 DEFAULT_SOLUTIONS = 4
 #: seconds the solver may take per layer and layout
 DEFAULT_TIMEOUT = 30.0
-#: candidates built and timed by the cycle model (the best by the static estimate)
+#: candidates built and timed by the cycle model: at most this many, best static estimate first,
+#: and only those within RANK_FACTOR of the best estimate
 CYCLE_RANKED = 2
+RANK_FACTOR = 2.0
 #: the layouts of a conv2d's free dims, with the permutations from NCHW/OIHW
 CONV_LAYOUTS = {"NCHW": {"data": (0, 1, 2, 3), "weight": (0, 1, 2, 3), "out": (0, 1, 2, 3)},
                 "NHWC": {"data": (0, 2, 3, 1), "weight": (2, 3, 1, 0), "out": (0, 2, 3, 1)}}
@@ -324,7 +326,8 @@ class CspGemmTemplate(OpTemplate):
         base = self._base(op)
         layouts = self._layouts(options.layout)
         try:
-            cands, notes = candidates(config, base, self.mode, layouts, op.epilogue)
+            cands, notes = candidates(config, base, self.mode, layouts, op.epilogue,
+                                      solutions=DEFAULT_SOLUTIONS, timeout=DEFAULT_TIMEOUT)
         except SolverError as err:
             return self._stock(op, config, f"the solver failed: {err}")
         usable = [c for c in cands if not c.refused]
@@ -332,11 +335,20 @@ class CspGemmTemplate(OpTemplate):
             why = "; ".join(notes + [f"{c.label}: {c.refused}" for c in cands]) or "no embedding"
             return self._stock(op, config, why)
         best, why = self._choose(config, base, layouts, usable, op, options)
+        if best is None:
+            return self._stock(op, config, why)
         return self._plan_of(op, config, best, why, len(usable), notes)
 
     def _choose(self, config, base, layouts, usable: List[Candidate], op: MatchedOp, options
-                ) -> Tuple[Candidate, str]:
-        """The candidate the objective prefers, and the sentence saying why (cached on disk)."""
+                ) -> Tuple[Optional[Candidate], str]:
+        """The candidate the objective prefers, and the sentence saying why (cached on disk).
+
+        A candidate whose build is refused (no tiling fits) or rejects explicit knobs is dropped.
+        If none is left: None and the reasons when every one was refused; explicit knobs that no
+        candidate accepts raise the first candidate's :class:`KnobError`.
+        """
+        from vta_ext.templates.errors import KnobError
+
         objective = options.objective
         knobs = {c.workload: options.knobs_for(self.kind, self.strategy, c.workload, config)[0]
                  for c in usable}
@@ -358,15 +370,31 @@ class CspGemmTemplate(OpTemplate):
             why = (f"smallest packed footprint {best.footprint:,} B of {len(usable)} embedding(s)"
                    + (f" (next {ranked[1].footprint:,} B, {ranked[1].label})" if len(ranked) > 1 else ""))
         else:
-            timed = sorted(usable, key=lambda c: c.estimate)[:CYCLE_RANKED]
             from vta_ext.executor import compiled_op, cycle_report, op_key
 
-            for c in timed:
+            timed, dropped, knob_errors = [], [], []
+            first = min(c.estimate for c in usable)
+            for c in sorted(usable, key=lambda c: c.estimate):
+                if len(timed) == CYCLE_RANKED or (timed and c.estimate > RANK_FACTOR * first):
+                    break
                 k = op_key(self.kind, self.strategy, config, c.workload, op.epilogue, knobs[c.workload])
-                compiled_op(k, config=config)
+                try:
+                    compiled_op(k, config=config)
+                except KnobError as err:
+                    knob_errors.append(err)
+                    dropped.append(f"{c.label}: {err}")
+                    continue
+                except TemplateRefusal as err:
+                    dropped.append(f"{c.label}: {err}")
+                    continue
                 c.cycles = cycle_report(k).total_cycles
                 if objective == "combined":
                     c.host_seconds = host_relayout_seconds(c.packed)
+                timed.append(c)
+            if not timed:
+                if knob_errors:
+                    raise knob_errors[0]
+                return None, "; ".join(dropped)
             clock = config.CLOCK_MHZ * 1e6
 
             def score(c):
@@ -378,7 +406,7 @@ class CspGemmTemplate(OpTemplate):
                 (lambda c: f"{c.cycles:,} cycles")
             why = (f"{'fastest combined' if objective == 'combined' else 'fewest cycles'}: "
                    f"{unit(best)}; {len(timed)} of {len(usable)} embedding(s) timed by the cycle model "
-                   "(the best by the static estimate)"
+                   f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)"
                    + (f"; next {ranked[1].label}: {unit(ranked[1])}" if len(ranked) > 1 else ""))
         _write(path, {"workload": dataclasses.asdict(best.workload), "why": why})
         return best, why
