@@ -314,3 +314,21 @@ def test_apply_history_best_in_relax_build_keeps_the_user_options(tmp_path):
     assert f"tuned record from {path}:{lines_}" in placement.detail
     if best.knobs["tile_h"] != 1:
         assert f"tile_h={best.knobs['tile_h']}" in placement.detail
+
+
+def test_a_csp_strategy_tunes_through_the_same_interface(tmp_path):
+    """csp-relaxed embeds the 3 input channels without padding them to 16; its knob space, build
+    and numpy reference plug into the same tuner and records."""
+    mod = conv_module(1, 3, 16, 16, 3)
+    task, = tune.extract_tasks(mod, strategy="csp-relaxed")
+    assert task.strategy == "csp-relaxed" and "1x3x16x16 -> 16 k3x3" in task.name
+    space = task.knob_space
+    assert len(space) > 0 and space.tps in space and all(r for _, r in space.pruned)
+    path = tmp_path / "csp.json"
+    best = tune.XGBTuner(task, seed=0, batch_size=4).tune(
+        8, LOCAL, callbacks=[tune.callback.log_to_file(path)])
+    assert best.verified
+    with vta_ext.build_options(strategy="csp-relaxed"), tune.apply_history_best(path):
+        relax.build(mod, target="ext_vta")
+    (placement,) = vta_ext.last_build_report().on_vta
+    assert "tuned record from" in placement.detail

@@ -135,13 +135,13 @@ def verify_point(spec: Dict[str, Any], knobs: Dict[str, Any], seed: int = 0) -> 
     try:
         task = _task(spec)
         reference = reference_for(task.kind, task.strategy)
-        inputs, expected = reference(task.config, task.workload, task.epilogue,
-                                     np.random.default_rng(seed))
+        inputs, expected, *unpack = reference(task.config, task.workload, task.epilogue,
+                                              np.random.default_rng(seed))
         compiled = _build(task, knobs)
         out, _ = compiled.run(*inputs, simulator=FunctionalSimulator(task.config))
+        out = np.asarray(unpack[0](out) if unpack else out)
     except Exception as err:
         return f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
-    out = np.asarray(out)
     if out.shape != expected.shape:
         return f"output shape {out.shape}, reference {expected.shape}"
     wrong = int(np.count_nonzero(out != expected))

@@ -1,11 +1,15 @@
 """Independent numpy references of the tunable operators, in their strategy's packed layouts.
 
-A reference ``fn(config, workload, epilogue, rng) -> (packed inputs, expected packed output)``
+A reference ``fn(config, workload, epilogue, rng) -> (packed inputs, expected output[, unpack])``
 draws random inputs (int8 full range, int32 bias in ``[-2**14, 2**14)``) and computes the output
 from the operator's definition in int64: an NCHW convolution (groups included) or a matrix
 product, then the epilogue stages in order with int32 wrapping, then the int8 truncation of the
-store. The packed layouts are those of ``docs/templates-api.md``; nothing of the templates is
-used. Other strategies (different layouts) register theirs with :func:`register_reference`.
+store. For the stock templates the packed layouts are those of ``docs/templates-api.md`` (nothing
+of the templates is used) and the expected output is packed. For the CSP strategies the inputs are
+packed, and the simulator's output unpacked, by the embedding's own host layouts
+(``HostLayout.pack_numpy`` / ``unpack_numpy``, which the build uses too), and the output is
+compared in the operator's layout: the optional third element ``unpack`` maps the packed output
+to the expected one's layout. Other strategies register theirs with :func:`register_reference`.
 """
 from __future__ import annotations
 
@@ -114,5 +118,55 @@ def _dense(config, wl, epilogue, rng) -> Tuple[List[np.ndarray], np.ndarray]:
     return [np.ascontiguousarray(a) for a in inputs], np.ascontiguousarray(packed)
 
 
+def _conv2d_nchw(x, w, pads, strides) -> np.ndarray:
+    """int64 NCHW x OIHW convolution, padding ``(top, left, bottom, right)``."""
+    pt, pl, pb, pr = pads
+    sh, sw = strides
+    k, _, kh, kw = w.shape
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    oh, ow = (xp.shape[2] - kh) // sh + 1, (xp.shape[3] - kw) // sw + 1
+    acc = np.zeros((x.shape[0], k, oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+            acc += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j].astype(np.int64))
+    return acc
+
+
+def _csp_gemm(config, wl, epilogue, rng):
+    """A CSP operator: random operator tensors packed by the embedding's host layouts; the
+    expected output in the operator's own layout."""
+    from ..strategy import get_template, operator_workload, packed_of
+
+    if wl.stock:  # the operator fell back to the stock template: its workload and layouts
+        stock = get_template(wl.op, "stock")
+        return reference_for(wl.op, "stock")(config, stock.workload_from_dict(dict(wl.stock)),
+                                             epilogue, rng)
+    pg = packed_of(wl, config)
+    p = wl.p
+    data_name, weight_name = (t.name for t in operator_workload(wl)[0].inputs)
+    if wl.op == "conv2d":
+        x = _int8(rng, (p["n"], p["c"], p["h"], p["w"]))
+        w = _int8(rng, (p["k"], p["c"], p["kh"], p["kw"]))
+        acc = _conv2d_nchw(x, w, (p["pt"], p["pl"], p["pb"], p["pr"]), (p["sh"], p["sw"]))
+        bias_shape = (1, p["k"], 1, 1)
+    else:
+        x, w = _int8(rng, (p["n"], p["k"])), _int8(rng, (p["m"], p["k"]))
+        acc = x.astype(np.int64) @ w.astype(np.int64).T
+        bias_shape = (p["m"],)
+    tensors = {data_name: x, weight_name: w}
+    inputs = [pg.operands[role].host.pack_numpy(tensors[pg.operands[role].tensor])
+              for role in "AB"]
+    bias = None
+    if any(s[0] == "bias" for s in epilogue):
+        b = rng.integers(-(1 << 14), 1 << 14, bias_shape).astype(np.int32)
+        inputs.append(pg.bias_layout(bias_shape).pack_numpy(b))
+        bias = b.astype(np.int64) if wl.op == "conv2d" else b.astype(np.int64).reshape(1, -1)
+    return inputs, apply_epilogue(acc, epilogue, bias), pg.operands["C"].host.unpack_numpy
+
+
 for _kind, _fn in (("conv2d", _conv2d), ("group_conv2d", _conv2d), ("dense", _dense)):
     register_reference(_kind, "stock", _fn)
+for _strategy in ("csp-strict", "csp-relaxed"):
+    for _kind in ("conv2d", "dense"):
+        register_reference(_kind, _strategy, _csp_gemm)

@@ -32,6 +32,15 @@ def _workload_dict(workload: Any) -> Dict[str, Any]:
 def workload_text(kind: str, values: Dict[str, Any]) -> str:
     """A short text of a workload: ``"1x64x56x56 -> 64 k3 s1 p1"``, ``"1x512 -> 1008"``."""
     v = values
+    if "params" in v:  # a CSP workload: operator parameters and the embedding's layout / mode
+        params = dict(tuple(pair) for pair in v["params"])
+        if "kh" in params:
+            p = params
+            text = (f"{p['n']}x{p['c']}x{p['h']}x{p['w']} -> {p['k']} k{p['kh']}x{p['kw']} "
+                    f"s{p['sh']} p{p['pt']}")
+        else:
+            text = " ".join(f"{k}{val}" for k, val in params.items())
+        return f"{text} [{v.get('layout', '')} {v.get('mode', '')}]"
     if "in_features" in v:
         return f"{v['batch']}x{v['in_features']} -> {v['out_features']}"
     if "kernel_h" in v:
