@@ -322,7 +322,7 @@ def cmd_network(args) -> int:
     for path in args.totals:
         with open(path) as f:
             rows += list(csv.DictReader(f))
-    labels = [f"{r['config']}\n{r['variant']}" for r in rows]
+    labels = [f"{r['config']}\n{r.get('strategy', '')}\n{r['variant']}" for r in rows]
     cycles = [int(r["cycles"]) for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.bar(range(len(rows)), [c / 1e6 for c in cycles], color="#1f77b4")

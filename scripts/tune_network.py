@@ -86,9 +86,9 @@ def random_arguments(mod, seed: int = 0) -> list:
     return out
 
 
-def run_model(mod, config: str, data, records=None):
-    """Build for ``config`` (with ``records`` if given), run once; ``(total cycles, output, report,
-    calls)``."""
+def run_model(mod, config: str, data, records=None, strategy: Optional[str] = None):
+    """Build for ``config`` with ``strategy`` (and ``records`` if given), run once; ``(total
+    cycles, output, report, calls)``."""
     import numpy as np
     import tvm
     from tvm import relax
@@ -100,11 +100,12 @@ def run_model(mod, config: str, data, records=None):
     def build():
         return relax.build(mod, target=vta_ext.vta_target(config))
 
-    if records is not None:
-        with tune.apply_history_best(records):
+    with vta_ext.build_options(strategy=strategy):
+        if records is not None:
+            with tune.apply_history_best(records):
+                executable = build()
+        else:
             executable = build()
-    else:
-        executable = build()
     report = vta_ext.last_build_report()
     args = [data] if data is not None else random_arguments(mod)
     vm = relax.VirtualMachine(executable, tvm.cpu())
@@ -186,6 +187,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="do not measure the fallback point of every task (slow builds)")
     parser.add_argument("--baseline-config", default=None,
                         help="also build the model with TPS on this preset (e.g. default)")
+    parser.add_argument("--baseline-strategy", default=None,
+                        help="strategy of the baseline build (default: --strategy)")
     parser.add_argument("--csv", default=None, help="write the per-task table here (and the "
                         "whole-model totals to <name>_totals.csv)")
     args = parser.parse_args(argv)
@@ -218,11 +221,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     print("\n== whole model (cycle model, one inference)")
     totals = []
-    tps_total, tps_out, _, _ = run_model(mod, args.config, data)
-    tuned_total, tuned_out, report, calls = run_model(mod, args.config, data, args.records)
+    tps_total, tps_out, _, _ = run_model(mod, args.config, data, strategy=args.strategy)
+    tuned_total, tuned_out, report, calls = run_model(mod, args.config, data, args.records,
+                                                      args.strategy)
     tuned_ops = sum("tuned record" in p.detail for p in report.on_vta)
-    totals += [{"config": args.config, "variant": "TPS", "cycles": tps_total},
-               {"config": args.config, "variant": "tuned", "cycles": tuned_total}]
+    name = args.strategy or vta_ext.strategy.default_strategy()
+    totals += [{"config": args.config, "variant": "TPS", "cycles": tps_total, "strategy": name},
+               {"config": args.config, "variant": "tuned", "cycles": tuned_total, "strategy": name}]
     print(f"  {args.config} tuned: the compute module is busy {run_model.compute_busy:,} cycles "
           "(GEMM + ALU + its loads, serial): no overlap of loads and stores can go below that")
     print(f"  {args.config} TPS:   {tps_total:>13,} cycles")
@@ -230,8 +235,10 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"x{tps_total / tuned_total:.2f} fewer than TPS); outputs "
           f"{'equal' if np.array_equal(tps_out, tuned_out) else 'DIFFER'}")
     if args.baseline_config:
-        base_total, base_out, _, _ = run_model(mod, args.baseline_config, data)
-        totals.insert(0, {"config": args.baseline_config, "variant": "TPS", "cycles": base_total})
+        base_total, base_out, _, _ = run_model(mod, args.baseline_config, data,
+                                               strategy=args.baseline_strategy or args.strategy)
+        totals.insert(0, {"config": args.baseline_config, "variant": "TPS", "cycles": base_total,
+                          "strategy": args.baseline_strategy or name})
         print(f"  {args.baseline_config} TPS: {base_total:>13,} cycles -> {args.config} tuned is "
               f"x{base_total / tuned_total:.2f} fewer (TPS on {args.config}: "
               f"x{base_total / tps_total:.2f}); outputs "
@@ -239,7 +246,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.csv:
         path = Path(args.csv).with_name(Path(args.csv).stem + "_totals.csv")
         with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["config", "variant", "cycles"])
+            writer = csv.DictWriter(f, fieldnames=["config", "strategy", "variant", "cycles"])
             writer.writeheader()
             writer.writerows(totals)
         print(f"wrote {path}")
