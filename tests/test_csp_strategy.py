@@ -1,0 +1,237 @@
+"""The CSP strategies through ``relax.build(mod, target="ext_vta")``.
+
+* registration: ``csp-strict`` / ``csp-relaxed`` exist, ``csp-relaxed`` is the default after
+  ``import tvm_csp_embed``, pools fall back to ``stock``, ``build_options(strategy="stock")`` keeps
+  the stock templates;
+* ``csp-strict`` with NCHW and the stock template's knobs produces the stock instruction stream
+  (the DRAM image: instructions, micro-ops, buffers) and the same simulator counters and cycles on
+  ResNet-18 C2 (C3-C11 slow);
+* DeepBench thin-channel layers 6, 10 and 107 with the default strategy: bit-exact against a direct
+  numpy convolution, no channel padding, fewer cycles than stock;
+* the report names the strategy, the embedding, its padding, the layout and why it won; a solver
+  timeout keeps the operator on ``stock`` and the report says so.
+"""
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from conftest import conv2d_nchw, conv_chain, conv_module, requantize, run_module
+from test_resnet_layers import RESNET18
+from tvm import relax
+
+import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
+import vta_ext
+from tvm_csp_embed import strategy as csp_strategy
+from vta_ext.executor import compiled_op, cycle_report
+from vta_ext.strategy import default_strategy, get_template, registered_strategies
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _embedding_cache(tmp_path_factory):
+    """A fresh on-disk embedding cache for this module (the solver runs as a build step)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path_factory.mktemp("csp_cache")))
+    yield
+    mp.undo()
+
+
+def _deepbench_rows():
+    spec = importlib.util.spec_from_file_location("embed_deepbench", REPO / "scripts" / "embed_deepbench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return {int(r["id"]): r for r in mod.read_layers(REPO / "data" / "deepbench_conv_inference.csv")}
+
+
+def _conv_module(n, c, h, w, k, r, s, pad, stride, shift=6, clip=(-128, 127)):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, c, h, w), "int8"))
+    wt = relax.Var("w", relax.TensorType((k, c, r, s), "int8"))
+    b = relax.Var("b", relax.TensorType((1, k, 1, 1), "int32"))
+    with bb.function("main", [x, wt, b]):
+        with bb.dataflow():
+            y = conv_chain(bb, x, wt, b, stride=stride, padding=pad, shift=shift, clip=clip)
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _inputs(shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, shapes[0]).astype(np.int8)
+    w = rng.integers(-128, 128, shapes[1]).astype(np.int8)
+    b = rng.integers(-(1 << 12), 1 << 12, shapes[2]).astype(np.int32)
+    return x, w, b
+
+
+def _build_run(mod, arrays, **options):
+    vta_ext.clear_run_log()
+    with vta_ext.build_options(**options):
+        out = run_module(mod, "ext_vta", arrays)
+    report = vta_ext.last_build_report()
+    keys = [r.key for r in vta_ext.run_log()]
+    return out, report, keys
+
+
+# ------------------------------------------------------------------------------------ registration
+def test_registration_and_default():
+    assert {"csp-strict", "csp-relaxed", "stock"} <= set(registered_strategies())
+    assert default_strategy() == "csp-relaxed"
+    assert get_template("conv2d", "csp-relaxed").strategy == "csp-relaxed"
+    assert get_template("dense", "csp-strict").strategy == "csp-strict"
+    for kind in ("max_pool2d", "avg_pool2d", "add", "depthwise_conv2d"):
+        assert get_template(kind, "csp-relaxed").strategy == "stock", kind
+    with pytest.raises(ValueError, match="unknown layout"):
+        vta_ext.build_options(strategy="csp-relaxed", layout="NWHC")
+
+
+def test_stock_stays_selectable_and_default_is_csp_relaxed():
+    mod = _conv_module(1, 3, 12, 12, 16, 3, 3, (1, 1), (1, 1))
+    x, w, b = _inputs([(1, 3, 12, 12), (16, 3, 3, 3), (1, 16, 1, 1)])
+    ref = requantize(conv2d_nchw(x, w, 1, 1), b, 6, (-128, 127))
+    out, report, _ = _build_run(mod, [x, w, b], strategy="stock")
+    np.testing.assert_array_equal(out, ref)
+    assert report.strategy == "stock"
+    assert report.on_vta[0].reason == "conv2d (stock template)"
+    assert "PADDED in channels 3->16" in report.on_vta[0].detail
+    out, report, _ = _build_run(mod, [x, w, b])
+    np.testing.assert_array_equal(out, ref)
+    assert report.strategy == "csp-relaxed"
+    assert report.on_vta[0].reason == "conv2d (csp-relaxed embedding)"
+    assert "in channels" not in report.on_vta[0].detail
+
+
+# ------------------------------------------------------------------------------------ stock equality
+def _stock_as_csp_knobs(k) -> dict:
+    """The stock conv2d knobs under the names of the CSP knob space of the stock family."""
+    return {"tile_n": k.tile_b, "tile_k": k.tile_co, "tile_oh": k.tile_h, "tile_ow": k.tile_w,
+            "tile_c": k.tile_ci, "vt_k": k.oc_nthread, "vt_oh": k.h_nthread}
+
+
+def _check_strict_equals_stock(name):
+    hw, cin, cout, k, pad, stride = RESNET18[name]
+    order = ("shr", "bias", "clip")  # the original test's compute: (conv >> 8) + bias, clip [0, 127]
+    mod = conv_module(1, cin, cout, hw, k, stride=stride, padding=pad, shift=8, clip=(0, 127),
+                      order=order)
+    rng = np.random.default_rng(0xDEADB)
+    x = rng.integers(-128, 128, (1, cin, hw, hw)).astype(np.int8)
+    w = rng.integers(-128, 128, (cout, cin, k, k)).astype(np.int8)
+    b = rng.integers(-(1 << 14), 1 << 14, (1, cout, 1, 1)).astype(np.int32)
+    ref = requantize(conv2d_nchw(x, w, stride, pad), b, 8, (0, 127), order)
+    out_s, _, (key_s,) = _build_run(mod, [x, w, b], strategy="stock")
+    stats_s = vta_ext.run_log()[0].stats
+    knobs = _stock_as_csp_knobs(compiled_op(key_s).knobs)
+    out_c, report, (key_c,) = _build_run(mod, [x, w, b], strategy="csp-strict", layout="NCHW",
+                                         knobs={"conv2d": knobs})
+    stats_c = vta_ext.run_log()[0].stats
+    np.testing.assert_array_equal(out_s, ref)
+    np.testing.assert_array_equal(out_c, ref)
+    detail = report.on_vta[0].detail
+    assert "embedding x=1 y=k16 z=c16 in layout NCHW (A<-data, B<-weight" in detail, detail
+    assert json.loads(key_c)["knobs"] == knobs
+    prog_s, prog_c = compiled_op(key_s).program, compiled_op(key_c).program
+    # the whole DRAM image after one run of each on the same inputs: instruction stream, micro-op
+    # kernels, buffer addresses, packed inputs and the output
+    assert prog_s.insn_count == prog_c.insn_count
+    assert prog_s.segments == prog_c.segments
+    assert np.array_equal(prog_s.dram, prog_c.dram)
+    assert stats_s == stats_c
+    assert cycle_report(key_s).total_cycles == cycle_report(key_c).total_cycles
+
+
+def test_csp_strict_nchw_equals_stock_resnet18_c2():
+    _check_strict_equals_stock("C2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in RESNET18 if n != "C2"])
+def test_csp_strict_nchw_equals_stock_resnet18_slow(name):
+    _check_strict_equals_stock(name)
+
+
+# ------------------------------------------------------------------------------------ DeepBench
+def _deepbench_case(layer):
+    r = _deepbench_rows()[layer]
+    g = lambda key: int(r[key])
+    n, c, h, w, k = g("n"), g("c"), g("h"), g("w"), g("k")
+    kh, kw, pad, stride = g("filter_h"), g("filter_w"), (g("pad_h"), g("pad_w")), (g("hstride"), g("wstride"))
+    mod = _conv_module(n, c, h, w, k, kh, kw, pad, stride)
+    x, wt, b = _inputs([(n, c, h, w), (k, c, kh, kw), (1, k, 1, 1)], seed=layer)
+    ref = requantize(conv2d_nchw(x, wt, stride, pad), b, 6, (-128, 127))
+    return mod, [x, wt, b], ref
+
+
+@pytest.mark.parametrize("layer", [6, 10, 107])
+def test_deepbench_thin_channel_layer_bit_exact_and_faster(layer):
+    mod, arrays, ref = _deepbench_case(layer)
+    out, report, (key,) = _build_run(mod, arrays)         # the default strategy: csp-relaxed
+    np.testing.assert_array_equal(out, ref)
+    assert (ref != 0).mean() > 0.3
+    detail = report.on_vta[0].detail
+    assert "embedding" in detail and "STOCK FALLBACK" not in detail and "in channels" not in detail
+    assert json.loads(key)["workload"]["mode"] == "relaxed"
+    _, _, (stock_key,) = _build_run(mod, arrays, strategy="stock")
+    assert cycle_report(key).total_cycles < cycle_report(stock_key).total_cycles
+
+
+# ------------------------------------------------------------------------------------ report
+def test_report_names_embedding_padding_layout_and_why():
+    mod = _conv_module(1, 3, 16, 16, 32, 3, 3, (1, 1), (2, 2))
+    arrays = _inputs([(1, 3, 16, 16), (32, 3, 3, 3), (1, 32, 1, 1)])
+    ref = requantize(conv2d_nchw(arrays[0], arrays[1], 2, 1), arrays[2], 6, (-128, 127))
+    out, report, _ = _build_run(mod, arrays, strategy="csp-relaxed", layout="NHWC")
+    np.testing.assert_array_equal(out, ref)
+    text = str(report)
+    assert "strategy csp-relaxed" in text
+    p = report.on_vta[0]
+    assert p.reason == "conv2d (csp-relaxed embedding)"
+    assert "in layout NHWC" in p.detail and "embedding x=1 y=k16 z=" in p.detail
+    assert "chosen for fewest cycles" in p.detail and "stencil-unrolled" in p.detail
+    assert "PADDED" in p.detail and "->4" in p.detail          # 3 channels or 3 filter taps -> 4
+    out, report, _ = _build_run(mod, arrays, strategy="csp-relaxed", objective="footprint")
+    np.testing.assert_array_equal(out, ref)
+    assert "chosen for smallest packed footprint" in report.on_vta[0].detail
+
+
+def test_solver_timeout_keeps_stock_and_says_so(monkeypatch, tmp_path):
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    monkeypatch.setattr(csp_strategy, "DEFAULT_TIMEOUT", 0.02)
+    mod = _conv_module(1, 3, 12, 12, 16, 3, 3, (1, 1), (1, 1))
+    arrays = _inputs([(1, 3, 12, 12), (16, 3, 3, 3), (1, 16, 1, 1)])
+    ref = requantize(conv2d_nchw(arrays[0], arrays[1], 1, 1), arrays[2], 6, (-128, 127))
+    out, report, (key,) = _build_run(mod, arrays, strategy="csp-relaxed", layout="NCHW")
+    np.testing.assert_array_equal(out, ref)
+    detail = report.on_vta[0].detail
+    assert "STOCK FALLBACK (csp-relaxed: NCHW: no embedding found within" in detail, detail
+    assert "PADDED in channels 3->16" in detail
+    assert json.loads(key)["workload"]["stock"]
+    assert not list(tmp_path.glob("*.json")), "a timeout must not be cached"
+
+
+def test_dense_bit_exact():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 100), "int8"))
+    w = relax.Var("w", relax.TensorType((10, 100), "int8"))
+    b = relax.Var("b", relax.TensorType((10,), "int32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w)), out_dtype="int32"))
+            y = bb.emit(relax.op.right_shift(bb.emit(relax.op.add(y, b)), relax.const(5, "int32")))
+            out = bb.emit_output(bb.emit(relax.op.astype(bb.emit(relax.op.clip(y, -128, 127)), "int8")))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    rng = np.random.default_rng(5)
+    arrays = [rng.integers(-128, 128, (1, 100)).astype(np.int8),
+              rng.integers(-128, 128, (10, 100)).astype(np.int8),
+              rng.integers(-4000, 4000, (10,)).astype(np.int32)]
+    ref = requantize(arrays[0].astype(np.int64) @ arrays[1].astype(np.int64).T, arrays[2], 5, (-128, 127))
+    for strategy in ("csp-strict", "csp-relaxed"):
+        out, report, _ = _build_run(mod, arrays, strategy=strategy)
+        np.testing.assert_array_equal(out, ref)
+        assert report.on_vta[0].reason == f"dense ({strategy} embedding)"
+    np.testing.assert_array_equal(run_module(mod, "llvm", arrays), ref)
+    assert isinstance(tvm.cpu(), tvm.runtime.Device)
