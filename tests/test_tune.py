@@ -300,7 +300,7 @@ def test_apply_history_best_in_relax_build_keeps_the_user_options(tmp_path):
     mod = conv_module(1, 16, 16, 8, 1, padding=0)
     task, = tune.extract_tasks(mod, strategy="stock")
     path = tmp_path / "conv.json"
-    best = tune.GridSearchTuner(task).tune(6, LOCAL, callbacks=[tune.callback.log_to_file(path)])
+    best = tune.GridSearchTuner(task).tune(3, LOCAL, callbacks=[tune.callback.log_to_file(path)])
     with vta_ext.build_options(strategy="stock", knobs="fallback"):
         with tune.apply_history_best(path) as history:
             options = vta_ext.options.current_options()
@@ -316,6 +316,7 @@ def test_apply_history_best_in_relax_build_keeps_the_user_options(tmp_path):
         assert f"tile_h={best.knobs['tile_h']}" in placement.detail
 
 
+@pytest.mark.slow
 def test_a_csp_strategy_tunes_through_the_same_interface(tmp_path):
     """csp-relaxed embeds the 3 input channels without padding them to 16; its knob space, build
     and numpy reference plug into the same tuner and records."""
