@@ -21,7 +21,7 @@ the instruction streams the ``ext_vta`` build generates; nothing here is synthes
    as the wide presets do; the validation does not require it) x scratchpad (0.5x, 1x, 2x the
    preset's INP/WGT/ACC buffers; configurations whose instruction fields overflow are skipped and
    listed) x timing (original / pipelined). Every VTA operator of the whole network is rebuilt
-   per structural configuration (``vta_ext.executor._build``, the builder the offload pass uses,
+   per structural configuration (``vta_ext.executor.build_spec``, the builder the offload pass uses,
    with TPS tiling) and timed for both timings. Total cycles are plotted against an area proxy
    (:func:`area_proxy`, *not* synthesis) with the Pareto front marked:
    ``docs/figures/config_sweep.csv`` / ``.png``.
@@ -248,14 +248,14 @@ def sweep_configs(quick: bool):
 def run_sweep(specs_by_shape: Dict[str, List[dict]], quick: bool):
     from tqdm import tqdm
 
-    from vta_ext.executor import _build
+    from vta_ext.executor import build_spec
 
     points, skipped = sweep_configs(quick)
     rows = []
     for shape, sp, bw, cfg in tqdm(points, desc="sweep (structural configs)", unit="cfg"):
         specs = specs_by_shape[shape]  # (spec, number of calls)
         try:
-            progs = [(_build(spec, cfg).program, n) for spec, n in specs]
+            progs = [(build_spec(spec, cfg).program, n) for spec, n in specs]
         except Exception as err:  # a tiling that cannot fit the smaller scratchpads
             skipped.append((shape, sp, bw, f"build failed: {str(err)[:90]}"))
             continue

@@ -26,7 +26,7 @@ import tvm_ffi
 
 from .config import VTAConfig
 
-__all__ = ["op_key", "config_digest", "compiled_op", "OpRun", "run_log", "clear_run_log",
+__all__ = ["op_key", "config_digest", "build_spec", "compiled_op", "OpRun", "run_log", "clear_run_log",
            "simulator_for", "cycle_report"]
 
 logger = logging.getLogger("vta_ext")
@@ -111,6 +111,16 @@ def _config_of(spec: dict, config: Optional[VTAConfig]) -> VTAConfig:
     return VTAConfig.from_dict(spec["config_value"], name=spec["config"])
 
 
+def build_spec(spec: dict, config: VTAConfig):
+    """Compile the operator that key ``spec`` (a parsed :func:`op_key`) describes for ``config``,
+    uncached (e.g. the same operator on another configuration, as a sweep does)."""
+    from .strategy import get_template
+
+    template = get_template(spec["op"], spec["strategy"])
+    return template.build(config, template.workload_from_dict(spec["workload"]),
+                          tuple(tuple(stage) for stage in spec["epilogue"]), spec["knobs"])
+
+
 def compiled_op(key: str, config: Optional[VTAConfig] = None):
     """The compiled operator for ``key`` (see :func:`op_key`), built and cached on first request.
 
@@ -123,14 +133,9 @@ def compiled_op(key: str, config: Optional[VTAConfig] = None):
     with _BUILD_LOCK:
         op = _COMPILED.get(key)
         if op is None:
-            from .strategy import get_template
-
             spec = json.loads(key)
-            cfg = _config_of(spec, config)
-            template = get_template(spec["op"], spec["strategy"])
             start = time.perf_counter()
-            op = template.build(cfg, template.workload_from_dict(spec["workload"]),
-                                tuple(tuple(stage) for stage in spec["epilogue"]), spec["knobs"])
+            op = build_spec(spec, _config_of(spec, config))
             _COMPILED[key] = op
             logger.info("built VTA %s (%s) %s: %d instructions in %.2f s", spec["op"],
                         spec["strategy"], spec["workload"], op.program.insn_count,
