@@ -114,6 +114,8 @@ import tvm
 from .common import QMAX, QMIN, QuantizationError, fixed_point_multiplier, op_name, shape_of
 from .emit import emit_module
 from .graph import Analyser, CpuFloatOp, QNode, QuantizedModel
+from .qdq import (OnnxImportError, has_qdq, import_onnx, import_pt2e, strip_qdq,
+                  symmetric_quantizer)
 from .scales import calibrate, choose_scales
 from .torch_import import (equalize_cross_layer, fold_batchnorm, import_exported_program,
                            import_torch, normalise, source_layers)
@@ -121,7 +123,8 @@ from .torch_import import (equalize_cross_layer, fold_batchnorm, import_exported
 __all__ = ["QuantizationError", "QNode", "CpuFloatOp", "QuantizedModel", "fold_batchnorm",
            "equalize_cross_layer", "import_torch", "import_exported_program", "calibrate",
            "quantize_relax", "quantize_torch", "op_macs", "fixed_point_multiplier",
-           "source_layers", "QMIN", "QMAX"]
+           "source_layers", "QMIN", "QMAX", "import_pt2e", "import_onnx", "quantize_pt2e",
+           "quantize_onnx", "symmetric_quantizer", "OnnxImportError"]
 
 
 def quantize_relax(float_mod: tvm.IRModule,
@@ -148,11 +151,15 @@ def quantize_relax(float_mod: tvm.IRModule,
         For a malformed graph (several inputs, non-dataflow control flow) or unrepresentable
         scales (shifts outside 0..31, int32 bias overflow).
     """
+    annotations: Dict[str, float] = {}
+    qweights: Dict[bytes, tuple] = {}
+    if has_qdq(float_mod["main"]):  # PT2E / ONNX QDQ: keep the graph's scales and int8 weights
+        float_mod, annotations, qweights = strip_qdq(float_mod)
     float_mod = normalise(float_mod)  # keeps main's attributes (the source layers)
     if isinstance(calibration, np.ndarray):
         calibration = [calibration]
     func = float_mod["main"]
-    nodes, outputs = Analyser(func).run()
+    nodes, outputs = Analyser(func, annotations, qweights).run()
     names = [n.name for n in nodes if n.kind not in ("float", "split")]
     ranges = calibrate(float_mod, names, calibration)
     for n in nodes:
@@ -204,3 +211,31 @@ def op_macs(mod: tvm.IRModule) -> Dict[str, Tuple[str, int]]:
                 lhs, rhs = shape_of(b.value.args[0]), shape_of(b.value.args[1])
                 result[b.var.name] = (op, int(np.prod(lhs)) * rhs[-1])
     return result
+
+
+def quantize_pt2e(converted, calibration: Union[np.ndarray, Sequence[np.ndarray]]) -> QuantizedModel:
+    """Import a PyTorch PT2E-quantised model (``convert_pt2e``) and map it to int8 Relax.
+
+    The graph's own scales and int8 weights are kept (:mod:`vta_ext.quantize.qdq`); ratios of
+    scales that are not powers of two are requantised by fixed-point multipliers. Use
+    :func:`symmetric_quantizer` for ``prepare_pt2e``: zero points other than 0 stay in float.
+
+    Parameters
+    ----------
+    converted : torch.fx.GraphModule
+        The calibrated and converted model.
+    calibration : numpy.ndarray or sequence of numpy.ndarray
+        Input(s): the first fixes the input shape; they calibrate tensors the graph left
+        unquantised.
+    """
+    if isinstance(calibration, np.ndarray):
+        calibration = [calibration]
+    return quantize_relax(import_pt2e(converted, calibration[0]), calibration)
+
+
+def quantize_onnx(model, calibration: Union[np.ndarray, Sequence[np.ndarray]]) -> QuantizedModel:
+    """Import an ONNX model, float or QDQ-quantised (:func:`import_onnx`), and quantise it:
+    a float model VTA-style with power-of-two scales, a QDQ model with its own scales."""
+    if isinstance(calibration, np.ndarray):
+        calibration = [calibration]
+    return quantize_relax(import_onnx(model, calibration[0].shape), calibration)

@@ -72,14 +72,14 @@ def round_half_up(x) -> np.ndarray:
     return np.floor(np.asarray(x, np.float64) + 0.5)
 
 
-def clip_bounds(lo: float, hi: float, e: int) -> Tuple[int, int]:
-    """Integer bounds of a float clip ``[lo, hi]`` on a tensor of scale ``2**e``, within int8.
+def clip_bounds(lo: float, hi: float, scale: float) -> Tuple[int, int]:
+    """Integer bounds of a float clip ``[lo, hi]`` on a tensor of scale ``scale``, within int8.
 
     Rounding is monotone, so ``round(clip(y, lo, hi) / s) == clip(round(y / s), round(lo / s),
     round(hi / s))``: the clip moves after the requantisation exactly.
     """
-    qlo = QMIN if lo == -np.inf else int(np.clip(round_half_up(lo * 2.0 ** -e), QMIN, QMAX))
-    qhi = QMAX if hi == np.inf else int(np.clip(round_half_up(hi * 2.0 ** -e), QMIN, QMAX))
+    qlo = QMIN if lo == -np.inf else int(np.clip(round_half_up(lo / scale), QMIN, QMAX))
+    qhi = QMAX if hi == np.inf else int(np.clip(round_half_up(hi / scale), QMIN, QMAX))
     return qlo, max(qlo, qhi)
 
 

@@ -7,9 +7,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .common import (INT32_MAX, QMAX, QMIN, QuantizationError, clip_bounds, quantize_array,
-                     shape_of, substitute)
+from .common import QMAX, QMIN, QuantizationError, clip_bounds, shape_of, substitute
 from .graph import CpuFloatOp, QNode
+from .scales import bias_q, weight_q
 
 __all__ = ["emit_module"]
 
@@ -42,17 +42,15 @@ class _Emitter:
         return self(relax.op.astype(acc, "int8"), f"{name}_q")
 
 
-def _conv_or_linear(emit: _Emitter, n: QNode, src: QNode, x, tag: str):
-    e_acc = src.exponent + n.weight_exponent
-    w_q = quantize_array(n.weight, n.weight_exponent)
-    bias = np.zeros(w_q.shape[0]) if n.bias is None else n.bias
-    b_q = np.round(bias * 2.0 ** -e_acc)
-    if n.shift > 0:
-        b_q += 2 ** (n.shift - 1)  # round half up instead of the shift's floor
-    if np.abs(b_q).max(initial=0) > INT32_MAX:
-        raise QuantizationError(f"{n.kind} at {n.layer or n.name}: the int32 bias overflows "
-                                f"(bias up to {np.abs(bias).max():.3g} at accumulator scale "
-                                f"2**{e_acc}); check the layer's bias")
+def _conv_or_linear(emit: _Emitter, n: QNode, nodes: List[QNode], x, tag: str):
+    """The core operator and its bias add (with the rounding of the following shift folded in)."""
+    w_q = weight_q(n).astype(np.int8)
+    b_q = bias_q(n, nodes)
+    rq = n.params.get("requant")
+    if rq is None and n.shift > 0:
+        b_q = b_q + (1 << (n.shift - 1))  # round half up instead of the shift's floor
+    elif rq is not None and rq["pre_shift"] > 0:
+        b_q = b_q + (1 << (rq["pre_shift"] - 1))
     b_q = b_q.astype(np.int32)
     if n.kind == "conv":
         p = n.params
@@ -66,6 +64,31 @@ def _conv_or_linear(emit: _Emitter, n: QNode, src: QNode, x, tag: str):
         acc = emit(relax.op.matmul(x, wt, out_dtype="int32"), f"matmul_{tag}")
         bias_c = relax.const(b_q)
     return emit(relax.op.add(acc, bias_c), f"{tag}_bias")
+
+
+def _requant(emit: _Emitter, n: QNode, acc, tag: str, rounded: bool):
+    """The requantisation tail of ``n``: a right shift (power-of-two scales) or the fixed-point
+    multiplier ``(((acc >> s1) * M + 2**(k-1)) >> k)``; then clip and int8. ``rounded``: the
+    pre-shift's rounding term is already in the bias."""
+    lo, hi = clip_bounds(n.lo, n.hi, n.scale)
+    rq = n.params.get("requant")
+    if rq is None:
+        shift = n.shift if n.kind in ("conv", "linear") else (n.shift or None)
+        return emit.requant(acc, shift, lo, hi, tag)
+    if rq["pre_shift"]:
+        if not rounded:
+            acc = emit(relax.op.add(acc, relax.const(1 << (rq["pre_shift"] - 1), "int32")),
+                       f"{tag}_round1")
+        acc = emit(relax.op.right_shift(acc, relax.const(rq["pre_shift"], "int32")), f"{tag}_shr1")
+    m = np.asarray(rq["multiplier"], np.int32)
+    if m.size == 1 or np.all(m == m[0]):
+        mc = relax.const(int(m[0]), "int32")
+    else:
+        mc = relax.const(m.reshape((1, -1, 1, 1) if n.kind == "conv" else (-1,)))
+    acc = emit(relax.op.multiply(acc, mc), f"{tag}_mul")
+    if rq["shift"]:
+        acc = emit(relax.op.add(acc, relax.const(1 << (rq["shift"] - 1), "int32")), f"{tag}_round")
+    return emit.requant(acc, rq["shift"], lo, hi, tag)
 
 
 def emit_module(nodes: List[QNode], outputs: List[Union[int, str]], param: relax.Var):
@@ -102,22 +125,25 @@ def emit_module(nodes: List[QNode], outputs: List[Union[int, str]], param: relax
                 tag = n.name
                 emit.layer = n.layer
                 if n.kind in ("input", "quant"):
-                    lo, hi = clip_bounds(n.lo, n.hi, n.exponent)
-                    t = emit(relax.op.multiply(floats[n.name],
-                                               relax.const(2.0 ** -n.exponent, "float32")),
-                             f"{tag}_scaled")
+                    lo, hi = clip_bounds(n.lo, n.hi, n.scale)
+                    if n.qscale is None:
+                        t = emit(relax.op.multiply(floats[n.name],
+                                                   relax.const(2.0 ** -n.exponent, "float32")),
+                                 f"{tag}_scaled")
+                    else:  # as the source graph's quantize: x / s
+                        t = emit(relax.op.divide(floats[n.name], relax.const(n.qscale, "float32")),
+                                 f"{tag}_scaled")
                     t = emit(relax.op.round(t), f"{tag}_round")
                     t = emit(relax.op.clip(t, lo, hi), f"{tag}_clip")
                     q[i] = emit(relax.op.astype(t, "int8"), f"{tag}_q")
                 elif n.kind in ("conv", "linear"):
-                    acc = _conv_or_linear(emit, n, nodes[n.inputs[0]], q[n.inputs[0]], tag)
-                    q[i] = emit.requant(acc, n.shift, *clip_bounds(n.lo, n.hi, n.exponent), tag)
+                    acc = _conv_or_linear(emit, n, nodes, q[n.inputs[0]], tag)
+                    q[i] = _requant(emit, n, acc, tag, rounded=True)
                 elif n.kind == "add":
                     a32 = emit(relax.op.astype(q[n.inputs[0]], "int32"), f"{tag}_lhs")
                     b32 = emit(relax.op.astype(q[n.inputs[1]], "int32"), f"{tag}_rhs")
                     acc = emit(relax.op.add(a32, b32), f"add_{tag}")
-                    q[i] = emit.requant(acc, n.shift or None, *clip_bounds(n.lo, n.hi, n.exponent),
-                                        tag)
+                    q[i] = _requant(emit, n, acc, tag, rounded=False)
                 elif n.kind == "avgpool":
                     p = n.params
                     x32 = emit(relax.op.astype(q[n.inputs[0]], "int32"), f"{tag}_i32")
@@ -125,12 +151,11 @@ def emit_module(nodes: List[QNode], outputs: List[Union[int, str]], param: relax
                         x32, pool_size=p["pool_size"], strides=p["strides"], padding=p["padding"],
                         ceil_mode=p["ceil_mode"], count_include_pad=p["count_include_pad"]),
                         f"avgpool_{tag}")
-                    if n.shift:
+                    if n.shift or "requant" in n.params:
                         # TVM 0.27 legalises an int32 avg_pool2d to an int64 result, which a
                         # following int32 right_shift rejects; the cast is a no-op before that
                         acc = emit(relax.op.astype(acc, "int32"), f"{tag}_acc")
-                    out = emit.requant(acc, n.shift or None, *clip_bounds(n.lo, n.hi, n.exponent),
-                                       tag)
+                    out = _requant(emit, n, acc, tag, rounded=False)
                     if p["squeeze"]:
                         out = emit(relax.op.reshape(out, shape_of(out)[:2]), f"squeeze_{tag}")
                     q[i] = out
@@ -143,7 +168,7 @@ def emit_module(nodes: List[QNode], outputs: List[Union[int, str]], param: relax
                 elif n.kind in ("layout", "split", "concat"):
                     q[i] = emit(substitute(n.call, int8_of), f"{n.kind}_{tag}")
                 elif n.kind == "clip":
-                    lo, hi = clip_bounds(n.lo, n.hi, n.exponent)
+                    lo, hi = clip_bounds(n.lo, n.hi, n.scale)
                     q[i] = emit(relax.op.clip(q[n.inputs[0]], lo, hi), f"clip_{tag}")
                 elif n.kind == "hswish":
                     q[i] = _hswish(emit, n, q[n.inputs[0]], tag)

@@ -67,6 +67,9 @@ class QNode:
         Source layer (``"features.3.conv.0.0 (aten.convolution)"``) if the frontend recorded it.
     reason : str
         Why a ``float`` node stays in float.
+    qscale : float or None
+        The scale a quantised source graph (PT2E, ONNX QDQ) gave this tensor; None for
+        calibrated power-of-two scales.
     """
 
     kind: str
@@ -85,6 +88,7 @@ class QNode:
     core: str = ""
     layer: str = ""
     reason: str = ""
+    qscale: Optional[float] = None
 
     @property
     def relu(self) -> bool:
@@ -93,8 +97,8 @@ class QNode:
 
     @property
     def scale(self) -> float:
-        """The output scale ``2**exponent``."""
-        return 2.0 ** self.exponent
+        """The output scale: the source graph's (``qscale``, QDQ graphs) or ``2**exponent``."""
+        return self.qscale if self.qscale is not None else 2.0 ** self.exponent
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,11 @@ def float_reason(op: Optional[str], value) -> str:
     if op in _TRANSCENDENTAL:
         return (f"{short} has no int8 form on VTA's ALU (no lookup-table instruction); "
                 "float32 on the CPU")
+    if op in ("relax.quantize", "relax.dequantize"):
+        return (f"{short} with a non-zero zero point or per-channel activation scales (an "
+                "asymmetric quantiser): VTA has no zero-point arithmetic; quantise symmetric int8 "
+                "(vta_ext.quantize.symmetric_quantizer for PT2E, ActivationSymmetric=True for "
+                "ONNX Runtime); float32 on the CPU")
     if op in ("relax.multiply", "relax.divide"):
         return (f"{short} of two computed tensors (gating, squeeze-excitation) has no int8 "
                 "mapping in the quantiser; float32 on the CPU")
@@ -251,7 +260,11 @@ def float_reason(op: Optional[str], value) -> str:
 class Analyser:
     """Groups the float bindings of ``main`` into :class:`QNode` s (quantised or float)."""
 
-    def __init__(self, func: relax.Function) -> None:
+    def __init__(self, func: relax.Function, annotations: Optional[Dict[str, float]] = None,
+                 qweights: Optional[Dict[bytes, tuple]] = None) -> None:
+        #: variable -> activation scale given by the source graph (QDQ); weight bytes -> (q, scale)
+        self.annotations = annotations or {}
+        self.qweights = qweights or {}
         if len(func.params) != 1:
             raise QuantizationError(f"main must take one tensor input, it takes "
                                     f"{len(func.params)}; quantise a model with one input")
@@ -296,6 +309,8 @@ class Analyser:
     def _add(self, node: QNode) -> int:
         if not node.layer:
             node.layer = self.layer(node.core or node.name)
+        if node.kind != "float" and node.name in self.annotations:
+            node.qscale = self.annotations[node.name]
         self.nodes.append(node)
         if node.kind != "float":
             self.node_of[node.name] = len(self.nodes) - 1
@@ -330,6 +345,35 @@ class Analyser:
             raise QuantizationError(f"internal: {expr} is neither quantised nor a float tensor")
         kind = "input" if expr.name == self.param.name else "quant"
         return self._add(QNode(kind, expr.name, core=expr.name))
+
+    def scale_of(self, expr) -> Optional[float]:
+        """The source graph's scale of a variable (QDQ graphs), through its quantised node."""
+        if not isinstance(expr, relax.Var):
+            return None
+        if expr.name in self.node_of:
+            return self.nodes[self.node_of[expr.name]].qscale
+        return self.annotations.get(expr.name)
+
+    def _graph_weight(self, node: QNode, const, transposed: bool) -> None:
+        """Attach the source graph's int8 weight and its scales (QDQ graphs), if recorded."""
+        val = const.value.numpy()
+        found = self.qweights.get(val.tobytes())
+        if found is None and val.ndim == 2:  # a transposed weight folded into a constant
+            found = self.qweights.get(np.ascontiguousarray(val.T).tobytes())
+            transposed = not transposed
+        if found is None:
+            return
+        q, scale, axis = found
+        q = np.asarray(q, np.int64)
+        out_axis = 1 if transposed else 0
+        if transposed:
+            q = q.T
+        scale = np.asarray(scale, np.float64).reshape(-1)
+        if scale.size == 1:
+            scale = np.full(q.shape[0], scale[0])
+        elif axis != out_axis or scale.size != q.shape[0]:
+            return  # scales along the input channels: re-quantise from the float weight instead
+        node.params["qweight"] = (q, scale)
 
     # ------------------------------------------------------------------ epilogues
     def _step(self, name: str, cur: str, channels: int, rank: int):
@@ -396,6 +440,8 @@ class Analyser:
                 return False
             node.lo, node.hi = node.lo * mul[0] + add[0], node.hi * mul[0] + add[0]
         shape = (-1,) + (1,) * (node.weight.ndim - 1)
+        if np.any(mul != 1.0):
+            node.params.pop("qweight", None)  # the graph's int8 weight no longer applies
         node.weight = node.weight * mul.reshape(shape)
         bias = np.zeros(node.weight.shape[0]) if node.bias is None else node.bias
         node.bias = bias * mul + add
@@ -478,6 +524,7 @@ class Analyser:
                      params=dict(strides=[int(s) for s in a.strides],
                                  padding=[int(p) for p in a.padding],
                                  dilation=[int(d) for d in a.dilation], groups=int(a.groups)))
+        self._graph_weight(node, weight, transposed=False)
         self._absorb(node, name, w.shape[0], 4)
         self._add(node)
 
@@ -576,12 +623,20 @@ class Analyser:
                 return self._float(name, value, "matmul is not [N, K] x a constant [K, M]; "
                                    "float32 on the CPU")
             node = QNode("linear", name, [self.qin(lhs)], call=value, weight=weight, core=name)
+            const = rhs.args[0] if op_name(rhs) == "relax.permute_dims" else rhs
+            self._graph_weight(node, const, transposed=const is rhs)
             self._absorb(node, name, weight.shape[0], 2)
             self._add(node)
             return None
         if op in _AFFINE_OPS:
             lhs, rhs = value.args
             if not isinstance(lhs, Constant) and not isinstance(rhs, Constant):
+                scales = {self.scale_of(lhs), self.scale_of(rhs)} - {None}
+                if op == "relax.add" and len(scales) > 1:
+                    return self._float(name, value, f"add of operands quantised with different "
+                                       f"scales {sorted(scales)} by the source graph (VTA adds "
+                                       "at one scale); quantise both operands with one shared "
+                                       "scale (SharedQuantizationSpec); float32 on the CPU")
                 if (op == "relax.add" and shape_of(lhs) == shape_of(rhs) == shape_of(value)
                         and (self.is_q(lhs) or self.is_q(rhs))
                         and self.quantisable(lhs) and self.quantisable(rhs)):

@@ -196,7 +196,7 @@ def import_exported_program(program, **kwargs) -> tvm.IRModule:
     program = program.run_decompositions()
     importer = ExportedProgramImporter()
     mod = importer.from_exported_program(program, kwargs.get("keep_params_as_input", False),
-                                         False, False, None)
+                                         False, False, kwargs.get("custom_convert_map"))
     result_of: Dict[str, object] = {}
     for node, value in importer.env.items():
         if isinstance(value, relax.Var) and node.op == "call_function":
