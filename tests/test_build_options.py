@@ -231,3 +231,34 @@ def test_explicit_knobs_reach_the_template_and_bad_ones_fail_the_build():
     with vta_ext.build_options(knobs={"tile_q": 2}):
         with pytest.raises(VTABuildError, match=r"KnobError: unknown Conv2dKnobs field\(s\) tile_q"):
             relax.build(mod, target="ext_vta")
+
+
+def test_frontend_notes_name_the_source_layer_and_the_cpu_reason():
+    """A frontend (the quantiser) may annotate variables with their source layer and why they stay
+    on the CPU; the report carries both."""
+    from vta_ext.offload import CPU_REASONS_ATTR, LAYERS_ATTR
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "int8"))
+    w = relax.Var("w", relax.TensorType((16, 16, 3, 3), "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            from conftest import conv_chain
+            y = conv_chain(bb, x, w, None, padding=1, shift=6, clip=(-128, 127))
+            z = bb.emit(relax.op.sigmoid(relax.op.astype(y, "float32")))
+            out = bb.emit_output(z)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    conv_var = [b.var.name for b in mod["main"].body.blocks[0].bindings][0]
+    sig_var = [b.var.name for b in mod["main"].body.blocks[0].bindings
+               if isinstance(b.value, relax.Call) and b.value.op.name == "relax.sigmoid"][0]
+    mod["main"] = mod["main"].with_attr(LAYERS_ATTR, {conv_var: "features.0.conv",
+                                                       sig_var: "features.1.act"}) \
+                             .with_attr(CPU_REASONS_ATTR, {sig_var: "sigmoid: no LUT instruction"})
+    relax.build(mod, target="ext_vta")
+    report = vta_ext.last_build_report()
+    conv, = report.on_vta
+    assert (conv.name, conv.layer) == (conv_var, "features.0.conv")
+    sig, = [p for p in report.on_cpu if p.op == "relax.sigmoid"]
+    assert (sig.layer, sig.reason) == ("features.1.act", "sigmoid: no LUT instruction")
+    assert "relax.sigmoid                (features.1.act) sigmoid: no LUT instruction" in str(report)

@@ -40,7 +40,7 @@ from .options import current_options
 from .report import CPU, LAYOUT_REASON, VTA, BuildReport, publish
 from .strategy import MatchedOp, get_template
 
-__all__ = ["OffloadToVTA", "RUN_FUNC"]
+__all__ = ["OffloadToVTA", "RUN_FUNC", "LAYERS_ATTR", "CPU_REASONS_ATTR"]
 
 logger = logging.getLogger("vta_ext")
 
@@ -347,6 +347,24 @@ def _cpu_ops(func: relax.Function) -> List[Tuple[str, str]]:
     return found
 
 
+#: function attributes a frontend may set on a Relax function for the build report: variable name
+#: -> source layer (e.g. the torch module path), and variable name -> why it stays on the CPU
+LAYERS_ATTR = "vta_ext.layers"
+CPU_REASONS_ATTR = "vta_ext.cpu_reasons"
+
+
+def _source_notes(mod: tvm.IRModule) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """The :data:`LAYERS_ATTR` and :data:`CPU_REASONS_ATTR` maps of every Relax function."""
+    layers: Dict[str, str] = {}
+    reasons: Dict[str, str] = {}
+    for func in mod.functions.values():
+        attrs = func.attrs if isinstance(func, relax.Function) and func.attrs else {}
+        for name, target in ((LAYERS_ATTR, layers), (CPU_REASONS_ATTR, reasons)):
+            if name in attrs:
+                target.update({str(k): str(v) for k, v in attrs[name].items()})
+    return layers, reasons
+
+
 def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pass naming)
     """The offload pass for ``config``; publishes a :class:`BuildReport` when it runs."""
 
@@ -357,9 +375,10 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
         new_mod = relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+        layers, frontend_reasons = _source_notes(mod)
         report = BuildReport(config.name, current_options().strategy_name)
         for op, what, detail, var in rewriter.offloaded:
-            report.add(op, VTA, what, detail, var)
+            report.add(op, VTA, what, detail, var, layers.get(var, ""))
         for func in new_mod.functions.values():
             if not isinstance(func, relax.Function):
                 continue
@@ -367,13 +386,16 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
                 if op == "relax.call_dps_packed":
                     continue
                 if var.startswith((PACK_PREFIX, UNPACK_PREFIX)) or var in rewriter.unpack_vars:
-                    report.add(op, CPU, LAYOUT_REASON, var, var)
+                    reason = LAYOUT_REASON
                 elif var in rewriter.rejected:
-                    report.add(op, CPU, rewriter.rejected[var], var, var)
+                    reason = rewriter.rejected[var]
+                elif var in frontend_reasons:
+                    reason = frontend_reasons[var]
                 elif op in _CANDIDATES:
-                    report.add(op, CPU, _CANDIDATES[op], var, var)
+                    reason = _CANDIDATES[op]
                 else:
-                    report.add(op, CPU, "no VTA template for this operator", var, var)
+                    reason = "no VTA template for this operator"
+                report.add(op, CPU, reason, var, var, layers.get(var, ""))
         publish(report)
         return new_mod
 

@@ -25,10 +25,13 @@ class OpPlacement:
     detail: str = ""
     #: the Relax variable the operator was bound to in the input module
     name: str = ""
+    #: the source layer (e.g. the torch module path) if the frontend recorded it
+    layer: str = ""
 
     def __str__(self) -> str:
         extra = f" [{self.detail}]" if self.detail else ""
-        return f"{self.device.upper():<4} {self.op:<28} {self.reason}{extra}"
+        layer = f" ({self.layer})" if self.layer else ""
+        return f"{self.device.upper():<4} {self.op:<28}{layer} {self.reason}{extra}"
 
 
 @dataclass
@@ -39,9 +42,11 @@ class BuildReport:
     strategy: str = "stock"
     placements: List[OpPlacement] = field(default_factory=list)
 
-    def add(self, op: str, device: str, reason: str, detail: str = "", name: str = "") -> None:
-        """Record where operator ``op`` (bound to Relax variable ``name``) runs and why."""
-        self.placements.append(OpPlacement(op, device, reason, detail, name))
+    def add(self, op: str, device: str, reason: str, detail: str = "", name: str = "",
+            layer: str = "") -> None:
+        """Record where operator ``op`` (bound to Relax variable ``name``, from source ``layer``)
+        runs and why."""
+        self.placements.append(OpPlacement(op, device, reason, detail, name, layer))
 
     def placement(self, layout: bool = False) -> List[tuple]:
         """``(op, device)`` of every operator in report order; layout transforms only if asked."""
