@@ -392,3 +392,126 @@ def test_op_macs():
     # the stem: 64 x 16 x 16 outputs, 3 x 7 x 7 taps each; the classifier: 512 x 1000
     assert next(iter(macs.values())) == ("relax.nn.conv2d", 64 * 16 * 16 * 3 * 49)
     assert [m for op, m in macs.values() if op == "relax.matmul"] == [512 * 1000]
+
+
+# ------------------------------------------------------------------ the operators of issue 11
+def _bindings(mod):
+    return {b.var.name: b.value for blk in mod["main"].body.blocks for b in blk.bindings}
+
+
+def test_hardswish_integer_arithmetic_matches_numpy():
+    """Hardswish of the quantised input: recomputed in numpy from the documented formula and the
+    node's constants, bit for bit; within 1.5 output LSB of the float function."""
+    model = nn.Hardswish().eval()
+    rng = np.random.default_rng(0)
+    cal = (rng.standard_normal((1, 4, 8, 8)) * 3).astype(np.float32)
+    qm = quantize_torch(model, cal)
+    inp, hs = qm.nodes
+    assert (inp.kind, hs.kind) == ("input", "hswish") and qm.cpu_float_ops == []
+    p = hs.params
+    assert 128 * p["t_max"] * p["multiplier"] + (1 << p["shift"] - 1) < 2 ** 31  # no overflow
+    x = (rng.standard_normal((1, 4, 8, 8)) * 3).astype(np.float32)
+    xq = np.clip(np.round(x.astype(np.float64) / inp.scale), -128, 127).astype(np.int64)
+    t = np.clip(xq + p["three"], 0, p["t_max"])
+    y = np.clip((xq * t * p["multiplier"] + (1 << p["shift"] - 1)) >> p["shift"], -128, 127)
+    np.testing.assert_array_equal(_run_llvm(qm.mod, x), (y * hs.scale).astype(np.float32))
+    ref = model(torch.from_numpy(x)).numpy()
+    assert np.abs(_run_llvm(qm.mod, x) - ref).max() <= 1.5 * hs.scale + inp.scale
+
+
+def test_relu6_is_the_requantisation_clip():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU6()).eval()
+    with torch.no_grad():
+        model[0].weight.mul_(20)  # most outputs above 6: the clip matters
+    cal = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    qm = quantize_torch(model, cal)
+    conv = qm.nodes[1]
+    assert (conv.lo, conv.hi) == (0.0, 6.0) and qm.cpu_float_ops == []
+    clips = [v for v in _bindings(qm.mod).values() if _op(v) == "relax.clip"
+             and _dtype(v) == "int32"]
+    bounds = [(int(c.args[1].value), int(c.args[2].value)) for c in clips]
+    assert bounds == [(0, int(round(6 / conv.scale)))] and bounds[0][1] <= 127
+    out = _run_llvm(qm.mod, cal)
+    assert out.max() == 6.0 and out.min() == 0.0
+
+
+def test_concat_split_and_shuffle_are_int8_layout():
+    """Concat shares one scale (the producers' shifts absorb it); split and channel shuffle move
+    int8 values without arithmetic: the output is the quantised input, permuted."""
+    class Shuffle(nn.Module):
+        def forward(self, x):
+            x = nn.functional.max_pool2d(x, 1)  # an int8 operator first: layout follows it
+            a, b = x.chunk(2, dim=1)
+            y = torch.cat([b, a, x], 1)
+            n, c, h, w = y.shape
+            return y.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+
+    x = np.random.default_rng(0).standard_normal((1, 8, 4, 4)).astype(np.float32)
+    qm = quantize_torch(Shuffle().eval(), x)
+    assert [n.kind for n in qm.nodes] == ["input", "maxpool", "split", "layout", "layout",
+                                          "concat", "layout", "layout", "layout"]
+    assert len({n.exponent for n in qm.nodes}) == 1
+    s = qm.nodes[0].scale
+    xq = np.clip(np.round(x / s), -128, 127) * s
+    expected = Shuffle()(torch.from_numpy(xq.astype(np.float32))).numpy()
+    np.testing.assert_array_equal(_run_llvm(qm.mod, x), expected)
+
+
+def test_concat_of_differently_scaled_convs_shares_one_scale():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 8, 1), nn.Conv2d(3, 8, 1)
+
+        def forward(self, x):
+            return torch.cat([torch.relu(self.a(x)), torch.relu(self.b(x))], 1)
+
+    torch.manual_seed(0)
+    model = Two().eval()
+    with torch.no_grad():
+        model.b.weight.mul_(16)
+    x = np.random.default_rng(0).standard_normal((1, 3, 4, 4)).astype(np.float32)
+    qm = quantize_torch(model, x)
+    a, b, cat = (n for n in qm.nodes if n.kind in ("conv", "concat"))
+    assert a.exponent == b.exponent == cat.exponent and a.shift > b.shift
+    assert _cos(_run_llvm(qm.mod, x), model(torch.from_numpy(x)).detach().numpy()) > 0.99
+
+
+@pytest.mark.parametrize("pool, kernel", [
+    (nn.AdaptiveAvgPool2d(2), (4, 4)),  # 8x8 -> 2x2: avg_pool2d with kernel = stride = 4
+    (nn.AvgPool2d(3, 1, 1), (3, 3)),    # non-global, padded
+])
+def test_average_pools_are_int8(pool, kernel):
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), pool).eval()
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    qm = quantize_torch(model, x)
+    assert [n.kind for n in qm.nodes] == ["input", "conv", "avgpool"]
+    (call,) = [v for v in _bindings(qm.mod).values() if _op(v) == "relax.nn.avg_pool2d"]
+    assert tuple(int(k) for k in call.attrs.pool_size) == kernel
+    assert _cos(_run_llvm(qm.mod, x), model(torch.from_numpy(x)).detach().numpy()) > 0.99
+
+
+def test_mean_without_keepdims_and_an_adaptive_pool_that_does_not_divide():
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3, padding=1)
+            self.odd = nn.AdaptiveAvgPool2d(3)  # 8 -> 3: windows of unequal size
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            return y.mean([2, 3]), self.odd(y)
+
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    torch.manual_seed(0)
+    model = Heads().eval()
+    qm = quantize_torch(model, x)
+    assert [n.kind for n in qm.nodes] == ["input", "conv", "avgpool", "float"]
+    assert qm.nodes[2].params["squeeze"]
+    (op,) = qm.cpu_float_ops
+    assert op.layer == "odd" and "does not divide" in op.reason
+    outs = _run_llvm_all(qm.mod, x)
+    refs = [t.detach().numpy() for t in model(torch.from_numpy(x))]
+    assert outs[0].shape == (1, 16) and _cos(outs[0], refs[0]) > 0.99
+    np.testing.assert_allclose(outs[1], refs[1], atol=2 * qm.nodes[1].scale)

@@ -650,7 +650,7 @@ class Analyser:
                                    "float32 on the CPU")
             hswish = self._hswish(name, value)
             x = rhs if isinstance(lhs, Constant) else lhs
-            if hswish is not None and self.is_q(x):
+            if hswish is not None and self.quantisable(x):
                 end, chain = hswish
                 self.consumed.update(chain)
                 self._add(QNode("hswish", end, [self.qin(x)], call=value, core=name))
