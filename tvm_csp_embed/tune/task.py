@@ -32,6 +32,8 @@ def _workload_dict(workload: Any) -> Dict[str, Any]:
 def workload_text(kind: str, values: Dict[str, Any]) -> str:
     """A short text of a workload: ``"1x64x56x56 -> 64 k3 s1 p1"``, ``"1x512 -> 1008"``."""
     v = values
+    if v.get("stock"):  # a CSP workload that fell back to the stock template
+        return workload_text(kind, dict(tuple(pair) for pair in v["stock"])) + " [stock fallback]"
     if "params" in v:  # a CSP workload: operator parameters and the embedding's layout / mode
         params = dict(tuple(pair) for pair in v["params"])
         if "kh" in params:
