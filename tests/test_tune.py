@@ -333,3 +333,27 @@ def test_a_csp_strategy_tunes_through_the_same_interface(tmp_path):
         relax.build(mod, target="ext_vta")
     (placement,) = vta_ext.last_build_report().on_vta
     assert "tuned record from" in placement.detail
+
+
+def test_tune_network_cli_with_nothing_to_tune(tmp_path, capsys):
+    import sys
+    from pathlib import Path
+
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    import tune_network
+
+    model = tmp_path / "float_model.py"
+    model.write_text(
+        "from tvm import relax\n"
+        "bb = relax.BlockBuilder()\n"
+        "x = relax.Var('x', relax.TensorType((4, 4), 'float32'))\n"
+        "with bb.function('main', [x]):\n"
+        "    with bb.dataflow():\n"
+        "        out = bb.emit_output(relax.op.add(x, x))\n"
+        "    bb.emit_func_output(out)\n"
+        "mod = bb.get()\n")
+    assert tune_network.main(["--model", str(model), "--records", str(tmp_path / "r.json")]) == 1
+    assert "nothing to tune" in capsys.readouterr().out
+    assert not (tmp_path / "r.json").exists()
