@@ -301,10 +301,11 @@ def test_apply_history_best_in_relax_build_keeps_the_user_options(tmp_path):
     task, = tune.extract_tasks(mod, strategy="stock")
     path = tmp_path / "conv.json"
     best = tune.GridSearchTuner(task).tune(3, LOCAL, callbacks=[tune.callback.log_to_file(path)])
-    with vta_ext.build_options(strategy="stock", knobs="fallback"):
+    with vta_ext.build_options(strategy="stock", knobs="fallback", objective="footprint"):
         with tune.apply_history_best(path) as history:
             options = vta_ext.options.current_options()
             assert options.strategy == "stock" and options.knobs == "fallback"
+            assert options.objective == "footprint"
             assert options.records is history
             relax.build(mod, target="ext_vta")
         assert vta_ext.options.current_options().records is None

@@ -284,11 +284,12 @@ class ApplyHistoryBest:
         return "are not a point of the template's knob space"
 
     def __enter__(self) -> "ApplyHistoryBest":
+        import dataclasses
+
         import vta_ext
 
-        current = vta_ext.options.current_options()
-        options = vta_ext.build_options(strategy=current.strategy, knobs=current.knobs,
-                                        records=self)
+        # every option in effect (strategy, knobs, layout, ...) stays; only the records change
+        options = dataclasses.replace(vta_ext.options.current_options(), records=self)
         options.__enter__()
         self._options.append(options)
         return self

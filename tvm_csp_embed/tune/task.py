@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from vta_ext.config import VTAConfig, load_config
 from vta_ext.executor import config_digest
-from vta_ext.strategy import KnobSpace, OpTemplate, get_template
+from vta_ext.strategy import KnobSpace, OpTemplate, get_strategy, get_template
 
 __all__ = ["Task", "extract_tasks", "workload_text"]
 
@@ -200,8 +200,10 @@ def extract_tasks(mod, target: Any = "ext_vta", strategy: Optional[str] = None,
 
     cfg = load_config(config) if config is not None else _config_of(target)
     options = vta_ext.options.current_options()
-    with vta_ext.build_options(strategy=strategy or options.strategy, knobs=options.knobs,
-                               records=options.records):
+    if strategy is not None:
+        get_strategy(strategy)  # an unknown name: the error lists the registered ones
+        options = dataclasses.replace(options, strategy=strategy)
+    with options:
         lowered = OffloadToVTA(cfg)(mod)
     keys: List[str] = []
 
