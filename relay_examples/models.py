@@ -218,11 +218,11 @@ class MobileNetV3Small(nn.Module):
                 (5, 120, 48, True, HS, 1), (5, 144, 48, True, HS, 1), (5, 288, 96, True, HS, 2),
                 (5, 576, 96, True, HS, 1), (5, 576, 96, True, HS, 1))
 
-    def __init__(self, num_classes: int = 1000) -> None:
+    def __init__(self, num_classes: int = 1000, settings: Tuple[tuple, ...] = SETTINGS) -> None:
         super().__init__()
         layers: List[nn.Module] = [ConvNormAct(3, 16, 3, 2, act=nn.Hardswish, eps=0.001)]
         cin = 16
-        for k, exp, cout, se, act, s in self.SETTINGS:
+        for k, exp, cout, se, act, s in settings:
             layers.append(InvertedResidualV3(cin, k, exp, cout, se, act, s))
             cin = cout
         layers.append(ConvNormAct(cin, 576, 1, act=nn.Hardswish, eps=0.001))

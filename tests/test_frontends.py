@@ -124,7 +124,7 @@ def _pt2e(model, cal, per_channel):
     return convert_pt2e(prepared)
 
 
-@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("per_channel", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_pt2e_graph_within_one_lsb_and_bit_exact_on_vta(per_channel):
     model, cal = Small().eval(), _inputs()
     converted = _pt2e(model, cal, per_channel)
