@@ -172,8 +172,17 @@ class QuantizedModel:
                              f"{'':>9}  {n.layer}  [CPU float32: {n.reason}]")
                 continue
             ew = "" if n.weight_exponent is None else str(n.weight_exponent)
+            extra = ""
+            if n.qscale is not None:  # the source graph's scale, not 2**e_out
+                extra = f"  [scale {n.qscale:.6g}"
+                rq = n.params.get("requant")
+                if rq is not None:
+                    m = np.asarray(rq["multiplier"])
+                    extra += (f", requant >>{rq['pre_shift']} *M({m.min()}..{m.max()}) "
+                              f">>{rq['shift']}")
+                extra += "]"
             lines.append(f"{i:>3} {n.kind:<8} {n.name:<8} {n.exponent:>5} {ew:>4} {n.shift:>5} "
-                         f"{'y' if n.relu else ' ':>4} {n.max_abs:>9.4g}  {n.layer}")
+                         f"{'y' if n.relu else ' ':>4} {n.max_abs:>9.4g}  {n.layer}{extra}")
         return "\n".join(lines)
 
     def cpu_float_table(self) -> str:
