@@ -182,9 +182,9 @@ def _fixed_point_requant(n: QNode, nodes: List[QNode]) -> dict:
     Overflow proof: ``|acc + b + r1| <= A`` (:func:`accumulator_bound`), so after the pre-shift
     ``|v| <= ceil(A / 2**s1)``, and ``k`` is chosen per :func:`fixed_point_multiplier` such that
     ``ceil(A / 2**s1) * M + 2**(k-1) <= 2**31 - 1`` for every channel: no int32 product
-    overflows. ``s1`` is the smallest pre-shift that leaves every ``M`` at least ``2**11``
-    (relative multiplier error <= 2**-12); it costs at most ``2**(s1-1) * ratio`` output LSB of
-    rounding, and the result differs from exact rounding by at most one LSB.
+    overflows. ``s1`` minimises the worst-case error in output LSB, ``(2**s1 - 1) / 2 * ratio``
+    (the pre-shift's rounding) plus ``64 / M`` (M's rounding, for outputs up to 128); the result
+    differs from exact rounding by at most one LSB.
     """
     ratio = acc_scale(n, nodes) / n.scale
     b = bias_q(n, nodes) if n.kind in ("conv", "linear") else None
@@ -199,10 +199,13 @@ def _fixed_point_requant(n: QNode, nodes: List[QNode]) -> dict:
         except QuantizationError:
             continue
         m = np.floor(ratio * 2.0 ** (s1 + k) + 0.5).astype(np.int64)
-        if best is None or m.min() > best["multiplier"].min():
-            best = dict(pre_shift=s1, multiplier=m, shift=k, bound=int(pre_bound.max()))
-        if m.min() >= (1 << 11):
-            break
+        if m.min() < 1:
+            continue
+        # worst-case error in output LSB: the pre-shift's rounding plus M's relative error
+        error = float(((1 << s1) - 1) / 2 * ratio.max() + 64.0 / m.min())
+        if best is None or error < best["error"]:
+            best = dict(pre_shift=s1, multiplier=m, shift=k, bound=int(pre_bound.max()),
+                        error=error)
     if best is None or best["multiplier"].min() < 1:
         raise QuantizationError(f"{what}: no fixed-point multiplier fits int32 for the ratios "
                                 f"{ratio.min():.3g}..{ratio.max():.3g}; check the source graph's "
