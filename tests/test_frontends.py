@@ -85,7 +85,7 @@ def test_fixed_point_requant_at_the_int32_bounds(ratio):
     m = np.asarray(rq["multiplier"], np.int64)
     # the overflow proof, checked: every product and rounding term fits int32
     assert (rq["bound"] * m + (1 << rq["shift"] - 1)).max() <= 2 ** 31 - 1
-    assert m.max() <= 2 ** 15 - 1 and m.min() >= 2 ** 10 and rq["error"] < 0.1
+    assert m.max() <= 2 ** 15 - 1 and rq["error"] < 0.5  # worst-case error in output LSB
     rng = np.random.default_rng(0)
     acc = rng.integers(-bound, bound + 1, (1, channels, 6, 6)).astype(np.int64)
     acc[0, :, 0, 0], acc[0, :, 0, 1], acc[0, :, 0, 2] = bound, -bound, 0  # the bounds
