@@ -13,6 +13,10 @@ Subcommands (all cycles from the cycle model; every tuned best verified bit for 
 * ``search`` -- exhaustive measurement of small spaces (resuming from ``--records``), then the
   trials XGB / random / grid search need to come within 5 % of the exhaustive best, replayed on the
   measured table for ``--seeds`` seeds. Writes ``docs/figures/tune_search.{csv,png}``.
+* ``deepbench`` -- the 12 thin-channel DeepBench layers (1 or 3 input channels) as one-conv Relax
+  modules, for each strategy of ``--strategies``: tasks by ``tune.extract_tasks`` (so the strategy
+  plans the layout), XGB tuning, TPS and fallback points. Writes
+  ``docs/figures/tune_deepbench.{csv,png}``.
 * ``network`` -- the bars of ``scripts/tune_network.py``'s totals CSV(s).
   Writes ``docs/figures/tune_network.png``.
 
@@ -312,6 +316,101 @@ def plot_search(rows, path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+#: the DeepBench layers with 1 or 3 input channels (the CSP paper's thin-channel set)
+THIN = (0, 1, 2, 6, 10, 15, 21, 27, 34, 59, 67, 107)
+
+
+def deepbench_module(row):
+    """A one-conv Relax module of a DeepBench row: int8 conv2d + bias, >> 6, clip, int8."""
+    from tvm import relax
+
+    g = lambda k: int(row[k])
+    n, c, h, w, k = g("n"), g("c"), g("h"), g("w"), g("k")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, c, h, w), "int8"))
+    wt = relax.Var("w", relax.TensorType((k, c, g("filter_h"), g("filter_w")), "int8"))
+    b = relax.Var("b", relax.TensorType((1, k, 1, 1), "int32"))
+    with bb.function("main", [x, wt, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, wt, strides=(g("hstride"), g("wstride")),
+                                           padding=(g("pad_h"), g("pad_w")), out_dtype="int32"))
+            y = bb.emit(relax.op.add(y, b))
+            y = bb.emit(relax.op.right_shift(y, relax.const(6, "int32")))
+            y = bb.emit(relax.op.clip(y, -128, 127))
+            out = bb.emit_output(relax.op.astype(y, "int8"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def cmd_deepbench(args) -> int:
+    import vta_ext
+    from tvm_csp_embed import tune
+    from tvm_csp_embed.tune.measure import measure_point
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from embed_deepbench import read_layers
+
+    rows_in = {int(r["id"]): r for r in read_layers(ROOT / "data" / "deepbench_conv_inference.csv")}
+    option = tune.measure_option(runner=tune.LocalRunner(args.parallel))
+    rows = []
+    for strategy in args.strategies:
+        for lid in args.layers or THIN:
+            start = time.perf_counter()
+            (task,) = tune.extract_tasks(deepbench_module(rows_in[lid]),
+                                         target=vta_ext.vta_target(args.config), strategy=strategy)
+            space = task.knob_space
+            tuner = tune.XGBTuner(task, seed=args.seed)
+            best = tuner.tune(args.trials, option, callbacks=[
+                tune.callback.progress_bar(args.trials, prefix=f"{strategy} {lid}"),
+                tune.callback.log_to_file(args.records)])
+            tps = measure_point(task.spec(), space.tps)
+            fallback = measure_point(task.spec(), space.fallback) if not args.no_fallback else None
+            rows.append({"id": lid, "strategy": strategy, "task": task.name, "space": len(space),
+                         "trials": len(tuner.visited),
+                         "tuned_cycles": best.cycles if best else None, "tps_cycles": tps.cycles,
+                         "fallback_cycles": fallback.cycles if fallback else None,
+                         "tuned_knobs": json.dumps(best.knobs) if best else "",
+                         "seconds": round(time.perf_counter() - start, 1)})
+            r = rows[-1]
+            print(f"{strategy:>12} {lid:>3} tuned {r['tuned_cycles']} TPS {r['tps_cycles']} "
+                  f"fallback {r['fallback_cycles']}  ({r['task']})")
+    option.runner.close()
+    out = Path(args.csv)
+    write_csv(rows, out)
+    plot_deepbench(rows, out.with_suffix(".png"), args.config)
+    return 0
+
+
+def plot_deepbench(rows, path: Path, config: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ids = sorted({r["id"] for r in rows})
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    series = [(s, key) for s in strategies for key in ("fallback_cycles", "tps_cycles",
+                                                       "tuned_cycles")]
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    width = 0.8 / len(series)
+    for j, (strategy, key) in enumerate(series):
+        by_id = {r["id"]: r for r in rows if r["strategy"] == strategy}
+        ax.bar([i + (j - len(series) / 2 + 0.5) * width for i in range(len(ids))],
+               [by_id[i][key] or float("nan") if i in by_id else float("nan") for i in ids],
+               width, label=f"{strategy} {key.split('_')[0]}")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(ids)))
+    ax.set_xticklabels([f"DB{i}" for i in ids])
+    ax.set_ylabel(f"cycles ({config})")
+    ax.set_title("Thin-channel DeepBench layers: fallback / TPS / tuned per strategy")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+# ------------------------------------------------------------------------------------------------
 def cmd_network(args) -> int:
     import matplotlib
 
@@ -358,13 +457,24 @@ def main(argv=None) -> int:
     p.add_argument("--records", required=True)
     p.add_argument("--layers", nargs="+", default=["C9", "C10", "C11", "D9", "dense"])
     p.add_argument("--csv", default=str(FIG / "tune_search.csv"))
+    p = sub.add_parser("deepbench")
+    p.add_argument("--config", default="pipelined")
+    p.add_argument("--strategies", nargs="+", default=["stock", "csp-relaxed"])
+    p.add_argument("--trials", type=int, default=24)
+    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-fallback", action="store_true")
+    p.add_argument("--records", required=True)
+    p.add_argument("--layers", nargs="*", type=int)
+    p.add_argument("--csv", default=str(FIG / "tune_deepbench.csv"))
     p = sub.add_parser("network")
     p.add_argument("totals", nargs="+")
     args = parser.parse_args(argv)
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return {"layers": cmd_layers, "search": cmd_search, "network": cmd_network}[args.cmd](args)
+    return {"layers": cmd_layers, "search": cmd_search, "deepbench": cmd_deepbench,
+            "network": cmd_network}[args.cmd](args)
 
 
 if __name__ == "__main__":
