@@ -19,6 +19,7 @@ best. On Ctrl-C every finished result is already written; the exception propagat
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -54,6 +55,7 @@ class Tuner:
         self.batch_size = max(1, int(batch_size))
         self.rng = np.random.default_rng(seed)
         self.space = task.knob_space
+        self._index = {json.dumps(p, sort_keys=True): i for i, p in enumerate(self.space.points)}
         self.visited: set = set()
         self.results: Dict[int, MeasureResult] = {}
         self.best_index: Optional[int] = None
@@ -67,6 +69,10 @@ class Tuner:
 
     def update(self, indices: Sequence[int], results: Sequence[MeasureResult]) -> None:
         """Learn from measured points (subclasses may override)."""
+
+    def index_of(self, knobs: Dict[str, Any]) -> Optional[int]:
+        """The index of a point in the knob space, or None if it is not a valid point."""
+        return self._index.get(json.dumps(dict(knobs), sort_keys=True))
 
     def has_next(self) -> bool:
         """Whether an unmeasured valid point is left."""
@@ -100,7 +106,7 @@ class Tuner:
             if not isinstance(cb, LogToFile):
                 continue
             for rec in measured_points(cb.path, self.task):
-                index = self.space.index(rec.knobs)
+                index = self.index_of(rec.knobs)
                 if index is None or rec.verified:
                     continue
                 if index not in self.visited:
@@ -283,7 +289,7 @@ class XGBTuner(Tuner):
             return []
         if self._model is None:
             chosen: List[int] = []
-            tps = self.space.index(self.space.tps) if self.space.tps is not None else None
+            tps = self.index_of(self.space.tps) if self.space.tps is not None else None
             if tps is not None and tps not in self.visited:
                 chosen.append(tps)
             rest = [i for i in free if i not in chosen]
