@@ -11,7 +11,8 @@ refusals), never from the build report itself:
   clip (each at most once, any order); or a ``max_pool2d`` of int8;
 * the stock templates take it unless: dilation != 1 or asymmetric padding; a group conv whose
   channels per group are not multiples of the 16x16 GEMM block; a pool with ``ceil_mode`` or
-  padding not smaller than its window;
+  padding not smaller than its window; an average pool whose window size has no exact
+  multiply-shift reciprocal within int32 (global pools over more than about 2,000 pixels);
 * a candidate on VTA becomes one report entry (its core operator); the bindings it consumes (the
   tail, the int8 -> int32 casts of pool/add inputs, the weight transpose of a dense layer) vanish;
   every other binding is one CPU entry, in program order.
@@ -63,6 +64,35 @@ def _pool_ok(call) -> bool:
     return (not bool(a.ceil_mode) and (top, left) == (bottom, right)
             and all(int(d) == 1 for d in a.dilation)
             and top < int(a.pool_size[0]) and left < int(a.pool_size[1]))
+
+
+def _exact_reciprocal(d: int) -> bool:
+    """Whether the avg_pool2d template's division by ``d`` exists (vta_ext/templates/pool.py):
+    some shift ``k`` and ``m = ceil(2**k / d)`` give ``(x * m) >> k == x // d`` for every window
+    sum ``0 <= x <= 128 d``, with ``128 d m < 2**31``."""
+    xs = np.arange(128 * d + 1, dtype=np.int64)
+    for k in range(31):
+        m = -(-(1 << k) // d)
+        if 128 * d * m >= 1 << 31:
+            return False
+        if np.array_equal((xs * m) >> k, xs // d):
+            return True
+    return False
+
+
+def _avg_ok(call) -> bool:
+    a = call.attrs
+    _, _, h, w = _shape(call.args[0])
+    _, _, oh, ow = _shape(call)
+    top, left = int(a.padding[0]), int(a.padding[1])
+    ph, pw, sh, sw = (int(v) for v in (*a.pool_size, *a.strides))
+    if bool(a.count_include_pad) or (top, left) == (0, 0):
+        divisors = {ph * pw}
+    else:
+        count = lambda n, s, p, k, size: np.minimum(np.arange(n) * s - p + k, size) - np.maximum(
+            np.arange(n) * s - p, 0)  # noqa: E731
+        divisors = set(np.outer(count(oh, sh, top, ph, h), count(ow, sw, left, pw, w)).ravel())
+    return _pool_ok(call) and all(_exact_reciprocal(int(d)) for d in divisors)
 
 
 def _conv_ok(call) -> bool:
@@ -125,7 +155,7 @@ def expected_placement(mod) -> Tuple[List[str], List[str]]:
         elif op == "relax.matmul" and _op(producer(core.args[1])) == "relax.permute_dims" \
                 and _dtype(core.args[0]) == "int8":
             extra = [core.args[1].name]
-        elif op == "relax.nn.avg_pool2d" and cast_of(core.args[0]) and _pool_ok(core) \
+        elif op == "relax.nn.avg_pool2d" and cast_of(core.args[0]) and _avg_ok(core) \
                 and "bias" not in seen:
             extra = [cast_of(core.args[0])]
         elif op == "relax.add" and "bias" not in seen and all(cast_of(a) for a in core.args) \
