@@ -515,3 +515,14 @@ def test_mean_without_keepdims_and_an_adaptive_pool_that_does_not_divide():
     refs = [t.detach().numpy() for t in model(torch.from_numpy(x))]
     assert outs[0].shape == (1, 16) and _cos(outs[0], refs[0]) > 0.99
     np.testing.assert_allclose(outs[1], refs[1], atol=2 * qm.nodes[1].scale)
+
+
+def test_adaptive_pool_to_its_own_size_is_the_identity():
+    """VGG/AlexNet at 224x224: AdaptiveAvgPool2d(7) of a 7x7 map is an alias, no operator."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(8),
+                          nn.Flatten(), nn.Linear(512, 4)).eval()
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    qm = quantize_torch(model, x)
+    assert [n.kind for n in qm.nodes] == ["input", "conv", "layout", "layout", "linear"]
+    assert not any(_op(v) == "relax.nn.avg_pool2d" for v in _bindings(qm.mod).values())
+    assert _cos(_run_llvm(qm.mod, x), model(torch.from_numpy(x)).detach().numpy()) > 0.99

@@ -574,11 +574,11 @@ class Analyser:
                 return self._float(name, value, f"adaptive_avg_pool2d output {oh}x{ow} does not "
                                    f"divide the input {h}x{w} (windows of unequal size); "
                                    "float32 on the CPU")
-            if (oh, ow) == (h, w):  # the identity
+            if (oh, ow) == (h, w):  # the identity: an alias of its input
                 if self.is_q(src):
-                    self.node_of[name] = self.node_of[src.name]
+                    self._add(QNode("layout", name, [self.qin(src)], call=src, core=name))
                 else:
-                    self._float(name, value, "identity on a float tensor")
+                    self._float(name, src, "identity on a float tensor")
                 return None
             params.update(pool_size=[h // oh, w // ow], strides=[h // oh, w // ow])
         else:  # avg_pool2d
