@@ -5,6 +5,7 @@ Example::
 
     .venv/bin/python scripts/embed_deepbench.py --mode strict --out docs/figures/deepbench_strict.csv
     .venv/bin/python scripts/embed_deepbench.py --mode relaxed --solutions 3 --timeout 30
+    .venv/bin/python scripts/embed_deepbench.py --mode relaxed --no-compat --check   # COMPAT off
 
 ``solve_seconds`` is end to end per layer (workload build, MiniZinc flattening, Gecode, for
 all requested solutions); ``flatten_seconds`` and ``nodes`` come from MiniZinc's statistics.
@@ -74,7 +75,8 @@ def run(args) -> list:
         try:
             wl = layer_workload(r, args.layout)
             res = solve(wl, instr, args.mode, solutions=args.solutions, timeout=args.timeout,
-                        portfolio=args.portfolio, bound=args.bound, search=args.search, jobs=args.jobs)
+                        portfolio=args.portfolio, bound=args.bound, search=args.search, jobs=args.jobs,
+                        compat=not args.no_compat)
         except (SolverError, ValueError) as e:
             rows.append({**base, "solution": 0, "status": "error", "solve_seconds": round(time.perf_counter() - t0, 4),
                          "message": str(e)[:300]})
@@ -127,6 +129,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bound", action="store_true", help="per-group domain bound (eq. 11)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel processes of the portfolio")
     ap.add_argument("--check", action="store_true", help="re-check every solution against islpy")
+    ap.add_argument("--no-compat", action="store_true",
+                    help="switch off the precomputed COMPAT table (the model's edge constraints alone)")
     ap.add_argument("--ids", default="", help="comma-separated layer ids (default: all)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--block-in", type=int, default=16)

@@ -6,7 +6,7 @@ a hash of
 
 * the workload (dims, extents, reduction flags and every tensor access),
 * the instruction graph (axes, sizes, operand axes),
-* the mode (its constraint list), the number of solutions requested, and
+* the mode (its constraint list), the number of solutions requested and the cost bound, and
 * the constraint model's own text (a changed model invalidates the cache).
 
 Only definite outcomes are stored: solutions (status ``ok``) and proven infeasibility. A timeout
@@ -21,11 +21,11 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional
 
 from .embedding import Embedding, decode
 from .instructions import InstructionGraph
-from .solve import CONSTRAINT_SETS, MODEL, RawSolution, SolveStats, solve
+from .solve import CONSTRAINT_SETS, MODEL, RawSolution, solve
 from .workload import Workload
 
 __all__ = ["CACHE_ENV", "cache_dir", "cache_key", "CachedSolve", "cached_embeddings", "clear_cache"]
@@ -47,13 +47,15 @@ def _workload_text(wl: Workload) -> Dict[str, Any]:
                         for t in wl.tensors]}
 
 
-def cache_key(wl: Workload, instr: InstructionGraph, mode: str, solutions: int) -> str:
+def cache_key(wl: Workload, instr: InstructionGraph, mode: str, solutions: int,
+              max_cost: Optional[int] = None) -> str:
     """The hex key of one solve (module docstring)."""
     text = json.dumps({"v": _VERSION, "workload": _workload_text(wl),
                        "instr": {"axes": list(instr.axes), "sizes": list(instr.sizes),
                                  "reduction": list(instr.reduction),
                                  "operands": {k: list(v) for k, v in sorted(instr.operand_axes.items())}},
                        "constraints": list(CONSTRAINT_SETS.get(mode, mode)), "solutions": solutions,
+                       "max_cost": max_cost,
                        "model": hashlib.sha256(MODEL.read_bytes()).hexdigest()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -103,16 +105,17 @@ def _write(path: Path, data: Dict[str, Any]) -> None:
 
 def cached_embeddings(wl: Workload, instr: InstructionGraph, mode: str = "relaxed", *,
                       solutions: int = 4, timeout: float = 30.0, cfg: Any = None,
-                      use_cache: bool = True) -> CachedSolve:
-    """The ``solutions`` best embeddings of ``instr`` into ``wl`` under ``mode``, from the disk cache
-    or solved now (one MiniZinc process, :func:`tvm_csp_embed.solve.solve`) and stored.
+                      max_cost: Optional[int] = None, use_cache: bool = True) -> CachedSolve:
+    """The ``solutions`` best embeddings of ``instr`` into ``wl`` under ``mode`` (of cost at most
+    ``max_cost``), from the disk cache or solved now (one MiniZinc process,
+    :func:`tvm_csp_embed.solve.solve`) and stored.
 
     Raises
     ------
     tvm_csp_embed.solve.SolverError
         If MiniZinc itself fails (not cached).
     """
-    key = cache_key(wl, instr, mode, solutions)
+    key = cache_key(wl, instr, mode, solutions, max_cost)
     path = cache_dir() / f"{key}.json"
     if use_cache and path.exists():
         try:
@@ -123,7 +126,7 @@ def cached_embeddings(wl: Workload, instr: InstructionGraph, mode: str = "relaxe
             embs = [decode(_raw_from_json(d), wl, instr, mode, cfg) for d in data["solutions"]]
             return CachedSolve(data["status"], embs, data["message"], True, data.get("seconds", 0.0),
                                data.get("stats", {}))
-    res = solve(wl, instr, mode, solutions=solutions, timeout=timeout)
+    res = solve(wl, instr, mode, solutions=solutions, timeout=timeout, max_cost=max_cost)
     embs = [decode(s, wl, instr, mode, cfg) for s in res.solutions]
     stats = {"runs": res.stats.runs, "nodes": res.stats.nodes, "flatten_seconds": res.stats.flatten_seconds,
              "solve_seconds": res.stats.solve_seconds}

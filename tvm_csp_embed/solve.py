@@ -5,9 +5,16 @@
 coordinates, and returns a :class:`SolveResult` with per-solve :class:`SolveStats`.
 Options: the constraint set (``"strict"``, ``"relaxed"`` or explicit switches), the search
 order, the dimension-order portfolio of Rieber et al. eq. (12) run in parallel processes
-(first answer wins) and the per-group domain bound of eq. (11), a time limit, and the
-enumeration of the N best distinct solutions (each further solve excludes the structures
-already found).
+(first answer wins) and the per-group domain bound of eq. (11), a time limit, and the N best
+distinct solutions.
+
+One MiniZinc process per call. For one solution it minimises the cost (branch and bound). For
+the N best it enumerates every structure (``-a``; the scalar nodes are functional in the
+structure, so solutions are distinct structures), optionally below a cost bound (``max_cost``),
+and keeps the N cheapest: a complete enumeration proves them the N best, and fewer than N means
+that no more exist, without a further solve. (A model with N copies of the variables minimising
+their total cost, tried first, takes 10-60x longer on the relaxed thin-channel layers: branch and
+bound keeps re-searching the later copies under every structure of the first.)
 """
 from __future__ import annotations
 
@@ -166,6 +173,11 @@ class SolveResult:
 
 
 # ---------------------------------------------------------------------- data
+def padding_cost(extent: int, pad: int) -> int:
+    """The model's cost of padding a loop dim of ``extent`` by ``pad``: ``PAD_WEIGHT`` per doubling."""
+    return round(PAD_WEIGHT * math.log2((extent + pad) / extent))
+
+
 def _bits(instr: InstructionGraph) -> Tuple[List[int], List[int]]:
     bax, bpos = [], []
     for a, L in enumerate(instr.log_sizes):
@@ -197,8 +209,13 @@ def _nd(name: str, ranges: Sequence[str], flat: Sequence) -> str:
 
 
 def build_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str], *,
-               commutative: bool = True, bound: bool = False, bound_stride: int = 1) -> str:
+               commutative: bool = True, bound: bool = False, bound_stride: int = 1,
+               compat: bool = True) -> str:
     """MiniZinc data (dzn text) for ``models/embed.mzn``.
+
+    ``compat=False`` switches off the precomputed structural table of the dataflow edges
+    (``COMPAT``, and the bit domains derived from it): the model's own edge constraints must then
+    keep every solution sound (:func:`tvm_csp_embed.verify.check_raw`).
 
     Raises
     ------
@@ -264,7 +281,7 @@ def build_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str]
                     ok = ok and (inop == (d in t.visible()))
                     if inop:
                         lin = lin and t.is_linear(d)
-                COMPAT.append(ok)
+                COMPAT.append(ok or not compat)
                 LINEAR.append(lin)
     # per-bit dims admissible under some binding: the dataflow edges (iso) and linear access
     # (linear) are posted in full in the model; this only shrinks domains before flattening
@@ -289,10 +306,7 @@ def build_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str]
     strided = "dense" not in constraints
     stmax = max(ext) if strided else 1
     maxstep = max(1, max(x + pm for x, pm in zip(ext, padmax)))
-    logc = []
-    for d in range(D):
-        for v in range(padall + 1):
-            logc.append(round(PAD_WEIGHT * math.log2((ext[d] + v) / ext[d])))
+    logc = [padding_cost(ext[d], v) for d in range(D) for v in range(padall + 1)]
     red_ax = [i for i, r in enumerate(instr.reduction) if r]
     chainq = [int(q != nodes[0] and all(q[i] == 0 for i in range(len(q)) if i not in red_ax)) for q in nodes]
     prevq, lowb = [0], [1]
@@ -383,10 +397,12 @@ class _Run:
 
 def _launch(wl: Workload, instr: InstructionGraph, constraints, search, timeout, workdir, tag,
             nogoods: Sequence[RawSolution], order: Sequence[int], commutative, bound, bound_stride,
-            optimise: bool) -> subprocess.Popen:
+            optimise: bool, enumerate_all: bool = False, max_cost: Optional[int] = None,
+            compat: bool = True) -> subprocess.Popen:
     wlp = wl.permuted(order)
     inv = {old: new for new, old in enumerate(order)}
-    data = build_data(wlp, instr, constraints, commutative=commutative, bound=bound, bound_stride=bound_stride)
+    data = build_data(wlp, instr, constraints, commutative=commutative, bound=bound, bound_stride=bound_stride,
+                      compat=compat)
     ng = []
     for s in nogoods:
         conj = [f"bind = {s.binding}"]
@@ -395,16 +411,38 @@ def _launch(wl: Workload, instr: InstructionGraph, constraints, search, timeout,
         ng.append("constraint not (" + " /\\ ".join(conj) + ");")
     mzn = Path(workdir) / f"{tag}.mzn"
     dzn = Path(workdir) / f"{tag}.dzn"
-    goal = "minimize cost" if optimise else "satisfy"
+    goal = "minimize cost" if optimise and not enumerate_all else "satisfy"
+    if max_cost is not None:
+        ng.append(f"constraint cost <= {int(max_cost)};")
     mzn.write_text(f'include "{MODEL}";\n' + "\n".join(ng) + "\n"
                    f"solve :: {_search_ann(instr, search)} {goal};\n" + _OUT)
     dzn.write_text(data)
-    cmd = ["minizinc", "--solver", "gecode", "-s", "--time-limit", str(int(timeout * 1000)), str(mzn), str(dzn)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = ["minizinc", "--solver", "gecode", "-s", "--time-limit", str(int(timeout * 1000))]
+    if enumerate_all:
+        cmd.append("-a")
+    cmd += [str(mzn), str(dzn)]
+    # output goes to files: an enumeration prints more than a pipe buffer holds, and the driver
+    # polls several processes without reading their pipes
+    out = open(Path(workdir) / f"{tag}.out", "w+")
+    err = open(Path(workdir) / f"{tag}.err", "w+")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+    proc.out_file, proc.err_file = out, err
+    return proc
+
+
+def _outputs(proc: subprocess.Popen) -> Tuple[str, str]:
+    """Stdout and stderr of a finished :func:`_launch` process (its files are closed)."""
+    texts = []
+    for f in (proc.out_file, proc.err_file):
+        f.seek(0)
+        texts.append(f.read())
+        f.close()
+    return texts[0], texts[1]
 
 
 def _parse(out: str, err: str, rc: int, wl: Workload, instr: InstructionGraph, order: Sequence[int]
-           ) -> Tuple[str, Optional[RawSolution], Dict[str, float]]:
+           ) -> Tuple[str, List[RawSolution], Dict[str, float]]:
+    """Status, every solution printed (in order) and MiniZinc's statistics."""
     stats: Dict[str, float] = {}
     for m in re.finditer(r"%%%mzn-stat: (\w+)=(\S+)", out):
         try:
@@ -416,41 +454,42 @@ def _parse(out: str, err: str, rc: int, wl: Workload, instr: InstructionGraph, o
     complete = "==========" in out
     if not sols:
         if "=====UNSATISFIABLE=====" in out:
-            return "infeasible", None, stats
+            return "infeasible", [], stats
         if rc != 0 and "UNKNOWN" not in out:
             raise SolverError(f"minizinc failed (exit {rc}) on {wl.name}: {err.strip()[-2000:]}")
-        return "timeout", None, stats
-    b, bd, bs, pad, cost, P, T = sols[-1]
+        return "timeout", [], stats
     D = len(wl.dims)
-    bdp = [order[x - 1] for x in _ints(bd)]             # permuted dim -> original dim
-    padp = _ints(pad)
-    pad_orig = [0] * D
-    for new, old in enumerate(order):
-        pad_orig[old] = padp[new]
-    pv = _ints(P)
-    nq = instr.num_mults
-    prow = []
-    for q in range(nq):
-        row = pv[q * D:(q + 1) * D]
-        orig = [0] * D
-        for new, old in enumerate(order):
-            orig[old] = row[new]
-        prow.append(tuple(orig))
-    tv = _ints(T)
     binds = _bindings(instr, wl, True)
     EMAX = max(t.rank for t in wl.tensors)
     nnmax = max(len(instr.operand_nodes(o)) for o in "ABC")
-    bind = int(b)
-    data_nodes = {}
-    for k, o in enumerate("ABC"):
-        rank = wl.tensors[binds[bind - 1][k]].rank
-        lst = []
-        for j in range(len(instr.operand_nodes(o))):
-            base = (k * nnmax + j) * EMAX
-            lst.append(tuple(tv[base:base + rank]))
-        data_nodes[o] = lst
-    sol = RawSolution(bind, tuple(bdp), tuple(_ints(bs)), tuple(pad_orig), int(cost), complete, prow, data_nodes)
-    return "ok", sol, stats
+    found = []
+    for b, bd, bs, pad, cost, P, T in sols:
+        bdp = [order[x - 1] for x in _ints(bd)]             # permuted dim -> original dim
+        padp = _ints(pad)
+        pad_orig = [0] * D
+        for new, old in enumerate(order):
+            pad_orig[old] = padp[new]
+        pv = _ints(P)
+        prow = []
+        for q in range(instr.num_mults):
+            row = pv[q * D:(q + 1) * D]
+            orig = [0] * D
+            for new, old in enumerate(order):
+                orig[old] = row[new]
+            prow.append(tuple(orig))
+        tv = _ints(T)
+        bind = int(b)
+        data_nodes = {}
+        for k, o in enumerate("ABC"):
+            rank = wl.tensors[binds[bind - 1][k]].rank
+            lst = []
+            for j in range(len(instr.operand_nodes(o))):
+                base = (k * nnmax + j) * EMAX
+                lst.append(tuple(tv[base:base + rank]))
+            data_nodes[o] = lst
+        found.append(RawSolution(bind, tuple(bdp), tuple(_ints(bs)), tuple(pad_orig), int(cost), complete,
+                                 prow, data_nodes))
+    return "ok", found, stats
 
 
 def portfolio_orders(wl: Workload, instr: InstructionGraph) -> List[Tuple[int, ...]]:
@@ -482,7 +521,8 @@ def _asset_name(wl: Workload, order: Sequence[int]) -> str:
 def solve(wl: Workload, instr: InstructionGraph, mode: Union[str, Sequence[str]] = "strict", *,
           solutions: int = 1, timeout: float = 30.0, search: str = "struct", portfolio: bool = False,
           bound: bool = False, bound_stride: int = 1, jobs: int = 2, commutative: bool = True,
-          optimise: bool = True, disable: Sequence[str] = ()) -> SolveResult:
+          optimise: bool = True, disable: Sequence[str] = (), max_cost: Optional[int] = None,
+          compat: bool = True) -> SolveResult:
     """Solve the embedding constraint program.
 
     Parameters
@@ -493,8 +533,9 @@ def solve(wl: Workload, instr: InstructionGraph, mode: Union[str, Sequence[str]]
         ``"strict"``, ``"relaxed"``, or an explicit list of constraint names
         (:data:`CONSTRAINTS`).
     solutions : int
-        Number of best distinct solutions to enumerate (each is a further solve with the
-        earlier structures excluded).
+        Number of best distinct solutions. One MiniZinc process: for 1, branch and bound on the
+        cost; for more, the enumeration of every structure (below ``max_cost``), of which the
+        ``solutions`` cheapest are kept (fewer when fewer exist; on a timeout, the cheapest found).
     timeout : float
         Seconds for the whole call; on expiry the status is ``"timeout"``.
     search : str
@@ -511,6 +552,12 @@ def solve(wl: Workload, instr: InstructionGraph, mode: Union[str, Sequence[str]]
         Minimise the padding cost (otherwise the first solution is returned).
     disable : sequence of str
         Constraint names removed from the set.
+    max_cost : int, optional
+        Only solutions of at most this cost (e.g. the cost of the stock mapping, which a caller
+        can always fall back to; see :func:`padding_cost`).
+    compat : bool
+        Post the precomputed structural table of the dataflow edges (``COMPAT``) as a redundant
+        propagation aid (default). Without it the model's edge constraints alone decide.
 
     Returns
     -------
@@ -526,34 +573,31 @@ def solve(wl: Workload, instr: InstructionGraph, mode: Union[str, Sequence[str]]
                           "(Debian: apt-get install minizinc)")
     t_start = time.perf_counter()
     total = SolveStats()
-    found: List[RawSolution] = []
-    status = "ok"
     orders = portfolio_orders(wl, instr) if portfolio else [tuple(range(len(wl.dims)))]
+    enumerate_all = solutions > 1
     workdir = tempfile.mkdtemp(prefix="csp_embed_")
     try:
-        for it in range(solutions):
-            remaining = timeout - (time.perf_counter() - t_start)
-            if remaining <= 0.05:
-                status = "timeout" if not found else "ok"
-                break
-            st, sol, stats, asset, runs = _solve_once(wl, instr, cons, search, remaining, workdir, f"s{it}",
-                                                      found, orders, commutative, bound, bound_stride,
-                                                      jobs, optimise)
-            total.runs += runs
-            total.flatten_seconds += stats.get("flatTime", 0.0)
-            total.solve_seconds += stats.get("solveTime", 0.0)
-            total.nodes += int(stats.get("nodes", 0))
-            total.failures += int(stats.get("failures", 0))
-            if sol is None:
-                if not found:
-                    status = st
-                break
-            sol.stats = SolveStats(0.0, stats.get("flatTime", 0.0), stats.get("solveTime", 0.0),
-                                   int(stats.get("nodes", 0)), int(stats.get("failures", 0)), asset, runs)
-            total.asset = found[0].stats.asset if found else asset
-            found.append(sol)
+        status, sols, stats, asset, runs = _solve_once(
+            wl, instr, cons, search, timeout, workdir, "s0", [], orders, commutative, bound,
+            bound_stride, jobs, optimise, enumerate_all, max_cost, compat)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if enumerate_all:
+        unique = {}
+        for sol in sols:
+            unique.setdefault(sol.key(), sol)
+        found = sorted(unique.values(), key=lambda x: (x.cost, x.key()))[:solutions]
+    else:
+        found = sols[-1:]
+    total.runs = runs
+    total.flatten_seconds = stats.get("flatTime", 0.0)
+    total.solve_seconds = stats.get("solveTime", 0.0)
+    total.nodes = int(stats.get("nodes", 0))
+    total.failures = int(stats.get("failures", 0))
+    total.asset = asset or "default"
+    for sol in found:
+        sol.stats = SolveStats(0.0, total.flatten_seconds, total.solve_seconds, total.nodes,
+                               total.failures, total.asset, runs)
     total.wall_seconds = time.perf_counter() - t_start
     for s in found:
         s.stats.wall_seconds = total.wall_seconds
@@ -564,12 +608,13 @@ def solve(wl: Workload, instr: InstructionGraph, mode: Union[str, Sequence[str]]
                f"constraints: {' '.join(cons)}); raise the timeout or relax the constraints")
     else:
         msg = (f"no embedding of {instr.name} into {wl.name} exists under the constraints "
-               f"{' '.join(cons)}; try mode='relaxed' or enable padding")
+               f"{' '.join(cons)}" + (f" at cost <= {max_cost}" if max_cost is not None else "")
+               + "; try mode='relaxed' or enable padding")
     return SolveResult(status, found, total, msg)
 
 
 def _solve_once(wl, instr, cons, search, timeout, workdir, tag, nogoods, orders, commutative, bound,
-                bound_stride, jobs, optimise):
+                bound_stride, jobs, optimise, enumerate_all=False, max_cost=None, compat=True):
     pending = list(enumerate(orders))
     running: List[_Run] = []
     best_fail = ("infeasible", {})
@@ -583,9 +628,12 @@ def _solve_once(wl, instr, cons, search, timeout, workdir, tag, nogoods, orders,
                 left = timeout - (time.perf_counter() - t0)
                 if left <= 0.05:
                     pending.clear()
+                    if n_runs == 0:
+                        best_fail = ("timeout", {})     # no time left to start a solver
                     break
                 proc = _launch(wl, instr, cons, search, left, workdir, f"{tag}_a{i}", nogoods, order,
-                               commutative, bound, bound_stride, optimise)
+                               commutative, bound, bound_stride, optimise, enumerate_all, max_cost,
+                               compat)
                 n_runs += 1
                 running.append(_Run(proc, order, _asset_name(wl, order) if len(orders) > 1 else "default",
                                     time.perf_counter()))
@@ -604,10 +652,11 @@ def _solve_once(wl, instr, cons, search, timeout, workdir, tag, nogoods, orders,
                     else:
                         time.sleep(0.005)
             running.remove(done)
-            out, err = done.proc.communicate()
-            st, sol, stats = _parse(out, err, done.proc.returncode, wl, instr, done.order)
-            if sol is not None:
-                return st, sol, stats, done.asset, n_runs
+            done.proc.wait()
+            out, err = _outputs(done.proc)
+            st, sols, stats = _parse(out, err, done.proc.returncode, wl, instr, done.order)
+            if sols:
+                return st, sols, stats, done.asset, n_runs
             if st == "timeout":
                 best_fail = ("timeout", stats)
             else:
@@ -616,9 +665,11 @@ def _solve_once(wl, instr, cons, search, timeout, workdir, tag, nogoods, orders,
                     best_fail = ("infeasible", stats)
                 # an asset is a reordering of the same problem: infeasible for one is infeasible for all
                 pending.clear()
-        return best_fail[0], None, best_fail[1], "", n_runs
+        return best_fail[0], [], best_fail[1], "", n_runs
     finally:
         for r in running:
             if r.proc.poll() is None:
                 r.proc.kill()
-            r.proc.communicate()
+            r.proc.wait()
+            if not r.proc.out_file.closed:
+                _outputs(r.proc)

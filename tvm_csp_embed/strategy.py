@@ -7,9 +7,10 @@ convolutions fall back to ``stock``):
 
 1. the operator becomes a :class:`~tvm_csp_embed.workload.Workload` in each candidate layout of its
    free dims (``build_options(layout=...)``: ``NCHW``, ``NHWC`` or ``auto`` = both);
-2. the solver (:func:`tvm_csp_embed.cache.cached_embeddings`, cached on disk) gives the best
-   embeddings of the GEMM under the strategy's constraint set (``strict``: the stock mapping family
-   and its operand swap; ``relaxed``: stencil unrolling, fused z, strides);
+2. the solver (:func:`tvm_csp_embed.cache.cached_embeddings`, one MiniZinc process, cached on
+   disk) gives the best embeddings of the GEMM under the strategy's constraint set (``strict``: the
+   stock mapping family; ``relaxed``: stencil unrolling, fused z, strides) that cost the solver no
+   more than the stock mapping (:func:`stock_mapping_cost`: less padding, or as little);
 3. each embedding becomes a packed GEMM program (:mod:`tvm_csp_embed.codegen`) with its knob space;
 4. the candidates are ranked by ``build_options(objective=...)``: ``cycles`` (the cycle model of the
    built program; the two best by a static estimate are built), ``combined`` (cycles at the
@@ -44,11 +45,12 @@ from .codegen.knobs import KnobPoint, Pruned, enumerate_points, fallback_point, 
 from .codegen.plan import PackedGemm, packed_gemm
 from .embedding import Embedding, decode
 from .instructions import gemm
-from .solve import RawSolution, SolverError
+from .solve import RawSolution, SolverError, padding_cost
 from .workload import Workload, conv2d, dense
 
-__all__ = ["MODES", "CspWorkload", "CspGemmTemplate", "STRATEGY_NAMES", "DEFAULT_SOLUTIONS",
-           "DEFAULT_TIMEOUT", "operator_workload", "packed_of", "candidates"]
+__all__ = ["MODES", "CspWorkload", "CspGemmTemplate", "Candidate", "STRATEGY_NAMES",
+           "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "operator_workload", "packed_of", "candidates",
+           "stock_mapping_cost", "host_relayout_seconds"]
 
 #: strategy name -> constraint set of the solver
 MODES = {"csp-strict": "strict", "csp-relaxed": "relaxed"}
@@ -190,6 +192,17 @@ class Candidate:
                 + ")")
 
 
+def stock_mapping_cost(cw: CspWorkload, config) -> int:
+    """The solver's cost of the stock mapping (x = batch, y = output channels, z = input channels,
+    each padded to its block): the bound of the candidates, since the stock template is always
+    there to fall back to."""
+    p = cw.p
+    dims = ((p["n"], config.BATCH), (p["k"], config.BLOCK_OUT), (p["c"], config.BLOCK_IN)) \
+        if cw.op == "conv2d" else ((p["n"], config.BATCH), (p["m"], config.BLOCK_OUT),
+                                   (p["k"], config.BLOCK_IN))
+    return sum(padding_cost(x, -(-x // b) * b - x) for x, b in dims)
+
+
 def _footprint(pg: PackedGemm) -> int:
     ops = pg.operands
     return sum(math.prod(ops[r].stored_shape) for r in "ABC")
@@ -214,7 +227,8 @@ def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epi
     for layout in layouts:
         cw0 = dataclasses.replace(base, layout=layout, mode=mode)
         wl = operator_workload(cw0)[0]
-        res = cached_embeddings(wl, instr, mode, solutions=solutions, timeout=timeout, cfg=config)
+        res = cached_embeddings(wl, instr, mode, solutions=solutions, timeout=timeout, cfg=config,
+                                max_cost=stock_mapping_cost(cw0, config))
         if res.status != "ok":
             notes.append(f"{layout}: {res.message}")
             continue
@@ -233,46 +247,13 @@ def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epi
 
 
 def host_relayout_seconds(pg: PackedGemm, repeats: int = 5) -> float:
-    """Median wall time of the host relayout of the operands that are not constants (the
-    activation packing and the output unpacking), compiled for llvm."""
-    import numpy as np
-    import tvm
-    from tvm import relax
+    """Median wall time of the host relayout that runs per inference: packing the activation and
+    unpacking the output (constant weights are relayouted at build time)."""
+    from .hosttime import relayout_seconds
 
-    from .codegen.plan import PackedOperand  # noqa: F401
-
-    data_role = next(r for r in "AB" if pg.operands[r].tensor == pg.embedding.workload.inputs[0].name)
-    layouts = [(pg.operands[data_role].host, "pack"), (pg.operands["C"].host, "unpack")]
-    total = 0.0
-    for host, kind in layouts:
-        bb = relax.BlockBuilder()
-        shape = host.src_shape if kind == "pack" else host.shape
-        x = relax.Var("x", relax.TensorType(shape, "int8"))
-
-        class _Packer:
-            def emit(self, e, name):
-                return bb.emit(e, name_hint=f"p_{name}")
-
-            emit_unpack = emit
-
-            def operand(self, e):
-                return e
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                y = host.pack(_Packer(), x) if kind == "pack" else bb.emit(host.unpack(_Packer(), x))
-                out = bb.emit_output(y)
-            bb.emit_func_output(out)
-        ex = relax.build(bb.get(), target="llvm")
-        vm = relax.VirtualMachine(ex, tvm.cpu())
-        arr = tvm.runtime.tensor(np.zeros(shape, np.int8))
-        vm["main"](arr)
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            vm["main"](arr)
-            times.append(time.perf_counter() - t)
-        total += sorted(times)[len(times) // 2]
-    return total
+    data = pg.embedding.workload.inputs[0].name
+    act = next(pg.operands[r] for r in "AB" if pg.operands[r].tensor == data)
+    return relayout_seconds(act.host, act.host.src_shape, pg.operands["C"].host, repeats)[1]
 
 
 def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, epilogue, knobs) -> str:

@@ -9,6 +9,8 @@
 * :func:`execute` is a numpy executor: it applies the relayout plan to the tensors, runs the
   implied sequence of blocked instruction calls, unpacks the output and crops padding.
   :func:`check_numeric` compares it with the directly computed operator.
+* :func:`check_instruction` ties an instruction graph to :mod:`vta_ext`: one GEMM on the
+  functional simulator must compute what the graph says.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from .solve import RawSolution
 from .workload import STMT_ADD, STMT_MUL, Workload
 
 __all__ = ["ProofError", "ScalarReport", "check_scalar", "check_raw", "apply_relayout", "execute", "check_numeric",
-           "node_points"]
+           "node_points", "check_instruction"]
 
 
 class ProofError(AssertionError):
@@ -285,4 +287,71 @@ def check_numeric(emb: Embedding, seed: int = 0, in0: Optional[np.ndarray] = Non
         bad = np.argwhere(got != ref)
         raise ProofError(f"numpy execution of {emb!r} differs from the operator at {len(bad)} elements, "
                          f"first {tuple(bad[0]) if len(bad) else 'shape'}")
+    return got
+
+
+# ---------------------------------------------------------------------- the instruction itself
+def check_instruction(instr: InstructionGraph, cfg, seed: int = 0) -> np.ndarray:
+    """Check an instruction graph against the accelerator's own semantics (:mod:`vta_ext`).
+
+    Runs one VTA GEMM on the functional simulator: random int8 tiles are written in the lane
+    order of the input and weight scratchpads (:func:`vta_ext.memory.scratchpad`), the accumulator
+    is reset, one GEMM micro-op runs and the accumulator is stored (the store keeps the low byte of
+    every lane). The graph's operands are those same bytes read as arrays over their
+    ``operand_axes`` (row-major), and its einsum must give the stored tile. A graph whose operand
+    axes disagree with the hardware (e.g. B declared ``(z, y)``, not transposed) fails.
+
+    Returns the stored tile.
+
+    Raises
+    ------
+    ProofError
+        If the graph is not a GEMM, its operand sizes differ from the scratchpad lanes, or its
+        einsum differs from the simulator.
+    """
+    from vta_ext.isa import MemType, Stage
+    from vta_ext.memory import scratchpad
+    from vta_ext.runtime import CommandQueue, UopKernel
+
+    if instr.kind != "gemm":
+        raise ProofError(f"{instr.name}: only GEMM graphs can be checked against the VTA GEMM")
+    sizes = dict(zip(instr.axes, instr.sizes))
+    lanes = {"A": scratchpad(cfg, MemType.INP).lane_shape, "B": scratchpad(cfg, MemType.WGT).lane_shape,
+             "C": scratchpad(cfg, MemType.ACC).lane_shape}
+    shapes = {op: tuple(sizes[a] for a in instr.operand_axes[op]) for op in "ABC"}
+    for op in "ABC":
+        if math.prod(shapes[op]) != math.prod(lanes[op]):
+            raise ProofError(f"{instr.name}: operand {op} has {math.prod(shapes[op])} elements, the "
+                             f"VTA tile {lanes[op]} has {math.prod(lanes[op])}")
+    rng = np.random.default_rng(seed)
+    raw = {op: rng.integers(-128, 128, math.prod(lanes[op])).astype(np.int8) for op in "AB"}
+    q = CommandQueue(cfg)
+    bufs = {"inp": q.alloc(raw["A"].nbytes, "inp"), "wgt": q.alloc(raw["B"].nbytes, "wgt"),
+            "out": q.alloc(math.prod(lanes["C"]), "out")}
+    q.load_2d(bufs["inp"], 0, 1, 1, 1, 0, 0, 0, 0, 0, MemType.INP)
+    q.load_2d(bufs["wgt"], 0, 1, 1, 1, 0, 0, 0, 0, 0, MemType.WGT)
+    q.dep_push(Stage.LOAD, Stage.COMPUTE)
+    q.dep_pop(Stage.LOAD, Stage.COMPUTE)
+    for reset in (True, False):
+        kernel = UopKernel("gemm", reset=reset)
+        kernel.push(0, 0, 0)
+        q.push_gemm(kernel)
+    q.dep_push(Stage.COMPUTE, Stage.STORE)
+    q.dep_pop(Stage.COMPUTE, Stage.STORE)
+    q.store_2d(0, MemType.OUT, bufs["out"], 0, 1, 1, 1)
+    prog = q.synchronize()
+    prog.write("inp", raw["A"])
+    prog.write("wgt", raw["B"])
+    prog.run()
+    got = prog.read("out", np.int8, lanes["C"])
+    a = raw["A"].astype(np.int64).reshape((1,) + shapes["A"])
+    b = raw["B"].astype(np.int64).reshape((1,) + shapes["B"])
+    expect = np.einsum(instr.einsum(), a, b)[0].reshape(-1)
+    expect = expect.astype(np.int32).astype(np.int8).reshape(lanes["C"])  # the store's low byte
+    if not np.array_equal(got, expect):
+        bad = np.argwhere(got != expect)
+        ops = ", ".join(o + "[" + ",".join(instr.operand_axes[o]) + "]" for o in "ABC")
+        raise ProofError(f"{instr.name} ({ops}) differs from the VTA GEMM of {cfg.name!r} at {len(bad)} "
+                         f"of {got.size} output lanes (first {tuple(int(i) for i in bad[0])}): the "
+                         "operand axes do not match the hardware's C[x,y] += A[x,z] * B[y,z]")
     return got
