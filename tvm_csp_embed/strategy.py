@@ -15,7 +15,9 @@ convolutions fall back to ``stock``):
 4. the candidates are ranked by ``build_options(objective=...)``: ``cycles`` (the cycle model of the
    built program; the two best by a static estimate are built), ``combined`` (cycles at the
    configuration's clock plus the measured host relayout time) or ``footprint`` (bytes of the packed
-   tensors). The choice is cached on disk next to the embeddings;
+   tensors). The cycle model times up to :data:`CYCLE_RANKED` candidates, best static estimate
+   first, within :data:`RANK_FACTOR` of the best. The choice is cached on disk next to the
+   embeddings;
 5. the plan emits the host relayout through the offload pass's packer and the output layout that
    unpacks it.
 
@@ -61,8 +63,8 @@ DEFAULT_SOLUTIONS = 4
 DEFAULT_TIMEOUT = 30.0
 #: candidates built and timed by the cycle model: at most this many, best static estimate first,
 #: and only those within RANK_FACTOR of the best estimate
-CYCLE_RANKED = 2
-RANK_FACTOR = 2.0
+CYCLE_RANKED = 6
+RANK_FACTOR = 1.5
 #: the layouts of a conv2d's free dims, with the permutations from NCHW/OIHW
 CONV_LAYOUTS = {"NCHW": {"data": (0, 1, 2, 3), "weight": (0, 1, 2, 3), "out": (0, 1, 2, 3)},
                 "NHWC": {"data": (0, 2, 3, 1), "weight": (2, 3, 1, 0), "out": (0, 2, 3, 1)}}
