@@ -204,9 +204,12 @@ def check_model(name: str, size: int, kwargs: dict) -> dict:
         isinstance(m, torch.nn.Conv2d) for m in model.modules())
     assert sum(op == "relax.matmul" for op, _ in placement) == sum(
         isinstance(m, torch.nn.Linear) for m in model.modules())
-    # every operator the quantiser left in float32 is on the CPU under its own name
-    cpu_names = {p.name for p in report.on_cpu}
-    assert {o.var for o in qm.cpu_float_ops} <= cpu_names
+    # every operator the quantiser left in float32 is on the CPU under its own name, with the
+    # quantiser's reason and its torch layer; every VTA operator names its torch layer
+    on_cpu = {p.name: p for p in report.on_cpu}
+    for o in qm.cpu_float_ops:
+        assert on_cpu[o.var].reason == o.reason and on_cpu[o.var].layer.startswith(o.layer)
+    assert all(p.layer for p in report.on_vta)
     placed = mac_placement(op_macs(qm.mod), report)
     assert placed["consistent"], placed
     print(f"{name} {size}x{size}: bit-exact, {100 * placed['vta'] / placed['total']:.1f} % of "
