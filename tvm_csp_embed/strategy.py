@@ -70,6 +70,12 @@ CONV_LAYOUTS = {"NCHW": {"data": (0, 1, 2, 3), "weight": (0, 1, 2, 3), "out": (0
                 "NHWC": {"data": (0, 2, 3, 1), "weight": (2, 3, 1, 0), "out": (0, 2, 3, 1)}}
 
 
+#: how the report names the loop dims of the conv2d and dense workloads
+DIM_WORDS = {"n": "batch", "b": "batch", "c": "in channels", "i": "in features", "k": "out channels",
+             "o": "out features", "r": "filter rows", "s": "filter columns", "oh": "output rows",
+             "ow": "output columns"}
+
+
 def _tuples(v):
     return tuple(_tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
 
@@ -422,8 +428,8 @@ class CspGemmTemplate(OpTemplate):
                 + (f"; {unrolled}" if unrolled else "") + f"); chosen for {why}")
         if notes:
             desc += "; " + "; ".join(notes)
-        pads = ", ".join(f"{d} {e.workload.extents[e.workload.dims.index(d)]}->{e.padded_extents[d]}"
-                         for d in e.padding)
+        pads = ", ".join(f"{DIM_WORDS.get(d, d)} {e.workload.extents[e.workload.dims.index(d)]}->"
+                         f"{e.padded_extents[d]}" for d in e.padding)
         return OpPlan(cand.workload, inputs, pg.operands["C"].host, desc, pads)
 
     # ---------------------------------------------------------------- build
