@@ -235,3 +235,24 @@ def test_dense_bit_exact():
         assert report.on_vta[0].reason == f"dense ({strategy} embedding)"
     np.testing.assert_array_equal(run_module(mod, "llvm", arrays), ref)
     assert isinstance(tvm.cpu(), tvm.runtime.Device)
+
+
+@pytest.mark.parametrize("c,groups,stride", [(32, 2, 1), (32, 4, 2)])
+def test_group_conv2d(c, groups, stride):
+    """Grouped convolutions: the group is a loop dim seen by all three tensors; 8 channels per group
+    (which the stock template refuses, keeping the operator on the CPU) are padded per group."""
+    mod = conv_module(1, c, c, 10, 3, stride=stride, padding=1, groups=groups)
+    rng = np.random.default_rng(groups)
+    arrays = [rng.integers(-128, 128, (1, c, 10, 10)).astype(np.int8),
+              rng.integers(-128, 128, (c, c // groups, 3, 3)).astype(np.int8),
+              rng.integers(-4000, 4000, (1, c, 1, 1)).astype(np.int32)]
+    ref = requantize(conv2d_nchw(arrays[0], arrays[1], stride, 1, groups=groups), arrays[2], 8, (0, 127))
+    np.testing.assert_array_equal(run_module(mod, "llvm", arrays), ref)
+    for options in (dict(strategy="csp-strict", layout="NHWC"), dict(strategy="csp-relaxed")):
+        out, report, _ = _build_run(mod, arrays, **options)
+        np.testing.assert_array_equal(out, ref)
+        assert report.on_vta[0].reason == f"group_conv2d ({options['strategy']} embedding)"
+        assert f"g{groups}" in report.on_vta[0].detail
+    _, report, _ = _build_run(mod, arrays, strategy="stock")
+    assert [p.device for p in report.placements if p.op == "relax.nn.conv2d"] == \
+        (["vta"] if c // groups % 16 == 0 else ["cpu"])

@@ -48,7 +48,7 @@ from .codegen.plan import PackedGemm, packed_gemm
 from .embedding import Embedding, decode
 from .instructions import gemm
 from .solve import RawSolution, SolverError, padding_cost
-from .workload import Workload, conv2d, dense
+from .workload import Workload, conv2d, dense, group_conv2d
 
 __all__ = ["MODES", "CspWorkload", "CspGemmTemplate", "Candidate", "STRATEGY_NAMES",
            "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "operator_workload", "packed_of", "candidates",
@@ -65,7 +65,7 @@ DEFAULT_TIMEOUT = 30.0
 #: and only those within RANK_FACTOR of the best estimate
 CYCLE_RANKED = 6
 RANK_FACTOR = 1.5
-#: the layouts of a conv2d's free dims, with the permutations from NCHW/OIHW
+#: the layouts of a conv2d's free dims, with the permutations from NCHW/OIHW (``permute_dims`` axes)
 CONV_LAYOUTS = {"NCHW": {"data": (0, 1, 2, 3), "weight": (0, 1, 2, 3), "out": (0, 1, 2, 3)},
                 "NHWC": {"data": (0, 2, 3, 1), "weight": (2, 3, 1, 0), "out": (0, 2, 3, 1)}}
 
@@ -87,9 +87,10 @@ class CspWorkload:
     Attributes
     ----------
     op : str
-        ``"conv2d"`` or ``"dense"``.
+        ``"conv2d"``, ``"group_conv2d"`` or ``"dense"``.
     params : tuple of (str, int)
-        Operator parameters (conv2d: ``n c h w k kh kw pt pl pb pr sh sw``; dense: ``n k m``).
+        Operator parameters (conv2d: ``n c h w k kh kw pt pl pb pr sh sw``, plus ``g`` for a group
+        conv2d; dense: ``n k m``).
     layout : str
         Layout of the free dims (``"NCHW"`` or ``"NHWC"``; dense: ``"NCHW"``).
     mode : str
@@ -133,30 +134,55 @@ def _conv_params(op: MatchedOp) -> Tuple[Tuple[str, int], ...]:
     n, c, h, w = _shape(op.operands[0])
     k, _, kh, kw = _shape(op.operands[1])
     pt, pl, pb, pr = (int(v) for v in a.padding)
-    return (("n", n), ("c", c), ("h", h), ("w", w), ("k", k), ("kh", kh), ("kw", kw), ("pt", pt),
-            ("pl", pl), ("pb", pb), ("pr", pr), ("sh", int(a.strides[0])), ("sw", int(a.strides[1])))
+    params = (("n", n), ("c", c), ("h", h), ("w", w), ("k", k), ("kh", kh), ("kw", kw), ("pt", pt),
+              ("pl", pl), ("pb", pb), ("pr", pr), ("sh", int(a.strides[0])), ("sw", int(a.strides[1])))
+    groups = int(a.groups)
+    return params + ((("g", groups),) if groups > 1 else ())
 
 
 def operator_workload(cw: CspWorkload):
-    """``(workload, operator shapes, permutations, input pads)`` of ``cw``'s operator in its layout
+    """``(workload, operator shapes, source steps, input pads)`` of ``cw``'s operator in its layout
     (the arguments of :func:`~tvm_csp_embed.codegen.plan.packed_gemm`)."""
     p = cw.p
-    if cw.op == "conv2d":
-        perms = CONV_LAYOUTS[cw.layout]
-        wl = conv2d(p["n"], p["c"], p["h"] + p["pt"] + p["pb"], p["w"] + p["pl"] + p["pr"], p["k"],
-                    p["kh"], p["kw"], stride=(p["sh"], p["sw"]), layout=cw.layout,
-                    name=f"conv2d_{cw.layout}_" + "_".join(f"{k}{v}" for k, v in cw.params))
-        out = wl.output.shape
-        inv = [perms["out"].index(i) for i in range(4)]
-        shapes = {"data": (p["n"], p["c"], p["h"], p["w"]), "weight": (p["k"], p["c"], p["kh"], p["kw"]),
-                  "out": tuple(out[i] for i in inv)}
-        dpad = {"n": (0, 0), "c": (0, 0), "h": (p["pt"], p["pb"]), "w": (p["pl"], p["pr"])}
+    if cw.op in ("conv2d", "group_conv2d"):
+        n, c, k, g = p["n"], p["c"], p["k"], p.get("g", 1)
+        h, w = p["h"] + p["pt"] + p["pb"], p["w"] + p["pl"] + p["pr"]
+        name = f"{cw.op}_{cw.layout}_" + "_".join(f"{key}{v}" for key, v in cw.params)
+        if cw.op == "conv2d":
+            wl = conv2d(n, c, h, w, k, p["kh"], p["kw"], stride=(p["sh"], p["sw"]), layout=cw.layout,
+                        name=name)
+            steps = CONV_LAYOUTS[cw.layout]
+        else:
+            wl = group_conv2d(n, c, h, w, k, p["kh"], p["kw"], g, stride=(p["sh"], p["sw"]),
+                              layout=cw.layout, name=name)
+            steps = _group_steps(cw)
+        oh = (h - p["kh"]) // p["sh"] + 1
+        ow = (w - p["kw"]) // p["sw"] + 1
+        shapes = {"data": (n, c, p["h"], p["w"]), "weight": (k, c // g, p["kh"], p["kw"]),
+                  "out": (n, k, oh, ow)}
+        dpad = {"n": (0, 0), "g": (0, 0), "c": (0, 0), "h": (p["pt"], p["pb"]), "w": (p["pl"], p["pr"])}
         pads = {"data": tuple(dpad[d] for d in wl.inputs[0].dim_names)}
-        return wl, shapes, perms, pads
+        return wl, shapes, steps, pads
     if cw.op == "dense":
         wl = dense(p["n"], p["k"], p["m"], name=f"dense_n{p['n']}_k{p['k']}_m{p['m']}")
         return wl, {"data": (p["n"], p["k"]), "weight": (p["m"], p["k"]), "out": (p["n"], p["m"])}, {}, {}
     raise ValueError(f"no CSP workload for operator {cw.op!r}")
+
+
+def _group_steps(cw: CspWorkload) -> Dict[str, tuple]:
+    """Source steps of a group conv2d: NCHW/OIHW channels split into (group, channel)."""
+    p = cw.p
+    n, g = p["n"], p["g"]
+    cg, kg = p["c"] // g, p["k"] // g
+    oh = (p["h"] + p["pt"] + p["pb"] - p["kh"]) // p["sh"] + 1
+    ow = (p["w"] + p["pl"] + p["pr"] - p["kw"]) // p["sw"] + 1
+    wsplit = ("reshape", (g, kg, cg, p["kh"], p["kw"]))
+    if cw.layout == "NCHW":
+        return {"data": (("reshape", (n, g, cg, p["h"], p["w"])),), "weight": (wsplit,),
+                "out": (("reshape", (n, g, kg, oh, ow)),)}
+    return {"data": (("permute", (0, 2, 3, 1)), ("reshape", (n, p["h"], p["w"], g, cg))),
+            "weight": (wsplit, ("permute", (3, 4, 0, 2, 1))),
+            "out": (("permute", (0, 2, 3, 1)), ("reshape", (n, oh, ow, g, kg)))}
 
 
 @functools.lru_cache(maxsize=256)
@@ -205,9 +231,10 @@ def stock_mapping_cost(cw: CspWorkload, config) -> int:
     each padded to its block): the bound of the candidates, since the stock template is always
     there to fall back to."""
     p = cw.p
-    dims = ((p["n"], config.BATCH), (p["k"], config.BLOCK_OUT), (p["c"], config.BLOCK_IN)) \
-        if cw.op == "conv2d" else ((p["n"], config.BATCH), (p["m"], config.BLOCK_OUT),
-                                   (p["k"], config.BLOCK_IN))
+    g = p.get("g", 1)
+    dims = ((p["n"], config.BATCH), (p["k"] // g, config.BLOCK_OUT), (p["c"] // g, config.BLOCK_IN)) \
+        if cw.op != "dense" else ((p["n"], config.BATCH), (p["m"], config.BLOCK_OUT),
+                                  (p["k"], config.BLOCK_IN))
     return sum(padding_cost(x, -(-x // b) * b - x) for x, b in dims)
 
 
@@ -290,15 +317,15 @@ class CspGemmTemplate(OpTemplate):
 
     # ---------------------------------------------------------------- plan
     def _base(self, op: MatchedOp) -> CspWorkload:
-        if self.kind == "conv2d":
-            return CspWorkload("conv2d", _conv_params(op))
+        if self.kind in ("conv2d", "group_conv2d"):
+            return CspWorkload(self.kind, _conv_params(op))
         if self.kind == "dense":
             (n, k), (m, _) = _shape(op.operands[0]), _shape(op.operands[1])
             return CspWorkload("dense", (("n", n), ("k", k), ("m", m)))
         raise TemplateRefusal(f"no CSP template for {self.kind}")
 
     def _layouts(self, layout: str) -> List[str]:
-        if self.kind != "conv2d":
+        if self.kind == "dense":
             return ["NCHW"]
         return ["NCHW", "NHWC"] if layout == "auto" else [layout]
 
@@ -459,9 +486,10 @@ class CspGemmTemplate(OpTemplate):
 
 def _op_text(cw: CspWorkload) -> str:
     p = cw.p
-    if cw.op == "conv2d":
-        return (f"{p['n']}x{p['c']}x{p['h']}x{p['w']} * {p['k']}x{p['c']}x{p['kh']}x{p['kw']} "
-                f"s{p['sh']} p{p['pt']}")
+    if cw.op in ("conv2d", "group_conv2d"):
+        g = p.get("g", 1)
+        return (f"{p['n']}x{p['c']}x{p['h']}x{p['w']} * {p['k']}x{p['c'] // g}x{p['kh']}x{p['kw']}"
+                f"{f' g{g}' if g > 1 else ''} s{p['sh']} p{p['pt']}")
     return f"{p['n']}x{p['k']} * {p['m']}x{p['k']}"
 
 
@@ -469,6 +497,6 @@ def _op_text(cw: CspWorkload) -> str:
 for _name in STRATEGY_NAMES:
     register_strategy(Strategy(_name, f"the MiniZinc-solved embeddings of tvm_csp_embed "
                                       f"({MODES[_name]} constraints)", fallback="stock"))
-    for _kind in ("conv2d", "dense"):
+    for _kind in ("conv2d", "group_conv2d", "dense"):
         register_template(_kind, _name, CspGemmTemplate(_kind, _name))
 set_default_strategy("csp-relaxed")

@@ -19,7 +19,8 @@ from functools import cached_property
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["ConformabilityError", "TensorAccess", "Workload", "PolyhedralModel", "matmul",
-           "dense", "conv2d", "depthwise_conv2d", "from_te", "from_primfunc", "CONV_LAYOUTS"]
+           "dense", "conv2d", "group_conv2d", "depthwise_conv2d", "from_te", "from_primfunc",
+           "CONV_LAYOUTS", "GROUP_CONV_LAYOUTS"]
 
 #: statement index of the multiply and of the add in the instance set
 STMT_MUL, STMT_ADD = 0, 1
@@ -390,6 +391,55 @@ def conv2d(n: int, c: int, h: int, w: int, k: int, r: int, s: int, pad: Tuple[in
     nm = name or f"conv2d_{layout}_n{n}c{c}h{h}w{w}k{k}r{r}s{s}p{ph}{pw}s{sh}{sw}"
     return Workload(nm, dims, tuple(ext[d] for d in dims), tuple(d in ("c", "r", "s") for d in dims),
                     (data, weight), out, layout)
+
+
+#: grouped conv2d layouts: (data layout, weight layout, output layout, loop dim order); ``g`` is
+#: the group, ``c``/``k`` the input/output channels within a group
+GROUP_CONV_LAYOUTS = {
+    "NCHW": ("ngchw", "gkcrs", "ngkhw", ("n", "g", "k", "oh", "ow", "c", "r", "s")),
+    "NHWC": ("nhwgc", "rsgck", "nhwgk", ("n", "oh", "ow", "g", "k", "r", "s", "c")),
+}
+
+
+def group_conv2d(n: int, c: int, h: int, w: int, k: int, r: int, s: int, groups: int,
+                 pad: Tuple[int, int] = (0, 0), stride: Tuple[int, int] = (1, 1), layout: str = "NCHW",
+                 name: Optional[str] = None) -> Workload:
+    """Grouped 2-D convolution on the zero-padded input, with the group as its own dim.
+
+    ``out[n,g,k,oh,ow] += data[n,g,c,oh*sh+r,ow*sw+s] * weight[g,k,c,r,s]`` for ``c < C/groups``,
+    ``k < K/groups`` (the NCHW operator's channel ``g * C/groups + c`` split in two dims, so every
+    subscript stays a partition of the loop dims).
+
+    Parameters
+    ----------
+    c, k : int
+        All input and output channels (multiples of ``groups``).
+    """
+    if layout not in GROUP_CONV_LAYOUTS:
+        raise ValueError(f"group_conv2d layout {layout!r} not supported; use one of {sorted(GROUP_CONV_LAYOUTS)}")
+    if c % groups or k % groups:
+        raise ValueError(f"group_conv2d: {c} input / {k} output channels do not split into {groups} groups")
+    dl, wl, ol, dims = GROUP_CONV_LAYOUTS[layout]
+    ph, pw = pad
+    sh, sw = stride
+    OH, OW = conv_out_size(h, r, ph, sh), conv_out_size(w, s, pw, sw)
+    if OH <= 0 or OW <= 0:
+        raise ValueError(f"group_conv2d: empty output ({OH}x{OW})")
+    cg, kg = c // groups, k // groups
+    ext = {"n": n, "g": groups, "k": kg, "oh": OH, "ow": OW, "c": cg, "r": r, "s": s}
+    dsub = {"n": ({"n": 1}, n), "g": ({"g": 1}, groups), "c": ({"c": 1}, cg),
+            "h": ({"oh": sh, "r": 1}, h + 2 * ph), "w": ({"ow": sw, "s": 1}, w + 2 * pw)}
+    wsub = {"g": ({"g": 1}, groups), "k": ({"k": 1}, kg), "c": ({"c": 1}, cg), "r": ({"r": 1}, r),
+            "s": ({"s": 1}, s)}
+    osub = {"n": ({"n": 1}, n), "g": ({"g": 1}, groups), "k": ({"k": 1}, kg), "h": ({"oh": 1}, OH),
+            "w": ({"ow": 1}, OW)}
+
+    def mk(nm, lay, table):
+        names = tuple(lay)
+        return _acc(nm, names, [table[x][1] for x in names], [table[x][0] for x in names], dims)
+    nm = name or f"group_conv2d_{layout}_n{n}c{c}h{h}w{w}k{k}r{r}s{s}g{groups}p{ph}{pw}s{sh}{sw}"
+    return Workload(nm, dims, tuple(ext[d] for d in dims), tuple(d in ("c", "r", "s") for d in dims),
+                    (mk("data", dl, dsub), mk("weight", wl, wsub)), mk("out", ol, osub), layout)
 
 
 def depthwise_conv2d(n: int, c: int, h: int, w: int, r: int, s: int, pad: Tuple[int, int] = (0, 0),

@@ -144,8 +144,6 @@ class PackedGemm:
         Spatial loops of the output that the weight tensor sees (a per-channel bias depends on them).
     out_shape : tuple of int
         The operator's output shape in its own layout.
-    out_src_perm : tuple of int
-        Permutation from the operator's output layout to the workload's output dims.
     """
 
     embedding: Embedding
@@ -155,7 +153,6 @@ class PackedGemm:
     roles: Dict[str, str]
     channel_loops: Tuple[str, ...]
     out_shape: Tuple[int, ...]
-    out_src_perm: Tuple[int, ...]
     bias_layout_cache: Dict[Tuple[int, ...], HostLayout] = field(default_factory=dict, repr=False)
 
     @property
@@ -227,12 +224,14 @@ def loop_roles(wl: Workload, loops: Sequence[FreeLoop]) -> Dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------ derivation
-def _inverse(perm: Sequence[int]) -> Tuple[int, ...]:
-    """``inv`` with ``inv[perm[i]] = i``: operator axis -> workload tensor dim."""
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return tuple(inv)
+def _src_steps(steps) -> Tuple[Step, ...]:
+    """Source steps (operator layout -> workload tensor) given as steps or as a permutation."""
+    if not steps:
+        return ()
+    if all(isinstance(v, int) for v in steps):
+        perm = tuple(int(v) for v in steps)
+        return () if perm == tuple(range(len(perm))) else (("permute", perm),)
+    return tuple(tuple(st) for st in steps)
 
 
 def _free_loops(emb: Embedding) -> Tuple[FreeLoop, ...]:
@@ -279,7 +278,7 @@ def _device_pad_dims(emb: Embedding, plan: TensorRelayout, t: TensorAccess,
 
 
 def _host_steps(emb: Embedding, plan: TensorRelayout, t: TensorAccess, src_shape: Sequence[int],
-                src_perm: Sequence[int], input_pad: Sequence[Tuple[int, int]], device: bool,
+                src: Sequence[Step], input_pad: Sequence[Tuple[int, int]], device: bool,
                 broadcast: Optional[Sequence[int]] = None) -> Tuple[List[Step], Dict[int, int]]:
     """Concrete host steps of ``plan`` for ``t`` given in the operator's layout (``src_shape``).
 
@@ -288,9 +287,7 @@ def _host_steps(emb: Embedding, plan: TensorRelayout, t: TensorAccess, src_shape
     """
     wl = emb.workload
     ext = [emb.padded_extents[d] for d in wl.dims]
-    steps: List[Step] = []
-    if tuple(src_perm) != tuple(range(len(src_perm))):
-        steps.append(("permute", tuple(src_perm)))
+    steps: List[Step] = list(src)
     if broadcast is not None:
         steps.append(("broadcast", tuple(broadcast)))
     shape = tuple(int(s) for s in src_shape)
@@ -351,11 +348,11 @@ def _host_steps(emb: Embedding, plan: TensorRelayout, t: TensorAccess, src_shape
     return out, stored
 
 
-def _packed_operand(emb: Embedding, role: str, t: TensorAccess, src_shape, src_perm, input_pad,
+def _packed_operand(emb: Embedding, role: str, t: TensorAccess, src_shape, src, input_pad,
                     max_pad: int) -> PackedOperand:
     plan = emb.relayout[t.name]
     device = _device_pad_dims(emb, plan, t, input_pad, max_pad)
-    steps, stored = _host_steps(emb, plan, t, src_shape, src_perm, input_pad, device)
+    steps, stored = _host_steps(emb, plan, t, src_shape, src, input_pad, device)
     host = HostLayout(tuple(int(s) for s in src_shape), tuple(steps), t.name)
     dims = []
     for lab, n in zip(plan.packed_labels, host.shape):
@@ -375,15 +372,13 @@ def _bias_layout(pg: PackedGemm, bias_shape: Tuple[int, ...]) -> HostLayout:
     out = wl.output
     cplan = emb.relayout[out.name]
     channel_dims = {pg.loop[name].dim for name in pg.channel_loops}
-    # the bias in the operator's output layout: 1 on every dim but the channel dims (workload
-    # output dim e is axis out_src_perm[e] of the operator's output)
-    rank = len(pg.out_shape)
-    chan_axes = [pg.out_src_perm[e] for e in range(out.rank)
-                 if {wl.dims[d] for d in out.loop_dims_of(e)} & channel_dims]
-    if math.prod(bias_shape) != math.prod(pg.out_shape[a] for a in chan_axes):
-        raise ValueError(f"bias of shape {bias_shape} does not match the {len(chan_axes)} channel "
-                         f"dim(s) of the output {pg.out_shape}")
-    src = tuple(pg.out_shape[a] if a in chan_axes else 1 for a in range(rank))
+    # the bias in the workload's output space: the channel dims, 1 elsewhere (the operator's bias
+    # is per output channel, in the order of the output's channel dims)
+    chan = [bool({wl.dims[d] for d in out.loop_dims_of(e)} & channel_dims) for e in range(out.rank)]
+    src = tuple(out.shape[e] if c else 1 for e, c in enumerate(chan))
+    if math.prod(bias_shape) != math.prod(src):
+        raise ValueError(f"bias of shape {bias_shape} does not match the channel dim(s) of the output "
+                         f"{out.name}{out.shape}")
     walked = emb.walked
     target = []
     for e in range(out.rank):
@@ -392,8 +387,7 @@ def _bias_layout(pg: PackedGemm, bias_shape: Tuple[int, ...]) -> HostLayout:
     steps: List[Step] = []
     if tuple(bias_shape) != src:
         steps.append(("reshape", src))
-    more, _ = _host_steps(emb, cplan, out, src, pg.out_src_perm, ((0, 0),) * out.rank, False,
-                          broadcast=target)
+    more, _ = _host_steps(emb, cplan, out, src, (), ((0, 0),) * out.rank, False, broadcast=target)
     steps += more
     host = HostLayout(tuple(bias_shape), tuple(steps), "bias")
     # keep one copy of every free dim the channel does not index
@@ -408,7 +402,7 @@ def _bias_layout(pg: PackedGemm, bias_shape: Tuple[int, ...]) -> HostLayout:
 
 
 def packed_gemm(emb: Embedding, src_shapes: Mapping[str, Sequence[int]],
-                src_perms: Optional[Mapping[str, Sequence[int]]] = None,
+                src_steps: Optional[Mapping[str, Sequence]] = None,
                 input_pads: Optional[Mapping[str, Sequence[Tuple[int, int]]]] = None,
                 max_dma_pad: Optional[int] = None) -> PackedGemm:
     """The packed GEMM program of ``emb``.
@@ -420,9 +414,10 @@ def packed_gemm(emb: Embedding, src_shapes: Mapping[str, Sequence[int]],
     src_shapes : mapping
         Tensor name -> shape of the tensor in the operator's own layout (a padded input without
         its zero padding).
-    src_perms : mapping, optional
-        Tensor name -> permutation from the operator's layout to the workload tensor's dims
-        (default identity).
+    src_steps : mapping, optional
+        Tensor name -> the steps from the operator's layout to the workload tensor's dims: a
+        permutation (``relax.op.permute_dims`` axes), or a sequence of relayout steps (e.g. a
+        reshape splitting channels into groups); default none.
     input_pads : mapping, optional
         Tensor name -> ``(lo, hi)`` per workload tensor dim: the zero padding the operator adds to
         that input (a convolution's padding; the workload's tensor includes it).
@@ -442,26 +437,27 @@ def packed_gemm(emb: Embedding, src_shapes: Mapping[str, Sequence[int]],
     if instr.axes != ("x", "y", "z") or instr.kind != "gemm":
         raise ValueError(f"packed_gemm needs a GEMM instruction, got {instr!r}")
     wl = emb.workload
-    src_perms = dict(src_perms or {})
+    src_steps = {k: _src_steps(v) for k, v in (src_steps or {}).items()}
     input_pads = dict(input_pads or {})
     loops = _free_loops(emb)
     operands = {}
     for role in "ABC":
         t = next(x for x in wl.tensors if x.name == emb.binding[role])
-        perm = tuple(src_perms.get(t.name, range(t.rank)))
+        steps = src_steps.get(t.name, ())
         pad = tuple(tuple(p) for p in input_pads.get(t.name, ((0, 0),) * t.rank))
         src = tuple(int(s) for s in src_shapes[t.name])
-        expect = tuple(t.shape[e] - sum(pad[e]) for e in _inverse(perm))
-        if src != expect:
-            raise ValueError(f"tensor {t.name}: operator shape {src} does not match the workload "
-                             f"({t.shape} with input padding {pad}, permutation {perm})")
-        operands[role] = _packed_operand(emb, role, t, src, perm, pad, max_dma_pad)
+        got = src
+        for st in steps:
+            got = step_shape(got, st)
+        expect = tuple(n - lo - hi for n, (lo, hi) in zip(t.shape, pad))
+        if got != expect:
+            raise ValueError(f"tensor {t.name}: operator shape {src} (after {list(steps)}: {got}) "
+                             f"does not match the workload ({t.shape} with input padding {pad})")
+        operands[role] = _packed_operand(emb, role, t, src, steps, pad, max_dma_pad)
     roles = loop_roles(wl, loops)
     weight = wl.inputs[1]
     out_t = wl.output
     channel = tuple(lp.name for lp in loops if not lp.reduction and
                     wl.dims.index(lp.dim) in weight.visible())
-    out_perm = tuple(src_perms.get(out_t.name, range(out_t.rank)))
-    out_shape = tuple(out_t.shape[e] for e in _inverse(out_perm))
     return PackedGemm(emb, loops, operands, dict(zip(instr.axes, instr.sizes)), roles, channel,
-                      out_shape, out_perm)
+                      tuple(int(v) for v in src_shapes[out_t.name]))
