@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tvm
 from conftest import conv2d_nchw, conv_module, requantize, run_module
+from test_csp_strategy import _embedding_cache  # noqa: F401  (autouse: a fresh embedding cache)
 from test_resnet_layers import RESNET18
 from tvm import relax
 
@@ -35,14 +36,6 @@ MOBILENET = {"D1": (112, 32, 2, 3, 1, 1), "D2": (112, 64, 4, 3, 1, 2), "D3": (56
              "D4": (56, 128, 8, 3, 1, 2), "D5": (28, 256, 16, 3, 1, 1), "D6": (28, 256, 16, 3, 1, 2),
              "D7": (14, 512, 32, 3, 1, 1), "D8": (14, 512, 32, 3, 1, 2), "D9": (7, 1024, 64, 3, 1, 1)}
 RESNET_C1 = (224, 3, 64, 7, 3, 2)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _embedding_cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path_factory.mktemp("csp_cache")))
-    yield
-    mp.undo()
 
 
 def _deepbench():

@@ -368,29 +368,38 @@ def conv2d(n: int, c: int, h: int, w: int, k: int, r: int, s: int, pad: Tuple[in
     pad, stride : (int, int)
         (height, width) padding and stride.
     """
-    if layout not in CONV_LAYOUTS:
-        raise ValueError(f"conv2d layout {layout!r} not supported; use one of {sorted(CONV_LAYOUTS)}")
-    dl, wl, ol, dims = CONV_LAYOUTS[layout]
+    nm = name or f"conv2d_{layout}_n{n}c{c}h{h}w{w}k{k}r{r}s{s}p{pad[0]}{pad[1]}s{stride[0]}{stride[1]}"
+    return _conv("conv2d", CONV_LAYOUTS, n, c, h, w, k, r, s, 1, pad, stride, layout, nm)
+
+
+def _conv(kind: str, layouts, n: int, c: int, h: int, w: int, k: int, r: int, s: int, groups: int,
+          pad: Tuple[int, int], stride: Tuple[int, int], layout: str, name: str) -> Workload:
+    """The (grouped) convolution workload of :func:`conv2d` / :func:`group_conv2d` (the group dim
+    ``g`` only where the layouts name it)."""
+    if layout not in layouts:
+        raise ValueError(f"{kind} layout {layout!r} not supported; use one of {sorted(layouts)}")
+    if c % groups or k % groups:
+        raise ValueError(f"{kind}: {c} input / {k} output channels do not split into {groups} groups")
+    dl, wl, ol, dims = layouts[layout]
     ph, pw = pad
     sh, sw = stride
     OH, OW = conv_out_size(h, r, ph, sh), conv_out_size(w, s, pw, sw)
     if OH <= 0 or OW <= 0:
-        raise ValueError(f"conv2d: empty output ({OH}x{OW})")
-    H, W = h + 2 * ph, w + 2 * pw
-    ext = {"n": n, "k": k, "oh": OH, "ow": OW, "c": c, "r": r, "s": s}
-    dsub = {"n": ({"n": 1}, n), "c": ({"c": 1}, c), "h": ({"oh": sh, "r": 1}, H), "w": ({"ow": sw, "s": 1}, W)}
-    wsub = {"k": ({"k": 1}, k), "c": ({"c": 1}, c), "r": ({"r": 1}, r), "s": ({"s": 1}, s)}
-    osub = {"n": ({"n": 1}, n), "k": ({"k": 1}, k), "h": ({"oh": 1}, OH), "w": ({"ow": 1}, OW)}
+        raise ValueError(f"{kind}: empty output ({OH}x{OW})")
+    cg, kg = c // groups, k // groups
+    ext = {"n": n, "g": groups, "k": kg, "oh": OH, "ow": OW, "c": cg, "r": r, "s": s}
+    dsub = {"n": ({"n": 1}, n), "g": ({"g": 1}, groups), "c": ({"c": 1}, cg),
+            "h": ({"oh": sh, "r": 1}, h + 2 * ph), "w": ({"ow": sw, "s": 1}, w + 2 * pw)}
+    wsub = {"g": ({"g": 1}, groups), "k": ({"k": 1}, kg), "c": ({"c": 1}, cg), "r": ({"r": 1}, r),
+            "s": ({"s": 1}, s)}
+    osub = {"n": ({"n": 1}, n), "g": ({"g": 1}, groups), "k": ({"k": 1}, kg), "h": ({"oh": 1}, OH),
+            "w": ({"ow": 1}, OW)}
 
     def mk(nm, lay, table):
         names = tuple(lay)
         return _acc(nm, names, [table[x][1] for x in names], [table[x][0] for x in names], dims)
-    data = mk("data", dl, dsub)
-    weight = mk("weight", wl, wsub)
-    out = mk("out", ol, osub)
-    nm = name or f"conv2d_{layout}_n{n}c{c}h{h}w{w}k{k}r{r}s{s}p{ph}{pw}s{sh}{sw}"
-    return Workload(nm, dims, tuple(ext[d] for d in dims), tuple(d in ("c", "r", "s") for d in dims),
-                    (data, weight), out, layout)
+    return Workload(name, dims, tuple(ext[d] for d in dims), tuple(d in ("c", "r", "s") for d in dims),
+                    (mk("data", dl, dsub), mk("weight", wl, wsub)), mk("out", ol, osub), layout)
 
 
 #: grouped conv2d layouts: (data layout, weight layout, output layout, loop dim order); ``g`` is
@@ -415,31 +424,9 @@ def group_conv2d(n: int, c: int, h: int, w: int, k: int, r: int, s: int, groups:
     c, k : int
         All input and output channels (multiples of ``groups``).
     """
-    if layout not in GROUP_CONV_LAYOUTS:
-        raise ValueError(f"group_conv2d layout {layout!r} not supported; use one of {sorted(GROUP_CONV_LAYOUTS)}")
-    if c % groups or k % groups:
-        raise ValueError(f"group_conv2d: {c} input / {k} output channels do not split into {groups} groups")
-    dl, wl, ol, dims = GROUP_CONV_LAYOUTS[layout]
-    ph, pw = pad
-    sh, sw = stride
-    OH, OW = conv_out_size(h, r, ph, sh), conv_out_size(w, s, pw, sw)
-    if OH <= 0 or OW <= 0:
-        raise ValueError(f"group_conv2d: empty output ({OH}x{OW})")
-    cg, kg = c // groups, k // groups
-    ext = {"n": n, "g": groups, "k": kg, "oh": OH, "ow": OW, "c": cg, "r": r, "s": s}
-    dsub = {"n": ({"n": 1}, n), "g": ({"g": 1}, groups), "c": ({"c": 1}, cg),
-            "h": ({"oh": sh, "r": 1}, h + 2 * ph), "w": ({"ow": sw, "s": 1}, w + 2 * pw)}
-    wsub = {"g": ({"g": 1}, groups), "k": ({"k": 1}, kg), "c": ({"c": 1}, cg), "r": ({"r": 1}, r),
-            "s": ({"s": 1}, s)}
-    osub = {"n": ({"n": 1}, n), "g": ({"g": 1}, groups), "k": ({"k": 1}, kg), "h": ({"oh": 1}, OH),
-            "w": ({"ow": 1}, OW)}
-
-    def mk(nm, lay, table):
-        names = tuple(lay)
-        return _acc(nm, names, [table[x][1] for x in names], [table[x][0] for x in names], dims)
-    nm = name or f"group_conv2d_{layout}_n{n}c{c}h{h}w{w}k{k}r{r}s{s}g{groups}p{ph}{pw}s{sh}{sw}"
-    return Workload(nm, dims, tuple(ext[d] for d in dims), tuple(d in ("c", "r", "s") for d in dims),
-                    (mk("data", dl, dsub), mk("weight", wl, wsub)), mk("out", ol, osub), layout)
+    nm = name or (f"group_conv2d_{layout}_n{n}c{c}h{h}w{w}k{k}r{r}s{s}g{groups}p{pad[0]}{pad[1]}"
+                  f"s{stride[0]}{stride[1]}")
+    return _conv("group_conv2d", GROUP_CONV_LAYOUTS, n, c, h, w, k, r, s, groups, pad, stride, layout, nm)
 
 
 def depthwise_conv2d(n: int, c: int, h: int, w: int, r: int, s: int, pad: Tuple[int, int] = (0, 0),
