@@ -256,3 +256,35 @@ def test_group_conv2d(c, groups, stride):
     _, report, _ = _build_run(mod, arrays, strategy="stock")
     assert [p.device for p in report.placements if p.op == "relax.nn.conv2d"] == \
         (["vta"] if c // groups % 16 == 0 else ["cpu"])
+
+
+def test_knob_space_of_a_csp_operator():
+    """The knob space the tuner searches: valid points (the TPS point among them) and pruned ones
+    with the reason; a valid point builds and computes the same as TPS."""
+    from tvm_csp_embed.strategy import CspWorkload
+    from vta_ext.config import load_config
+
+    cfg = load_config("default")
+    mod = _conv_module(1, 3, 16, 16, 32, 3, 3, (1, 1), (1, 1))
+    arrays = _inputs([(1, 3, 16, 16), (32, 3, 3, 3), (1, 32, 1, 1)])
+    _, _, (key,) = _build_run(mod, arrays, strategy="csp-relaxed", layout="NCHW")
+    spec = json.loads(key)
+    template = get_template("conv2d", "csp-relaxed")
+    cw = template.workload_from_dict(spec["workload"])
+    assert isinstance(cw, CspWorkload) and cw.mode == "relaxed"
+    epilogue = tuple(tuple(s) for s in spec["epilogue"])
+    space = template.knob_space(cfg, cw, epilogue)
+    assert space.names and space.tps in space.points and space.fallback in space.points
+    assert space.pruned and all("entries" in why or "micro-op" in why or "divide" in why
+                                for _, why in space.pruned)
+    other = next(p for p in space.points if p != space.tps)
+    compiled = [template.build(cfg, cw, epilogue, knobs) for knobs in (other, space.tps)]
+    assert dict(vars(compiled[0].knobs)) == other
+    pg = csp_strategy.packed_of(cw, cfg)
+    tensors = {"data": arrays[0], "weight": arrays[1]}
+    packed = [pg.operands[r].host.pack_numpy(tensors[pg.operands[r].tensor]) for r in "AB"]
+    bias = pg.bias_layout(arrays[2].shape).pack_numpy(arrays[2])
+    outs = [c.run(*packed, bias)[0] for c in compiled]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    ref = requantize(conv2d_nchw(arrays[0], arrays[1], 1, 1), arrays[2], 6, (-128, 127))
+    np.testing.assert_array_equal(pg.operands["C"].host.unpack_numpy(outs[0]), ref)
