@@ -10,9 +10,25 @@ from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
+
+
+@pytest.fixture(autouse=True)
+def _stock_strategy_unless_chosen():
+    """Every test builds with the ``stock`` strategy unless it opens its own ``build_options``.
+
+    ``import tvm_csp_embed`` (done when the CSP tests are collected) makes ``csp-relaxed`` the
+    process default; tests of the stock path must not depend on which files were collected. A
+    test's own ``with vta_ext.build_options(...)`` is innermost and wins; one without ``strategy``
+    gets the process default.
+    """
+    import vta_ext
+
+    with vta_ext.build_options(strategy="stock"):
+        yield
 
 
 # ------------------------------------------------------------------ numpy references

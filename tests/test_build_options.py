@@ -75,7 +75,7 @@ def test_knob_policies_change_the_program():
     mod = conv_module(1, 32, 32, 14, 3)
     keys = {}
     for knobs in ("fallback", "tps"):
-        with vta_ext.build_options(knobs=knobs):
+        with vta_ext.build_options(strategy="stock", knobs=knobs):
             relax.build(mod, target="ext_vta")
         detail = vta_ext.last_build_report().on_vta[0].detail
         assert f"{knobs} knobs" in detail
@@ -219,16 +219,16 @@ def test_explicit_knobs_reach_the_template_and_bad_ones_fail_the_build():
     ref = requantize(conv2d_nchw(x, w, 1, 1), b, 6, (0, 127))
     for knobs in ({"tile_h": 4, "tile_w": 8, "tile_ci": 2},
                   {"conv2d": {"tile_h": 4, "tile_w": 8, "tile_ci": 2}, "dense": {"tile_ci": 1}}):
-        with vta_ext.build_options(knobs=knobs):
+        with vta_ext.build_options(strategy="stock", knobs=knobs):
             got = run_module(mod, "ext_vta", arrays)
         detail = vta_ext.last_build_report().on_vta[0].detail
         assert "explicit knobs, tiling tile_h=4 tile_w=8 tile_ci=2" in detail
         np.testing.assert_array_equal(got, ref)
     # 8 output rows cannot be split by 3, and "tile_q" is no knob: the build fails, naming them
-    with vta_ext.build_options(knobs={"tile_h": 3}):
+    with vta_ext.build_options(strategy="stock", knobs={"tile_h": 3}):
         with pytest.raises(VTABuildError, match=r"building conv2d .*KnobError.*tile_h"):
             relax.build(mod, target="ext_vta")
-    with vta_ext.build_options(knobs={"tile_q": 2}):
+    with vta_ext.build_options(strategy="stock", knobs={"tile_q": 2}):
         with pytest.raises(VTABuildError, match=r"KnobError: unknown Conv2dKnobs field\(s\) tile_q"):
             relax.build(mod, target="ext_vta")
 
