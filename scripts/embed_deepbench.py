@@ -6,6 +6,7 @@ Example::
     .venv/bin/python scripts/embed_deepbench.py --mode strict --out docs/figures/deepbench_strict.csv
     .venv/bin/python scripts/embed_deepbench.py --mode relaxed --solutions 3 --timeout 30
     .venv/bin/python scripts/embed_deepbench.py --mode relaxed --no-compat --check   # COMPAT off
+    .venv/bin/python scripts/embed_deepbench.py --mode relaxed --compare-compat --out x.csv
 
 ``solve_seconds`` is end to end per layer (workload build, MiniZinc flattening, Gecode, for
 all requested solutions); ``flatten_seconds`` and ``nodes`` come from MiniZinc's statistics.
@@ -105,6 +106,41 @@ def run(args) -> list:
     return rows
 
 
+COMPAT_FIELDS = ["id", "mode", "solutions", "compat_seconds", "nocompat_seconds", "compat_gecode_seconds",
+                 "nocompat_gecode_seconds", "compat_nodes", "nocompat_nodes", "same_solutions", "checked"]
+
+
+def compare_compat(args) -> list:
+    """Per layer, the same solve with and without the COMPAT table, back to back (so machine load
+    hits both alike): times, Gecode nodes, whether the solutions are the same; every solution of
+    the run without COMPAT is re-checked against islpy (``check_raw``)."""
+    from tvm_csp_embed.verify import check_raw
+    instr = gemm((args.batch, args.block_in, args.block_out))
+    layers = read_layers(Path(args.layers_file))
+    if args.ids:
+        keep = {int(x) for x in args.ids.split(",")}
+        layers = [r for r in layers if int(r["id"]) in keep]
+    rows = []
+    for r in layers:
+        wl = layer_workload(r, args.layout)
+        res = {}
+        for compat in (True, False):
+            t0 = time.perf_counter()
+            out = solve(wl, instr, args.mode, solutions=args.solutions, timeout=args.timeout, compat=compat)
+            res[compat] = (time.perf_counter() - t0, out)
+        for s in res[False][1].solutions:
+            check_raw(s, wl, instr)
+        key = lambda out: [(s.cost, s.key()) for s in out.solutions]
+        rows.append({"id": r["id"], "mode": args.mode, "solutions": args.solutions,
+                     "compat_seconds": round(res[True][0], 4), "nocompat_seconds": round(res[False][0], 4),
+                     "compat_gecode_seconds": round(res[True][1].stats.solve_seconds, 4),
+                     "nocompat_gecode_seconds": round(res[False][1].stats.solve_seconds, 4),
+                     "compat_nodes": res[True][1].stats.nodes, "nocompat_nodes": res[False][1].stats.nodes,
+                     "same_solutions": int(key(res[True][1]) == key(res[False][1])),
+                     "checked": len(res[False][1].solutions)})
+    return rows
+
+
 def summarize(rows, mode: str) -> str:
     """One-line summary: ok count, median and max end-to-end seconds per layer."""
     per_layer = {}
@@ -135,7 +171,23 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--block-in", type=int, default=16)
     ap.add_argument("--block-out", type=int, default=16)
+    ap.add_argument("--compare-compat", action="store_true",
+                    help="per layer, solve with and without COMPAT back to back (writes --out)")
     args = ap.parse_args(argv)
+    if args.compare_compat:
+        rows = compare_compat(args)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            with open(args.out, "w", newline="") as f:
+                w = csv.DictWriter(f, COMPAT_FIELDS)
+                w.writeheader()
+                w.writerows(rows)
+        med = lambda k: statistics.median(float(r[k]) for r in rows)
+        print(f"{args.mode}: {len(rows)} layers; median s with COMPAT {med('compat_seconds'):.3f}, without "
+              f"{med('nocompat_seconds'):.3f}; median Gecode nodes {med('compat_nodes'):.0f} / "
+              f"{med('nocompat_nodes'):.0f}; same solutions on {sum(r['same_solutions'] for r in rows)}; "
+              f"{sum(r['checked'] for r in rows)} solutions without COMPAT checked by check_raw")
+        return 0
     rows = run(args)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
