@@ -163,3 +163,26 @@ def test_knob_space_model_matches_the_simulator_and_explicit_knobs():
     with pytest.raises(KnobError, match="unknown knob"):
         check_point(pg, {"tile_co": 2})
     assert CycleModel(cfg).run_program(compiled.program).total_cycles > 0
+
+
+@pytest.mark.parametrize("n,c,hw,k,r,pad,stride", [(1, 64, 14, 64, 3, 1, 1), (2, 32, 20, 32, 5, 0, 2),
+                                                   (2, 512, 7, 128, 5, 2, 1), (4, 32, 12, 64, 1, 0, 1)])
+def test_tps_of_the_stock_family_is_the_stock_tps(n, c, hw, k, r, pad, stride):
+    """The generic model and TPS reproduce the stock template's on the stock family (equal bytes
+    per counter and the same knobs, renamed), also with several batch blocks."""
+    from vta_ext.templates import tiling
+    from vta_ext.templates.workload import Conv2dWorkload
+
+    cfg = load_config("default")
+    wl, shapes, perms, pads, *_ = _conv_case(n, c, hw, hw, k, r, r, (pad, pad), (stride, stride))
+    emb = embed_all(wl, gemm(cfg), "strict")[0][0]
+    pg = packed_gemm(emb, shapes, perms, pads)
+    ours = tps_point(cfg, pg, EPILOGUE)
+    stock = tiling.tps_knobs(cfg, Conv2dWorkload(n, hw, hw, c, k, r, r, pad, pad, stride, stride), EPILOGUE)
+    sk = stock.knobs
+    assert ours.knobs == {"tile_n": sk.tile_b, "tile_k": sk.tile_co, "tile_oh": sk.tile_h, "tile_ow": sk.tile_w,
+                          "tile_c": sk.tile_ci, "vt_k": sk.oc_nthread, "vt_oh": sk.h_nthread}
+    # the bias: stock loads a batched bias per batch block, the generic plan one per store point
+    data = ("inp_load_nbytes", "wgt_load_nbytes", "out_store_nbytes")
+    assert {x: ours.bytes[x] for x in data} == {x: stock.bytes[x] for x in data}
+    assert ours.sram["inp"] == stock.sram["inp"] and ours.sram["wgt"] == stock.sram["wgt"]

@@ -16,7 +16,8 @@ convolutions fall back to ``stock``):
    built program; the two best by a static estimate are built), ``combined`` (cycles at the
    configuration's clock plus the measured host relayout time) or ``footprint`` (bytes of the packed
    tensors). The cycle model times up to :data:`CYCLE_RANKED` candidates, best static estimate
-   first, within :data:`RANK_FACTOR` of the best. The choice is cached on disk next to the
+   first, within :data:`RANK_FACTOR` of the best (in practice all of them: the static estimate
+   misjudges the operand-swapped embeddings). The choice is cached on disk next to the
    embeddings;
 5. the plan emits the host relayout through the offload pass's packer and the output layout that
    unpacks it.
@@ -63,8 +64,8 @@ DEFAULT_SOLUTIONS = 4
 DEFAULT_TIMEOUT = 30.0
 #: candidates built and timed by the cycle model: at most this many, best static estimate first,
 #: and only those within RANK_FACTOR of the best estimate
-CYCLE_RANKED = 6
-RANK_FACTOR = 1.5
+CYCLE_RANKED = 8
+RANK_FACTOR = 4.0
 #: the layouts of a conv2d's free dims, with the permutations from NCHW/OIHW (``permute_dims`` axes)
 CONV_LAYOUTS = {"NCHW": {"data": (0, 1, 2, 3), "weight": (0, 1, 2, 3), "out": (0, 1, 2, 3)},
                 "NHWC": {"data": (0, 2, 3, 1), "weight": (2, 3, 1, 0), "out": (0, 2, 3, 1)}}
@@ -294,7 +295,8 @@ def host_relayout_seconds(pg: PackedGemm, repeats: int = 5) -> float:
 def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, epilogue, knobs) -> str:
     from vta_ext.executor import config_digest
 
-    text = json.dumps({"v": 1, "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
+    text = json.dumps({"v": 2, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
+                       "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
                        "objective": objective, "epilogue": [list(s) for s in epilogue],
                        "knobs": knobs, "config": config_digest(config)}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -16,7 +16,9 @@ divide the outer loop) or when it does not fit: the tiles of all virtual threads
 exceeds half the micro-op buffer, or a folded GEMM loop exceeds the 14-bit loop field
 (:data:`vta_ext.layout.MAX_LOOP_EXTENT`).
 
-:func:`evaluate` models a point: scratchpad entries as the lowering allocates them, GEMM micro-ops,
+:func:`evaluate` models a point: scratchpad entries as the stock model counts them (as the lowering
+allocates them, except that a batch tile counts whole even where the lowering allocates one batch
+block), GEMM micro-ops,
 and the DRAM bytes the schedule loads and stores, per simulator counter. For the stock family the
 model is the stock template's (``vta_ext.templates.tiling.dram_bytes``) count, derived here from the
 packed operands' index expressions. :func:`tps_point` is the Tiling Parameter Search: the valid
@@ -49,7 +51,8 @@ class KnobPoint:
     bytes : dict
         Modelled DRAM bytes per counter (:data:`BYTE_COUNTERS`).
     sram : dict
-        Scratchpad entries (``inp``, ``wgt``, ``acc``), all virtual threads.
+        Scratchpad entries (``inp``, ``wgt``, ``acc``), all virtual threads (batch-like tiles
+        counted whole, as the stock model does).
     uops : int
         Micro-ops of the GEMM kernel of one load step.
     insns : int
@@ -216,10 +219,14 @@ def evaluate(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str,
     if reason:
         return Pruned(k, reason)
     inside = _inside(pg, k)
+    # scratchpad entries as the stock model counts them: a batch-like loop's whole tile, also when
+    # the caches sit below it (the lowering then allocates less; counting the tile keeps TPS the
+    # stock template's policy on the stock family)
+    tiled = {**inside, **{n: (1, k[f"tile_{n}"]) for n in pg.c_loops() if pg.roles[n] in ("plain", "shared")}}
     threads = math.prod(k[f"vt_{n}"] for n in vt_loops(pg))
     A, B, C = (pg.operands[r] for r in "ABC")
-    sram = {"inp": math.prod(_region(d, inside) for d in _free_dims(A)) * threads,
-            "wgt": math.prod(_region(d, inside) for d in _free_dims(B)) * threads}
+    sram = {"inp": math.prod(_region(d, tiled) for d in _free_dims(A)) * threads,
+            "wgt": math.prod(_region(d, tiled) for d in _free_dims(B)) * threads}
     c_loops = pg.c_loops()
     ext = {lp.name: lp.extent for lp in pg.loops}
     ctile = math.prod(k[f"tile_{n}"] for n in c_loops)
