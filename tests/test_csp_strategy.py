@@ -9,7 +9,9 @@
 * DeepBench thin-channel layers 6, 10 and 107 with the default strategy: bit-exact against a direct
   numpy convolution, no channel padding, fewer cycles than stock;
 * the report names the strategy, the embedding, its padding, the layout and why it won; a solver
-  timeout keeps the operator on ``stock`` and the report says so.
+  timeout keeps the operator on ``stock`` and the report says so;
+* ``csp-relaxed`` is never slower than ``stock``: where the stock template's own program takes
+  fewer cycles than every embedding, it is chosen and the report says so.
 """
 import importlib.util
 import json
@@ -197,6 +199,37 @@ def test_report_names_embedding_padding_layout_and_why():
     out, report, _ = _build_run(mod, arrays, strategy="csp-relaxed", objective="footprint")
     np.testing.assert_array_equal(out, ref)
     assert "chosen for smallest packed footprint" in report.on_vta[0].detail
+
+
+def test_csp_relaxed_never_slower_than_stock():
+    """``csp-relaxed`` times the stock template's own plan too and keeps it when it is at least as
+    fast: with NHWC free dims the only embedding of this 16-channel conv takes a few cycles more
+    than the stock program, so the stock template is chosen, and the report says so."""
+    mod = _conv_module(1, 16, 8, 8, 16, 3, 3, (1, 1), (1, 1))
+    arrays = _inputs([(1, 16, 8, 8), (16, 16, 3, 3), (1, 16, 1, 1)])
+    ref = requantize(conv2d_nchw(arrays[0], arrays[1], 1, 1), arrays[2], 6, (-128, 127))
+    out_s, _, (stock_key,) = _build_run(mod, arrays, strategy="stock")
+    stock_cycles = cycle_report(stock_key).total_cycles
+    out, report, (key,) = _build_run(mod, arrays, strategy="csp-relaxed", layout="NHWC")
+    np.testing.assert_array_equal(out_s, ref)
+    np.testing.assert_array_equal(out, ref)
+    assert cycle_report(key).total_cycles <= stock_cycles
+    detail = report.on_vta[0].detail
+    assert "stock template chosen by csp-relaxed: fewest cycles" in detail, detail
+    assert "STOCK FALLBACK" not in detail
+    m = re.search(r"at least as good as the best embedding NHWC .*?: ([\d,]+) cycles", detail)
+    assert m and int(m.group(1).replace(",", "")) > stock_cycles, detail
+    assert json.loads(key)["workload"]["stock"]
+    # the choice is cached: a rebuild gives the same plan and the same sentence
+    _, report2, (key2,) = _build_run(mod, arrays, strategy="csp-relaxed", layout="NHWC")
+    assert key2 == key and report2.on_vta[0].detail == detail
+    # where an embedding is faster, it is chosen and the report names the stock figure it beat
+    mod = _conv_module(1, 3, 12, 12, 16, 3, 3, (1, 1), (1, 1))
+    arrays = _inputs([(1, 3, 12, 12), (16, 3, 3, 3), (1, 16, 1, 1)])
+    _, _, (stock_key,) = _build_run(mod, arrays, strategy="stock")
+    _, report, (key,) = _build_run(mod, arrays, strategy="csp-relaxed")
+    assert cycle_report(key).total_cycles < cycle_report(stock_key).total_cycles
+    assert f"stock template: {cycle_report(stock_key).total_cycles:,} cycles" in report.on_vta[0].detail
 
 
 def test_solver_timeout_keeps_stock_and_says_so(monkeypatch, tmp_path):

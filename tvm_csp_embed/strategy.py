@@ -17,7 +17,11 @@ convolutions fall back to ``stock``):
    configuration's clock plus the measured host relayout time) or ``footprint`` (bytes of the packed
    tensors). The cycle model times up to :data:`CYCLE_RANKED` candidates, best static estimate
    first, within :data:`RANK_FACTOR` of the best (in practice all of them: the static estimate
-   misjudges the operand-swapped embeddings). The choice is cached on disk next to the
+   misjudges the operand-swapped embeddings). Under ``csp-relaxed`` the stock template's own plan
+   of the operator is timed too (the stock-family embedding may have been cut from the timed set,
+   or differ from the stock program in a few instructions) and is chosen when it is at least as
+   fast: ``csp-relaxed`` is never slower than ``stock`` by its objective, and the report says
+   ``stock template chosen by csp-relaxed: ...``. The choice is cached on disk next to the
    embeddings;
 5. the plan emits the host relayout through the offload pass's packer and the output layout that
    unpacks it.
@@ -52,8 +56,8 @@ from .solve import RawSolution, SolverError, padding_cost
 from .workload import Workload, conv2d, dense, group_conv2d
 
 __all__ = ["MODES", "CspWorkload", "CspGemmTemplate", "Candidate", "STRATEGY_NAMES",
-           "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "operator_workload", "packed_of", "candidates",
-           "stock_mapping_cost", "host_relayout_seconds"]
+           "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "STOCK_COMPARED", "STOCK", "operator_workload",
+           "packed_of", "candidates", "stock_mapping_cost", "host_relayout_seconds"]
 
 #: strategy name -> constraint set of the solver
 MODES = {"csp-strict": "strict", "csp-relaxed": "relaxed"}
@@ -66,6 +70,12 @@ DEFAULT_TIMEOUT = 30.0
 #: and only those within RANK_FACTOR of the best estimate
 CYCLE_RANKED = 8
 RANK_FACTOR = 4.0
+#: the constraint sets whose choice (objective cycles or combined) also times the stock template's
+#: plan and keeps it when it is at least as fast. ``strict`` is the stock mapping family itself (its
+#: NCHW program equals stock's), so only ``relaxed`` compares.
+STOCK_COMPARED = ("relaxed",)
+#: what :meth:`CspGemmTemplate._choose` returns when the stock template wins
+STOCK = "stock"
 #: the layouts of a conv2d's free dims, with the permutations from NCHW/OIHW (``permute_dims`` axes)
 CONV_LAYOUTS = {"NCHW": {"data": (0, 1, 2, 3), "weight": (0, 1, 2, 3), "out": (0, 1, 2, 3)},
                 "NHWC": {"data": (0, 2, 3, 1), "weight": (2, 3, 1, 0), "out": (0, 2, 3, 1)}}
@@ -292,14 +302,58 @@ def host_relayout_seconds(pg: PackedGemm, repeats: int = 5) -> float:
     return relayout_seconds(act.host, act.host.src_shape, pg.operands["C"].host, repeats)[1]
 
 
-def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, epilogue, knobs) -> str:
+def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, epilogue, knobs,
+                stock=None) -> str:
+    """The choice cache's key: the operator, the constraint set, the layouts, the objective, the
+    epilogue, the knobs of every candidate, the ranking parameters, the configuration's value and
+    the stock contender (its workload and knobs, or None when it is not compared)."""
     from vta_ext.executor import config_digest
 
-    text = json.dumps({"v": 2, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
+    text = json.dumps({"v": 3, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
                        "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
                        "objective": objective, "epilogue": [list(s) for s in epilogue],
-                       "knobs": knobs, "config": config_digest(config)}, sort_keys=True, default=str)
+                       "knobs": knobs, "stock": stock, "config": config_digest(config)},
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class _Layout:
+    """A stock layout whose ``pack`` takes a name, under the one-argument packing protocol of
+    :func:`~tvm_csp_embed.hosttime.relayout_seconds`."""
+
+    def __init__(self, layout, name: str = "data") -> None:
+        self.layout, self.name = layout, name
+        self.shape = layout.shape
+
+    def pack(self, packer, expr):
+        return self.layout.pack(packer, expr, self.name)
+
+    def unpack(self, packer, expr):
+        return self.layout.unpack(packer, expr)
+
+
+def stock_host_relayout_seconds(kind: str, op: MatchedOp, config, plan: OpPlan,
+                                repeats: int = 5) -> float:
+    """Median wall time of the stock plan's per-inference host relayout (packing the activation
+    into the stock blocked layout and unpacking the output)."""
+    from vta_ext.packing import BlockedActivation, BlockedMatrix
+
+    from .hosttime import relayout_seconds
+
+    shape = _shape(op.operands[0])
+    if kind == "dense":
+        act = _Layout(BlockedMatrix(shape[0], shape[1], config.BATCH, config.BLOCK_IN))
+    else:
+        act = BlockedActivation(*shape, config.BATCH, config.BLOCK_IN)
+    return relayout_seconds(act, shape, plan.out_layout, repeats)[1]
+
+
+@dataclass
+class _StockTiming:
+    """The stock template's figures when it competes with the candidates."""
+
+    cycles: int
+    host_seconds: Optional[float] = None
 
 
 # ------------------------------------------------------------------------------------ template
@@ -331,11 +385,18 @@ class CspGemmTemplate(OpTemplate):
             return ["NCHW"]
         return ["NCHW", "NHWC"] if layout == "auto" else [layout]
 
-    def _stock(self, op: MatchedOp, config, reason: str) -> OpPlan:
+    def _stock_workload(self, plan: OpPlan) -> CspWorkload:
+        """The workload of the stock template's ``plan`` under this strategy."""
+        return CspWorkload(self.kind, (), stock=tuple(dataclasses.asdict(plan.workload).items()))
+
+    def _stock(self, op: MatchedOp, config, reason: str, chosen: bool = False) -> OpPlan:
+        """The stock template's plan: a fallback (no usable embedding), or ``chosen`` because it is
+        at least as good as every embedding by the objective."""
         plan = get_template(self.kind, "stock").plan(op, config)
-        wl = CspWorkload(self.kind, (), stock=tuple(dataclasses.asdict(plan.workload).items()))
-        return OpPlan(wl, plan.inputs, plan.out_layout,
-                      f"{plan.description}; STOCK FALLBACK ({self.strategy}: {reason})", plan.padding)
+        text = (f"stock template chosen by {self.strategy}: {reason}" if chosen else
+                f"STOCK FALLBACK ({self.strategy}: {reason})")
+        return OpPlan(self._stock_workload(plan), plan.inputs, plan.out_layout,
+                      f"{plan.description}; {text}", plan.padding)
 
     def plan(self, op: MatchedOp, config) -> OpPlan:
         from vta_ext.options import current_options
@@ -355,27 +416,50 @@ class CspGemmTemplate(OpTemplate):
         best, why = self._choose(config, base, layouts, usable, op, options)
         if best is None:
             return self._stock(op, config, why)
+        if best is STOCK:
+            return self._stock(op, config, why, chosen=True)
         return self._plan_of(op, config, best, why, len(usable), notes)
 
+    def _stock_contender(self, op: MatchedOp, config, options):
+        """``(plan, workload, knobs)`` of the stock template for ``op`` when the objective compares
+        it (cycles or combined, under a constraint set of :data:`STOCK_COMPARED`), else None (also
+        when the stock template refuses the operator)."""
+        if options.objective == "footprint" or self.mode not in STOCK_COMPARED:
+            return None
+        try:
+            plan = get_template(self.kind, "stock").plan(op, config)
+        except TemplateRefusal:
+            return None
+        scw = self._stock_workload(plan)
+        return plan, scw, options.knobs_for(self.kind, self.strategy, scw, config)[0]
+
     def _choose(self, config, base, layouts, usable: List[Candidate], op: MatchedOp, options
-                ) -> Tuple[Optional[Candidate], str]:
-        """The candidate the objective prefers, and the sentence saying why (cached on disk).
+                ) -> Tuple[Any, str]:
+        """The candidate the objective prefers (or :data:`STOCK`), and the sentence saying why
+        (cached on disk).
 
         A candidate whose build is refused (no tiling fits) or rejects explicit knobs is dropped.
         If none is left: None and the reasons when every one was refused; explicit knobs that no
-        candidate accepts raise the first candidate's :class:`KnobError`.
+        candidate accepts raise the first candidate's :class:`KnobError`. Under ``csp-relaxed``
+        (objective cycles or combined) the stock template's plan is timed with the same knobs
+        option and returned as :data:`STOCK` when it is at least as good as the best candidate.
         """
         from vta_ext.templates.errors import KnobError
 
         objective = options.objective
         knobs = {c.workload: options.knobs_for(self.kind, self.strategy, c.workload, config)[0]
                  for c in usable}
+        contender = self._stock_contender(op, config, options)
         key = _choice_key(config, base, self.mode, layouts, objective, op.epilogue,
-                          [knobs[c.workload] for c in usable])
+                          [knobs[c.workload] for c in usable],
+                          None if contender is None else
+                          [dataclasses.asdict(contender[1]), contender[2]])
         path = cache_dir() / "choices" / f"{key}.json"
         if path.exists():
             try:
                 data = json.loads(path.read_text())
+                if data.get("stock") and contender is not None:
+                    return STOCK, data["why"]
                 chosen = CspWorkload(**data["workload"])
                 for c in usable:
                     if c.workload == chosen:
@@ -422,12 +506,40 @@ class CspGemmTemplate(OpTemplate):
             unit = (lambda c: f"{score(c) * 1e3:.3f} ms (cycles {c.cycles:,}, host "
                     f"{c.host_seconds * 1e3:.3f} ms)") if objective == "combined" else \
                 (lambda c: f"{c.cycles:,} cycles")
-            why = (f"{'fastest combined' if objective == 'combined' else 'fewest cycles'}: "
-                   f"{unit(best)}; {len(timed)} of {len(usable)} embedding(s) timed by the cycle model "
-                   f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)"
-                   + (f"; next {ranked[1].label}: {unit(ranked[1])}" if len(ranked) > 1 else ""))
+            what = "fastest combined" if objective == "combined" else "fewest cycles"
+            timed_text = (f"{len(timed)} of {len(usable)} embedding(s) timed by the cycle model "
+                          f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)")
+            stock = self._time_stock(config, op, contender, objective, dropped)
+            if stock is not None and score(stock) <= score(best):
+                why = (f"{what}: {unit(stock)} with the stock template's own plan, at least as good "
+                       f"as the best embedding {best.label}: {unit(best)}; {timed_text}")
+                _write(path, {"stock": True, "why": why})
+                return STOCK, why
+            why = (f"{what}: {unit(best)}; {timed_text}"
+                   + (f"; next {ranked[1].label}: {unit(ranked[1])}" if len(ranked) > 1 else "")
+                   + (f"; stock template: {unit(stock)}" if stock is not None else ""))
         _write(path, {"workload": dataclasses.asdict(best.workload), "why": why})
         return best, why
+
+    def _time_stock(self, config, op: MatchedOp, contender, objective: str, dropped: List[str]):
+        """The stock contender timed like a candidate (an object with ``cycles`` and
+        ``host_seconds``), or None when there is none or it does not build with the knobs option
+        (then the reason joins ``dropped``)."""
+        from vta_ext.executor import compiled_op, cycle_report, op_key
+        from vta_ext.templates.errors import KnobError
+
+        if contender is None:
+            return None
+        plan, scw, knobs = contender
+        k = op_key(self.kind, self.strategy, config, scw, op.epilogue, knobs)
+        try:
+            compiled_op(k, config=config)
+        except (KnobError, TemplateRefusal) as err:
+            dropped.append(f"stock template: {err}")
+            return None
+        host = (stock_host_relayout_seconds(self.kind, op, config, plan)
+                if objective == "combined" else None)
+        return _StockTiming(cycle_report(k).total_cycles, host)
 
     def _plan_of(self, op: MatchedOp, config, cand: Candidate, why: str, n_usable: int,
                  notes: List[str]) -> OpPlan:
