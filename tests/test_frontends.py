@@ -148,6 +148,24 @@ def test_pt2e_graph_within_one_lsb_and_bit_exact_on_vta(per_channel):
     assert np.abs(out - torch_out).max() <= step * 1.0001
     vta = _run(qm.mod, x, target="ext_vta")
     np.testing.assert_array_equal(vta, out)
+    _assert_all_macs_on_vta(qm, "mulv" if per_channel else "+mul+", layers=True)
+
+
+def _assert_all_macs_on_vta(qm, multiply, layers=False):
+    """Every conv2d / matmul of the quantised graph ran on VTA with the fixed-point tail
+    (``multiply``: the per-channel vector MUL or the MUL immediate) in its epilogue."""
+    report = vta_ext.last_build_report()
+    assert report.devices("relax.nn.conv2d") == ["vta", "vta"]
+    assert report.devices("relax.matmul") == ["vta"]
+    assert report.devices("relax.nn.max_pool2d") == ["vta"]
+    for p in report.on_vta:
+        if p.op != "relax.nn.max_pool2d":
+            assert multiply in p.detail and "+shr+add+shr+clip" in p.detail, p.detail
+            assert p.layer or not layers  # the torch layer
+    macs = vta_ext.quantize.op_macs(qm.mod)
+    on_cpu = {p.detail for p in report.on_cpu}
+    assert sum(m for name, (_, m) in macs.items() if name not in on_cpu) == \
+        sum(m for _, m in macs.values()) > 0
 
 
 def test_pt2e_asymmetric_activations_stay_float_with_the_reason():
@@ -222,6 +240,7 @@ def test_onnx_qdq_model(onnx_models):
     step = qm.nodes[qm.outputs[0]].scale
     assert np.abs(out - source).max() <= step * 1.0001
     np.testing.assert_array_equal(_run(qm.mod, x, target="ext_vta"), out)
+    _assert_all_macs_on_vta(qm, "mulv")  # ONNX Runtime's per-channel weights
 
 
 def test_onnx_qoperator_format_is_explained(onnx_models):

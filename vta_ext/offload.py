@@ -2,8 +2,13 @@
 
 Matched patterns (NCHW activations, int8 in, int32 accumulation; see ``docs/templates-api.md``)::
 
-    core -> optional R.add(., bias int32) -> optional R.right_shift(., constant)
-         -> optional R.clip(., lo, hi) -> R.astype(., "int8")
+    core -> tail -> R.astype(., "int8")
+
+    tail = any sequence of R.add(., bias int32 per channel) (at most one),
+           R.multiply(., multiplier int32 per channel) (at most one), R.right_shift(., constant),
+           R.add / R.multiply(., int32 scalar constant), R.clip(., lo, hi), no-op int32 casts
+           (e.g. the fixed-point requantisation of PT2E / QDQ graphs:
+            bias, >> s1, * M, + 2**(k-1), >> k, clip; M a scalar or one per output channel)
 
     core = R.nn.conv2d(int8 NCHW, int8 OIHW, out_dtype="int32")         conv2d / group / depthwise
          | R.matmul(int8 [N,K], R.permute_dims(int8 [M,K]), "int32")     dense
@@ -38,7 +43,10 @@ from .errors import TemplateRefusal, VTABuildError
 from .executor import compiled_op, op_key
 from .options import current_options
 from .report import CPU, LAYOUT_REASON, VTA, BuildReport, publish
+from .layout import IMM_MAX, IMM_MIN
 from .strategy import MatchedOp, get_template
+from .templates.epilogue import epilogue_range, fit_immediates, has_multiply
+from .templates.errors import EpilogueRefusal
 
 __all__ = ["OffloadToVTA", "RUN_FUNC", "LAYERS_ATTR", "CPU_REASONS_ATTR"]
 
@@ -77,6 +85,7 @@ class _Offloader(PyExprMutator):
         self._last_packed = None
         self._current_binding = ""
         self._kept = False
+        self._source_tails: Dict[str, tuple] = {}  # core var -> its tail as in the module
 
     # ---------------------------------------------------------------- helpers
     def _producer(self, expr):
@@ -141,24 +150,36 @@ class _Offloader(PyExprMutator):
         return None, None
 
     _CHAIN_OPS = ("relax.nn.conv2d", "relax.matmul", "relax.nn.avg_pool2d", "relax.add",
-                  "relax.right_shift", "relax.clip")
+                  "relax.right_shift", "relax.clip", "relax.multiply", "relax.astype")
+    #: core kinds with an output-channel axis (the ones a per-channel tensor can follow)
+    _CHANNEL_KINDS = ("conv2d", "group_conv2d", "depthwise_conv2d", "dense")
+
+    @staticmethod
+    def _scalar(expr) -> Optional[int]:
+        """The value of a one-element int32 constant, else None."""
+        if isinstance(expr, tvm.ir.expr.Constant) and _dtype(expr) == "int32":
+            value = expr.value.numpy()
+            if value.size == 1:
+                return int(value.reshape(-1)[0])
+        return None
 
     def match_tail(self, astype_call: relax.Call) -> Tuple[Optional[MatchedOp], Optional[str]]:
-        """Match ``core`` followed by bias add, right shift and clip in any order (each at most
-        once), then ``astype int8``, ending at ``astype_call``."""
+        """Match ``core`` followed by the requantisation tail, ending at ``astype_call``
+        (``astype int8``): any sequence of bias add (at most one), per-channel multiply (at most
+        one), right shifts, adds and multiplies of a scalar constant, clips, and no-op int32 casts
+        (TVM legalises an int32 ``avg_pool2d`` through int64, so the quantiser casts back)."""
         tail: List[tuple] = []
+        vectors: Dict[str, relax.Expr] = {}
         expr = astype_call.args[0]
         if _dtype(expr) != "int32":
             return None, None
-        bias = None
         while True:
             call = self._producer(expr)
             name = _op_name(call)
-            seen = {stage[0] for stage in tail}
-            if name == "relax.clip" and "clip" not in seen:
+            if name == "relax.clip":
                 # whether the ALU can hold the bounds is the template's call (epilogue refusal)
                 tail.append(("clip", int(call.args[1].value), int(call.args[2].value)))
-            elif name == "relax.right_shift" and "shr" not in seen:
+            elif name == "relax.right_shift":
                 amount = call.args[1]
                 if not isinstance(amount, tvm.ir.expr.Constant):
                     return None, "right_shift by a non-constant amount"
@@ -166,13 +187,28 @@ class _Offloader(PyExprMutator):
                 if values.size != 1:
                     return None, f"right_shift amounts {values.tolist()} differ per element"
                 tail.append(("shr", int(values[0])))
-            elif name == "relax.add" and "bias" not in seen and self._core(expr)[0] is None:
+            elif name == "relax.astype" and str(call.attrs.dtype) == "int32" \
+                    and _dtype(call.args[0]) == "int32":
+                pass  # a no-op cast
+            elif name in ("relax.add", "relax.multiply") and self._core(expr)[0] is None:
+                imm = "add" if name == "relax.add" else "mul"
+                lhs, rhs = call.args
+                if self._scalar(rhs) is not None or self._scalar(lhs) is not None:
+                    scalar_first = self._scalar(rhs) is None
+                    tail.append((imm, self._scalar(lhs if scalar_first else rhs)))
+                    expr = rhs if scalar_first else lhs
+                    continue
+                kind = "bias" if imm == "add" else "mulv"
+                if kind in vectors:
+                    second = "bias add" if kind == "bias" else "per-channel multiply"
+                    return None, f"a second {second} in the requantisation tail"
                 chain = [_op_name(self._producer(arg)) in self._CHAIN_OPS for arg in call.args]
                 if chain.count(True) != 1:
-                    return None, "add of two computed tensors that is neither a bias nor a residual add"
+                    return None, (f"{name.split('.')[-1]} of two computed tensors that is neither "
+                                  "a bias, a per-channel multiplier nor a residual add")
                 main = chain.index(True)
-                bias = call.args[1 - main]
-                tail.append(("bias",))
+                vectors[kind] = call.args[1 - main]
+                tail.append((kind,))
                 expr = call.args[main]
                 continue
             else:
@@ -181,15 +217,28 @@ class _Offloader(PyExprMutator):
         core, reason = self._core(expr)
         if core is None:
             return None, reason
-        if bias is not None:
-            bias_reason = self._bias_reason(core, bias)
-            if bias_reason:
-                return None, bias_reason
-        core.bias = bias
-        core.epilogue = tuple(tail[::-1])
+        tail = tail[::-1]
+        if core.kind in self._CHANNEL_KINDS and "mulv" not in vectors:
+            # a scalar multiplier beyond the 16-bit immediate: a per-channel vector of it
+            for i, st in enumerate(tail):
+                if st[0] == "mul" and not IMM_MIN <= st[1] <= IMM_MAX:
+                    channels = _shape(core.operands[1])[0]
+                    shape = (1, channels, 1, 1) if core.kind != "dense" else (channels,)
+                    vectors["mulv"] = relax.const(np.full(shape, st[1], np.int32))
+                    tail[i] = ("mulv",)
+                    break
+        for kind, tensor in vectors.items():
+            vector_reason = self._vector_reason(core, tensor, kind)
+            if vector_reason:
+                return None, vector_reason
+        core.bias = vectors.get("bias")
+        core.multiplier = vectors.get("mulv")
+        core.epilogue = fit_immediates(tail)
+        self._source_tails[core.name] = tuple(tail)  # what the CPU build computes
         return core, None
 
-    def _bias_reason(self, core: MatchedOp, bias) -> Optional[str]:
+    def _vector_reason(self, core: MatchedOp, tensor, kind: str = "bias") -> Optional[str]:
+        what = "bias" if kind == "bias" else "per-channel multiplier"
         if core.kind in ("conv2d", "group_conv2d", "depthwise_conv2d"):
             out = _shape(core.operands[1])[0]
             expected = [(1, out, 1, 1)]
@@ -197,10 +246,49 @@ class _Offloader(PyExprMutator):
             out = _shape(core.operands[1])[0]
             expected = [(out,), (1, out)]
         else:
-            return f"{core.kind} takes no bias"
-        if _dtype(bias) != "int32" or _shape(bias) not in expected:
-            return f"bias {_shape(bias)} {_dtype(bias)}; expected int32 of shape {expected[0]}"
+            return f"{core.kind} takes no {what}"
+        if _dtype(tensor) != "int32" or _shape(tensor) not in expected:
+            return f"{what} {_shape(tensor)} {_dtype(tensor)}; expected int32 of shape {expected[0]}"
         return None
+
+    def _core_range(self, m: MatchedOp):
+        """Bounds ``(lo, hi)`` of the int32 accumulator of the core, per output channel where the
+        weights are constants: int8 inputs lie in -128..127, so a product sum is at most
+        ``127 * sum(w > 0) + 128 * sum |w < 0|`` and at least the mirror; an average of int8 is
+        int8; the residual add of two int8 lies in -256..254."""
+        if m.kind == "avg_pool2d":
+            return -128, 127
+        if m.kind == "add":
+            return -256, 254
+        weight = m.operands[1]
+        shape = _shape(weight)
+        if isinstance(weight, tvm.ir.expr.Constant):
+            w = weight.value.numpy().astype(np.int64).reshape(shape[0], -1)
+            pos, neg = np.where(w > 0, w, 0).sum(1), -np.where(w < 0, w, 0).sum(1)
+            return -128 * pos - 127 * neg, 127 * pos + 128 * neg
+        reduction = int(np.prod(shape[1:]))
+        return -128 * 128 * reduction, 128 * 128 * reduction
+
+    def check_overflow(self, m: MatchedOp) -> None:
+        """Refuse (:class:`EpilogueRefusal`) an epilogue with a multiply whose int32 values could
+        leave int32 for the core's accumulator range (:func:`epilogue_range`): VTA's ALU wraps,
+        the CPU build does not promise to, and the results must not differ. The check runs on the
+        tail as the module computes it (before :func:`fit_immediates` moves a rounding add behind
+        a shift, where it could no longer overflow on VTA though it does on the CPU)."""
+        source = self._source_tails.get(m.name, m.epilogue)
+        if not has_multiply(source):
+            return
+        tensors = {}
+        for kind, expr in (("bias", m.bias), ("multiplier", m.multiplier)):
+            if expr is None:
+                continue
+            if not isinstance(expr, tvm.ir.expr.Constant):
+                raise EpilogueRefusal(f"{m.kind} {m.name!r}: the {kind} of a requantisation tail "
+                                      "with a multiply is not a constant, so no int32 bound of "
+                                      "the product can be proven")
+            tensors[kind] = expr.value.numpy().reshape(-1)
+        lo, hi = self._core_range(m)
+        epilogue_range(source, lo, hi, what=f"{m.kind} {m.name!r}", **tensors)
 
     # ---------------------------------------------------------------- packer (vta_ext.packing)
     def emit(self, expr, name: str):
@@ -234,6 +322,7 @@ class _Offloader(PyExprMutator):
         strategy = options.strategy_name
         try:
             template = get_template(m.kind, strategy)
+            self.check_overflow(m)
             plan = template.plan(m, self.config)
             knobs, origin = options.knobs_for(m.kind, template.strategy, plan.workload, self.config)
             key = op_key(m.kind, template.strategy, self.config, plan.workload, m.epilogue, knobs)
@@ -286,7 +375,7 @@ class _Offloader(PyExprMutator):
 
     def _find_core(self, call) -> Optional[str]:
         expr = call.args[0] if call.args else None
-        for _ in range(5):
+        for _ in range(12):
             producer = self._producer(expr)
             if producer is None:
                 return None

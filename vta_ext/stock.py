@@ -119,6 +119,8 @@ class StockConv2d(_Stock):
             args = [d, pack_conv_weight(packer, weight, _shape(weight), op_, cp // groups, co, ci)]
             if op.bias is not None:
                 args.append(pack_channel_bias(packer, op.bias, o, op_, b, co))
+            if op.multiplier is not None:
+                args.append(pack_channel_bias(packer, op.multiplier, o, op_, b, co))
             return args
 
         desc = (f"{n}x{c}x{h}x{w} * {o}x{c // groups}x{kh}x{kw}"
@@ -184,6 +186,8 @@ class StockDepthwiseConv2d(_Stock):
             args = [d, pack_depthwise_weight(packer, weight, c, cp, kh, kw, b, co)]
             if op.bias is not None:
                 args.append(pack_channel_bias(packer, op.bias, c, cp, b, co))
+            if op.multiplier is not None:
+                args.append(pack_channel_bias(packer, op.multiplier, c, cp, b, co))
             return args
 
         desc = f"{n}x{c}x{h}x{w} depthwise {kh}x{kw} s{workload['stride_h']} p{pad_h}"
@@ -213,6 +217,9 @@ class StockDense(_Stock):
             args = [data.pack(packer, x, "data"), wgt.pack(packer, weight, "weight")]
             if op.bias is not None:
                 args.append(pack_channel_bias(packer, op.bias, m, mp, b, co, spatial=False))
+            if op.multiplier is not None:
+                args.append(pack_channel_bias(packer, op.multiplier, m, mp, b, co,
+                                              spatial=False))
             return args
 
         pads = padding_text(("batch", n, np_), ("in features", k, kp), ("out features", m, mp))

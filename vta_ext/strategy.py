@@ -51,9 +51,13 @@ class MatchedOp:
     bias : relax.Expr or None
         The int32 bias added before the requantisation tail, if any.
     epilogue : tuple of tuple
-        The requantisation stages in order (``("bias",)``, ``("shr", s)``, ``("clip", lo, hi)``).
+        The requantisation stages in order (``("bias",)``, ``("shr", s)``, ``("mulv",)``,
+        ``("clip", lo, hi)``, ...; :mod:`vta_ext.templates.epilogue`).
     name : str
         The Relax variable bound to the core call (names the operator in reports and errors).
+    multiplier : relax.Expr or None
+        The int32 per-output-channel multiplier of a ``("mulv",)`` stage, in the bias's shape
+        (a template packs it like the bias, after it).
     """
 
     kind: str
@@ -62,6 +66,7 @@ class MatchedOp:
     bias: Any = None
     epilogue: Tuple[tuple, ...] = ()
     name: str = ""
+    multiplier: Any = None
 
     @property
     def shapes(self) -> str:

@@ -218,7 +218,7 @@ class CompiledAluOp:
                                    f"{len(packed_inputs)}")
         for (name, shape, dtype), arr in zip(self.inputs, packed_inputs):
             arr = np.asarray(arr)
-            if arr.shape != tuple(shape) and name == "bias" and arr.ndim == len(shape) \
+            if arr.shape != tuple(shape) and name in ("bias", "mult") and arr.ndim == len(shape) \
                     and arr.size == int(np.prod(shape)):
                 arr = arr.reshape(shape)
             if arr.shape != tuple(shape):

@@ -5,6 +5,7 @@ Layouts (as in the original ``vta/top/vta_conv2d.py``)::
     data    (N/b, C/ci, H, W, b, ci)        int8
     kernel  (O/co, C/ci, KH, KW, co, ci)    int8
     bias    (N/b or 1, O/co, 1, 1, b, co)   int32   (optional, loaded into the accumulator by DMA)
+    mult    (N/b or 1, O/co, 1, 1, b, co)   int32   (optional per-channel multiplier, as the bias)
     out     (N/b, O/co, OH, OW, b, co)      int8    (the int32 accumulator truncated by STORE)
 
 with ``b = BATCH``, ``ci = BLOCK_IN``, ``co = BLOCK_OUT`` of the configuration. Padding is a
@@ -34,8 +35,8 @@ import numpy as np
 
 from ..config import VTAConfig, load_config
 from ..memory import ACC_SCOPE, INP_SCOPE, WGT_SCOPE
-from .epilogue import (EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE, Epilogue, has_bias,
-                       normalize_epilogue, te_stage)
+from .epilogue import (EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE, Epilogue, normalize_epilogue,
+                       te_stage, vector_stages)
 from .errors import Conv2dError, Conv2dRefusal, KnobError
 from .knobs import Conv2dKnobs
 from .tiling import check_knobs, group_span, resolve_knobs
@@ -105,24 +106,29 @@ def conv2d_compute(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, bias_batched: b
             * kernel[o, ko, di, dj, j, ki].astype("int32"), axis=[ko, di, dj, ki]),
         name="conv")
     inputs = [data, kernel]
-    bias = None
+    # the per-channel tensors of the vector stages (bias, multiplier), in VECTOR_STAGES order
+    vectors = {kind: te.placeholder(bshape, "int32", name=_VECTOR_NAMES[kind])
+               for kind in vector_stages(epilogue)}
     stage_names = []
     for idx, st in enumerate(epilogue):
-        if st[0] == "bias":
-            bias = te.placeholder(bshape, "int32", name="bias")
-        res = te.compute(oshape, _stage_fn(st, res, bias, bias_batched), name=f"ep{idx}_{st[0]}")
+        res = te.compute(oshape, _stage_fn(st, res, vectors.get(st[0]), bias_batched),
+                         name=f"ep{idx}_{st[0]}")
         stage_names.append(res.op.name)
     final = res
     out = te.compute(oshape, lambda *i: final(*i).astype("int8"), name="out")
-    if bias is not None:
-        inputs.append(bias)
+    inputs += list(vectors.values())
     return inputs, out, stage_names, data_pad is not data
+
+
+#: vector stage -> the name of its packed tensor (program buffer, ``shapes`` key)
+_VECTOR_NAMES = {"bias": "bias", "mulv": "mult"}
 
 
 def _stage_fn(stage, prev, bias, bias_batched: bool):
     """The TE ``fcompute`` of one epilogue stage over the 6-D output (a clip is one stage
-    ``max(min(x, hi), lo)``, which the lowering emits as :func:`~.epilogue.alu_ops` does)."""
-    if stage[0] == "bias":
+    ``max(min(x, hi), lo)``, which the lowering emits as :func:`~.epilogue.alu_ops` does); a
+    vector stage reads its per-channel tensor ``bias`` (the bias or the multiplier)."""
+    if bias is not None:
         return lambda n, o, y, x, b, j: te_stage(stage, prev(n, o, y, x, b, j),
                                                  bias[n if bias_batched else 0, o, 0, 0, b, j])
     return lambda *i: te_stage(stage, prev(*i))
@@ -188,10 +194,11 @@ def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dK
         blk = sch.get_sblock(name)
         sch.set_scope(blk, 0, ACC_SCOPE)
         sch.compute_at(blk, w0)
-    bias_ep = [n for n in stage_names if n.endswith("_bias")]
-    if bias_ep:
-        bblk = sch.cache_read(sch.get_sblock(bias_ep[0]), 1, ACC_SCOPE)
-        sch.compute_at(bblk, w0)
+    for kind in ("bias", "mulv"):  # the vector stages' tensors, loaded into the accumulator
+        vec_ep = [n for n in stage_names if n.endswith(f"_{kind}")]
+        if vec_ep:
+            bblk = sch.cache_read(sch.get_sblock(vec_ep[0]), 1, ACC_SCOPE)
+            sch.compute_at(bblk, w0)
 
     # ---- conv stage: (n, k_o0, k_o1, w, d_j, d_i, co, h, b_i, c_i, k_i)
     conv = sch.get_sblock("conv")
@@ -259,10 +266,16 @@ class CompiledConv2d:
         """Whether the epilogue adds a bias tensor (a third :meth:`run` argument)."""
         return "bias" in self.shapes
 
+    @property
+    def vector_names(self):
+        """The names of the per-channel int32 tensors :meth:`run` takes after data and kernel:
+        ``bias`` and / or ``mult`` (the per-channel multiplier), in that order."""
+        return [n for n in ("bias", "mult") if n in self.shapes]
+
     def _check(self, name, arr, dtype):
         arr = np.asarray(arr)
         shape = self.shapes[name]
-        if name == "bias" and arr.shape != shape and arr.ndim == 6 and arr.shape[0] == 1 \
+        if name in ("bias", "mult") and arr.shape != shape and arr.ndim == 6 and arr.shape[0] == 1 \
                 and arr.shape[1:] == shape[1:]:
             arr = np.broadcast_to(arr, shape)          # per-channel bias for every batch block
         if arr.shape != shape:
@@ -271,17 +284,25 @@ class CompiledConv2d:
             raise Conv2dError(f"{name}: expected dtype {dtype}, got {arr.dtype}")
         return np.ascontiguousarray(arr)
 
-    def run(self, data_packed, kernel_packed, bias_packed=None, simulator=None):
-        """Execute on the functional simulator; returns ``(out_packed_int8, SimStats)``."""
+    def run(self, data_packed, kernel_packed, bias_packed=None, mult_packed=None, simulator=None):
+        """Execute on the functional simulator; returns ``(out_packed_int8, SimStats)``.
+
+        The per-channel tensors follow data and kernel in :attr:`vector_names` order: the bias
+        (if the epilogue has a ``("bias",)`` stage), then the multiplier (``("mulv",)``); an
+        epilogue with only a multiplier takes it as the third argument."""
         prog = self.program
         prog.write("data", self._check("data", data_packed, np.int8))
         prog.write("kernel", self._check("kernel", kernel_packed, np.int8))
-        if self.has_bias:
-            if bias_packed is None:
-                raise Conv2dError("this conv2d has a bias stage: pass bias_packed")
-            prog.write("bias", self._check("bias", bias_packed, np.int32))
-        elif bias_packed is not None:
-            raise Conv2dError("bias_packed given but the epilogue has no ('bias',) stage")
+        given = [v for v in (bias_packed, mult_packed) if v is not None]
+        names = self.vector_names
+        if len(given) < len(names):
+            raise Conv2dError(f"this conv2d has a {' and a '.join(names)} stage: pass "
+                              f"{' and '.join(n + '_packed' for n in names)}")
+        if len(given) > len(names):
+            extra = ("bias_packed", "('bias',)") if not names else ("mult_packed", "('mulv',)")
+            raise Conv2dError(f"{extra[0]} given but the epilogue has no {extra[1]} stage")
+        for name, arr in zip(names, given):
+            prog.write(name, self._check(name, arr, np.int32))
         t = time.perf_counter()
         stats = prog.run(simulator)
         self.timings["last_run"] = time.perf_counter() - t
@@ -351,12 +372,12 @@ def compile_conv2d(cfg: VTAConfig, workload: Conv2dWorkload, epilogue: Epilogue,
     t2 = time.perf_counter()
     dshape, kshape, bshape, oshape = _shapes(cfg, workload)
     shapes = {"data": dshape, "kernel": kshape, "out": oshape}
-    if has_bias(epilogue):
-        shapes["bias"] = bshape
+    for kind in vector_stages(epilogue):
+        shapes[_VECTOR_NAMES[kind]] = bshape
     q = CommandQueue(cfg)
     bufs = {}
     for name, shape in shapes.items():
-        dtype = np.int32 if name == "bias" else np.int8
+        dtype = np.int32 if name in ("bias", "mult") else np.int8
         bufs[name] = q.alloc(int(np.prod(shape)) * np.dtype(dtype).itemsize, name)
     gen.emit(q, bufs)
     prog = q.synchronize()

@@ -5,6 +5,7 @@ Layouts (``b = BATCH``, ``ci = BLOCK_IN``, ``co = BLOCK_OUT``)::
     data    (N/b, K/ci, b, ci)      int8
     weight  (M/co, K/ci, co, ci)    int8
     bias    (1 or N/b, M/co, b, co) int32   (optional)
+    mult    (1 or N/b, M/co, b, co) int32   (optional per-channel multiplier, ``("mulv",)``)
     out     (N/b, M/co, b, co)      int8
 
 ``out[n, m] = epilogue(sum_k data[n, k] * weight[m, k])``.
@@ -65,14 +66,15 @@ class CompiledDense:
         s = {"data": (wl.batch // B, wl.in_features // BI, B, BI),
              "weight": (wl.out_features // BO, wl.in_features // BI, BO, BI),
              "out": (wl.batch // B, wl.out_features // BO, B, BO)}
-        if self.conv.has_bias:
-            s["bias"] = (1, wl.out_features // BO, B, BO)
+        for name in self.conv.vector_names:
+            s[name] = (1, wl.out_features // BO, B, BO)
         return s
 
-    def run(self, data_packed, weight_packed, bias_packed=None, simulator=None):
+    def run(self, data_packed, weight_packed, bias_packed=None, mult_packed=None, simulator=None):
         """Execute on the functional simulator; returns ``(out_packed_int8, SimStats)``.
 
-        ``bias_packed`` may be ``(1, M/co, b, co)`` (broadcast over the batch blocks) or
+        ``bias_packed`` (and ``mult_packed``, the per-channel multiplier; the third argument if
+        there is no bias) may be ``(1, M/co, b, co)`` (broadcast over the batch blocks) or
         ``(N/b, M/co, b, co)``.
         """
         shapes = self.shapes
@@ -83,15 +85,16 @@ class CompiledDense:
                 raise Conv2dError(f"{name}: expected shape {shapes[name]}, got {arr.shape}")
         d6 = data.reshape(data.shape[0], data.shape[1], 1, 1, *data.shape[2:])
         w6 = weight.reshape(weight.shape[0], weight.shape[1], 1, 1, *weight.shape[2:])
-        b6 = None
-        if bias_packed is not None:
-            bias = np.asarray(bias_packed)
-            if bias.ndim != 4 or bias.shape[1:] != shapes.get("bias", shapes["out"])[1:] \
-                    or bias.shape[0] not in (1, shapes["out"][0]):
-                raise Conv2dError(f"bias: expected shape {shapes.get('bias')} (or with N/b "
-                                  f"leading), got {bias.shape}")
-            b6 = bias.reshape(bias.shape[0], bias.shape[1], 1, 1, *bias.shape[2:])
-        out, stats = self.conv.run(d6, w6, b6, simulator=simulator)
+        vec6 = []
+        for name, packed in zip(self.conv.vector_names or ["bias"],
+                                [v for v in (bias_packed, mult_packed) if v is not None]):
+            vec = np.asarray(packed)
+            if vec.ndim != 4 or vec.shape[1:] != shapes.get(name, shapes["out"])[1:] \
+                    or vec.shape[0] not in (1, shapes["out"][0]):
+                raise Conv2dError(f"{name}: expected shape {shapes.get(name)} (or with N/b "
+                                  f"leading), got {vec.shape}")
+            vec6.append(vec.reshape(vec.shape[0], vec.shape[1], 1, 1, *vec.shape[2:]))
+        out, stats = self.conv.run(d6, w6, *vec6, simulator=simulator)
         return out.reshape(shapes["out"]), stats
 
 
@@ -114,7 +117,8 @@ def build_dense(cfg: Union[VTAConfig, str], workload: DenseWorkload, epilogue=()
     Returns
     -------
     CompiledDense
-        ``.program`` and ``.run(data, weight, bias=None, simulator=None) -> (out, SimStats)``.
+        ``.program`` and ``.run(data, weight, bias=None, mult=None, simulator=None) -> (out,
+        SimStats)``.
 
     Raises
     ------

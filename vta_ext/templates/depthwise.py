@@ -3,13 +3,14 @@
 This is **not** a TE / s_tir schedule: the program is written directly with the runtime
 (:class:`vta_ext.runtime.CommandQueue`), once per workload. Entry point (``docs/templates-api.md``):
 :func:`build_depthwise_conv2d` → :class:`CompiledDepthwiseConv2d` (``.program``,
-``.run(data, kernel[, bias], simulator=None) -> (out_packed_int8, SimStats)``).
+``.run(data, kernel[, bias][, mult], simulator=None) -> (out_packed_int8, SimStats)``).
 
 Layouts (``b = BATCH``, ``co = BLOCK_OUT``; groups = C = O, one filter per channel)::
 
     data    (N/b, C/co, H, W, b, co)      int8
     kernel  (C/co, KH, KW, b, co)         int8   (each channel's tap replicated over the b lanes)
     bias    (1, C/co, 1, 1, b, co)        int32  (only with a ("bias",) epilogue stage)
+    mult    (1, C/co, 1, 1, b, co)        int32  (only with a ("mulv",) stage: per-channel multiplier)
     out     (N/b, C/co, OH, OW, b, co)    int8
 
 A depthwise convolution has no reduction over channels, so the GEMM core (which reduces over
@@ -27,7 +28,8 @@ arithmetic on accumulator rows of ``b x co`` int32 lanes. Per tile (``tile_c`` c
    Every other tap (i, j): ``tmp = window(i,j)``, ``tmp *= k[i,j]``, ``out += tmp`` (4 ALU
    instructions per tap, each covering the whole tile). int32 arithmetic wraps like the GEMM's.
 3. The epilogue (:mod:`vta_ext.templates.epilogue`; ``("bias",)`` is an ADD vector with source
-   factor 0 from the bias row of each channel block), then STORE (truncating int32 to int8).
+   factor 0 from the bias row of each channel block, ``("mulv",)`` a MUL vector from the
+   multiplier row, loaded like the bias), then STORE (truncating int32 to int8).
 
 Output rows rotate through ``slots`` (default 2) accumulator regions synchronised with the store
 module by :class:`~vta_ext.templates.alu_program.StorePipeline`; everything else is read and written
@@ -51,7 +53,7 @@ from ..runtime import CommandQueue
 from .alu_program import (MAX_KERNEL_UOPS, CompiledAluOp, StorePipeline, alu, alu_range,
                           check_non_negative, check_positive, check_slots, choose_row_tiles,
                           copy_rows, require_multiple)
-from .epilogue import emit_epilogue, has_bias, normalize_epilogue
+from .epilogue import emit_epilogue, has_bias, has_multiplier, normalize_epilogue
 from .errors import AluTemplateError, AluTemplateRefusal
 from .knobs import knobs_from
 from .workload import ConvGeometry, window_size
@@ -116,6 +118,8 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
         raise AluTemplateRefusal(f"{what}: empty output {wl.out_height}x{wl.out_width}")
     epilogue = normalize_epilogue(epilogue)
     with_bias = has_bias(epilogue)
+    with_mult = has_multiplier(epilogue)
+    nvec = int(with_bias) + int(with_mult)
     knobs = knobs_from(knobs, DepthwiseKnobs, {"tps": DepthwiseKnobs, "fallback": DepthwiseKnobs})
     slots = check_slots(knobs.slots, what)
 
@@ -128,7 +132,7 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
 
     def usage(th, tc, slots):
         win = tc * window_size(th, KH, SH) * Wp
-        return win + tc * KK + (tc if with_bias else 0) + (1 + slots) * tc * th * OW
+        return win + tc * KK + tc * nvec + (1 + slots) * tc * th * OW
 
     th, tc, slots = choose_row_tiles(
         what, cfg, usage, OH, CB, slots, knobs.tile_h, knobs.tile_c, MAX_KERNEL_UOPS,
@@ -140,7 +144,8 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
     IN = 0
     KREG = IN + tc * win_stride
     BREG = KREG + tc * KK
-    TMP = BREG + (tc if with_bias else 0)
+    MREG = BREG + (tc if with_bias else 0)
+    TMP = MREG + (tc if with_mult else 0)
     OUT0 = TMP + out_size
 
     q = CommandQueue(cfg)
@@ -152,6 +157,8 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
     kernel = q.alloc(int(np.prod(kernel_shape)), "kernel")
     bias_buf = (q.alloc(int(np.prod(bias_shape)) * np.dtype(np.int32).itemsize, "bias")
                 if with_bias else None)
+    mult_buf = (q.alloc(int(np.prod(bias_shape)) * np.dtype(np.int32).itemsize, "mult")
+                if with_mult else None)
     out = q.alloc(int(np.prod(out_shape)), "out")
     pipe = StorePipeline(q, slots)
     loaded_c0 = None
@@ -180,6 +187,8 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
                               MemType.ACC_8BIT)
                     if with_bias:
                         q.load_2d(bias_buf, c0, tcc, 1, tcc, 0, 0, 0, 0, BREG, MemType.ACC)
+                    if with_mult:
+                        q.load_2d(mult_buf, c0, tcc, 1, tcc, 0, 0, 0, 0, MREG, MemType.ACC)
                     loaded_c0 = (c0, tcc)
                 # 2. taps
                 loops = [(thh, OW, SH * Wp), (OW, 1, SW)]
@@ -201,7 +210,11 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
                 def add_bias(q_, outs=outs, tcc=tcc, thh=thh):
                     alu(q_, AluOp.ADD, [(outs[c], BREG + c) for c in range(tcc)], [(thh * OW, 1, 0)])
 
-                emit_epilogue(q, cfg, epilogue, OUT, size, bias=add_bias if with_bias else None)
+                def mul_mult(q_, outs=outs, tcc=tcc, thh=thh):
+                    alu(q_, AluOp.MUL, [(outs[c], MREG + c) for c in range(tcc)], [(thh * OW, 1, 0)])
+
+                emit_epilogue(q, cfg, epilogue, OUT, size, bias=add_bias if with_bias else None,
+                              mult=mul_mult if with_mult else None)
                 pipe.end_compute()
                 pipe.begin_store()
                 q.store_2d(OUT, MemType.OUT, out, ((n * CB + c0) * OH + oh0) * OW, thh * OW, tcc,
@@ -213,6 +226,8 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
     inputs = [("data", data_shape, np.int8), ("kernel", kernel_shape, np.int8)]
     if with_bias:
         inputs.append(("bias", bias_shape, np.int32))
+    if with_mult:
+        inputs.append(("mult", bias_shape, np.int32))
     info = dict(tile_h=th, tile_c=tc, slots=slots, tiles=n_tiles, acc_used=usage(th, tc, slots))
     return CompiledDepthwiseConv2d(cfg, wl, epilogue, prog, inputs, out_shape,
                                    {"build": time.perf_counter() - t0}, info)

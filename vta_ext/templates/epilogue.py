@@ -18,10 +18,22 @@ stage                   value                                       ALU instruct
 ``("min", c)``          ``min(x, c)``                               MIN imm ``c``
 ``("max", c)``          ``max(x, c)``                               MAX imm ``c``
 ``("add", c)``          ``x + c``                                   ADD imm ``c``
+``("mul", c)``          ``x * c``                                   MUL imm ``c``
+``("mulv",)``           ``x * m`` (per-output-channel int32         MUL vector (template-specific)
+                        multiplier tensor in the acc)
 ======================  ==========================================  =============================
 
-followed by the STORE, which keeps the low 8 bits of every lane. int32 arithmetic wraps.
-Immediates must fit the signed 16-bit ALU immediate; at most one ``("bias",)`` stage.
+followed by the STORE, which keeps the low 8 bits of every lane. int32 arithmetic wraps on the ALU.
+Immediates must fit the signed 16-bit ALU immediate; at most one ``("bias",)`` and one
+``("mulv",)`` stage. ``("bias",)`` and ``("mulv",)`` are the *vector* stages: their operand is a
+per-output-channel int32 tensor loaded into the accumulator (the multiplier in the layout of the
+bias), so only templates with an output-channel axis take them (GEMM templates, depthwise conv2d).
+
+The fixed-point requantisation of TFLite / TVM QNN / PT2E graphs is the epilogue
+``bias, shr s1, mul M (or mulv), add 2**(k-1), shr k, clip``. Its int32 products must not
+overflow: the ALU wraps, the CPU build does not promise to (LLVM's signed arithmetic), so an
+epilogue with a multiply is only executed when :func:`epilogue_range` proves every intermediate
+value fits int32 for the operator's accumulator range (else :class:`EpilogueRefusal`).
 """
 from __future__ import annotations
 
@@ -35,8 +47,9 @@ from .alu_program import alu_range
 from .errors import EpilogueError, EpilogueRefusal
 
 __all__ = ["Stage", "Epilogue", "EPILOGUE_ORIGINAL", "EPILOGUE_PIPELINE", "STAGE_ARITY",
-           "MAX_SHIFT", "normalize_epilogue", "has_bias", "alu_ops", "alu_count", "te_stage",
-           "emit_epilogue"]
+           "MAX_SHIFT", "VECTOR_STAGES", "normalize_epilogue", "has_bias", "has_multiplier",
+           "vector_stages", "alu_ops", "alu_count", "te_stage", "emit_epilogue", "epilogue_range",
+           "has_multiply", "fit_immediates"]
 
 Stage = Tuple[Any, ...]
 #: a normalised epilogue: a tuple of stages (tuples whose first item is the kind)
@@ -48,7 +61,10 @@ EPILOGUE_ORIGINAL: Epilogue = (("shr", 8), ("bias",), ("clip", 0, 127))
 EPILOGUE_PIPELINE: Epilogue = (("bias",), ("shr", 8), ("clip", 0, 127))
 
 #: stage kind -> number of integer arguments
-STAGE_ARITY = {"shr": 1, "bias": 0, "clip": 2, "min": 1, "max": 1, "add": 1}
+STAGE_ARITY = {"shr": 1, "bias": 0, "clip": 2, "min": 1, "max": 1, "add": 1, "mul": 1, "mulv": 0}
+#: the stages whose operand is a per-output-channel int32 tensor in the accumulator, in the order
+#: a template takes their packed tensors (after its data operands)
+VECTOR_STAGES = ("bias", "mulv")
 #: largest right shift of the int32 accumulator
 MAX_SHIFT = 31
 
@@ -97,8 +113,9 @@ def normalize_epilogue(epilogue: Optional[Iterable]) -> Epilogue:
                 raise EpilogueRefusal(f"epilogue stage {st!r}: immediate {v} does not fit the "
                                       f"16-bit ALU immediate ({IMM_MIN}..{IMM_MAX})")
         out.append(norm)
-    if sum(st[0] == "bias" for st in out) > 1:
-        raise EpilogueRefusal("at most one ('bias',) epilogue stage is supported")
+    for kind in VECTOR_STAGES:
+        if sum(st[0] == kind for st in out) > 1:
+            raise EpilogueRefusal(f"at most one ({kind!r},) epilogue stage is supported")
     return tuple(out)
 
 
@@ -107,32 +124,57 @@ def has_bias(epilogue: Epilogue) -> bool:
     return any(st[0] == "bias" for st in epilogue)
 
 
+def has_multiplier(epilogue: Epilogue) -> bool:
+    """Whether the (normalised) epilogue multiplies by a per-channel multiplier tensor."""
+    return any(st[0] == "mulv" for st in epilogue)
+
+
+def has_multiply(epilogue: Epilogue) -> bool:
+    """Whether the epilogue multiplies (``("mul", c)`` or ``("mulv",)``)."""
+    return any(st[0] in ("mul", "mulv") for st in epilogue)
+
+
+def vector_stages(epilogue: Epilogue) -> Tuple[str, ...]:
+    """The vector stages of the epilogue, in the order a template takes their tensors
+    (:data:`VECTOR_STAGES` order: bias, then the multiplier)."""
+    kinds = {st[0] for st in epilogue}
+    return tuple(k for k in VECTOR_STAGES if k in kinds)
+
+
 def alu_ops(cfg: VTAConfig, stage: Stage) -> List[Tuple[AluOp, int]]:
     """The ALU instructions ``(op, immediate)`` of an immediate stage, in order.
 
-    ``("bias",)`` is not an immediate stage (its vector ADD depends on the template's layout of the
-    bias rows): it raises :class:`EpilogueError`.
+    ``("bias",)`` and ``("mulv",)`` are not immediate stages (their vector ADD / MUL depends on the
+    template's layout of the vector rows): they raise :class:`EpilogueError`.
     """
     kind = stage[0]
     if kind == "shr":
         return [(AluOp.SHR, stage[1])] if stage[1] else []
     if kind == "clip":
         return clip_alu_ops(cfg.EXT_CLIP, stage[1], stage[2])
-    if kind in ("min", "max", "add"):
-        return [({"min": AluOp.MIN, "max": AluOp.MAX, "add": AluOp.ADD}[kind], stage[1])]
+    if kind in ("min", "max", "add", "mul"):
+        return [({"min": AluOp.MIN, "max": AluOp.MAX, "add": AluOp.ADD, "mul": AluOp.MUL}[kind],
+                 stage[1])]
     raise EpilogueError(f"epilogue stage {stage!r} has no immediate ALU form")
 
 
 def alu_count(cfg: VTAConfig, epilogue: Epilogue) -> int:
-    """ALU instructions the epilogue costs per tile (the bias ADD counted as one)."""
-    return sum(1 if st[0] == "bias" else len(alu_ops(cfg, st)) for st in epilogue)
+    """ALU instructions the epilogue costs per tile (a vector ADD / MUL counted as one)."""
+    return sum(1 if st[0] in VECTOR_STAGES else len(alu_ops(cfg, st)) for st in epilogue)
 
 
 def te_stage(stage: Stage, value, bias_value=None):
     """The TE/TIR expression of ``stage`` applied to the int32 ``value``.
 
-    ``bias_value`` is the int32 bias element for a ``("bias",)`` stage. The lowering recognises
+    ``bias_value`` is the int32 element of the stage's tensor for a vector stage (the bias of a
+    ``("bias",)``, the multiplier of a ``("mulv",)``). The lowering recognises
     ``max(min(x, hi), lo)`` as one clip and emits it as :func:`alu_ops` does.
+
+    Raises
+    ------
+    EpilogueRefusal
+        For a ``("mulv",)`` stage without its multiplier (a template that has no multiplier tensor
+        refuses the operator, which stays on the CPU).
     """
     from tvm import te, tirx
 
@@ -141,6 +183,13 @@ def te_stage(stage: Stage, value, bias_value=None):
         if bias_value is None:
             raise EpilogueError("a ('bias',) stage needs the bias value")
         return value + bias_value
+    if kind == "mulv":
+        if bias_value is None:
+            raise EpilogueRefusal("this template takes no per-channel multiplier ('mulv',) "
+                                  "epilogue stage")
+        return value * bias_value
+    if kind == "mul":
+        return value * tirx.const(stage[1], "int32")
     if kind == "shr":
         return value >> tirx.const(stage[1], "int32")
     if kind == "clip":
@@ -155,7 +204,7 @@ def te_stage(stage: Stage, value, bias_value=None):
 
 
 def emit_epilogue(q, cfg: VTAConfig, epilogue: Epilogue, base: int, size: int,
-                  bias: Optional[Callable] = None) -> None:
+                  bias: Optional[Callable] = None, mult: Optional[Callable] = None) -> None:
     """Emit the (normalised) epilogue on the accumulator rows ``[base, base + size)``.
 
     Parameters
@@ -171,17 +220,120 @@ def emit_epilogue(q, cfg: VTAConfig, epilogue: Epilogue, base: int, size: int,
     bias : callable, optional
         ``bias(q)`` emits the vector ADD of a ``("bias",)`` stage (the layout of the bias rows is
         the template's business); None if the template takes no bias.
+    mult : callable, optional
+        ``mult(q)`` emits the vector MUL of a ``("mulv",)`` stage; None if the template takes no
+        per-channel multiplier.
 
     Raises
     ------
     EpilogueRefusal
-        For a ``("bias",)`` stage when the template takes no bias.
+        For a vector stage the template does not take.
     """
     for st in epilogue:
-        if st[0] == "bias":
-            if bias is None:
-                raise EpilogueRefusal("this operator takes no ('bias',) epilogue stage")
-            bias(q)
+        if st[0] in VECTOR_STAGES:
+            emit = bias if st[0] == "bias" else mult
+            if emit is None:
+                raise EpilogueRefusal(f"this operator takes no ({st[0]!r},) epilogue stage")
+            emit(q)
             continue
         for op, imm in alu_ops(cfg, st):
             alu_range(q, op, base, size, imm)
+
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def epilogue_range(epilogue: Epilogue, lo, hi, bias=None, multiplier=None, what: str = "operator"):
+    """Interval arithmetic through the epilogue: the range of every intermediate int32 value.
+
+    Parameters
+    ----------
+    epilogue : Epilogue
+        Normalised stages.
+    lo, hi : int or numpy array
+        Bounds of the int32 accumulator (scalars, or per output channel).
+    bias, multiplier : numpy array, optional
+        The per-channel tensors of the ``("bias",)`` / ``("mulv",)`` stages (flattened).
+    what : str
+        Names the operator in the refusal.
+
+    Returns
+    -------
+    tuple
+        ``(lo, hi)`` of the value after the last stage (numpy int64 arrays, per channel).
+
+    Raises
+    ------
+    EpilogueRefusal
+        When an ADD or MUL stage can leave int32: the ALU wraps modulo 2**32, the CPU build's
+        signed arithmetic is not promised to (LLVM ``nsw``), so VTA could differ from it.
+    """
+    import numpy as np
+
+    lo = np.asarray(lo, dtype=object)
+    hi = np.asarray(hi, dtype=object)  # Python integers: no wrap in the analysis itself
+    vec = {"bias": bias, "mulv": multiplier}
+    for st in epilogue:
+        kind = st[0]
+        if kind in VECTOR_STAGES:
+            if vec[kind] is None:
+                raise EpilogueError(f"epilogue_range: the {kind!r} stage needs its tensor")
+            operand = np.asarray(vec[kind]).astype(np.int64).astype(object).reshape(-1)
+        else:
+            operand = st[1] if len(st) > 1 else None
+        if kind in ("bias", "add"):
+            lo, hi = lo + operand, hi + operand
+        elif kind in ("mul", "mulv"):
+            a, b = lo * operand, hi * operand
+            lo = np.minimum(a, b) if isinstance(a, np.ndarray) else min(a, b)
+            hi = np.maximum(a, b) if isinstance(a, np.ndarray) else max(a, b)
+        elif kind == "shr":
+            lo, hi = lo // (1 << st[1]), hi // (1 << st[1])
+        elif kind in ("clip", "min", "max"):
+            cap_lo = st[1] if kind in ("clip", "max") else None
+            cap_hi = st[2] if kind == "clip" else (st[1] if kind == "min" else None)
+            if cap_hi is not None:
+                lo, hi = np.minimum(lo, cap_hi), np.minimum(hi, cap_hi)
+            if cap_lo is not None:
+                lo, hi = np.maximum(lo, cap_lo), np.maximum(hi, cap_lo)
+        lo, hi = np.asarray(lo, dtype=object), np.asarray(hi, dtype=object)
+        low, high = int(np.min(lo)), int(np.max(hi))
+        if low < INT32_MIN or high > INT32_MAX:
+            raise EpilogueRefusal(
+                f"{what}: epilogue stage {st!r} can reach {low if low < INT32_MIN else high} for "
+                f"the accumulator's range, outside int32; VTA's ALU wraps modulo 2**32 and the "
+                "CPU build's signed int32 arithmetic does not promise to, so the results could "
+                "differ (a smaller multiplier with a smaller shift, or a pre-shift before the "
+                "multiply, avoids it)")
+    return lo.astype(np.int64), hi.astype(np.int64)
+
+
+def fit_immediates(epilogue: Epilogue) -> Epilogue:
+    """The same epilogue with a rounding add too large for the 16-bit immediate moved behind part
+    of the following shift: ``("add", c), ("shr", k)`` with ``c = c' * 2**a``, ``a <= k``, becomes
+    ``("shr", a), ("add", c'), ("shr", k - a)`` with the smallest ``a`` that makes ``c'`` fit.
+
+    Exact for every int32 ``x``: ``floor((x + c' 2**a) / 2**k) = floor((floor(x / 2**a) + c') /
+    2**(k-a))`` (``floor(floor(y) / n) = floor(y / n)`` for a positive integer ``n``), and no
+    intermediate value grows. This is how the fixed-point requantisation's ``+ 2**(k-1)`` (``k`` up
+    to 31) runs on the ALU. Other stages are returned unchanged (out-of-range immediates are still
+    refused by :func:`normalize_epilogue`).
+    """
+    out: List[Stage] = []
+    stages = [tuple(st) for st in epilogue]
+    i = 0
+    while i < len(stages):
+        st = stages[i]
+        nxt = stages[i + 1] if i + 1 < len(stages) else None
+        if st[0] == "add" and not IMM_MIN <= st[1] <= IMM_MAX and nxt is not None \
+                and nxt[0] == "shr" and st[1] != 0:
+            c, k = st[1], nxt[1]
+            a = next((a for a in range(1, k + 1) if c % (1 << a) == 0
+                      and IMM_MIN <= c >> a <= IMM_MAX), None)
+            if a is not None:
+                out += [("shr", a), ("add", c >> a)] + ([("shr", k - a)] if k > a else [])
+                i += 2
+                continue
+        out.append(st)
+        i += 1
+    return tuple(out)

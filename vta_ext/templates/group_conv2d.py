@@ -5,6 +5,7 @@ Layouts (``b = BATCH``, ``ci = BLOCK_IN``, ``co = BLOCK_OUT``)::
     data    (N/b, C/ci, H, W, b, ci)                   int8
     kernel  (O/co, (C/groups)/ci, KH, KW, co, ci)      int8
     bias    (1 or N/b, O/co, 1, 1, b, co)              int32   (optional)
+    mult    (1 or N/b, O/co, 1, 1, b, co)              int32   (optional per-channel multiplier)
     out     (N/b, O/co, OH, OW, b, co)                 int8
 
 Output-channel block ``o`` of group ``g = o // ((O/co)/groups)`` reduces over the input-channel

@@ -56,7 +56,7 @@ from ..config import VTAConfig, load_config
 from ..isa import MemType
 from ..layout import MAX_LOOP_EXTENT
 from ..memory import scratchpad
-from .epilogue import alu_count, has_bias, normalize_epilogue
+from .epilogue import alu_count, normalize_epilogue, vector_stages
 from .errors import Conv2dRefusal, KnobError
 from .knobs import (Conv2dKnobs, DenseKnobs, check_int_knob, conv2d_knobs_as_dense,
                     dense_knobs_as_conv2d, knobs_from)
@@ -214,8 +214,9 @@ def dram_bytes(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs,
         Layer (a ``groups`` attribute is honoured).
     knobs : Conv2dKnobs
         Schedule knobs (``reuse`` halves the shared tile's loads).
-    with_bias : bool
-        Whether the epilogue loads a bias into the accumulator.
+    with_bias : bool or int
+        Whether the epilogue loads a bias into the accumulator; an int counts the per-channel
+        tensors it loads (bias and multiplier, :func:`~.epilogue.vector_stages`).
 
     Returns
     -------
@@ -237,7 +238,7 @@ def dram_bytes(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs,
     wgt_rounds = geo.nb // k.tile_b if geo.cbg == 1 else geo.nb
     tiles_hw = (geo.oh // k.tile_h) * (geo.ow // k.tile_w)
     wgt = wgt_rounds * tiles_hw * geo.ob * geo.cbg * k2 * cfg.wgt_elem_bytes
-    acc = geo.nb * geo.ob * tiles_hw * cfg.acc_elem_bytes if with_bias else 0
+    acc = geo.nb * geo.ob * tiles_hw * cfg.acc_elem_bytes * int(with_bias)
     out = geo.nb * geo.ob * geo.oh * geo.ow * cfg.out_elem_bytes
     inp_once, wgt_once = _reused(geo, k)
     return {"inp_load_nbytes": inp // 2 if inp_once else inp,
@@ -256,7 +257,7 @@ def sram_usage(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs,
         window_size(k.tile_w, wl.kernel_w, wl.stride_w)
     inp = k.tile_b * _inp_blocks_per_step(geo, k) * win
     wgt = k.tile_co * k.tile_ci * wl.kernel_h * wl.kernel_w
-    acc = k.tile_b * k.tile_co * (k.tile_h * k.tile_w + (1 if with_bias else 0))
+    acc = k.tile_b * k.tile_co * (k.tile_h * k.tile_w + int(with_bias))
     return {"inp": inp * threads, "wgt": wgt * threads, "acc": acc * threads}
 
 
@@ -378,7 +379,7 @@ def _classify(cfg: VTAConfig, wl: GemmWorkload, epilogue, reuse: bool
     """Every point of the space as ``(knobs, choice, None)`` or ``(knobs, None, reason)``."""
     cwl = _as_conv2d(cfg, wl)
     ep = normalize_epilogue(epilogue)
-    with_bias = has_bias(ep)
+    with_bias = len(vector_stages(ep))
     n_alu = alu_count(cfg, ep)
     geo = _geometry(cfg, cwl)
     for k in _points(cfg, cwl, reuse, isinstance(wl, DenseWorkload)):
@@ -484,12 +485,12 @@ def evaluate(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue, knobs: Gemm
     geo = _geometry(cfg, cwl)
     reason = _structural_reason(geo, k)
     if reason is None:
-        use = sram_usage(cfg, cwl, k, has_bias(ep))
+        use = sram_usage(cfg, cwl, k, len(vector_stages(ep)))
         uops = gemm_uops(cfg, cwl, k)
         reason = _fit_reason(cfg, geo, cwl, k, use, uops)
     if reason is not None:
         return PrunedPoint(_knobs_for(wl, k), reason)
-    return TilingChoice(_knobs_for(wl, k), dram_bytes(cfg, cwl, k, has_bias(ep)),
+    return TilingChoice(_knobs_for(wl, k), dram_bytes(cfg, cwl, k, len(vector_stages(ep))),
                         estimate_insns(cfg, cwl, k, alu_count(cfg, ep)), use, uops)
 
 
