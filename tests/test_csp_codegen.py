@@ -12,7 +12,7 @@ from conftest import conv2d_nchw, requantize
 
 from tvm_csp_embed import conv2d, dense, embed_all, gemm
 from tvm_csp_embed.codegen import build_gemm, knob_domain, packed_gemm, tps_point
-from tvm_csp_embed.codegen.knobs import check_point, evaluate
+from tvm_csp_embed.codegen.knobs import Pruned, check_point, evaluate
 from tvm_csp_embed.verify import apply_relayout, check_scalar
 from vta_ext.config import load_config
 from vta_ext.sim.cycles import CycleModel
@@ -74,8 +74,18 @@ def test_spatial_y_with_weight_as_a():
     embs, _ = embed_all(wl, gemm(cfg), "relaxed", solutions=2)
     emb = _pick(embs, lambda e: e.binding["A"] == "weight" and e.dims_of("y") == ("oh",), "y=oh, A<-weight")
     check_scalar(emb)
-    _, _, got, _ = _run(cfg, emb, shapes, perms, pads, arrays, bias)
+    pg, compiled, got, _ = _run(cfg, emb, shapes, perms, pads, arrays, bias)
     np.testing.assert_array_equal(got, ref)
+    # the resident operand is the operator's tensor whatever its binding: the weights (operand A
+    # here) for order 1, the data (operand B) for order 2; the model equals the counters
+    tps = dict(compiled.knobs.__dict__)
+    for order in (1, 2):
+        point = dict(tps, order=order, **{n: 1 for n in tps if n.startswith("vt_")})
+        model = evaluate(cfg, pg, EPILOGUE, point)
+        assert not isinstance(model, Pruned), model
+        _, _, got, stats = _run(cfg, emb, shapes, perms, pads, arrays, bias, point)
+        np.testing.assert_array_equal(got, ref)
+        assert _bytes(stats) == model.bytes, order
 
 
 def test_batch_on_x_of_2x16x16_and_spatial_x():
@@ -149,15 +159,22 @@ def test_knob_space_model_matches_the_simulator_and_explicit_knobs():
     emb = embed_all(wl, gemm(cfg), "strict")[0][0]
     pg = packed_gemm(emb, shapes, perms, pads)
     dom = knob_domain(pg)
-    assert dom["tile_oh"] == (1, 2, 7, 14) and dom["vt_k"] == (1, 2)
+    assert dom["tile_oh"] == (1, 2, 7, 14) and dom["vt_k"] == (1, 2) and dom["order"] == (0, 1, 2)
     point = {"tile_n": 1, "tile_k": 1, "tile_oh": 7, "tile_ow": 14, "tile_c": 1, "vt_k": 2, "vt_oh": 1}
-    model = evaluate(cfg, pg, EPILOGUE, point)
-    _, compiled, got, stats = _run(cfg, emb, shapes, perms, pads, arrays, bias, point)
-    np.testing.assert_array_equal(got, ref)
-    for counter, value in model.bytes.items():
-        assert getattr(stats, counter) == value, counter
+    # every loop order, with two threads over output channels or over rows, and with the reduction
+    # in one or two load steps (a resident tile then holds both)
+    points = [dict(point, order=o, tile_c=c, vt_k=vk, vt_oh=3 - vk)
+              for o in (0, 1, 2) for c in (1, 2) for vk in (1, 2)]
+    assert check_point(pg, point) == point        # no order given: the stock order, key unchanged
+    for p in points:
+        model = evaluate(cfg, pg, EPILOGUE, p)
+        _, compiled, got, stats = _run(cfg, emb, shapes, perms, pads, arrays, bias, p)
+        np.testing.assert_array_equal(got, ref)
+        for counter, value in model.bytes.items():
+            assert getattr(stats, counter) == value, (p, counter)
+        assert compiled.program.insn_count > 0
     tps = tps_point(cfg, pg, EPILOGUE)
-    assert tps.total_bytes <= model.total_bytes
+    assert tps.total_bytes <= min(evaluate(cfg, pg, EPILOGUE, p).total_bytes for p in points)
     with pytest.raises(KnobError, match="tile_oh=3"):
         check_point(pg, {**point, "tile_oh": 3})
     with pytest.raises(KnobError, match="unknown knob"):
@@ -177,12 +194,85 @@ def test_tps_of_the_stock_family_is_the_stock_tps(n, c, hw, k, r, pad, stride):
     wl, shapes, perms, pads, *_ = _conv_case(n, c, hw, hw, k, r, r, (pad, pad), (stride, stride))
     emb = embed_all(wl, gemm(cfg), "strict")[0][0]
     pg = packed_gemm(emb, shapes, perms, pads)
-    ours = tps_point(cfg, pg, EPILOGUE)
+    ours = tps_point(cfg, pg, EPILOGUE, fixed={"order": 0})
     stock = tiling.tps_knobs(cfg, Conv2dWorkload(n, hw, hw, c, k, r, r, pad, pad, stride, stride), EPILOGUE)
     sk = stock.knobs
     assert ours.knobs == {"tile_n": sk.tile_b, "tile_k": sk.tile_co, "tile_oh": sk.tile_h, "tile_ow": sk.tile_w,
-                          "tile_c": sk.tile_ci, "vt_k": sk.oc_nthread, "vt_oh": sk.h_nthread}
+                          "tile_c": sk.tile_ci, "vt_k": sk.oc_nthread, "vt_oh": sk.h_nthread, "order": 0}
+    # TPS over the whole space (every loop order) moves no more
+    assert tps_point(cfg, pg, EPILOGUE).total_bytes <= ours.total_bytes
     # the bias: stock loads a batched bias per batch block, the generic plan one per store point
     data = ("inp_load_nbytes", "wgt_load_nbytes", "out_store_nbytes")
     assert {x: ours.bytes[x] for x in data} == {x: stock.bytes[x] for x in data}
     assert ours.sram["inp"] == stock.sram["inp"] and ours.sram["wgt"] == stock.sram["wgt"]
+
+
+def _bytes(stats):
+    return {c: getattr(stats, c) for c in ("inp_load_nbytes", "wgt_load_nbytes", "acc_load_nbytes",
+                                           "out_store_nbytes")}
+
+
+def test_loop_order_knob_hoists_the_resident_tile_byte_counts_by_hand():
+    """1x32x14x14 * 32x32x3x3, pad 1, two row tiles of 7 (input rows -1..7 and 6..14, clipped to
+    the stored 0..7 and 6..13: 8 rows each), two output-channel tiles of 16, the whole reduction
+    in one load step. Per load: input 8 x 14 x 32 = 3584 bytes, weight 16 x 32 x 9 = 4608 bytes.
+    Stock order: both loaded at each of the 2 x 2 tiles. Weight-resident: the weight once per
+    channel tile. Data-resident: the input once per row tile. Outputs, bias and results equal."""
+    cfg = load_config("default")
+    wl, shapes, perms, pads, arrays, bias, ref = _conv_case(1, 32, 14, 14, 32, 3, 3, (1, 1), (1, 1))
+    emb = embed_all(wl, gemm(cfg), "strict")[0][0]
+    base = {"tile_n": 1, "tile_k": 1, "tile_oh": 7, "tile_ow": 14, "tile_c": 2, "vt_k": 1, "vt_oh": 1}
+    inp, wgt = 8 * 14 * 32, 16 * 32 * 9
+    out, acc = 32 * 14 * 14, 2 * 2 * 16 * 4     # every store point loads its 16 bias words
+    expected = {0: (4 * inp, 4 * wgt), 1: (4 * inp, 2 * wgt), 2: (2 * inp, 4 * wgt)}
+    loads = {}
+    for order, (i, w) in expected.items():
+        pg, compiled, got, stats = _run(cfg, emb, shapes, perms, pads, arrays, bias, dict(base, order=order))
+        np.testing.assert_array_equal(got, ref)
+        assert _bytes(stats) == {"inp_load_nbytes": i, "wgt_load_nbytes": w, "acc_load_nbytes": acc,
+                                 "out_store_nbytes": out}, order
+        assert evaluate(cfg, pg, EPILOGUE, dict(base, order=order)).bytes == _bytes(stats)
+        loads[order] = _load_insns(compiled.program)
+    # the hoisted load is issued once per iteration of its loop: 2 instead of 4 (an input load is
+    # one 2-D DMA per channel block: 2 instructions)
+    assert loads[0] == {"inp": 8, "wgt": 4} and loads[1] == {"inp": 8, "wgt": 2}
+    assert loads[2] == {"inp": 4, "wgt": 4}
+
+
+def _load_insns(program):
+    from vta_ext.isa import MemType, Opcode
+
+    count = {"inp": 0, "wgt": 0}
+    for insn in program.insns:
+        if insn.opcode == Opcode.LOAD and insn.x_size:
+            mem = MemType(insn.memory_type)
+            if mem in (MemType.INP, MemType.WGT):
+                count[mem.name.lower()] += 1
+    return count
+
+
+def test_resident_tile_pruned_by_its_scratchpad():
+    """1x512x7x7 * 64x512x3x3: the stock order with one channel block per load step fits; the
+    weight-resident order must hold the whole reduction of its 4 channel blocks (4 x 32 x 9 =
+    1152 weight entries > 1024): pruned with the reason, and the lowering agrees (it overflows)."""
+    cfg = load_config("default")
+    wl, shapes, perms, pads, arrays, bias, ref = _conv_case(1, 512, 7, 7, 64, 3, 3, (1, 1), (1, 1))
+    emb = embed_all(wl, gemm(cfg), "strict")[0][0]
+    pg = packed_gemm(emb, shapes, perms, pads)
+    point = {"tile_n": 1, "tile_k": 4, "tile_oh": 7, "tile_ow": 7, "tile_c": 1, "vt_k": 1, "vt_oh": 1}
+    fits = evaluate(cfg, pg, EPILOGUE, dict(point, order=0))
+    assert fits.sram["wgt"] == 4 * 9
+    res = evaluate(cfg, pg, EPILOGUE, dict(point, order=1))
+    assert isinstance(res, Pruned) and "wgt" in res.reason and "1152" in res.reason
+    with pytest.raises(KnobError, match="wgt|weight"):
+        build_gemm(cfg, pg, EPILOGUE, dict(point, order=1))
+    # two threads over output channels hold two resident tiles: 2 x 2 x 32 x 9 = 1152 again
+    half = dict(point, tile_k=2, vt_k=2, order=1)
+    assert isinstance(evaluate(cfg, pg, EPILOGUE, half), Pruned)
+    ok = evaluate(cfg, pg, EPILOGUE, dict(point, tile_k=2, order=1))
+    assert not isinstance(ok, Pruned) and ok.sram["wgt"] == 2 * 32 * 9
+    _, _, got, stats = _run(cfg, emb, shapes, perms, pads, arrays, bias, dict(point, tile_k=2, order=1))
+    np.testing.assert_array_equal(got, ref)
+    assert _bytes(stats) == ok.bytes
+    # the whole weight tensor exactly once
+    assert stats.wgt_load_nbytes == 64 * 512 * 9

@@ -7,11 +7,17 @@ Knobs of a packed GEMM (:class:`~.plan.PackedGemm`), as a plain dict (what recor
   computed per store point is the product of the spatial tiles; the reduction tiles say how many
   z-blocks one load step brings in;
 * ``vt_<loop>`` in {1, 2}: virtual threads over the outer tiles of the first output-channel loop
-  and of the first image-row loop (the original's ``oc_nthread`` / ``h_nthread``).
+  and of the first image-row loop (the original's ``oc_nthread`` / ``h_nthread``);
+* ``order`` in {0, 1, 2}: the loop order of the output tiles and which operand stays resident
+  (:func:`~.schedule.loop_orders`): 0 the stock rule (both caches loaded at every load step; the
+  default, also when a record has no ``order``), 1 weight-resident (output-channel tiles outer,
+  the weight tile loaded once per output-channel tile and reused by every spatial tile below),
+  2 data-resident (output-channel tiles innermost, the data tile loaded once per spatial tile and
+  reused by every output-channel tile). A resident tile holds the whole reduction of its tile.
 
-The loop order is the schedule's rule (:func:`~.schedule.loop_orders`), the same for every
-embedding. A point is **pruned** when the schedule cannot realise it (a thread count that does not
-divide the outer loop) or when it does not fit: the tiles of all virtual threads overflow the
+A point is **pruned** when the schedule cannot realise it (a thread count that does not
+divide the outer loop, an order with no loop to hold its operand) or when it does not fit: the
+tiles of all virtual threads (a resident tile counted at its hoisted size) overflow the
 ``inp``/``wgt``/``acc`` scratchpad (:func:`vta_ext.memory.scratchpad`), the GEMM micro-op kernel
 exceeds half the micro-op buffer, or a folded GEMM loop exceeds the 14-bit loop field
 (:data:`vta_ext.layout.MAX_LOOP_EXTENT`).
@@ -34,8 +40,11 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .plan import AXIS_PREFIX, PackedGemm
 
-__all__ = ["KnobPoint", "Pruned", "knob_names", "knob_domain", "check_point", "evaluate",
-           "enumerate_points", "tps_point", "fallback_point", "BYTE_COUNTERS"]
+__all__ = ["KnobPoint", "Pruned", "knob_names", "knob_domain", "knob_defaults", "check_point",
+           "evaluate", "enumerate_points", "tps_point", "fallback_point", "BYTE_COUNTERS", "ORDER_KNOB"]
+
+#: the loop-order knob (values: :data:`~.schedule.ORDERS`)
+ORDER_KNOB = "order"
 
 #: the simulator counters the DRAM model predicts
 BYTE_COUNTERS = ("inp_load_nbytes", "wgt_load_nbytes", "acc_load_nbytes", "out_store_nbytes")
@@ -99,7 +108,8 @@ def tiled_loops(pg: PackedGemm) -> List[str]:
 
 def knob_names(pg: PackedGemm) -> Tuple[str, ...]:
     """The knob names of ``pg`` (module docstring)."""
-    return tuple(f"tile_{n}" for n in tiled_loops(pg)) + tuple(f"vt_{n}" for n in vt_loops(pg))
+    return (tuple(f"tile_{n}" for n in tiled_loops(pg)) + tuple(f"vt_{n}" for n in vt_loops(pg))
+            + (ORDER_KNOB,))
 
 
 def knob_domain(pg: PackedGemm) -> Dict[str, Tuple[int, ...]]:
@@ -107,11 +117,19 @@ def knob_domain(pg: PackedGemm) -> Dict[str, Tuple[int, ...]]:
     ext = {lp.name: lp.extent for lp in pg.loops}
     dom = {f"tile_{n}": tuple(_divisors(ext[n])) for n in tiled_loops(pg)}
     dom.update({f"vt_{n}": (1, 2) for n in vt_loops(pg)})
+    dom[ORDER_KNOB] = (0, 1, 2)
     return dom
 
 
+def knob_defaults(pg: PackedGemm) -> Dict[str, int]:
+    """The value of every knob a point leaves out: 1 (tile 1, one thread), ``order`` 0 (the stock
+    loop order). All defaults together are the original stack's fallback tiling."""
+    return {n: (0 if n == ORDER_KNOB else 1) for n in knob_domain(pg)}
+
+
 def check_point(pg: PackedGemm, knobs: Mapping[str, Any]) -> Dict[str, int]:
-    """Validate explicit knobs (missing knobs default to 1); return the full point.
+    """Validate explicit knobs (missing knobs take :func:`knob_defaults`); return the full point
+    (without ``order`` if ``knobs`` has none: that is the stock order, ``order`` 0).
 
     Raises
     ------
@@ -126,8 +144,12 @@ def check_point(pg: PackedGemm, knobs: Mapping[str, Any]) -> Dict[str, int]:
         raise KnobError(f"unknown knob(s) {', '.join(unknown)} for this embedding; valid knobs: "
                         f"{', '.join(dom)}")
     point = {}
+    defaults = knob_defaults(pg)
     for name, values in dom.items():
-        v = knobs.get(name, 1)
+        if name == ORDER_KNOB and name not in knobs:
+            continue  # the stock order; the point keeps the caller's keys (records made before
+            # the knob existed keep their knobs and their keys)
+        v = knobs.get(name, defaults[name])
         if isinstance(v, bool) or not isinstance(v, int) or v not in values:
             raise KnobError(f"knob {name}={v!r}; valid {name}: {', '.join(map(str, values))}")
         point[name] = int(v)
@@ -144,6 +166,13 @@ def _structural_reason(pg: PackedGemm, k: Mapping[str, int]) -> Optional[str]:
         outer = ext[n] // k[f"tile_{n}"]
         if outer % t:
             return f"vt_{n}={t} must divide {n}'s outer tiles ({ext[n]}/tile_{n} = {outer})"
+    order = k.get(ORDER_KNOB, 0)
+    if order:
+        from .schedule import ORDERS, loop_orders
+
+        if loop_orders(pg, order).resident_at is None:
+            return (f"order={order} ({ORDERS[order]}) needs an outer loop above the other operand's "
+                    f"tiles to hold the resident tile, and this embedding has none")
     return None
 
 
@@ -161,6 +190,28 @@ def _inside(pg: PackedGemm, k: Mapping[str, int]) -> Dict[str, Tuple[int, int]]:
         else:
             t = k[f"tile_{lp.name}"]
             out[lp.name] = (e // t, t)
+    for ax, size in pg.axes.items():
+        out[AXIS_PREFIX + ax] = (1, size)
+    return out
+
+
+def _inside_resident(pg: PackedGemm, k: Mapping[str, int], outer: Sequence[str], at: str
+                     ) -> Dict[str, Tuple[int, int]]:
+    """Loop -> ``(outer count, inner extent)`` relative to a resident cache computed at the outer
+    loop ``at``: the output loops down to ``at`` keep their tiles, every loop below it is whole
+    (its virtual threads, split outermost, still count as outer iterations; the resident operand
+    does not see those loops), the reductions are whole."""
+    ext = {lp.name: lp.extent for lp in pg.loops}
+    vts = set(vt_loops(pg))
+    above = set(outer[:list(outer).index(at) + 1])
+    out = {}
+    for lp in pg.loops:
+        n, e = lp.name, lp.extent
+        if n in above:
+            out[n] = (e // k[f"tile_{n}"], k[f"tile_{n}"])
+        else:
+            t = k[f"vt_{n}"] if n in vts else 1
+            out[n] = (t, e // t)
     for ax, size in pg.axes.items():
         out[AXIS_PREFIX + ax] = (1, size)
     return out
@@ -218,15 +269,23 @@ def evaluate(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str,
     reason = _structural_reason(pg, k)
     if reason:
         return Pruned(k, reason)
+    from .schedule import loop_orders
+
     inside = _inside(pg, k)
+    orders = loop_orders(pg, k.get(ORDER_KNOB, 0))
+    res = orders.resident
+    at_res = (_inside_resident(pg, k, orders.outer, orders.resident_at) if res is not None
+              else None)
     # scratchpad entries as the stock model counts them: a batch-like loop's whole tile, also when
     # the caches sit below it (the lowering then allocates less; counting the tile keeps TPS the
     # stock template's policy on the stock family)
     tiled = {**inside, **{n: (1, k[f"tile_{n}"]) for n in pg.c_loops() if pg.roles[n] in ("plain", "shared")}}
     threads = math.prod(k[f"vt_{n}"] for n in vt_loops(pg))
     A, B, C = (pg.operands[r] for r in "ABC")
-    sram = {"inp": math.prod(_region(d, tiled) for d in _free_dims(A)) * threads,
-            "wgt": math.prod(_region(d, tiled) for d in _free_dims(B)) * threads}
+    sram = {"inp": math.prod(_region(d, at_res if res == "A" else tiled) for d in _free_dims(A))
+            * threads,
+            "wgt": math.prod(_region(d, at_res if res == "B" else tiled) for d in _free_dims(B))
+            * threads}
     c_loops = pg.c_loops()
     ext = {lp.name: lp.extent for lp in pg.loops}
     ctile = math.prod(k[f"tile_{n}"] for n in c_loops)
@@ -247,11 +306,12 @@ def evaluate(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str,
         return Pruned(k, f"a folded GEMM loop of {max(kl[:2])} iterations exceeds the 14-bit loop "
                          f"field (max {MAX_LOOP_EXTENT})")
     nbytes = {}
-    for op, counter, elem in ((A, "inp_load_nbytes", cfg.inp_elem_bytes),
-                              (B, "wgt_load_nbytes", cfg.wgt_elem_bytes)):
+    for role, op, counter, elem in (("A", A, "inp_load_nbytes", cfg.inp_elem_bytes),
+                                    ("B", B, "wgt_load_nbytes", cfg.wgt_elem_bytes)):
+        ins = at_res if role == res else inside
         used = {v for d in op.dims for v, _ in d.terms}
-        repeat = math.prod(inside[lp.name][0] for lp in pg.loops if lp.name not in used)
-        nbytes[counter] = repeat * math.prod(_dim_sum(d, inside) for d in _free_dims(op)) * elem
+        repeat = math.prod(ins[lp.name][0] for lp in pg.loops if lp.name not in used)
+        nbytes[counter] = repeat * math.prod(_dim_sum(d, ins) for d in _free_dims(op)) * elem
     stores = math.prod(ext[n] // k[f"tile_{n}"] for n in c_loops)
     nbytes["acc_load_nbytes"] = stores * bias_tile * cfg.acc_elem_bytes if with_bias else 0
     nbytes["out_store_nbytes"] = math.prod(d.extent for d in _free_dims(C)) * cfg.out_elem_bytes
@@ -264,6 +324,13 @@ def evaluate(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str,
     c_free = _free_dims(C)
     per_tile_stores = math.prod(k[f"tile_{n}"] for n in c_loops[:-2]) if len(c_free) > 2 else 1
     insns = stores * (batch * steps * (a_loads + 2) + 2 + alu_count(cfg, ep) + per_tile_stores)
+    if res is not None:
+        # the resident operand's loads leave the load steps: one per iteration of its loop
+        moved = a_loads if res == "A" else 1
+        res_loads = (math.prod(_region(d, at_res) for d in a_free[:-2]) if res == "A"
+                     and len(a_free) > 2 else 1)
+        iters = math.prod(at_res[n][0] for n in orders.outer[:orders.outer.index(orders.resident_at) + 1])
+        insns += iters * res_loads - stores * batch * steps * moved
     return KnobPoint(k, nbytes, sram, uops, insns)
 
 
@@ -282,17 +349,22 @@ def _rank(p: KnobPoint) -> Tuple:
     return (p.total_bytes, p.insns, {2: 0, 1: 1}.get(threads, 2), tuple(p.knobs.values()))
 
 
-def tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple]) -> Optional[KnobPoint]:
+def tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
+              fixed: Optional[Mapping[str, int]] = None) -> Optional[KnobPoint]:
     """The Tiling Parameter Search point (fewest modelled DRAM bytes that fit), or None if no
-    point fits."""
+    point fits. ``fixed`` restricts the search to the points with these knob values (e.g.
+    ``{"order": 0}``: the stock loop order only)."""
     best = None
-    for _, res in enumerate_points(cfg, pg, epilogue):
+    fixed = dict(fixed or {})
+    for point, res in enumerate_points(cfg, pg, epilogue):
+        if any(point.get(n) != v for n, v in fixed.items()):
+            continue
         if isinstance(res, KnobPoint) and (best is None or _rank(res) < _rank(best)):
             best = res
     return best
 
 
 def fallback_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple]):
-    """Every tile 1, one thread (the original stack's fallback): its model, or the :class:`Pruned`
-    reason it does not fit."""
-    return evaluate(cfg, pg, epilogue, {n: 1 for n in knob_domain(pg)})
+    """Every tile 1, one thread, the stock loop order (the original stack's fallback): its model,
+    or the :class:`Pruned` reason it does not fit."""
+    return evaluate(cfg, pg, epilogue, knob_defaults(pg))

@@ -28,11 +28,11 @@ The lowering is :mod:`vta_ext.lower` (``lower_schedule`` then ``lower_to_runtime
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .plan import AXIS_PREFIX, PackedDim, PackedGemm
 
-__all__ = ["LoopOrders", "loop_orders", "gemm_compute", "schedule_gemm", "bias_shape"]
+__all__ = ["LoopOrders", "ORDERS", "loop_orders", "gemm_compute", "schedule_gemm", "bias_shape"]
 
 #: the TIR name of an instruction-axis variable
 _AXIS_NAMES = {"x": "x_i", "y": "y_i", "z": "z_i"}
@@ -54,6 +54,12 @@ class LoopOrders:
         Loops of one load step's GEMM kernel, outermost first (the z-tile inner parts first).
     vthreads : tuple of str
         Loops that may carry virtual threads, in the order their splits are made.
+    resident : str or None
+        The operand (``"A"`` or ``"B"``) whose cache is hoisted out of the inner output tiles
+        (``order`` 1: the operator's weight tensor, 2: its data tensor), or None (``order`` 0).
+    resident_at : str or None
+        The outer loop the resident operand's cache is computed at (its load is issued once per
+        iteration of that loop and reused by every output tile below it).
     """
 
     outer: Tuple[str, ...]
@@ -61,26 +67,58 @@ class LoopOrders:
     ztile: Tuple[str, ...]
     kernel: Tuple[str, ...]
     vthreads: Tuple[str, ...]
+    resident: Optional[str] = None
+    resident_at: Optional[str] = None
 
 
-def loop_orders(pg: PackedGemm) -> LoopOrders:
-    """The loop orders of the schedule of ``pg`` (module docstring), from the loop roles."""
+#: values of the ``order`` knob (:func:`loop_orders`)
+ORDERS = {0: "stock", 1: "weight-resident", 2: "data-resident"}
+
+
+def loop_orders(pg: PackedGemm, order: int = 0) -> LoopOrders:
+    """The loop orders of the schedule of ``pg`` (module docstring), from the loop roles.
+
+    ``order`` (the knob of that name): 0 is the stock rule (batch, image rows but the last,
+    output channels, the last row; both caches at the load point); 1 (weight-resident) puts the
+    loops the weight tensor sees outermost (shared, then output channels), then the batch and the
+    image rows, and hoists the weight tensor's cache to the innermost of the weight loops; 2
+    (data-resident) puts the output-channel loops innermost (shared, batch, rows, output channels)
+    and hoists the data tensor's cache to the innermost loop above them. The hoisted cache holds the
+    whole reduction of its tile; the other operand stays at the load point.
+    """
     from .knobs import vt_loops
 
     c = pg.c_loops()
     role = pg.roles
+    shared = [n for n in c if role[n] == "shared"]
+    plain = [n for n in c if role[n] == "plain"]
     batch = [n for n in c if role[n] in ("shared", "plain")]
     stencil = [n for n in c if role[n] == "stencil"]
     weight = [n for n in c if role[n] == "weight"]
     last = stencil[-1:]
-    outer = batch + stencil[:-1] + weight + last
+    resident = resident_at = None
+    if order == 0:
+        outer = batch + stencil[:-1] + weight + last
+    elif order == 1:
+        outer = shared + weight + plain + stencil
+        above = shared + weight
+        resident = "A" if pg.embedding.binding["A"] == pg.embedding.workload.inputs[1].name else "B"
+        resident_at = above[-1] if above else None
+    elif order == 2:
+        outer = shared + plain + stencil + weight
+        above = shared + plain + stencil
+        resident = "A" if pg.embedding.binding["A"] == pg.embedding.workload.inputs[0].name else "B"
+        resident_at = above[-1] if above else None
+    else:
+        raise ValueError(f"order={order!r}; valid orders: {', '.join(map(str, ORDERS))}")
     ztile = [lp.name for lp in pg.loops if role[lp.name] == "ztile"]
     reduce_ = [lp.name for lp in pg.loops if role[lp.name] == "reduce"]
     kernel = ztile + last + reduce_[::-1] + weight + stencil[:-1]
     vts = vt_loops(pg)
     # the first-row split is made first, then the output-channel one (the original's order)
     vts = [n for n in vts if role[n] == "stencil"] + [n for n in vts if role[n] == "weight"]
-    return LoopOrders(tuple(outer), tuple(batch), tuple(ztile), tuple(kernel), tuple(vts))
+    return LoopOrders(tuple(outer), tuple(batch), tuple(ztile), tuple(kernel), tuple(vts),
+                      resident, resident_at)
 
 
 def bias_shape(pg: PackedGemm) -> Tuple[int, ...]:
@@ -190,7 +228,7 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int]):
     func = te.create_prim_func(inputs + [out]).with_attr("global_symbol", "csp_gemm")
     gemm_name, reset_name = register_gemm_intrin(cfg)
     sch = Schedule(func)
-    orders = loop_orders(pg)
+    orders = loop_orders(pg, knobs.get("order", 0))
     ext = {lp.name: lp.extent for lp in pg.loops}
     C = pg.operands["C"]
     c_names = [d.terms[0][0] for d in C.dims]
@@ -248,13 +286,17 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int]):
     order = [lp for lp in batch + zouter + kernel + [lmap[n] for n in lane_names] if lp is not None]
     sch.reorder(*order)
     anchor = zouter[-1] if zouter else store
+    at = {"A": anchor, "B": anchor}
+    if orders.resident is not None:
+        # the resident operand's cache above the inner output tiles (one load, reused below)
+        at[orders.resident] = outer[orders.resident_at]
     if pad_stage is not None:
         pblk = sch.get_sblock(pad_stage)
         sch.set_scope(pblk, 0, INP_SCOPE)
-        sch.compute_at(pblk, anchor)
+        sch.compute_at(pblk, at["A"])
     else:
-        sch.compute_at(sch.cache_read(gemm, 0, INP_SCOPE), anchor)
-    sch.compute_at(sch.cache_read(gemm, 1, WGT_SCOPE), anchor)
+        sch.compute_at(sch.cache_read(gemm, 0, INP_SCOPE), at["A"])
+    sch.compute_at(sch.cache_read(gemm, 1, WGT_SCOPE), at["B"])
     tens = lmap[AXIS_PREFIX + "x"] if pg.axes["x"] > 1 else lmap[AXIS_PREFIX + "y"]
     body = [lp for lp in order if not any(lp is b for b in batch if b is not None)]
     init = sch.decompose_reduction(gemm, body[0] if body else tens)
