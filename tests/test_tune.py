@@ -317,6 +317,39 @@ def test_apply_history_best_in_relax_build_keeps_the_user_options(tmp_path):
         assert f"tile_h={best.knobs['tile_h']}" in placement.detail
 
 
+def test_objective_dram_bytes_picks_the_fewest_bytes():
+    """objective="dram_bytes": the best (and verified) point is the one of fewest DRAM bytes among
+    the measured ones (ties: fewer cycles), each point measured on its own here."""
+    task = dense_task()
+    measured = {json.dumps(p, sort_keys=True): measure_point(task.spec(), p)
+                for p in task.knob_space.points}
+    fewest = min((r.dram_bytes, r.cycles) for r in measured.values())
+    best = tune.GridSearchTuner(task, objective="dram_bytes").tune(1000, LOCAL)
+    assert best.verified and (best.dram_bytes, best.cycles) == fewest
+    assert best.cycles > min(r.cycles for r in measured.values())   # not the cycles objective
+    xgb = tune.XGBTuner(task, seed=1, batch_size=4, objective="dram_bytes")
+    found = xgb.tune(12, LOCAL)
+    assert found.dram_bytes == min(r.dram_bytes for i, r in xgb.results.items() if r.ok)
+    with pytest.raises(ValueError, match="objective"):
+        tune.RandomTuner(task, objective="bytes")
+
+
+def test_csp_group_conv2d_tunes_and_verifies(tmp_path):
+    """A group conv2d under csp-strict (NCHW): its numpy reference (grouped convolution in int64)
+    verifies the best point, also with a loop order other than the stock one."""
+    mod = conv_module(1, 32, 32, 8, 3, groups=2)
+    with vta_ext.build_options(layout="NCHW"):
+        task, = tune.extract_tasks(mod, strategy="csp-strict")
+    assert task.kind == "group_conv2d" and "stock" not in task.name
+    space = task.knob_space
+    other = [p for p in space.points if p["order"] != 0][:2]
+    option = tune.measure_option(runner=tune.LocalRunner(0))
+    for point in other:
+        assert option.runner.verify(task.spec(), point, 0) is None, point
+    best = tune.XGBTuner(task, seed=0, batch_size=4).tune(8, LOCAL)
+    assert best.verified
+
+
 @pytest.mark.slow
 def test_a_csp_strategy_tunes_through_the_same_interface(tmp_path):
     """csp-relaxed embeds the 3 input channels without padding them to 16; its knob space, build

@@ -2,7 +2,8 @@
 
 A reference ``fn(config, workload, epilogue, rng) -> (packed inputs, expected output[, unpack])``
 draws random inputs (int8 full range, int32 bias in ``[-2**14, 2**14)``) and computes the output
-from the operator's definition in int64: an NCHW convolution (groups included) or a matrix
+from the operator's definition in int64: an NCHW convolution (groups included, also under the
+CSP strategies) or a matrix
 product, then the epilogue stages in order with int32 wrapping, then the int8 truncation of the
 store. For the stock templates the packed layouts are those of ``docs/templates-api.md`` (nothing
 of the templates is used) and the expected output is packed. For the CSP strategies the inputs are
@@ -145,10 +146,14 @@ def _csp_gemm(config, wl, epilogue, rng):
     pg = packed_of(wl, config)
     p = wl.p
     data_name, weight_name = (t.name for t in operator_workload(wl)[0].inputs)
-    if wl.op == "conv2d":
+    if wl.op in ("conv2d", "group_conv2d"):
+        g = int(p.get("g", 1))
         x = _int8(rng, (p["n"], p["c"], p["h"], p["w"]))
-        w = _int8(rng, (p["k"], p["c"], p["kh"], p["kw"]))
-        acc = _conv2d_nchw(x, w, (p["pt"], p["pl"], p["pb"], p["pr"]), (p["sh"], p["sw"]))
+        w = _int8(rng, (p["k"], p["c"] // g, p["kh"], p["kw"]))
+        cg, kg = p["c"] // g, p["k"] // g
+        acc = np.concatenate([_conv2d_nchw(x[:, i * cg:(i + 1) * cg], w[i * kg:(i + 1) * kg],
+                                           (p["pt"], p["pl"], p["pb"], p["pr"]), (p["sh"], p["sw"]))
+                              for i in range(g)], axis=1)
         bias_shape = (1, p["k"], 1, 1)
     else:
         x, w = _int8(rng, (p["n"], p["k"])), _int8(rng, (p["m"], p["k"]))
@@ -161,12 +166,12 @@ def _csp_gemm(config, wl, epilogue, rng):
     if any(s[0] == "bias" for s in epilogue):
         b = rng.integers(-(1 << 14), 1 << 14, bias_shape).astype(np.int32)
         inputs.append(pg.bias_layout(bias_shape).pack_numpy(b))
-        bias = b.astype(np.int64) if wl.op == "conv2d" else b.astype(np.int64).reshape(1, -1)
+        bias = b.astype(np.int64) if wl.op != "dense" else b.astype(np.int64).reshape(1, -1)
     return inputs, apply_epilogue(acc, epilogue, bias), pg.operands["C"].host.unpack_numpy
 
 
 for _kind, _fn in (("conv2d", _conv2d), ("group_conv2d", _conv2d), ("dense", _dense)):
     register_reference(_kind, "stock", _fn)
 for _strategy in ("csp-strict", "csp-relaxed"):
-    for _kind in ("conv2d", "dense"):
+    for _kind in ("conv2d", "group_conv2d", "dense"):
         register_reference(_kind, _strategy, _csp_gemm)

@@ -7,8 +7,14 @@ chosen by the tuner:
 * :class:`GridSearchTuner` -- the space in its enumeration order;
 * :class:`RandomTuner` -- a seeded random permutation;
 * :class:`XGBTuner` -- seeded with the TPS point (and random points), then the points an XGBoost
-  model of the measured cycles ranks best (features: :mod:`.features`), with a little seeded
+  model of the measured objective ranks best (features: :mod:`.features`), with a little seeded
   random exploration.
+
+Every tuner takes ``objective``: ``"cycles"`` (the default: the cycle model's total) or
+``"dram_bytes"`` (the DRAM bytes the program moves, micro-ops included; ties broken by cycles).
+The best point, the one verified and recorded as best, is the one of the least objective. Records
+keep both figures, but :func:`.records.apply_history_best` picks the verified record of fewest
+cycles: keep a ``dram_bytes`` run in its own records file.
 
 Each result goes to the callbacks as soon as it is known (``log_to_file`` writes it at once). Points
 already in a ``log_to_file`` callback's file are not measured again: a restarted job resumes. At the
@@ -47,9 +53,19 @@ class Tuner:
         whatever the runner).
     batch_size : int
         Points measured between two updates of the tuner.
+    objective : str
+        ``"cycles"`` or ``"dram_bytes"`` (module docstring).
     """
 
-    def __init__(self, task: Task, seed: int = 0, batch_size: int = 8) -> None:
+    #: the objectives a tuner can minimise
+    OBJECTIVES = ("cycles", "dram_bytes")
+
+    def __init__(self, task: Task, seed: int = 0, batch_size: int = 8,
+                 objective: str = "cycles") -> None:
+        if objective not in self.OBJECTIVES:
+            raise ValueError(f"objective={objective!r}; valid objectives: "
+                             f"{', '.join(self.OBJECTIVES)}")
+        self.objective = objective
         self.task = task
         self.seed = seed
         self.batch_size = max(1, int(batch_size))
@@ -79,6 +95,12 @@ class Tuner:
         return len(self.visited) < len(self.space)
 
     # ------------------------------------------------------------------ results
+    def cost(self, result: MeasureResult) -> tuple:
+        """The sort key of a successful result under :attr:`objective`."""
+        if self.objective == "dram_bytes":
+            return (result.dram_bytes, result.cycles)
+        return (result.cycles,)
+
     @property
     def best_cycles(self) -> Optional[int]:
         """Cycles of the best measured point so far (None before the first success)."""
@@ -93,8 +115,8 @@ class Tuner:
         self.visited.add(index)
         self.results[index] = result
         if result.ok and (self.best_index is None or
-                          (result.cycles, index) < (self.results[self.best_index].cycles,
-                                                    self.best_index)):
+                          (self.cost(result), index) < (self.cost(self.results[self.best_index]),
+                                                        self.best_index)):
             self.best_index = index
 
     def _resume(self, callbacks: Sequence[Callable]) -> int:
@@ -161,7 +183,7 @@ class Tuner:
         budget = min(n_trial, size)
         self._resume(callbacks)
         spec = self.task.spec()
-        since_best, last_best = 0, self.best_cycles
+        since_best, last_best = 0, self.best_index
         try:
             while len(self.visited) < budget and self.has_next():
                 if early_stopping is not None and since_best >= early_stopping:
@@ -181,8 +203,8 @@ class Tuner:
                     for cb in callbacks:
                         cb(self, [batch[pos]], [result])
                 self.update(indices, results)
-                since_best = 0 if self.best_cycles != last_best else since_best + len(indices)
-                last_best = self.best_cycles
+                since_best = 0 if self.best_index != last_best else since_best + len(indices)
+                last_best = self.best_index
             best = self._verify_best(runner, option, callbacks)
         except KeyboardInterrupt:
             logger.warning("%s: interrupted after %d measurement(s); every finished one is "
@@ -201,8 +223,9 @@ class Tuner:
         if not option.verify:
             return None
         spec = self.task.spec()
-        order = sorted((r.cycles, i) for i, r in self.results.items() if r.ok)
-        for cycles, index in order:
+        order = sorted((self.cost(r), i) for i, r in self.results.items() if r.ok)
+        for _, index in order:
+            cycles = self.results[index].cycles
             knobs = self.space.points[index]
             problem = runner.verify(spec, knobs, option.verify_seed)
             base = self.results[index]
@@ -212,8 +235,9 @@ class Tuner:
                 self.verified_index = index
                 for cb in callbacks:
                     cb(self, [knobs], [verified])
-                logger.info("%s: best %s cycles with %s, bit-exact on the functional simulator",
-                            self.task.name, f"{cycles:,}", knobs)
+                logger.info("%s: best (%s) %s cycles, %s DRAM bytes with %s, bit-exact on the "
+                            "functional simulator", self.task.name, self.objective, f"{cycles:,}",
+                            f"{base.dram_bytes:,}", knobs)
                 return verified
             failed = MeasureResult(dict(knobs), None, f"verification failed: {problem}")
             self.results[index] = failed
@@ -246,8 +270,9 @@ class GridSearchTuner(Tuner):
 class RandomTuner(Tuner):
     """Measure the points in a seeded random order."""
 
-    def __init__(self, task: Task, seed: int = 0, batch_size: int = 8) -> None:
-        super().__init__(task, seed, batch_size)
+    def __init__(self, task: Task, seed: int = 0, batch_size: int = 8,
+                 objective: str = "cycles") -> None:
+        super().__init__(task, seed, batch_size, objective)
         self._order = [int(i) for i in self.rng.permutation(len(self.space))]
 
     def next_batch(self, size: int) -> List[int]:
@@ -255,8 +280,8 @@ class RandomTuner(Tuner):
 
 
 class XGBTuner(Tuner):
-    """XGBoost-guided search: fit ``log(cycles)`` on the measured points, measure the points the
-    model ranks best.
+    """XGBoost-guided search: fit the log of the objective (``cycles`` or ``dram_bytes``) on the
+    measured points, measure the points the model ranks best.
 
     Parameters
     ----------
@@ -269,11 +294,13 @@ class XGBTuner(Tuner):
         random points.
     epsilon : float
         Fraction of each later batch chosen at random (exploration).
+    objective : str
+        ``"cycles"`` or ``"dram_bytes"``.
     """
 
     def __init__(self, task: Task, seed: int = 0, batch_size: int = 8,
-                 epsilon: float = 0.1) -> None:
-        super().__init__(task, seed, batch_size)
+                 epsilon: float = 0.1, objective: str = "cycles") -> None:
+        super().__init__(task, seed, batch_size, objective)
         from .features import space_features
 
         self.epsilon = epsilon
@@ -320,7 +347,7 @@ class XGBTuner(Tuner):
         done = sorted(i for i, r in self.results.items() if r.ok)
         if len(done) < 2:
             return
-        labels = np.log([float(self.results[i].cycles) for i in done])
+        labels = np.log([float(max(1, self.cost(self.results[i])[0])) for i in done])
         params = {"max_depth": 6, "eta": 0.3, "subsample": 1.0, "min_child_weight": 1,
                   "objective": "reg:squarederror", "seed": self.seed, "nthread": 1,
                   "verbosity": 0}
