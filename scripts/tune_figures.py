@@ -411,6 +411,106 @@ def plot_deepbench(rows, path: Path, config: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+def layer_module(name: str):
+    """A one-operator Relax module of a layer of :data:`LAYERS` (int8 conv2d / group conv2d + bias,
+    >> 8, clip to [0, 127], int8), the epilogue of :data:`EPILOGUE`."""
+    from tvm import relax
+
+    kind, v = LAYERS[name]
+    groups = v.get("groups", 1)
+    bb = relax.BlockBuilder()
+    n, c, hw, k, kh = v["batch"], v["in_channels"], v["height"], v["out_channels"], v["kernel_h"]
+    x = relax.Var("x", relax.TensorType((n, c, hw, hw), "int8"))
+    wt = relax.Var("w", relax.TensorType((k, c // groups, kh, kh), "int8"))
+    b = relax.Var("b", relax.TensorType((1, k, 1, 1), "int32"))
+    with bb.function("main", [x, wt, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, wt, strides=v["stride_h"], padding=v["pad_h"],
+                                           groups=groups, out_dtype="int32"))
+            y = bb.emit(relax.op.add(y, b))
+            y = bb.emit(relax.op.right_shift(y, relax.const(8, "int32")))
+            y = bb.emit(relax.op.clip(y, 0, 127))
+            out = bb.emit_output(relax.op.astype(y, "int8"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+#: the layers the original stack's tuned records cover
+ORIGINAL_LAYERS = [f"C{i}" for i in range(2, 12)] + [f"D{i}" for i in range(1, 10)]
+
+
+def cmd_bytes(args) -> int:
+    """DRAM bytes of the CSP strategies (TPS over the whole knob space, TPS with the stock loop
+    order only, and tuned with ``objective="dram_bytes"``) vs the original stack's tuned records
+    (built with the stock template), per layer."""
+    import vta_ext
+    from tvm_csp_embed import tune
+    from tvm_csp_embed.codegen.knobs import tps_point
+    from tvm_csp_embed.strategy import packed_of
+    from tvm_csp_embed.tune.measure import measure_point
+
+    history = tune.apply_history_best(tune.TOPHUB_LOG)
+    option = tune.measure_option(runner=tune.LocalRunner(args.parallel))
+    rows = []
+    for strategy_layout in args.strategies:
+        strategy, _, layout = strategy_layout.partition(":")
+        for name in args.layers or ORIGINAL_LAYERS:
+            start = time.perf_counter()
+            stock = task_of(name, args.config)
+            original = history.best_knobs(stock.kind, "stock", stock.workload, stock.config)
+            orig = measure_point(stock.spec(), original[0]) if original else None
+            with vta_ext.build_options(layout=layout or "auto"):
+                (task,) = tune.extract_tasks(layer_module(name), target=vta_ext.vta_target(args.config),
+                                             strategy=strategy)
+            space = task.knob_space
+            tps = measure_point(task.spec(), space.tps)
+            tps0 = None
+            if not task.workload_dict.get("stock"):
+                point = tps_point(task.config, packed_of(task.workload, task.config), task.epilogue,
+                                  fixed={"order": 0})
+                tps0 = measure_point(task.spec(), dict(point.knobs)) if point else None
+            tuner = tune.XGBTuner(task, seed=args.seed, objective="dram_bytes")
+            best = tuner.tune(args.trials, option, callbacks=[
+                tune.callback.progress_bar(args.trials, prefix=f"{strategy_layout} {name}"),
+                tune.callback.log_to_file(args.records)])
+            ob = orig.dram_bytes if orig else None
+            rows.append({
+                "layer": name, "strategy": strategy_layout, "task": task.name, "space": len(space),
+                "trials": len(tuner.visited), "original_dram_bytes": ob,
+                "tps_dram_bytes": tps.dram_bytes,
+                "tps_stock_order_dram_bytes": tps0.dram_bytes if tps0 else None,
+                "tuned_dram_bytes": best.dram_bytes if best else None,
+                "tps_over_original": tps.dram_bytes / ob if ob else None,
+                "tps_stock_order_over_original": tps0.dram_bytes / ob if ob and tps0 else None,
+                "tuned_over_original": best.dram_bytes / ob if ob and best else None,
+                "original_cycles": orig.cycles if orig else None, "tps_cycles": tps.cycles,
+                "tuned_cycles": best.cycles if best else None,
+                "tps_knobs": json.dumps(space.tps), "tuned_knobs": json.dumps(best.knobs) if best else "",
+                "original_knobs": json.dumps(original[0]) if original else "",
+                "seconds": round(time.perf_counter() - start, 1)})
+            r = rows[-1]
+            print(f"{strategy_layout:>16} {name:>4} original {ob or 0:>10,} TPS {r['tps_dram_bytes']:>10,} "
+                  f"TPS(order 0) {r['tps_stock_order_dram_bytes'] or 0:>10,} tuned "
+                  f"{r['tuned_dram_bytes'] or 0:>10,}  ({task.name})", flush=True)
+    option.runner.close()
+    print()
+    for strategy_layout in args.strategies:
+        for group in ("C", "D"):
+            sel = [r for r in rows if r["strategy"] == strategy_layout and r["layer"][0] == group]
+            if sel:
+                print(f"{strategy_layout:>16} {group}: geomean / original: TPS "
+                      f"{geomean(r['tps_over_original'] for r in sel):.3f}, TPS stock order "
+                      f"{geomean(r['tps_stock_order_over_original'] for r in sel):.3f}, tuned "
+                      f"{geomean(r['tuned_over_original'] for r in sel):.3f}")
+        sel = [r for r in rows if r["strategy"] == strategy_layout]
+        print(f"{strategy_layout:>16} all {len(sel)}: TPS {geomean(r['tps_over_original'] for r in sel):.3f}"
+              f", TPS stock order {geomean(r['tps_stock_order_over_original'] for r in sel):.3f}, "
+              f"tuned {geomean(r['tuned_over_original'] for r in sel):.3f}")
+    write_csv(rows, Path(args.csv))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
 def cmd_network(args) -> int:
     import matplotlib
 
@@ -442,6 +542,16 @@ def cmd_network(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("bytes")
+    p.add_argument("--config", default="pipelined")
+    p.add_argument("--strategies", nargs="+", default=["csp-strict:NCHW", "csp-relaxed"],
+                   help="strategy[:layout] of each series")
+    p.add_argument("--trials", type=int, default=32)
+    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--records", required=True)
+    p.add_argument("--layers", nargs="*")
+    p.add_argument("--csv", default=str(FIG / "tune_bytes.csv"))
     p = sub.add_parser("layers")
     p.add_argument("--config", default="pipelined")
     p.add_argument("--trials", type=int, default=60)
@@ -474,7 +584,7 @@ def main(argv=None) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return {"layers": cmd_layers, "search": cmd_search, "deepbench": cmd_deepbench,
-            "network": cmd_network}[args.cmd](args)
+            "network": cmd_network, "bytes": cmd_bytes}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -61,11 +61,11 @@ def load_model(name: str, size: int, seed: int):
     return qmodel.mod, np.asarray(data)
 
 
-def make_tuner(kind: str, task, seed: int):
+def make_tuner(kind: str, task, seed: int, objective: str = "cycles"):
     from tvm_csp_embed import tune
 
     return {"xgb": tune.XGBTuner, "random": tune.RandomTuner,
-            "grid": tune.GridSearchTuner}[kind](task, seed=seed)
+            "grid": tune.GridSearchTuner}[kind](task, seed=seed, objective=objective)
 
 
 def random_arguments(mod, seed: int = 0) -> list:
@@ -129,7 +129,7 @@ def tune_tasks(tasks, args) -> List[Dict]:
     try:
         for i, task in enumerate(tasks):
             space = task.knob_space
-            tuner = make_tuner(args.tuner, task, args.seed)
+            tuner = make_tuner(args.tuner, task, args.seed, args.objective)
             start = time.perf_counter()
             best = tuner.tune(args.trials, option, callbacks=[
                 tune.callback.progress_bar(args.trials, prefix=f"[{i + 1}/{len(tasks)}] {task.name}"),
@@ -180,6 +180,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--strategy", default=None, help="strategy (default: the registered one)")
     parser.add_argument("--tuner", choices=TUNERS, default="xgb")
     parser.add_argument("--trials", type=int, default=64, help="measurements per task")
+    parser.add_argument("--objective", choices=("cycles", "dram_bytes"), default="cycles",
+                        help="what the tuner minimises (the best point per task); records are "
+                             "applied by fewest cycles, so give a dram_bytes run its own records")
     parser.add_argument("--parallel", type=int, default=1,
                         help="measurement worker processes (0: in this process)")
     parser.add_argument("--records", default="tune_records.json", help="records file (appended)")
@@ -187,8 +190,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="do not measure the fallback point of every task (slow builds)")
     parser.add_argument("--baseline-config", default=None,
                         help="also build the model with TPS on this preset (e.g. default)")
-    parser.add_argument("--baseline-strategy", default=None,
-                        help="strategy of the baseline build (default: --strategy)")
+    parser.add_argument("--baseline-strategy", nargs="+", default=None,
+                        help="strategy (or strategies, one baseline build each) of the baseline "
+                             "build (default: --strategy)")
     parser.add_argument("--csv", default=None, help="write the per-task table here (and the "
                         "whole-model totals to <name>_totals.csv)")
     args = parser.parse_args(argv)
@@ -234,13 +238,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"  {args.config} tuned: {tuned_total:>13,} cycles ({tuned_ops} operators from records; "
           f"x{tps_total / tuned_total:.2f} fewer than TPS); outputs "
           f"{'equal' if np.array_equal(tps_out, tuned_out) else 'DIFFER'}")
-    if args.baseline_config:
+    for pos, base_strategy in enumerate(args.baseline_strategy or [args.strategy]
+                                        if args.baseline_config else []):
         base_total, base_out, _, _ = run_model(mod, args.baseline_config, data,
-                                               strategy=args.baseline_strategy or args.strategy)
-        totals.insert(0, {"config": args.baseline_config, "variant": "TPS", "cycles": base_total,
-                          "strategy": args.baseline_strategy or name})
-        print(f"  {args.baseline_config} TPS: {base_total:>13,} cycles -> {args.config} tuned is "
-              f"x{base_total / tuned_total:.2f} fewer (TPS on {args.config}: "
+                                               strategy=base_strategy)
+        totals.insert(pos, {"config": args.baseline_config, "variant": "TPS", "cycles": base_total,
+                            "strategy": base_strategy or name})
+        print(f"  {args.baseline_config} TPS ({base_strategy or name}): {base_total:>13,} cycles -> "
+              f"{args.config} tuned is x{base_total / tuned_total:.2f} fewer (TPS on {args.config}: "
               f"x{base_total / tps_total:.2f}); outputs "
               f"{'equal' if np.array_equal(base_out, tuned_out) else 'DIFFER'}")
     if args.csv:
