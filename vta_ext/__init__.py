@@ -15,7 +15,7 @@ from .isa import AluOp, MemType, Opcode, Stage, disassemble
 from .runtime import CommandQueue, MissingExtensionError, Program, UopKernel
 from .sim import FunctionalSimulator, SimStats
 from .report import BuildReport, last_build_report
-from .strategy import (OpTemplate, Strategy, register_strategy, register_template,
+from .strategy import (KnobSpace, OpTemplate, Strategy, register_strategy, register_template,
                        registered_strategies)
 from .options import build_options
 from .target import TARGET_TAG, install_pipeline_hook, register_target, vta_target
@@ -34,7 +34,7 @@ __all__ = [
     "VTAConfig", "ConfigError", "load_config", "available_configs", "TARGET_TAG", "vta_target",
     # building for VTA
     "build_options", "last_build_report", "BuildReport", "TemplateRefusal", "VTABuildError",
-    "Strategy", "OpTemplate", "register_strategy", "register_template", "registered_strategies",
+    "Strategy", "OpTemplate", "KnobSpace", "register_strategy", "register_template", "registered_strategies",
     # quantisation
     "quantize_torch", "quantize_relax", "QuantizationError",
     # running

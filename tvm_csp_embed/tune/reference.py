@@ -61,6 +61,8 @@ def apply_epilogue(acc: np.ndarray, epilogue: Sequence[tuple], bias) -> np.ndarr
             acc = np.maximum(acc, int(stage[1]))
         elif kind == "add":
             acc = acc + int(stage[1])
+        elif kind == "mul":
+            acc = acc * int(stage[1])
         else:
             raise ValueError(f"unknown epilogue stage {stage!r}")
         acc = _wrap32(acc)
