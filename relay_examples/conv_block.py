@@ -3,8 +3,10 @@
 Two quantised conv blocks (conv2d -> + bias -> >> shift -> clip -> int8), the first with 24 output
 channels (not a multiple of the 16-wide GEMM block) and stride 1, the second with stride 2, then a
 max pool that stays on the CPU. The model is built with plain ``tvm.relax.build`` for ``ext_vta``
-and for ``llvm``; the script prints what ran where, the simulator counters of every VTA call and
-the wall times, and exits non-zero if the outputs differ.
+twice, with the ``stock`` strategy and with ``csp-relaxed`` (the default once ``tvm_csp_embed`` is
+imported), and for ``llvm``; the script prints what ran where, the simulator counters of every VTA
+call of the ``csp-relaxed`` build, total cycles of both strategies side by side and the wall times,
+and exits non-zero if an output differs from llvm's.
 
 Run: ``.venv/bin/python relay_examples/conv_block.py [--config default]``
 """
@@ -19,7 +21,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
+import tvm_csp_embed  # noqa: F401  (registers csp-strict / csp-relaxed)
 import vta_ext
+
+STRATEGIES = ("stock", "csp-relaxed")
 
 
 def conv_block(bb: relax.BlockBuilder, x, weight, bias, stride: int, shift: int):
@@ -70,22 +75,26 @@ def main(argv=None) -> int:
 
     mod, shapes = build_model()
     inputs = [tvm.runtime.tensor(a) for a in random_inputs(shapes)]
-    outputs, timings = {}, {}
-    for name, target in (("ext_vta", vta_ext.vta_target(args.config)), ("llvm", "llvm")):
+    outputs, timings, reports, all_runs = {}, {}, {}, {}
+    builds = [(f"ext_vta/{s}", vta_ext.vta_target(args.config), s) for s in STRATEGIES]
+    for name, target, strategy in builds + [("llvm", "llvm", "stock")]:
         start = time.perf_counter()
-        executable = relax.build(mod, target=target)
+        with vta_ext.build_options(strategy=strategy):
+            executable = relax.build(mod, target=target)
         build_s = time.perf_counter() - start
         vm = relax.VirtualMachine(executable, tvm.cpu())
         vta_ext.clear_run_log()
         start = time.perf_counter()
         outputs[name] = vm["main"](*inputs).numpy()
         timings[name] = (build_s, time.perf_counter() - start)
-        if name == "ext_vta":
-            report, runs = vta_ext.last_build_report(), vta_ext.run_log()
+        if name != "llvm":
+            reports[name], all_runs[name] = vta_ext.last_build_report(), vta_ext.run_log()
 
-    print("\n== Build report")
-    print(report)
-    print("\n== VTA calls: functional simulator counters and cycle model")
+    for name in reports:
+        print(f"\n== Build report ({name})")
+        print(reports[name])
+    runs = all_runs["ext_vta/csp-relaxed"]
+    print("\n== VTA calls of ext_vta/csp-relaxed: functional simulator counters and cycle model")
     total_cycles = 0
     for i, run in enumerate(runs):
         cycles = run.cycles
@@ -97,14 +106,30 @@ def main(argv=None) -> int:
         print("        " + cycles.summary().replace("\n", "\n        "))
     print(f"  total: {total_cycles:,} cycles = {total_cycles / (1e3 * runs[0].cycles.config.CLOCK_MHZ):.3f} ms "
           f"at {runs[0].cycles.config.CLOCK_MHZ} MHz (cycle model, config {args.config!r})")
+    print(f"\n== Total VTA cycles per strategy (cycle model, config {args.config!r})")
+    print(strategy_table(all_runs, outputs))
     print("\n== Wall time (this machine)")
     for name, (build_s, run_s) in timings.items():
-        print(f"  {name:<8} build {build_s:6.2f} s   run {run_s * 1e3:8.1f} ms")
-    equal = np.array_equal(outputs["ext_vta"], outputs["llvm"])
-    print(f"\n== Correctness: ext_vta output {outputs['ext_vta'].shape} "
-          f"{'EQUALS' if equal else 'DIFFERS FROM'} the llvm output bit for bit "
-          f"({int((outputs['llvm'] != 0).sum())} non-zero values)")
+        print(f"  {name:<20} build {build_s:6.2f} s   run {run_s * 1e3:8.1f} ms")
+    equal = all(np.array_equal(outputs[name], outputs["llvm"]) for name in reports)
+    for name in reports:
+        print(f"\n== Correctness: {name} output {outputs[name].shape} "
+              f"{'EQUALS' if np.array_equal(outputs[name], outputs['llvm']) else 'DIFFERS FROM'} "
+              f"the llvm output bit for bit ({int((outputs['llvm'] != 0).sum())} non-zero values)")
     return 0 if equal else 1
+
+
+def strategy_table(all_runs, outputs) -> str:
+    """Total cycles of each ``ext_vta/<strategy>`` build side by side, with bit-exactness vs llvm."""
+    stock = sum(r.cycles.total_cycles for r in all_runs.get("ext_vta/stock", []))
+    lines = ["  | strategy | VTA calls | total cycles | vs stock | equal to llvm |",
+             "  |---|---|---|---|---|"]
+    for name, runs in all_runs.items():
+        total = sum(r.cycles.total_cycles for r in runs)
+        lines.append(f"  | {name.split('/', 1)[1]} | {len(runs)} | {total:,} | "
+                     f"{f'x{stock / total:.2f}' if stock and total else '-'} | "
+                     f"{'yes' if np.array_equal(outputs[name], outputs['llvm']) else 'NO'} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -806,10 +806,12 @@ def quantized_example(model_name: str, size: int, seed: int = 0, **kwargs):
 
 
 def run_example(model_name: str, description: str, argv=None) -> int:
-    """Quantise ``model_name``, build it for ``ext_vta`` and ``llvm``, compare, report.
+    """Quantise ``model_name``, build it for ``ext_vta`` (per configuration, once per strategy:
+    ``stock`` and ``csp-relaxed`` by default) and ``llvm``, compare, report; the total cycles of
+    the strategies are printed side by side.
 
     Returns the process exit status: 0 if every ``ext_vta`` build equals the llvm build bit for
-    bit, 1 if one differs, 2 if a requested configuration preset does not exist.
+    bit, 1 if one differs, 2 if a requested configuration preset or strategy does not exist.
     """
     import argparse
     import logging
@@ -819,14 +821,18 @@ def run_example(model_name: str, description: str, argv=None) -> int:
     import tvm
     from tvm import relax
 
+    import tvm_csp_embed  # noqa: F401  (registers csp-strict / csp-relaxed)
     import vta_ext
     from vta_ext.quantize import op_macs
+    from vta_ext.strategy import registered_strategies
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", default="default",
                         help="VTA configuration preset(s), comma separated (e.g. default,pipelined)")
     parser.add_argument("--size", type=int, default=224, help="input height and width (default 224)")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
+    parser.add_argument("--strategies", default="stock,csp-relaxed",
+                        help="strategies to build with, comma separated (default: stock,csp-relaxed)")
     parser.add_argument("--verbose", action="store_true", help="log every placement decision")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -839,6 +845,12 @@ def run_example(model_name: str, description: str, argv=None) -> int:
         print(f"!! configuration preset {c!r} does not exist (available: "
               f"{', '.join(vta_ext.available_configs())}); skipping it")
     configs = [c for c in configs if c not in missing]
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in registered_strategies()]
+    for s in unknown:
+        print(f"!! strategy {s!r} is not registered (registered: "
+              f"{', '.join(registered_strategies())}); skipping it")
+    strategies = [s for s in strategies if s not in unknown]
 
     print(f"== {model_name}, input 1x3x{args.size}x{args.size}, seed {args.seed}")
     start = time.perf_counter()
@@ -870,11 +882,13 @@ def run_example(model_name: str, description: str, argv=None) -> int:
           f"{'agrees' if reference.argmax() == float_out.argmax() else 'DIFFERS'} "
           f"({int(reference.argmax())} vs {int(float_out.argmax())})")
 
-    status = 2 if missing else 0
+    status = 2 if missing or unknown else 0
     wall = {"llvm": (llvm_build, llvm_run)}
-    for config in configs:
+    totals = []
+    for config, strategy in ((c, s) for c in configs for s in strategies):
         start = time.perf_counter()
-        executable = relax.build(qmodel.mod, target=vta_ext.vta_target(config))
+        with vta_ext.build_options(strategy=strategy):
+            executable = relax.build(qmodel.mod, target=vta_ext.vta_target(config))
         build_s = time.perf_counter() - start
         report = vta_ext.last_build_report()
         vm = relax.VirtualMachine(executable, tvm.cpu())
@@ -883,9 +897,9 @@ def run_example(model_name: str, description: str, argv=None) -> int:
         out = vm["main"](tvm.runtime.tensor(data))[0].numpy()
         run_s = time.perf_counter() - start
         runs = vta_ext.run_log()
-        wall[f"ext_vta/{config}"] = (build_s, run_s)
+        wall[f"ext_vta/{config}/{strategy}"] = (build_s, run_s)
 
-        print(f"\n== Build report (config {config!r})")
+        print(f"\n== Build report (config {config!r}, strategy {strategy!r})")
         print(report)
         placed = mac_placement(macs, report)
         print(f"\n== MACs on VTA: {placed['vta'] / 1e6:,.1f} M of {placed['total'] / 1e6:,.1f} M = "
@@ -902,7 +916,8 @@ def run_example(model_name: str, description: str, argv=None) -> int:
         sim_s = sum(r.seconds for r in runs)
         if runs:
             mhz = runs[0].cycles.config.CLOCK_MHZ
-            print(f"\n== VTA cycles (cycle model, config {config!r}): {cycles:,} cycles = "
+            print(f"\n== VTA cycles (cycle model, config {config!r}, strategy {strategy!r}): "
+                  f"{cycles:,} cycles = "
                   f"{cycles / (1e3 * mhz):.2f} ms at {mhz} MHz, {len(runs)} VTA calls")
             for op, (n, c) in sorted(by_op.items()):
                 print(f"  {op:<18} {n:>3} calls {c:>14,} cycles")
@@ -911,11 +926,20 @@ def run_example(model_name: str, description: str, argv=None) -> int:
         print(f"  functional simulation wall time {sim_s:.2f} s (of {run_s:.2f} s for the whole "
               f"ext_vta run)")
         equal = np.array_equal(out, reference)
-        print(f"\n== Correctness ({config}): ext_vta output {out.shape} "
+        print(f"\n== Correctness ({config}, {strategy}): ext_vta output {out.shape} "
               f"{'EQUALS' if equal else 'DIFFERS FROM'} the llvm output bit for bit")
         if not equal:
             status = 1
+        totals.append((config, strategy, len(runs), cycles, equal))
+    print("\n== Total VTA cycles per configuration and strategy (cycle model, one inference)")
+    print("  | config | strategy | VTA calls | total cycles | vs stock | equal to llvm |")
+    print("  |---|---|---|---|---|---|")
+    stock = {c: cyc for c, s, _, cyc, _ in totals if s == "stock"}
+    for config, strategy, calls, cycles, equal in totals:
+        ratio = f"x{stock[config] / cycles:.2f}" if stock.get(config) and cycles else "-"
+        print(f"  | {config} | {strategy} | {calls} | {cycles:,} | {ratio} | "
+              f"{'yes' if equal else 'NO'} |")
     print("\n== Wall time (this machine)")
     for name, (build_s, run_s) in wall.items():
-        print(f"  {name:<20} build {build_s:7.2f} s   run {run_s:8.2f} s")
+        print(f"  {name:<28} build {build_s:7.2f} s   run {run_s:8.2f} s")
     return status
