@@ -74,12 +74,15 @@ def _check(mod, shapes, stride, pad, groups, combos, seed=0, llvm=True):
     assert (ref != 0).mean() > 0.2
     if llvm:
         np.testing.assert_array_equal(run_module(mod, "llvm", [x, w, b]), ref)
+    reports = {}
     for name in combos:
         with vta_ext.build_options(**COMBOS[name]):
             got = run_module(mod, "ext_vta", [x, w, b])
         report = vta_ext.last_build_report()
         assert [p.op for p in report.on_vta] == ["relax.nn.conv2d"], (name, str(report))
         np.testing.assert_array_equal(got, ref, err_msg=f"{name}: {report.on_vta[0].detail}")
+        reports[name] = report
+    return reports
 
 
 def _deepbench_case(layer, combos):
@@ -103,7 +106,7 @@ def test_deepbench_all_strategies_slow(layer):
 
 def _resnet_case(name, combos):
     hw, cin, cout, k, pad, stride = RESNET_C1 if name == "C1" else RESNET18[name]
-    _check(conv_module(1, cin, cout, hw, k, stride=stride, padding=pad, shift=8, clip=(-128, 127),
+    return _check(conv_module(1, cin, cout, hw, k, stride=stride, padding=pad, shift=8, clip=(-128, 127),
                        order=("bias", "shr", "clip")),
            [(1, cin, hw, hw), (cout, cin, k, k), (1, cout, 1, 1)], stride, pad, 1, combos)
 
@@ -115,7 +118,12 @@ def _mobilenet_case(name, combos):
 
 
 def test_resnet18_c1_and_mobilenet_d1():
-    _resnet_case("C1", ("csp-relaxed", "csp-strict-NCHW"))
+    reports = _resnet_case("C1", ("csp-relaxed", "csp-strict-NCHW"))
+    # the solver plans C1 (3 -> 64 channels, 7x7, stride 2): an embedding, not the stock fallback
+    for name, report in reports.items():
+        detail = report.on_vta[0].detail
+        assert "STOCK FALLBACK" not in detail and "; embedding x=" in detail, (name, detail)
+    assert "in channels 3->16" not in reports["csp-relaxed"].on_vta[0].detail
     _mobilenet_case("D1", ("csp-relaxed", "csp-strict-NCHW"))
 
 

@@ -272,6 +272,41 @@ def test_dense_bit_exact():
     assert isinstance(tvm.cpu(), tvm.runtime.Device)
 
 
+def test_resnet18_dense_planned_by_the_solver():
+    """ResNet-18's dense layer (512 -> 1000 features): the solver embeds it under both strategies
+    (no stock fallback); bit-exact against numpy. ``csp-strict`` builds its embedding;
+    ``csp-relaxed`` builds the embedding or, where that is not faster, the stock template's plan,
+    and its report names the embedding it timed."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 512), "int8"))
+    w = relax.Var("w", relax.TensorType((1000, 512), "int8"))
+    b = relax.Var("b", relax.TensorType((1000,), "int32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w)), out_dtype="int32"))
+            y = bb.emit(relax.op.right_shift(bb.emit(relax.op.add(y, b)), relax.const(8, "int32")))
+            out = bb.emit_output(bb.emit(relax.op.astype(bb.emit(relax.op.clip(y, -128, 127)), "int8")))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    rng = np.random.default_rng(18)
+    arrays = [rng.integers(-128, 128, (1, 512)).astype(np.int8),
+              rng.integers(-128, 128, (1000, 512)).astype(np.int8),
+              rng.integers(-4000, 4000, (1000,)).astype(np.int32)]
+    ref = requantize(arrays[0].astype(np.int64) @ arrays[1].astype(np.int64).T, arrays[2], 8, (-128, 127))
+    assert (ref != 0).mean() > 0.3
+    _, _, (stock_key,) = _build_run(mod, arrays, strategy="stock")
+    for strategy in ("csp-strict", "csp-relaxed"):
+        out, report, (key,) = _build_run(mod, arrays, strategy=strategy)
+        np.testing.assert_array_equal(out, ref)
+        detail = report.on_vta[0].detail
+        assert "STOCK FALLBACK" not in detail, detail
+        assert re.search(r"embedding (NCHW )?x=1 y=o16 z=i16", detail), detail
+        if strategy == "csp-strict":
+            assert not json.loads(key)["workload"]["stock"]
+        else:
+            assert cycle_report(key).total_cycles <= cycle_report(stock_key).total_cycles
+
+
 @pytest.mark.parametrize("c,groups,stride", [(32, 2, 1), (32, 4, 2)])
 def test_group_conv2d(c, groups, stride):
     """Grouped convolutions: the group is a loop dim seen by all three tensors; 8 channels per group
