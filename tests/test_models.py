@@ -126,6 +126,18 @@ def expected_placement(mod) -> Tuple[List[str], List[str]]:
             return expr.name
         return None
 
+    def hswish_of(expr):
+        """(x cast, add, clip) names if ``expr`` is ``x * clip(x + c, lo, hi)``, x an int8 cast."""
+        p = producer(expr)
+        if _op(p) != "relax.multiply":
+            return None
+        x, t = p.args
+        clip = producer(t)
+        if cast_of(x) and _op(clip) == "relax.clip" and _op(producer(clip.args[0])) == "relax.add" \
+                and producer(clip.args[0]).args[0].same_as(x):
+            return [x.name, clip.args[0].name, t.name]
+        return None
+
     consumed: Dict[str, str] = {}  # binding -> the core binding of its VTA operator
     vta: List[Tuple[str, str]] = []
     for b in bindings:
@@ -133,24 +145,37 @@ def expected_placement(mod) -> Tuple[List[str], List[str]]:
         if _op(v) == "relax.nn.max_pool2d" and _dtype(v.args[0]) == "int8" and _pool_ok(v):
             vta.append((b.var.name, "relax.nn.max_pool2d"))
             continue
+        if _op(v) == "relax.clip" and _dtype(v.args[0]) == "int8" and len(_shape(b.var)) == 4:
+            vta.append((b.var.name, "relax.clip"))  # a standalone int8 clip (ReLU6)
+            continue
         if not (_op(v) == "relax.astype" and str(v.attrs.dtype) == "int8"
                 and _dtype(v.args[0]) == "int32"):
             continue
         chain, expr, seen = [b.var.name], v.args[0], set()
-        while True:  # the tail, backwards
+        while True:  # the tail, backwards: clips, shifts, scalar adds / multiplies, one bias
             p, op = producer(expr), _op(producer(expr))
-            if op == "relax.clip" and "clip" not in seen or \
-                    op == "relax.right_shift" and "shr" not in seen:
-                seen.add("clip" if op == "relax.clip" else "shr")
+            scalar = op in ("relax.add", "relax.multiply") and isinstance(
+                p.args[1], tvm.ir.expr.Constant) and int(np.prod(_shape(p.args[1]))) == 1
+            if op in ("relax.clip", "relax.right_shift") or scalar:
+                pass
+            elif op == "relax.astype" and _dtype(p.args[0]) == "int32":
+                pass  # the no-op cast after avg_pool2d
             elif op == "relax.add" and "bias" not in seen and isinstance(p.args[1], tvm.ir.expr.Constant):
                 seen.add("bias")
+            elif op == "relax.multiply" and hswish_of(expr) is None and "mulv" not in seen \
+                    and isinstance(p.args[1], tvm.ir.expr.Constant):
+                seen.add("mulv")
             else:
                 break
             chain.append(expr.name)
             expr = p.args[0]
         core, op = producer(expr), _op(producer(expr))
         extra: List[str] = []
-        if op == "relax.nn.conv2d" and _dtype(core.args[0]) == "int8" and _conv_ok(core):
+        if op == "relax.multiply" and hswish_of(expr):
+            if len(_shape(expr)) != 4:  # the stock hswish template takes NCHW activations
+                continue
+            extra = hswish_of(expr)
+        elif op == "relax.nn.conv2d" and _dtype(core.args[0]) == "int8" and _conv_ok(core):
             pass
         elif op == "relax.matmul" and _op(producer(core.args[1])) == "relax.permute_dims" \
                 and _dtype(core.args[0]) == "int8":
@@ -164,7 +189,8 @@ def expected_placement(mod) -> Tuple[List[str], List[str]]:
         else:
             continue
         # a cast or weight transpose disappears with the VTA operator if nothing else uses it
-        extra = [e for e in extra if users.get(e) == [expr.name]]
+        inside = set(chain + extra + [expr.name])
+        extra = [e for e in extra if users.get(e) and set(users[e]) <= inside]
         for name in chain + extra:
             consumed[name] = expr.name
         vta.append((expr.name, op))

@@ -14,8 +14,11 @@ Matched patterns (NCHW activations, int8 in, int32 accumulation; see ``docs/temp
          | R.matmul(int8 [N,K], R.permute_dims(int8 [M,K]), "int32")     dense
          | R.nn.avg_pool2d(R.astype(int8, "int32"))                       average pooling
          | R.add(R.astype(int8, "int32"), R.astype(int8, "int32"))        residual add
+         | R.multiply(x, R.clip(R.add(x, c), lo, hi)), x = R.astype(int8, "int32")
+                                                                          hardswish
 
     R.nn.max_pool2d(int8 NCHW)                                            max pooling
+    R.clip(int8 NCHW, lo, hi)                                             int8 clip (ReLU6)
 
 The pass only *matches*; what each match becomes is up to the strategy in effect
 (:func:`vta_ext.build_options`, :mod:`vta_ext.strategy`). Its template plans the packed layouts;
@@ -147,6 +150,28 @@ class _Offloader(PyExprMutator):
             b = self._cast_source(call.args[1], "int8", "int32")
             if a is not None and b is not None and _shape(a) == _shape(b) and len(_shape(a)) == 4:
                 return MatchedOp("add", call, [a, b], name=expr.name), None
+        if name == "relax.multiply":
+            return self._hswish(call, expr.name)
+        return None, None
+
+    def _hswish(self, call, name: str) -> Tuple[Optional[MatchedOp], Optional[str]]:
+        """``x * clip(x + offset, lo, hi)`` with ``x = astype(int8 -> int32)`` of one tensor (the
+        quantiser's integer hardswish) -> a ``hswish`` match."""
+        for i in (0, 1):
+            x = self._cast_source(call.args[i], "int8", "int32")
+            clip = self._producer(call.args[1 - i])
+            if x is None or _op_name(clip) != "relax.clip":
+                continue
+            add = self._producer(clip.args[0])
+            if _op_name(add) != "relax.add":
+                continue
+            for j in (0, 1):
+                offset = self._scalar(add.args[1 - j])
+                if offset is not None and self._cast_source(add.args[j], "int8", "int32") \
+                        is not None and self._cast_source(add.args[j], "int8", "int32").same_as(x):
+                    return MatchedOp("hswish", call, [x], name=name, params=dict(
+                        offset=offset, lo=int(clip.args[1].value),
+                        hi=int(clip.args[2].value))), None
         return None, None
 
     _CHAIN_OPS = ("relax.nn.conv2d", "relax.matmul", "relax.nn.avg_pool2d", "relax.add",
@@ -260,6 +285,12 @@ class _Offloader(PyExprMutator):
             return -128, 127
         if m.kind == "add":
             return -256, 254
+        if m.kind == "hswish":  # x in -128..127 times t in [lo, hi] (and t - offset in int8)
+            p = m.params
+            t_lo, t_hi = max(p["lo"], -128 + p["offset"]), min(p["hi"], 127 + p["offset"])
+            t_lo, t_hi = min(t_lo, t_hi), max(t_lo, t_hi)
+            corners = [x * t for x in (-128, 127) for t in (t_lo, t_hi)]
+            return min(corners), max(corners)
         weight = m.operands[1]
         shape = _shape(weight)
         if isinstance(weight, tvm.ir.expr.Constant):
@@ -363,6 +394,11 @@ class _Offloader(PyExprMutator):
             match, reason = self.match_tail(call)
         elif name == "relax.nn.max_pool2d" and _dtype(call.args[0]) == "int8":
             match = MatchedOp("max_pool2d", call, [call.args[0]], name=self._current_binding)
+        elif name == "relax.clip" and _dtype(call.args[0]) == "int8" and _dtype(call) == "int8" \
+                and len(_shape(call)) == 4:
+            match = MatchedOp("clip", call, [call.args[0]], name=self._current_binding,
+                              epilogue=(("clip", int(call.args[1].value),
+                                         int(call.args[2].value)),))
         if match is not None:
             out = self.rewrite(match)
             if out is not None:

@@ -15,7 +15,7 @@ from .packing import (BlockedActivation, BlockedMatrix, ceil_to, pack_channel_bi
 from .strategy import KnobSpace, MatchedOp, OpPlan, OpTemplate, register_template
 
 __all__ = ["StockConv2d", "StockGroupConv2d", "StockDepthwiseConv2d", "StockDense", "StockPool",
-           "StockAdd"]
+           "StockAdd", "StockHswish", "StockUnary"]
 
 
 def _shape(expr) -> tuple:
@@ -303,6 +303,68 @@ class StockAdd(_Stock):
                       padding_text(*act.padding()))
 
 
+class StockHswish(_Stock):
+    """Hardswish on the ALU, ``x * clip(x + offset, lo, hi)``: one int8 tensor
+    ``(N/b, C/co, H, W, b, co)``."""
+
+    kind, module, builder = "hswish", "eltwise", "build_hswish"
+
+    @property
+    def workload_type(self):
+        from .templates.eltwise import HswishWorkload
+        return HswishWorkload
+
+    def plan(self, op: MatchedOp, config) -> OpPlan:
+        shape = _shape(op.operands[0])
+        if len(shape) != 4:
+            raise TemplateRefusal(f"hardswish of a rank-{len(shape)} tensor; the stock template "
+                                  "takes NCHW activations")
+        n, c, h, w = shape
+        act = BlockedActivation(n, c, h, w, config.BATCH, config.BLOCK_OUT)
+        np_, cp = act.padded
+        workload = dict(batch=np_, channels=cp, height=h, width=w, offset=op.params["offset"],
+                        lo=op.params["lo"], hi=op.params["hi"])
+
+        def inputs(packer):
+            d, kept = act.pack(packer, op.operands[0])
+            packer.note_kept(kept)
+            return [d]
+
+        return OpPlan(self.workload_from_dict(workload), inputs, act,
+                      f"{n}x{c}x{h}x{w} x*clip(x{op.params['offset']:+d}, {op.params['lo']}, "
+                      f"{op.params['hi']})", padding_text(*act.padding()))
+
+
+class StockUnary(_Stock):
+    """An epilogue-only operator on the ALU (the int8 clip of a ReLU6 whose producer is not on
+    VTA): one int8 tensor ``(N/b, C/co, H, W, b, co)``."""
+
+    kind, module, builder = "clip", "eltwise", "build_unary"
+
+    @property
+    def workload_type(self):
+        from .templates.eltwise import EltwiseWorkload
+        return EltwiseWorkload
+
+    def plan(self, op: MatchedOp, config) -> OpPlan:
+        shape = _shape(op.operands[0])
+        if len(shape) != 4:
+            raise TemplateRefusal(f"int8 clip of a rank-{len(shape)} tensor; the stock template "
+                                  "takes NCHW activations")
+        n, c, h, w = shape
+        act = BlockedActivation(n, c, h, w, config.BATCH, config.BLOCK_OUT)
+        np_, cp = act.padded
+
+        def inputs(packer):
+            d, kept = act.pack(packer, op.operands[0])
+            packer.note_kept(kept)
+            return [d]
+
+        return OpPlan(self.workload_from_dict(dict(batch=np_, channels=cp, height=h, width=w)),
+                      inputs, act, f"{n}x{c}x{h}x{w}", padding_text(*act.padding()))
+
+
 for _template in (StockConv2d(), StockGroupConv2d(), StockDepthwiseConv2d(), StockDense(),
-                  StockPool("max_pool2d"), StockPool("avg_pool2d"), StockAdd()):
+                  StockPool("max_pool2d"), StockPool("avg_pool2d"), StockAdd(), StockHswish(),
+                  StockUnary()):
     register_template(_template.kind, "stock", _template)

@@ -58,6 +58,9 @@ class MatchedOp:
     multiplier : relax.Expr or None
         The int32 per-output-channel multiplier of a ``("mulv",)`` stage, in the bias's shape
         (a template packs it like the bias, after it).
+    params : dict
+        Constants of the core the matcher read off the graph (``"hswish"``: ``offset``, ``lo``,
+        ``hi`` of ``x * clip(x + offset, lo, hi)``).
     """
 
     kind: str
@@ -67,6 +70,7 @@ class MatchedOp:
     epilogue: Tuple[tuple, ...] = ()
     name: str = ""
     multiplier: Any = None
+    params: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def shapes(self) -> str:

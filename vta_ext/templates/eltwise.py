@@ -1,4 +1,4 @@
-"""Residual add on the VTA ALU: a hand-scheduled runtime template.
+"""Residual add and hardswish on the VTA ALU: hand-scheduled runtime templates.
 
 This is **not** a TE / s_tir schedule: the program is written directly with the runtime
 (:class:`vta_ext.runtime.CommandQueue`), once per workload. Entry point (``docs/templates-api.md``):
@@ -23,6 +23,13 @@ cut into tiles of ``tile`` rows (the last one may be shorter). Per tile:
 The output slots (default 2: the store of one tile overlaps the next tile's loads and ALU work)
 are synchronised with the store module by :class:`~vta_ext.templates.alu_program.StorePipeline`;
 the default tile is the largest with ``slots + 1`` regions in the accumulator (``acc_depth`` rows).
+
+**Hardswish** (:func:`build_hswish`, :class:`HswishWorkload`): one int8 tensor in that layout,
+``int8(epilogue(x * clip(x + offset, lo, hi)))`` with ``x = int32(data)``: the integer hardswish
+of a quantised graph (``x * relu6(x + 3) / 6`` with ``3``, ``6`` at the input's scale, the ``/ 6``
+and the rescale being the epilogue's fixed-point multiply, rounding add, shift and clip). Per tile:
+LOAD ACC_8BIT of ``x`` into the output slot and into the scratch region, ADD imm ``offset`` and the
+clip (:func:`~vta_ext.templates.epilogue.alu_ops`) on the scratch, MUL vector, the epilogue, STORE.
 """
 from __future__ import annotations
 
@@ -36,13 +43,14 @@ from ..config import VTAConfig, load_config
 from ..isa import AluOp, MemType
 from ..layout import MAX_LOOP_EXTENT
 from ..runtime import CommandQueue
-from .alu_program import (CompiledAluOp, StorePipeline, alu, check_positive, check_slots,
-                          require_multiple)
-from .epilogue import emit_epilogue, has_bias, normalize_epilogue
+from .alu_program import (CompiledAluOp, StorePipeline, alu, alu_range, check_positive,
+                          check_slots, require_multiple)
+from .epilogue import alu_ops, emit_epilogue, normalize_epilogue, vector_stages
 from .errors import AluTemplateError, AluTemplateRefusal, KnobError
 from .knobs import check_int_knob, knobs_from
 
-__all__ = ["EltwiseWorkload", "EltwiseKnobs", "CompiledAdd", "build_add", "AluTemplateError",
+__all__ = ["EltwiseWorkload", "HswishWorkload", "EltwiseKnobs", "CompiledAdd", "CompiledHswish",
+           "CompiledUnary", "build_add", "build_hswish", "build_unary", "AluTemplateError",
            "AluTemplateRefusal"]
 
 
@@ -55,6 +63,20 @@ class EltwiseWorkload:
     channels: int
     height: int
     width: int
+
+
+@dataclass(frozen=True)
+class HswishWorkload:
+    """``x * clip(x + offset, lo, hi)`` on one NCHW int8 tensor (batch a multiple of BATCH,
+    channels a multiple of BLOCK_OUT); ``offset``, ``lo``, ``hi`` fit the 16-bit ALU immediate."""
+
+    batch: int
+    channels: int
+    height: int
+    width: int
+    offset: int
+    lo: int
+    hi: int
 
 
 @dataclass(frozen=True)
@@ -71,6 +93,14 @@ class CompiledAdd(CompiledAluOp):
     """A compiled residual add (see :class:`~vta_ext.templates.alu_program.CompiledAluOp`)."""
 
 
+class CompiledHswish(CompiledAluOp):
+    """A compiled hardswish (see :class:`~vta_ext.templates.alu_program.CompiledAluOp`)."""
+
+
+class CompiledUnary(CompiledAluOp):
+    """A compiled epilogue-only operator (see :class:`~vta_ext.templates.alu_program.CompiledAluOp`)."""
+
+
 def build_add(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=(),
               knobs=None) -> CompiledAdd:
     """Compile ``int8(epilogue(int32(a) + int32(b)))`` for ``cfg``.
@@ -80,18 +110,49 @@ def build_add(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=()
     :class:`~vta_ext.templates.errors.AluTemplateRefusal` for workloads the template does not
     implement and :class:`~vta_ext.templates.errors.KnobError` for invalid knobs.
     """
+    if not isinstance(workload, EltwiseWorkload):
+        raise AluTemplateError(f"expected an EltwiseWorkload, got {type(workload).__name__}")
+    return _build(cfg, workload, epilogue, knobs, "add")
+
+
+def build_hswish(cfg: Union[VTAConfig, str], workload: HswishWorkload, epilogue=(),
+                 knobs=None) -> CompiledHswish:
+    """Compile ``int8(epilogue(x * clip(x + offset, lo, hi)))``, ``x = int32(data)``, for ``cfg``.
+
+    Knobs and errors as :func:`build_add`; an ``offset`` / ``lo`` / ``hi`` outside the 16-bit
+    immediate is an :class:`~vta_ext.templates.errors.EpilogueRefusal`.
+    """
+    if not isinstance(workload, HswishWorkload):
+        raise AluTemplateError(f"expected a HswishWorkload, got {type(workload).__name__}")
+    return _build(cfg, workload, epilogue, knobs, "hswish")
+
+
+def build_unary(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=(),
+                knobs=None) -> CompiledUnary:
+    """Compile ``int8(epilogue(int32(x)))`` for ``cfg``: an element-wise operator that is only
+    an epilogue, e.g. the int8 clip of a ReLU6 whose producer is not a VTA operator. Knobs and
+    errors as :func:`build_add`."""
+    if not isinstance(workload, EltwiseWorkload):
+        raise AluTemplateError(f"expected an EltwiseWorkload, got {type(workload).__name__}")
+    return _build(cfg, workload, epilogue, knobs, "unary")
+
+
+def _build(cfg, workload, epilogue, knobs, op: str):
     t0 = time.perf_counter()
     cfg = load_config(cfg)
     wl = workload
-    if not isinstance(wl, EltwiseWorkload):
-        raise AluTemplateError(f"expected an EltwiseWorkload, got {type(wl).__name__}")
-    what = f"add {wl}"
+    what = f"{op} {wl}"
     check_positive(wl, ("batch", "channels", "height", "width"), what)
     require_multiple(wl.batch, cfg.BATCH, "batch", "BATCH", what)
     require_multiple(wl.channels, cfg.BLOCK_OUT, "channels", "BLOCK_OUT", what)
     epilogue = normalize_epilogue(epilogue)
-    if has_bias(epilogue):
-        raise AluTemplateRefusal(f"{what}: the residual add takes no ('bias',) epilogue stage")
+    if vector_stages(epilogue):
+        raise AluTemplateRefusal(f"{what}: the {op} takes no per-channel epilogue stage "
+                                 f"({', '.join(vector_stages(epilogue))})")
+    pre = []
+    if op == "hswish":  # x + offset, clipped: validated as epilogue stages (int16 immediates)
+        pre = [alu for st in normalize_epilogue([("add", wl.offset), ("clip", wl.lo, wl.hi)])
+               for alu in alu_ops(cfg, st)]
     knobs = knobs_from(knobs, EltwiseKnobs, {"tps": EltwiseKnobs, "fallback": EltwiseKnobs})
     slots = check_slots(knobs.slots, what)
 
@@ -113,7 +174,8 @@ def build_add(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=()
     q = CommandQueue(cfg)
     nbytes = total * B * BO
     a_buf = q.alloc(nbytes, "data")
-    b_buf = q.alloc(nbytes, "data1")
+    b_buf = q.alloc(nbytes, "data1") if op == "add" else a_buf
+    regions = slots if op == "unary" else slots + 1  # unary: no second operand region
     out = q.alloc(nbytes, "out")
     pipe = StorePipeline(q, slots)
     n_tiles = 0
@@ -122,8 +184,14 @@ def build_add(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=()
         slot = pipe.begin_tile()
         A = slot * tile
         q.load_2d(a_buf, e0, t, 1, t, 0, 0, 0, 0, A, MemType.ACC_8BIT)
-        q.load_2d(b_buf, e0, t, 1, t, 0, 0, 0, 0, B_REG, MemType.ACC_8BIT)
-        alu(q, AluOp.ADD, [(A, B_REG)], [(t, 1, 1)])
+        if op != "unary":
+            q.load_2d(b_buf, e0, t, 1, t, 0, 0, 0, 0, B_REG, MemType.ACC_8BIT)
+        if op == "add":
+            alu(q, AluOp.ADD, [(A, B_REG)], [(t, 1, 1)])
+        elif op == "hswish":
+            for alu_op, imm in pre:
+                alu_range(q, alu_op, B_REG, t, imm)
+            alu(q, AluOp.MUL, [(A, B_REG)], [(t, 1, 1)])
         emit_epilogue(q, cfg, epilogue, A, t)
         pipe.end_compute()
         pipe.begin_store()
@@ -132,6 +200,8 @@ def build_add(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=()
         n_tiles += 1
     pipe.finish()
     prog = q.synchronize()
-    info = dict(tile=tile, slots=slots, tiles=n_tiles, acc_used=(slots + 1) * tile)
-    return CompiledAdd(cfg, wl, epilogue, prog, [("data", shape, np.int8), ("data1", shape, np.int8)],
-                       shape, {"build": time.perf_counter() - t0}, info)
+    info = dict(tile=tile, slots=slots, tiles=n_tiles, acc_used=regions * tile)
+    inputs = [("data", shape, np.int8)] + ([("data1", shape, np.int8)] if op == "add" else [])
+    compiled = {"add": CompiledAdd, "hswish": CompiledHswish, "unary": CompiledUnary}[op]
+    return compiled(cfg, wl, epilogue, prog, inputs, shape, {"build": time.perf_counter() - t0},
+                    info)
