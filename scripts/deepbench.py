@@ -380,6 +380,9 @@ def main(argv=None) -> int:
     ap.add_argument("--epilogue", choices=sorted(EPILOGUES), default="none",
                     help="the operator's epilogue (default: %(default)s, the convolution alone)")
     ap.add_argument("--thin-only", action="store_true", help="only the 12 thin-channel layers")
+    ap.add_argument("--from-csv", action="store_true",
+                    help="measure nothing: summarise and plot the CSVs already in --out-dir (e.g. of "
+                         "a run that was stopped; the CSVs are rewritten after every layer)")
     args = ap.parse_args(argv)
     global EPILOGUE
     EPILOGUE = EPILOGUES[args.epilogue]
@@ -394,8 +397,14 @@ def main(argv=None) -> int:
                             f"{r['filter_w']}) p{r['pad_h']},{r['pad_w']} s{r['hstride']},{r['wstride']}")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    suffix = "" if args.epilogue == "none" else f"_{args.epilogue}"
+    files = ((f"deepbench_eval{suffix}.csv", FIELDS), (f"deepbench_candidates{suffix}.csv", CAND_FIELDS))
     rows, cands = [], []
     t0 = time.perf_counter()
+    if args.from_csv:
+        rows, cands = ([dict(r) for r in csv.DictReader(open(out_dir / name))] for name, _ in files)
+    # the thin-channel layers first (the bars), then the others, each in DeepBench order
+    layers = [] if args.from_csv else sorted(layers, key=lambda r: r["c"] >= 16)
     for n, r in enumerate(layers):
         t = time.perf_counter()
         lr, lc = measure_layer(r, args.repeats, with_candidates=(r["c"] < 16 and not args.no_candidates))
@@ -404,19 +413,18 @@ def main(argv=None) -> int:
         print(f"[{n + 1}/{len(layers)}] layer {r['id']}: " + ", ".join(
             f"{x['strategy']} {x['cycles']}" for x in lr if x["config"] == "default")
             + f" ({time.perf_counter() - t:.1f} s)", flush=True)
-    suffix = "" if args.epilogue == "none" else f"_{args.epilogue}"
-    for name, data, fields in ((f"deepbench_eval{suffix}.csv", rows, FIELDS),
-                               (f"deepbench_candidates{suffix}.csv", cands, CAND_FIELDS)):
-        with open(out_dir / name, "w", newline="") as f:
-            w = csv.DictWriter(f, fields)
-            w.writeheader()
-            for row in data:
-                w.writerow({k: row.get(k, "") for k in fields})
+        for (name, fields), data in zip(files, (rows, cands)):
+            with open(out_dir / name, "w", newline="") as f:
+                w = csv.DictWriter(f, fields)
+                w.writeheader()
+                for row in data:
+                    w.writerow({k: row.get(k, "") for k in fields})
     text = summary(rows, cands)
     (out_dir / f"deepbench_eval{suffix}.md").write_text(text)
     plot(rows, cands, out_dir / f"deepbench_eval{suffix}.png")
     print(text)
-    print(f"total {time.perf_counter() - t0:.0f} s; median host relayout of stock "
+    print(f"total {time.perf_counter() - t0:.0f} s ({len({r['id'] for r in rows})} layers); "
+          f"median host relayout of stock "
           f"{statistics.median(float(r['host_median_ms']) for r in rows if r['strategy'] == 'stock'):.3f} ms")
     return 0
 
