@@ -59,9 +59,15 @@ def _dtype(expr) -> str:
 
 
 def _pool_ok(call) -> bool:
+    """Symmetric padding below the window, no dilation; ceil mode only for max pools or where it
+    does not change the output size (a ceil-mode max pool's extra windows see -128 padding)."""
     a = call.attrs
     top, left, bottom, right = (int(p) for p in a.padding)
-    return (not bool(a.ceil_mode) and (top, left) == (bottom, right)
+    _, _, h, w = _shape(call.args[0])
+    floor_size = ((h + 2 * top - int(a.pool_size[0])) // int(a.strides[0]) + 1,
+                  (w + 2 * left - int(a.pool_size[1])) // int(a.strides[1]) + 1)
+    ceil_ok = _op(call) == "relax.nn.max_pool2d" or floor_size == _shape(call)[2:]
+    return (ceil_ok and (top, left) == (bottom, right)
             and all(int(d) == 1 for d in a.dilation)
             and top < int(a.pool_size[0]) and left < int(a.pool_size[1]))
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Sequence
 
+from tvm import relax
+
 from .errors import TemplateRefusal
 from .packing import (BlockedActivation, BlockedMatrix, ceil_to, pack_channel_bias,
                       pack_conv_weight, pack_depthwise_weight, padding_text)
@@ -249,8 +251,6 @@ class StockPool(_Stock):
         a = op.core.attrs
         if str(a.layout) != "NCHW":
             raise TemplateRefusal(f"pool layout {a.layout}; the stock templates need NCHW")
-        if bool(a.ceil_mode):
-            raise TemplateRefusal("ceil_mode pooling is not supported by the stock templates")
         if any(int(d) != 1 for d in a.dilation):
             raise TemplateRefusal("dilated pooling is not supported by the stock templates")
         pad_h, pad_w = _symmetric_padding(op)
@@ -258,21 +258,34 @@ class StockPool(_Stock):
         n, c, h, w = _shape(data)
         _, _, oh, ow = _shape(op.core)
         b, co = config.BATCH, config.BLOCK_OUT
+        ph, pw, sh, sw = (int(v) for v in (*a.pool_size, *a.strides))
+        # ceil mode: the windows past the bottom / right edge see the input padded there; for a
+        # max pool that padding is -128 (never above a real int8 value; every window holds one),
+        # added on the host to the packed input
+        extra_h = max(0, (oh - 1) * sh + ph - 2 * pad_h - h)
+        extra_w = max(0, (ow - 1) * sw + pw - 2 * pad_w - w)
+        if bool(a.ceil_mode) and (extra_h or extra_w) and self.kind != "max_pool2d":
+            raise TemplateRefusal("ceil_mode average pooling that changes the output size is not "
+                                  "supported by the stock templates (the border divisors differ)")
         act = BlockedActivation(n, c, h, w, b, co)
         np_, cp = act.padded
-        workload = dict(batch=np_, channels=cp, height=h, width=w, pool_h=int(a.pool_size[0]),
-                        pool_w=int(a.pool_size[1]), stride_h=int(a.strides[0]),
-                        stride_w=int(a.strides[1]), pad_h=pad_h, pad_w=pad_w)
+        workload = dict(batch=np_, channels=cp, height=h + extra_h, width=w + extra_w,
+                        pool_h=ph, pool_w=pw, stride_h=sh, stride_w=sw, pad_h=pad_h, pad_w=pad_w)
         if self.kind == "avg_pool2d":
             workload["count_include_pad"] = bool(a.count_include_pad)
 
         def inputs(packer):
             d, kept = act.pack(packer, data)
             packer.note_kept(kept)
+            if extra_h or extra_w:
+                d = packer.emit(relax.op.nn.pad(d, [0, 0, 0, 0, 0, extra_h, 0, extra_w, 0, 0, 0, 0],
+                                                pad_value=-128), "ceil_pad")
             return [d]
 
         desc = (f"{n}x{c}x{h}x{w} pool {workload['pool_h']}x{workload['pool_w']} "
                 f"s{workload['stride_h']} p{pad_h}")
+        if extra_h or extra_w:
+            desc += f" ceil mode (input padded by {extra_h}x{extra_w} of -128 on the host)"
         return OpPlan(self.workload_from_dict(workload), inputs,
                       BlockedActivation(n, c, oh, ow, b, co), desc, padding_text(*act.padding()))
 
