@@ -33,6 +33,7 @@ shapes. The :class:`~vta_ext.report.BuildReport` lists every placement and why.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Dict, List, Optional, Tuple
 
@@ -82,6 +83,7 @@ class _Offloader(PyExprMutator):
         self.rejected: Dict[str, str] = {}  # var name of a candidate core op -> reason
         self.offloaded: List[Tuple[str, str, str, str]] = []  # (relax op, what, detail, var)
         self.unpack_vars: set = set()  # variables now bound to the last unpacking step
+        self.packed_concats: Dict[str, str] = {}  # concat var -> what its packed version is
         self._rewritten_binding = False
         # unpacked result variable name -> (variable, packed tensor, its packed layout)
         self._packed: Dict[str, tuple] = {}
@@ -433,6 +435,46 @@ class _Offloader(PyExprMutator):
             self.unpack_vars.add(binding.var.name)
             if self._last_packed is not None:
                 self._packed[binding.var.name] = (binding.var,) + self._last_packed
+        elif _op_name(value) == "relax.concat":
+            self._packed_concat(binding)
+
+    def _packed_concat(self, binding) -> None:
+        """A channel concat of VTA outputs that share a packed layout (batch, height, width and
+        blocks; every part but the last a whole number of channel blocks) is also made in the
+        packed layout: the packed tensors side by side along the channel-block axis, one host
+        copy instead of unpack, concat and pack. A VTA consumer takes it over (:meth:`handover`);
+        the NCHW concat stays only if a CPU operator uses it."""
+        value = binding.value
+        parts = value.args[0]
+        if not isinstance(parts, relax.Tuple) or int(value.attrs.axis) % 4 != 1 \
+                or len(_shape(binding.var)) != 4:
+            return
+        layouts, packed = [], []
+        for part in parts.fields:
+            entry = self._packed.get(part.name) if isinstance(part, relax.Var) else None
+            if entry is None or not entry[0].same_as(part) \
+                    or type(entry[2]).__name__ != "BlockedActivation":
+                return
+            layouts.append(entry[2])
+            packed.append(entry[1])
+        first = layouts[0]
+        if any((lay.n, lay.h, lay.w, lay.batch_block, lay.channel_block) !=
+               (first.n, first.h, first.w, first.batch_block, first.channel_block)
+               for lay in layouts):
+            return
+        if any(lay.c % lay.channel_block for lay in layouts[:-1]):
+            self.rejected[binding.var.name] = (
+                f"channel concat of VTA outputs with {'+'.join(str(lay.c) for lay in layouts)} "
+                f"channels: a part before the last is not a whole number of {first.channel_block}-"
+                "channel blocks, so the concat is made in NCHW (unpack, concat, pack on the host)")
+            return
+        layout = dataclasses.replace(first, c=sum(lay.c for lay in layouts))
+        concat = self._emit(relax.op.concat(packed, axis=1), f"{PACK_PREFIX}_concat")
+        self._packed[binding.var.name] = (binding.var, concat, layout)
+        self.packed_concats[binding.var.name] = (
+            f"channel concat of {len(packed)} VTA outputs made in their packed layout "
+            f"({'+'.join(str(lay.c) for lay in layouts)} channels, block-aligned: one host copy "
+            "of the packed tensors, no unpack/pack)")
 
 
 def _tiling_text(compiled) -> str:
@@ -504,6 +546,11 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
         report = BuildReport(config.name, current_options().strategy_name)
         for op, what, detail, var in rewriter.offloaded:
             report.add(op, VTA, what, detail, var, layers.get(var, ""))
+        remaining = {var for func in new_mod.functions.values() if isinstance(func, relax.Function)
+                     for _, var in _cpu_ops(func)}
+        for var, what in rewriter.packed_concats.items():
+            if var not in remaining:  # only the packed concat is left
+                report.add("relax.concat", CPU, what, var, var, layers.get(var, ""))
         for func in new_mod.functions.values():
             if not isinstance(func, relax.Function):
                 continue
