@@ -469,7 +469,8 @@ class _Offloader(PyExprMutator):
                 "channel blocks, so the concat is made in NCHW (unpack, concat, pack on the host)")
             return
         layout = dataclasses.replace(first, c=sum(lay.c for lay in layouts))
-        concat = self._emit(relax.op.concat(packed, axis=1), f"{PACK_PREFIX}_concat")
+        concat = self._emit(relax.op.concat(packed, axis=1),
+                            f"{PACK_PREFIX}_concat_{binding.var.name}")
         self._packed[binding.var.name] = (binding.var, concat, layout)
         self.packed_concats[binding.var.name] = (
             f"channel concat of {len(packed)} VTA outputs made in their packed layout "
@@ -548,15 +549,18 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
             report.add(op, VTA, what, detail, var, layers.get(var, ""))
         remaining = {var for func in new_mod.functions.values() if isinstance(func, relax.Function)
                      for _, var in _cpu_ops(func)}
-        for var, what in rewriter.packed_concats.items():
-            if var not in remaining:  # only the packed concat is left
-                report.add("relax.concat", CPU, what, var, var, layers.get(var, ""))
+        concat_prefix = f"{PACK_PREFIX}_concat_"
         for func in new_mod.functions.values():
             if not isinstance(func, relax.Function):
                 continue
             for op, var in _cpu_ops(func):
                 if op == "relax.call_dps_packed":
                     continue
+                source = var[len(concat_prefix):] if var.startswith(concat_prefix) else None
+                if source in rewriter.packed_concats and source not in remaining:
+                    # only the packed concat is left: it stands for the source's concat
+                    report.add("relax.concat", CPU, rewriter.packed_concats[source], source,
+                               source, layers.get(source, ""))
                 if var.startswith((PACK_PREFIX, UNPACK_PREFIX)) or var in rewriter.unpack_vars:
                     reason = LAYOUT_REASON
                 elif var in rewriter.rejected:
