@@ -17,6 +17,11 @@ Subcommands (all cycles from the cycle model; every tuned best verified bit for 
   modules, for each strategy of ``--strategies``: tasks by ``tune.extract_tasks`` (so the strategy
   plans the layout), XGB tuning, TPS and fallback points. Writes
   ``docs/figures/tune_deepbench.{csv,png}``.
+* ``bytes`` -- DRAM bytes of the CSP strategies (``--strategies strategy[:layout]``) on C2-C11
+  and D1-D9 (one-operator Relax modules, tasks by ``tune.extract_tasks``): TPS over the whole knob
+  space, TPS in the stock loop order, XGB tuned with ``objective="dram_bytes"`` (``--trials``), the
+  original stack's record built with the stock template, and the compulsory bytes (every tensor
+  once). Writes ``docs/figures/tune_bytes.{csv,png}``.
 * ``network`` -- the bars of ``scripts/tune_network.py``'s totals CSV(s).
   Writes ``docs/figures/tune_network.png``.
 
@@ -455,7 +460,11 @@ ORIGINAL_LAYERS = [f"C{i}" for i in range(2, 12)] + [f"D{i}" for i in range(1, 1
 def cmd_bytes(args) -> int:
     """DRAM bytes of the CSP strategies (TPS over the whole knob space, TPS with the stock loop
     order only, and tuned with ``objective="dram_bytes"``) vs the original stack's tuned records
-    (built with the stock template), per layer."""
+    (built with the stock template), per layer. ``--plot-only`` redraws the PNG of ``--csv``."""
+    if args.plot_only:
+        with open(args.csv) as f:
+            plot_bytes(list(csv.DictReader(f)), Path(args.csv).with_suffix(".png"))
+        return 0
     import vta_ext
     from tvm_csp_embed import tune
     from tvm_csp_embed.codegen.knobs import tps_point
@@ -524,7 +533,45 @@ def cmd_bytes(args) -> int:
               f"tuned {geomean(r['tuned_over_original'] for r in sel):.3f}, every tensor once "
               f"{geomean(r['compulsory_over_original'] for r in sel):.3f}")
     write_csv(rows, Path(args.csv))
+    plot_bytes(rows, Path(args.csv).with_suffix(".png"))
     return 0
+
+
+def plot_bytes(rows, path: Path) -> None:
+    """Per layer and strategy: TPS, TPS in the stock order, tuned for bytes, and the compulsory
+    bytes, each over the original record's bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    val = lambda v: float(v) if v not in (None, "") else float("nan")
+    layers = list(dict.fromkeys(r["layer"] for r in rows))
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    series = [(s, k) for s in strategies for k in ("tps_stock_order_over_original",
+                                                   "tuned_over_original")]
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    width = 0.8 / (len(series) + 1)
+    for j, (strategy, key) in enumerate(series):
+        by = {r["layer"]: r for r in rows if r["strategy"] == strategy}
+        label = f"{strategy} {'TPS, stock order' if 'stock' in key else 'tuned (dram_bytes)'}"
+        ax.bar([i + (j - len(series) / 2) * width for i in range(len(layers))],
+               [val(by[n][key]) if n in by else float("nan") for n in layers], width, label=label)
+    first = {r["layer"]: r for r in rows}
+    ax.bar([i + (len(series) - len(series) / 2) * width for i in range(len(layers))],
+           [compulsory_bytes(n) / val(first[n]["original_dram_bytes"]) for n in layers], width,
+           label="every tensor once (floor)", color="#888888")
+    ax.axhline(0.7, color="red", lw=0.8, ls="--", label="bar 0.7")
+    ax.axhline(1.0, color="black", lw=0.5)
+    ax.set_xticks(range(len(layers)))
+    ax.set_xticklabels(layers)
+    ax.set_ylabel("DRAM bytes / original record's")
+    ax.set_title("DRAM bytes vs the original stack's tuned records (TopHub vta_v0.10)")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -569,6 +616,7 @@ def main(argv=None) -> int:
     p.add_argument("--records", required=True)
     p.add_argument("--layers", nargs="*")
     p.add_argument("--csv", default=str(FIG / "tune_bytes.csv"))
+    p.add_argument("--plot-only", action="store_true")
     p = sub.add_parser("layers")
     p.add_argument("--config", default="pipelined")
     p.add_argument("--trials", type=int, default=60)
