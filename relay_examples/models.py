@@ -805,6 +805,38 @@ def quantized_example(model_name: str, size: int, seed: int = 0, **kwargs):
     return model, quantize_torch(model, calibration), calibration, data
 
 
+def pt2e_quantized(name: str, size: int, per_channel: bool = True, seed: int = 0,
+                   calibration: int = 2):
+    """Model ``name`` quantised by PyTorch's own PT2E flow and mapped to int8 Relax.
+
+    ``torch.export`` -> ``torchao``'s ``prepare_pt2e`` with
+    :func:`vta_ext.quantize.symmetric_quantizer` (symmetric int8 activations, per-channel or
+    per-tensor weights) -> calibration on ``calibration`` random inputs -> ``convert_pt2e`` ->
+    :func:`vta_ext.quantize.quantize_pt2e` (the graph's own scales, fixed-point requantisation).
+
+    Returns
+    -------
+    tuple
+        ``(qmodel, data)``: the :class:`vta_ext.quantize.QuantizedModel` and an independent
+        float32 input.
+    """
+    import numpy as np
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from vta_ext.quantize import quantize_pt2e, symmetric_quantizer
+
+    model = make_model(name, size=size, seed=seed)
+    rng = np.random.default_rng(seed)
+    cal = [rng.standard_normal((1, 3, size, size)).astype(np.float32) for _ in range(calibration)]
+    exported = torch.export.export(model, (torch.from_numpy(cal[0]),))
+    prepared = prepare_pt2e(exported.module(), symmetric_quantizer(per_channel=per_channel))
+    with torch.no_grad():
+        for c in cal:
+            prepared(torch.from_numpy(c))
+    qm = quantize_pt2e(convert_pt2e(prepared), cal)
+    return qm, rng.standard_normal((1, 3, size, size)).astype(np.float32)
+
+
 def run_example(model_name: str, description: str, argv=None) -> int:
     """Quantise ``model_name``, build it for ``ext_vta`` (per configuration, once per strategy:
     ``stock`` and ``csp-relaxed`` by default) and ``llvm``, compare, report; the total cycles of

@@ -168,6 +168,35 @@ def _assert_all_macs_on_vta(qm, multiply, layers=False):
         sum(m for _, m in macs.values()) > 0
 
 
+#: networks of relay_examples/models.py through PT2E (32x32): all their MACs on VTA
+PT2E_NETWORKS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "squeezenet1_1", "mnasnet0_5")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PT2E_NETWORKS)
+def test_pt2e_network_on_vta(name):
+    """A whole network quantised by PT2E (symmetric int8, per-channel weights): bit-exact against
+    llvm, every conv2d / matmul on VTA with the fixed-point tail (1-5 min each)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "relay_examples"))
+    from models import mac_placement, pt2e_quantized
+
+    qm, x = pt2e_quantized(name, 32)
+    out = _run(qm.mod, x)
+    vta = _run(qm.mod, x, target="ext_vta")
+    report = vta_ext.last_build_report()
+    np.testing.assert_array_equal(vta, out)
+    assert np.abs(out).max() > 0
+    placed = mac_placement(vta_ext.quantize.op_macs(qm.mod), report)
+    assert placed["consistent"] and placed["cpu"] == 0 and placed["vta"] > 0, placed
+    gemm = [p for p in report.on_vta if p.op in ("relax.nn.conv2d", "relax.matmul")]
+    assert gemm and all("mul" in p.detail for p in gemm)  # the fixed-point multiply
+    print(f"{name} PT2E 32x32: bit-exact, 100 % of {placed['total'] / 1e6:.1f} M MACs on VTA")
+
+
 def test_pt2e_asymmetric_activations_stay_float_with_the_reason():
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (

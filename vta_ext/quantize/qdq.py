@@ -111,7 +111,8 @@ def symmetric_quantizer(per_channel: bool = False):
     """A ``torchao`` PT2E ``Quantizer`` for VTA: symmetric int8 per-tensor activations (zero point
     0, -128..127), symmetric int8 weights (-127..127) per tensor or per output channel, float
     biases. Annotates conv2d and linear (with a following ReLU fused into their output), adds
-    (both operands share one scale), and max pools / flattens (sharing their input's scale).
+    and concats (all operands share one scale), and max pools / flattens / reshapes /
+    transposes (sharing their input's scale).
 
     Parameters
     ----------
@@ -137,7 +138,8 @@ def symmetric_quantizer(per_channel: bool = False):
     aten = torch.ops.aten
     relus = (aten.relu.default, aten.relu_.default)
     shared = (aten.max_pool2d.default, aten.flatten.using_ints, aten.view.default,
-              aten.reshape.default, aten.adaptive_avg_pool2d.default)
+              aten.reshape.default, aten.adaptive_avg_pool2d.default, aten.transpose.int,
+              aten.permute.default, aten.contiguous.default, aten.clone.default)
 
     def mark(node, **kw):
         node.meta["quantization_annotation"] = QuantizationAnnotation(_annotated=True, **kw)
@@ -163,6 +165,13 @@ def symmetric_quantizer(per_channel: bool = False):
                          output_qspec=None if relu else act)
                     if relu is not None:
                         mark(relu, output_qspec=act)
+                elif n.target in (aten.cat.default, aten.concat.default) and isinstance(
+                        n.args[0], (list, tuple)) and all(isinstance(a, torch.fx.Node)
+                                                          for a in n.args[0]):
+                    first, *rest = n.args[0]  # one scale for every operand and the result
+                    qmap = {first: act}
+                    qmap.update({a: SharedQuantizationSpec((first, n)) for a in rest})
+                    mark(n, input_qspec_map=qmap, output_qspec=SharedQuantizationSpec((first, n)))
                 elif n.target in shared and isinstance(n.args[0], torch.fx.Node):
                     mark(n, input_qspec_map={n.args[0]: act},
                          output_qspec=SharedQuantizationSpec((n.args[0], n)))
