@@ -169,7 +169,8 @@ def _assert_all_macs_on_vta(qm, multiply, layers=False):
 
 
 #: networks of relay_examples/models.py through PT2E (32x32): all their MACs on VTA
-PT2E_NETWORKS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "squeezenet1_1", "mnasnet0_5")
+PT2E_NETWORKS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "squeezenet1_1", "mnasnet0_5",
+                 "shufflenet_v2_x0_5")
 
 
 @pytest.mark.slow

@@ -112,7 +112,7 @@ def symmetric_quantizer(per_channel: bool = False):
     0, -128..127), symmetric int8 weights (-127..127) per tensor or per output channel, float
     biases. Annotates conv2d and linear (with a following ReLU fused into their output), adds
     and concats (all operands share one scale), and max pools / flattens / reshapes /
-    transposes (sharing their input's scale).
+    transposes / splits (sharing their input's scale).
 
     Parameters
     ----------
@@ -135,7 +135,10 @@ def symmetric_quantizer(per_channel: bool = False):
         wgt = QuantizationSpec(torch.int8, MinMaxObserver.with_args(
             qscheme=torch.per_tensor_symmetric, dtype=torch.int8, quant_min=-127, quant_max=127),
             -127, 127, torch.per_tensor_symmetric)
+    import operator
+
     aten = torch.ops.aten
+    splits = (aten.chunk.default, aten.split.Tensor, aten.split_with_sizes.default)
     relus = (aten.relu.default, aten.relu_.default)
     shared = (aten.max_pool2d.default, aten.flatten.using_ints, aten.view.default,
               aten.reshape.default, aten.adaptive_avg_pool2d.default, aten.transpose.int,
@@ -172,6 +175,12 @@ def symmetric_quantizer(per_channel: bool = False):
                     qmap = {first: act}
                     qmap.update({a: SharedQuantizationSpec((first, n)) for a in rest})
                     mark(n, input_qspec_map=qmap, output_qspec=SharedQuantizationSpec((first, n)))
+                elif n.target in splits and isinstance(n.args[0], torch.fx.Node):
+                    # the pieces (getitem users) keep the input's scale
+                    mark(n, input_qspec_map={n.args[0]: act})
+                    for user in n.users:
+                        if user.target is operator.getitem:
+                            mark(user, output_qspec=SharedQuantizationSpec((n.args[0], n)))
                 elif n.target in shared and isinstance(n.args[0], torch.fx.Node):
                     mark(n, input_qspec_map={n.args[0]: act},
                          output_qspec=SharedQuantizationSpec((n.args[0], n)))
