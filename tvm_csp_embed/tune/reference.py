@@ -5,7 +5,10 @@ draws random inputs (int8 full range, int32 bias in ``[-2**14, 2**14)``) and com
 from the operator's definition in int64: an NCHW convolution (groups included, also under the
 CSP strategies) or a matrix
 product, then the epilogue stages in order with int32 wrapping, then the int8 truncation of the
-store. For the stock templates the packed layouts are those of ``docs/templates-api.md`` (nothing
+store. The stages are those of :mod:`vta_ext.templates.epilogue` (its table is the definition); the
+per-channel tensors of its vector stages (``("bias",)``, ``("mulv",)``: int32 multiplier in
+``[-2**7, 2**7)``, in the bias's layout) follow the operator's inputs in that module's
+``VECTOR_STAGES`` order. For the stock templates the packed layouts are those of ``docs/templates-api.md`` (nothing
 of the templates is used) and the expected output is packed. For the CSP strategies the inputs are
 packed, and the simulator's output unpacked, by the embedding's own host layouts
 (``HostLayout.pack_numpy`` / ``unpack_numpy``, which the build uses too), and the output is
@@ -44,13 +47,23 @@ def _wrap32(x: np.ndarray) -> np.ndarray:
     return ((x + (1 << 31)) % (1 << 32)) - (1 << 31)
 
 
-def apply_epilogue(acc: np.ndarray, epilogue: Sequence[tuple], bias) -> np.ndarray:
-    """The int32 accumulator through the epilogue stages in order, then the int8 truncation."""
+def apply_epilogue(acc: np.ndarray, epilogue: Sequence[tuple], bias, multiplier=None
+                   ) -> np.ndarray:
+    """The int32 accumulator through the epilogue stages in order, then the int8 truncation.
+
+    The stages as the table of :mod:`vta_ext.templates.epilogue` defines them; ``bias`` and
+    ``multiplier`` are the per-channel tensors of the ``("bias",)`` / ``("mulv",)`` stages,
+    broadcastable against ``acc``."""
     acc = _wrap32(acc.astype(np.int64))
+    vectors = {"bias": bias, "mulv": multiplier}
     for stage in epilogue:
         kind = stage[0]
+        if kind in vectors and vectors[kind] is None:
+            raise ValueError(f"epilogue stage {stage!r} needs its per-channel tensor")
         if kind == "bias":
             acc = acc + bias
+        elif kind == "mulv":
+            acc = acc * np.asarray(multiplier, np.int64)
         elif kind == "shr":
             acc = acc >> int(stage[1])
         elif kind == "clip":
@@ -67,6 +80,16 @@ def apply_epilogue(acc: np.ndarray, epilogue: Sequence[tuple], bias) -> np.ndarr
             raise ValueError(f"unknown epilogue stage {stage!r}")
         acc = _wrap32(acc)
     return acc.astype(np.int8)  # keeps the low byte, as the STORE does
+
+
+def _vectors(epilogue, rng, draw):
+    """The per-channel int32 tensors of the epilogue's vector stages, in ``VECTOR_STAGES`` order:
+    ``{kind: draw(lo, hi)}`` (bias in ``[-2**14, 2**14)``, multiplier in ``[-2**7, 2**7)``)."""
+    from vta_ext.templates.epilogue import VECTOR_STAGES
+
+    ranges = {"bias": (-(1 << 14), 1 << 14), "mulv": (-(1 << 7), 1 << 7)}
+    kinds = {s[0] for s in epilogue}
+    return {kind: draw(*ranges[kind]) for kind in VECTOR_STAGES if kind in kinds}
 
 
 def _int8(rng, shape) -> np.ndarray:
@@ -93,13 +116,12 @@ def _conv2d(config, wl, epilogue, rng) -> Tuple[List[np.ndarray], np.ndarray]:
                 acc[:, gi * og:(gi + 1) * og] += np.einsum("nchw,oc->nohw", patch, ks[:, :, i, j])
     inputs = [x.reshape(n // b, b, c // ci, ci, h, w).transpose(0, 2, 4, 5, 1, 3),
               k.reshape(o // co, co, cg // ci, ci, kh, kw).transpose(0, 2, 4, 5, 1, 3)]
-    bias = None
-    if any(s[0] == "bias" for s in epilogue):
-        per_channel = rng.integers(-(1 << 14), 1 << 14, o).astype(np.int32)
+    vec = _vectors(epilogue, rng, lambda lo, hi: rng.integers(lo, hi, o).astype(np.int32))
+    for per_channel in vec.values():
         inputs.append(np.broadcast_to(per_channel.reshape(1, o // co, 1, 1, 1, co),
                                       (1, o // co, 1, 1, b, co)))
-        bias = per_channel.astype(np.int64).reshape(1, o, 1, 1)
-    out = apply_epilogue(acc, epilogue, bias)
+    vec = {k: v.astype(np.int64).reshape(1, o, 1, 1) for k, v in vec.items()}
+    out = apply_epilogue(acc, epilogue, vec.get("bias"), vec.get("mulv"))
     packed = out.reshape(n // b, b, o // co, co, oh, ow).transpose(0, 2, 4, 5, 1, 3)
     return [np.ascontiguousarray(a) for a in inputs], np.ascontiguousarray(packed)
 
@@ -111,12 +133,11 @@ def _dense(config, wl, epilogue, rng) -> Tuple[List[np.ndarray], np.ndarray]:
     acc = x.astype(np.int64) @ wt.astype(np.int64).T
     inputs = [x.reshape(n // b, b, k // ci, ci).transpose(0, 2, 1, 3),
               wt.reshape(m // co, co, k // ci, ci).transpose(0, 2, 1, 3)]
-    bias = None
-    if any(s[0] == "bias" for s in epilogue):
-        per_feature = rng.integers(-(1 << 14), 1 << 14, m).astype(np.int32)
+    vec = _vectors(epilogue, rng, lambda lo, hi: rng.integers(lo, hi, m).astype(np.int32))
+    for per_feature in vec.values():
         inputs.append(np.broadcast_to(per_feature.reshape(1, m // co, 1, co), (1, m // co, b, co)))
-        bias = per_feature.astype(np.int64).reshape(1, m)
-    out = apply_epilogue(acc, epilogue, bias)
+    vec = {k: v.astype(np.int64).reshape(1, m) for k, v in vec.items()}
+    out = apply_epilogue(acc, epilogue, vec.get("bias"), vec.get("mulv"))
     packed = out.reshape(n // b, b, m // co, co).transpose(0, 2, 1, 3)
     return [np.ascontiguousarray(a) for a in inputs], np.ascontiguousarray(packed)
 
@@ -164,12 +185,13 @@ def _csp_gemm(config, wl, epilogue, rng):
     tensors = {data_name: x, weight_name: w}
     inputs = [pg.operands[role].host.pack_numpy(tensors[pg.operands[role].tensor])
               for role in "AB"]
-    bias = None
-    if any(s[0] == "bias" for s in epilogue):
-        b = rng.integers(-(1 << 14), 1 << 14, bias_shape).astype(np.int32)
-        inputs.append(pg.bias_layout(bias_shape).pack_numpy(b))
-        bias = b.astype(np.int64) if wl.op != "dense" else b.astype(np.int64).reshape(1, -1)
-    return inputs, apply_epilogue(acc, epilogue, bias), pg.operands["C"].host.unpack_numpy
+    vec = _vectors(epilogue, rng, lambda lo, hi: rng.integers(lo, hi, bias_shape).astype(np.int32))
+    for v in vec.values():
+        inputs.append(pg.bias_layout(bias_shape).pack_numpy(v))
+    vec = {k: v.astype(np.int64) if wl.op != "dense" else v.astype(np.int64).reshape(1, -1)
+           for k, v in vec.items()}
+    return (inputs, apply_epilogue(acc, epilogue, vec.get("bias"), vec.get("mulv")),
+            pg.operands["C"].host.unpack_numpy)
 
 
 for _kind, _fn in (("conv2d", _conv2d), ("group_conv2d", _conv2d), ("dense", _dense)):
