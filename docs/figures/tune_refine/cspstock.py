@@ -16,7 +16,7 @@ def conv(c, h, k, s):
     return CspWorkload("conv2d", (("n", 1), ("c", c), ("h", h), ("w", h), ("k", k), ("kh", 3), ("kw", 3),
                                   ("pt", 1), ("pl", 1), ("pb", 1), ("pr", 1), ("sh", s), ("sw", s)))
 layers = {"C6": conv(128, 28, 256, 2), "C8": conv(256, 14, 256, 1), "C9": conv(256, 14, 512, 2),
-          "C11": conv(512, 7, 512, 1), "dense": CspWorkload("dense", (("n", 1), ("k", 512), ("m", 1008)))}
+          "C11": conv(512, 7, 512, 1), "dense": CspWorkload("dense", (("n", 1), ("k", 512), ("m", 1000)))}
 option = tune.measure_option(runner=tune.LocalRunner(0))
 for name, base in layers.items():
     if only and name not in only:
