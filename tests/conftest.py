@@ -157,6 +157,16 @@ def run_module(mod, target, arrays):
     return out.numpy() if hasattr(out, "numpy") else [o.numpy() for o in out]
 
 
+def vta_and_llvm(mod, arrays):
+    """Build and run ``mod`` for ``ext_vta`` and for ``llvm``: ``(VTA output, llvm output, the
+    ext_vta build report)``."""
+    import vta_ext
+
+    got = run_module(mod, "ext_vta", arrays)
+    report = vta_ext.last_build_report()
+    return got, run_module(mod, "llvm", arrays), report
+
+
 def conv_chain(bb, x, w, b, *, stride=1, padding=0, shift=None, clip=None, groups=1,
                dilation=1, order=("bias", "shr", "clip")):
     """Emit ``conv2d(int8) -> stages in order -> astype int8`` into BlockBuilder ``bb``."""

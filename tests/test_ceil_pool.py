@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
-import vta_ext
+from conftest import vta_and_llvm
 
 
 def ref_max_pool_ceil(x, k, s, p):
@@ -44,11 +43,7 @@ def test_ceil_mode_max_pool_on_vta(h, k, s, p, extra):
     x[0, :8, -1, :] = -128  # border windows that hold only the minimum value
     x[0, :8, :, -1] = -128
     mod = _pool_module(x.shape, k, s, p, True)
-    got = relax.VirtualMachine(relax.build(mod, target="ext_vta"), tvm.cpu())["main"](
-        tvm.runtime.tensor(x)).numpy()
-    report = vta_ext.last_build_report()
-    ref = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())["main"](
-        tvm.runtime.tensor(x)).numpy()
+    got, ref, report = vta_and_llvm(mod, [x])
     np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(got, ref_max_pool_ceil(x, k, s, p))
     assert report.placement() == [("relax.nn.max_pool2d", "vta")]

@@ -11,12 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import tvm
 from torch import nn
 from tvm import relax
 
-import vta_ext
-from conftest import pack_activation, unpack_nchw
+from conftest import pack_activation, unpack_nchw, vta_and_llvm
 from vta_ext.config import load_config
 from vta_ext.isa import AluOp, Opcode
 from vta_ext.templates.eltwise import EltwiseWorkload, HswishWorkload, build_hswish, build_unary
@@ -74,18 +72,9 @@ def _hswish_module(shape, three, t_max, m, k):
     return bb.get()
 
 
-def _both(mod, x):
-    vm = relax.VirtualMachine(relax.build(mod, target="ext_vta"), tvm.cpu())
-    report = vta_ext.last_build_report()
-    got = vm["main"](tvm.runtime.tensor(x)).numpy()
-    ref = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())["main"](
-        tvm.runtime.tensor(x)).numpy()
-    return got, ref, report
-
-
 @pytest.mark.parametrize("three,t_max,m,k", CASES[:2])
 def test_hswish_offload_every_int8_value(three, t_max, m, k):
-    got, ref, report = _both(_hswish_module(ALL_INT8.shape, three, t_max, m, k), ALL_INT8)
+    got, ref, report = vta_and_llvm(_hswish_module(ALL_INT8.shape, three, t_max, m, k), [ALL_INT8])
     np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(got, ref_hswish(ALL_INT8, three, t_max, m, k))
     assert report.placement() == [("relax.multiply", "vta")]
@@ -98,12 +87,12 @@ def test_hswish_offload_refuses_a_product_that_could_overflow():
     side is -128 * 511 * M >= -2**31), and 127 * 511 * 32767 + 2**26 > 2**31 - 1: the rounding
     add can overflow, the CPU build may differ from VTA's wrapping ALU, so the operator stays on
     the CPU and the report says why. With 2**23 instead (k = 24) it fits: on VTA."""
-    got, ref, report = _both(_hswish_module(ALL_INT8.shape, 384, 511, 32767, 27), ALL_INT8)
+    got, ref, report = vta_and_llvm(_hswish_module(ALL_INT8.shape, 384, 511, 32767, 27), [ALL_INT8])
     np.testing.assert_array_equal(got, ref)
     assert not report.on_vta
     (p,) = [p for p in report.on_cpu if p.name == "prod"]
     assert "outside int32" in p.reason and "('add', 67108864)" in p.reason
-    got, ref, report = _both(_hswish_module(ALL_INT8.shape, 384, 511, 32767, 24), ALL_INT8)
+    got, ref, report = vta_and_llvm(_hswish_module(ALL_INT8.shape, 384, 511, 32767, 24), [ALL_INT8])
     np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(got, ref_hswish(ALL_INT8, 384, 511, 32767, 24))
     assert report.placement() == [("relax.multiply", "vta")]
@@ -117,11 +106,7 @@ def test_hswish_of_a_quantised_torch_model_on_vta():
                           nn.Conv2d(16, 16, 3, padding=1), nn.Hardswish()).eval()
     x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
     qm = quantize_torch(model, x)
-    vm = relax.VirtualMachine(relax.build(qm.mod, target="ext_vta"), tvm.cpu())
-    report = vta_ext.last_build_report()
-    got = vm["main"](tvm.runtime.tensor(x))[0].numpy()
-    ref = relax.VirtualMachine(relax.build(qm.mod, target="llvm"), tvm.cpu())["main"](
-        tvm.runtime.tensor(x))[0].numpy()
+    (got, *_), (ref, *_), report = vta_and_llvm(qm.mod, [x])
     np.testing.assert_array_equal(got, ref)
     assert len(np.unique(got)) > 20
     assert [p.op for p in report.on_vta] == ["relax.nn.conv2d", "relax.multiply"] * 2
@@ -147,7 +132,7 @@ def test_int8_clip_after_a_cpu_operator_on_vta():
             y = bb.emit(relax.op.subtract(x, relax.const(np.int8(3))))
             out = bb.emit_output(relax.op.clip(y, 0, 96))
         bb.emit_func_output(out)
-    got, ref, report = _both(bb.get(), ALL_INT8)
+    got, ref, report = vta_and_llvm(bb.get(), [ALL_INT8])
     np.testing.assert_array_equal(got, ref)
     expected = np.clip((ALL_INT8.astype(np.int16) - 3 + 128) % 256 - 128, 0, 96)  # int8 wraps
     np.testing.assert_array_equal(got, expected)

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
-import vta_ext
+from conftest import vta_and_llvm
 
 
 def _module(channels):
@@ -41,11 +40,7 @@ def _module(channels):
 def test_channel_concat_in_the_packed_layout(channels, packed):
     mod = _module(channels)
     x = np.random.default_rng(1).integers(-128, 128, (1, 16, 6, 6)).astype(np.int8)
-    got = relax.VirtualMachine(relax.build(mod, target="ext_vta"), tvm.cpu())["main"](
-        tvm.runtime.tensor(x)).numpy()
-    report = vta_ext.last_build_report()
-    ref = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())["main"](
-        tvm.runtime.tensor(x)).numpy()
+    got, ref, report = vta_and_llvm(mod, [x])
     np.testing.assert_array_equal(got, ref)
     assert len(np.unique(got)) > 50
     assert report.devices("relax.nn.conv2d") == ["vta"] * (len(channels) + 1)

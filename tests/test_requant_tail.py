@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
-import vta_ext
-from conftest import conv2d_nchw, pack_matrix, pack_nchw, unpack_matrix, unpack_nchw
+from conftest import conv2d_nchw, pack_matrix, pack_nchw, unpack_matrix, unpack_nchw, vta_and_llvm
 from vta_ext.config import load_config
 from vta_ext.isa import AluOp, Opcode
 from vta_ext.templates.epilogue import (alu_ops, epilogue_range, fit_immediates,
@@ -223,15 +221,6 @@ def _tail_module(x_shape, weight, bias, mult, s1, k, pool=False):
     return bb.get()
 
 
-def _build_both(mod, x):
-    vm = relax.VirtualMachine(relax.build(mod, target="ext_vta"), tvm.cpu())
-    report = vta_ext.last_build_report()
-    got = vm["main"](tvm.runtime.tensor(x)).numpy()
-    ref = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())["main"](
-        tvm.runtime.tensor(x)).numpy()
-    return got, ref, report
-
-
 def _bound_case(per_channel, slack):
     """All weights 127 over 16 channels x 3x3: |acc| <= 128 * 127 * 144 = 2,340,864; after
     ``+ bias`` and ``>> 4`` the largest magnitude is V; M = floor((2**31 - 1 - 2**(k-1)) / V)
@@ -264,7 +253,7 @@ def test_offload_pt2e_tail_at_the_int32_bound(per_channel):
     for fill in (127, -128, None):
         x = (np.full((1, c, 5, 5), fill, np.int8) if fill is not None else
              np.random.default_rng(1).integers(-128, 128, (1, c, 5, 5)).astype(np.int8))
-        got, ref, report = _build_both(mod, x)
+        got, ref, report = vta_and_llvm(mod, [x])
         np.testing.assert_array_equal(got, ref)
         acc = conv2d_nchw(x, w, 1, 1) + bias
         exact = np.clip(((((acc + 8) >> s1) * np.asarray(mult, np.int64)) + (1 << k - 1)) >> k,
@@ -281,7 +270,7 @@ def test_offload_refuses_a_multiplier_that_could_overflow(per_channel):
     w, bias, mult, s1, k, c = _bound_case(per_channel, 1)
     mod = _tail_module((1, c, 5, 5), w, bias, mult, s1, k)
     x = np.random.default_rng(2).integers(-128, 128, (1, c, 5, 5)).astype(np.int8)
-    got, ref, report = _build_both(mod, x)
+    got, ref, report = vta_and_llvm(mod, [x])
     np.testing.assert_array_equal(got, ref)
     assert report.devices("relax.nn.conv2d") == ["cpu"] and not report.on_vta
     (p,) = [p for p in report.on_cpu if p.op == "relax.nn.conv2d"]
@@ -294,7 +283,7 @@ def test_offload_large_scalar_multiplier_becomes_a_vector():
     w = rng.integers(-1, 2, (16, 16, 3, 3)).astype(np.int8)  # |acc| <= 128 * 144: no overflow
     mod = _tail_module((1, 16, 6, 6), w, None, np.int32(70001), 0, 24)
     x = rng.integers(-128, 128, (1, 16, 6, 6)).astype(np.int8)
-    got, ref, report = _build_both(mod, x)
+    got, ref, report = vta_and_llvm(mod, [x])
     np.testing.assert_array_equal(got, ref)
     assert len(np.unique(got)) > 10
     (p,) = report.on_vta
@@ -304,7 +293,7 @@ def test_offload_large_scalar_multiplier_becomes_a_vector():
 def test_offload_avg_pool_with_int32_cast_and_multiplier():
     mod = _tail_module((1, 16, 8, 8), None, None, np.int32(23456), 0, 15, pool=True)
     x = np.random.default_rng(4).integers(-128, 128, (1, 16, 8, 8)).astype(np.int8)
-    got, ref, report = _build_both(mod, x)
+    got, ref, report = vta_and_llvm(mod, [x])
     np.testing.assert_array_equal(got, ref)
     assert report.devices("relax.nn.avg_pool2d") == ["vta"]
     assert len(np.unique(got)) > 10
