@@ -247,23 +247,30 @@ def test_solver_timeout_keeps_stock_and_says_so(monkeypatch, tmp_path):
     assert not list(tmp_path.glob("*.json")), "a timeout must not be cached"
 
 
-def test_dense_bit_exact():
+def _dense_case(n_in: int, n_out: int, shift: int, seed: int):
+    """A dense layer ``int8 (1, n_in) x (n_out, n_in)^T + bias >> shift, clip`` as a module, seeded
+    arguments, and its numpy reference."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 100), "int8"))
-    w = relax.Var("w", relax.TensorType((10, 100), "int8"))
-    b = relax.Var("b", relax.TensorType((10,), "int32"))
+    x = relax.Var("x", relax.TensorType((1, n_in), "int8"))
+    w = relax.Var("w", relax.TensorType((n_out, n_in), "int8"))
+    b = relax.Var("b", relax.TensorType((n_out,), "int32"))
     with bb.function("main", [x, w, b]):
         with bb.dataflow():
             y = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w)), out_dtype="int32"))
-            y = bb.emit(relax.op.right_shift(bb.emit(relax.op.add(y, b)), relax.const(5, "int32")))
+            y = bb.emit(relax.op.right_shift(bb.emit(relax.op.add(y, b)), relax.const(shift, "int32")))
             out = bb.emit_output(bb.emit(relax.op.astype(bb.emit(relax.op.clip(y, -128, 127)), "int8")))
         bb.emit_func_output(out)
-    mod = bb.get()
-    rng = np.random.default_rng(5)
-    arrays = [rng.integers(-128, 128, (1, 100)).astype(np.int8),
-              rng.integers(-128, 128, (10, 100)).astype(np.int8),
-              rng.integers(-4000, 4000, (10,)).astype(np.int32)]
-    ref = requantize(arrays[0].astype(np.int64) @ arrays[1].astype(np.int64).T, arrays[2], 5, (-128, 127))
+    rng = np.random.default_rng(seed)
+    arrays = [rng.integers(-128, 128, (1, n_in)).astype(np.int8),
+              rng.integers(-128, 128, (n_out, n_in)).astype(np.int8),
+              rng.integers(-4000, 4000, (n_out,)).astype(np.int32)]
+    ref = requantize(arrays[0].astype(np.int64) @ arrays[1].astype(np.int64).T, arrays[2], shift,
+                     (-128, 127))
+    return bb.get(), arrays, ref
+
+
+def test_dense_bit_exact():
+    mod, arrays, ref = _dense_case(100, 10, 5, 5)
     for strategy in ("csp-strict", "csp-relaxed"):
         out, report, _ = _build_run(mod, arrays, strategy=strategy)
         np.testing.assert_array_equal(out, ref)
@@ -277,22 +284,7 @@ def test_resnet18_dense_planned_by_the_solver():
     (no stock fallback); bit-exact against numpy. ``csp-strict`` builds its embedding;
     ``csp-relaxed`` builds the embedding or, where that is not faster, the stock template's plan,
     and its report names the embedding it timed."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 512), "int8"))
-    w = relax.Var("w", relax.TensorType((1000, 512), "int8"))
-    b = relax.Var("b", relax.TensorType((1000,), "int32"))
-    with bb.function("main", [x, w, b]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w)), out_dtype="int32"))
-            y = bb.emit(relax.op.right_shift(bb.emit(relax.op.add(y, b)), relax.const(8, "int32")))
-            out = bb.emit_output(bb.emit(relax.op.astype(bb.emit(relax.op.clip(y, -128, 127)), "int8")))
-        bb.emit_func_output(out)
-    mod = bb.get()
-    rng = np.random.default_rng(18)
-    arrays = [rng.integers(-128, 128, (1, 512)).astype(np.int8),
-              rng.integers(-128, 128, (1000, 512)).astype(np.int8),
-              rng.integers(-4000, 4000, (1000,)).astype(np.int32)]
-    ref = requantize(arrays[0].astype(np.int64) @ arrays[1].astype(np.int64).T, arrays[2], 8, (-128, 127))
+    mod, arrays, ref = _dense_case(512, 1000, 8, 18)
     assert (ref != 0).mean() > 0.3
     _, _, (stock_key,) = _build_run(mod, arrays, strategy="stock")
     for strategy in ("csp-strict", "csp-relaxed"):
