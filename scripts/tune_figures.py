@@ -82,6 +82,47 @@ for _i, (_hw, _c, _g, _s) in enumerate([(112, 32, 2, 1), (112, 64, 4, 2), (56, 1
 LAYERS["dense"] = ("dense", dict(batch=1, in_features=512, out_features=1008))
 
 
+def deepbench_record_layers() -> Dict[str, tuple]:
+    """The DeepBench layers (``data/deepbench_conv_inference.csv``) that the original stack's
+    tuned records (:data:`tvm_csp_embed.tune.TOPHUB_LOG`) cover: a row whose (n, c, h, w, k,
+    filter, stride, pad) equals the workload of a ``conv2d_packed.vta`` record.
+
+    Returns
+    -------
+    dict
+        ``"DB<id>" -> ("conv2d", workload)`` in DeepBench order, workloads in the fields of the
+        stock template (:func:`conv_wl`'s).
+    """
+    from tvm_csp_embed import tune
+    from tvm_csp_embed.tune.autotvm_log import is_autotvm_line, parse_autotvm_line
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from embed_deepbench import read_layers
+
+    covered = []
+    with open(tune.TOPHUB_LOG) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#") and is_autotvm_line(json.loads(line)):
+                rec = parse_autotvm_line(json.loads(line))
+                if rec.kind == "conv2d":
+                    covered.append(dict(rec.workload))
+    out = {}
+    for row in read_layers(ROOT / "data" / "deepbench_conv_inference.csv"):
+        g = lambda k: int(row[k])
+        wl = dict(batch=g("n"), height=g("h"), width=g("w"), in_channels=g("c"),
+                  out_channels=g("k"), kernel_h=g("filter_h"), kernel_w=g("filter_w"),
+                  pad_h=g("pad_h"), pad_w=g("pad_w"), stride_h=g("hstride"),
+                  stride_w=g("wstride"))
+        if wl in covered:
+            out[f"DB{row['id']}"] = ("conv2d", wl)
+    return out
+
+
+def layer_group(name: str) -> str:
+    """``"C"``, ``"D"``, ``"DB"`` or ``"dense"``: the letters of a layer name."""
+    return name.rstrip("0123456789")
+
+
 def task_of(name: str, config: str):
     from tvm_csp_embed import tune
 
@@ -424,14 +465,15 @@ def layer_module(name: str):
     kind, v = LAYERS[name]
     groups = v.get("groups", 1)
     bb = relax.BlockBuilder()
-    n, c, hw, k, kh = v["batch"], v["in_channels"], v["height"], v["out_channels"], v["kernel_h"]
-    x = relax.Var("x", relax.TensorType((n, c, hw, hw), "int8"))
-    wt = relax.Var("w", relax.TensorType((k, c // groups, kh, kh), "int8"))
+    n, c, k = v["batch"], v["in_channels"], v["out_channels"]
+    x = relax.Var("x", relax.TensorType((n, c, v["height"], v["width"]), "int8"))
+    wt = relax.Var("w", relax.TensorType((k, c // groups, v["kernel_h"], v["kernel_w"]), "int8"))
     b = relax.Var("b", relax.TensorType((1, k, 1, 1), "int32"))
     with bb.function("main", [x, wt, b]):
         with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(x, wt, strides=v["stride_h"], padding=v["pad_h"],
-                                           groups=groups, out_dtype="int32"))
+            y = bb.emit(relax.op.nn.conv2d(x, wt, strides=(v["stride_h"], v["stride_w"]),
+                                           padding=(v["pad_h"], v["pad_w"]), groups=groups,
+                                           out_dtype="int32"))
             y = bb.emit(relax.op.add(y, b))
             y = bb.emit(relax.op.right_shift(y, relax.const(8, "int32")))
             y = bb.emit(relax.op.clip(y, 0, 127))
@@ -446,11 +488,16 @@ def compulsory_bytes(name: str) -> int:
     tensors moves fewer DRAM bytes."""
     _, v = LAYERS[name]
     g = v.get("groups", 1)
-    n, c, hw, k, kh = v["batch"], v["in_channels"], v["height"], v["out_channels"], v["kernel_h"]
-    s, pad = v["stride_h"], v["pad_h"]
-    o = (hw + 2 * pad - kh) // s + 1
-    read = len({y * s + i - pad for y in range(o) for i in range(kh)} & set(range(hw)))
-    return n * c * read * read + k * (c // g) * kh * kh + 4 * k + n * k * o * o
+    n, c, k = v["batch"], v["in_channels"], v["out_channels"]
+    read, out = [], []
+    for size, kernel, s, pad in ((v["height"], v["kernel_h"], v["stride_h"], v["pad_h"]),
+                                 (v["width"], v["kernel_w"], v["stride_w"], v["pad_w"])):
+        o = (size + 2 * pad - kernel) // s + 1
+        out.append(o)
+        read.append(len({y * s + i - pad for y in range(o) for i in range(kernel)}
+                        & set(range(size))))
+    return (n * c * read[0] * read[1] + k * (c // g) * v["kernel_h"] * v["kernel_w"] + 4 * k
+            + n * k * out[0] * out[1])
 
 
 #: the layers the original stack's tuned records cover
@@ -471,12 +518,20 @@ def cmd_bytes(args) -> int:
     from tvm_csp_embed.strategy import packed_of
     from tvm_csp_embed.tune.measure import measure_point
 
+    deepbench = deepbench_record_layers()
+    LAYERS.update(deepbench)
+    names = list(args.layers or ORIGINAL_LAYERS)
+    if args.deepbench_records:
+        names += [n for n in deepbench if n not in names]
+    unknown = [n for n in names if n not in LAYERS]
+    if unknown:
+        raise SystemExit(f"unknown layer(s) {unknown}: use {', '.join(LAYERS)}")
     history = tune.apply_history_best(tune.TOPHUB_LOG)
     option = tune.measure_option(runner=tune.LocalRunner(args.parallel))
     rows = []
     for strategy_layout in args.strategies:
         strategy, _, layout = strategy_layout.partition(":")
-        for name in args.layers or ORIGINAL_LAYERS:
+        for name in names:
             start = time.perf_counter()
             stock = task_of(name, args.config)
             original = history.best_knobs(stock.kind, "stock", stock.workload, stock.config)
@@ -516,22 +571,22 @@ def cmd_bytes(args) -> int:
             print(f"{strategy_layout:>16} {name:>4} original {ob or 0:>10,} TPS {r['tps_dram_bytes']:>10,} "
                   f"TPS(order 0) {r['tps_stock_order_dram_bytes'] or 0:>10,} tuned "
                   f"{r['tuned_dram_bytes'] or 0:>10,}  ({task.name})", flush=True)
+            write_csv(rows, Path(args.csv))  # after each layer: a cut run keeps what it measured
     option.runner.close()
     print()
     for strategy_layout in args.strategies:
-        for group in ("C", "D"):
-            sel = [r for r in rows if r["strategy"] == strategy_layout and r["layer"][0] == group]
+        sets = [(g, [r for r in rows if r["strategy"] == strategy_layout
+                     and layer_group(r["layer"]) == g]) for g in ("C", "D", "DB")]
+        sets.append(("all", [r for r in rows if r["strategy"] == strategy_layout]))
+        for label, sel in sets:
             if sel:
-                print(f"{strategy_layout:>16} {group}: geomean / original: TPS "
+                tuned = geomean(r["tuned_over_original"] for r in sel)
+                print(f"{strategy_layout:>16} {label} ({len(sel)} layers): geomean / original: TPS "
                       f"{geomean(r['tps_over_original'] for r in sel):.3f}, TPS stock order "
                       f"{geomean(r['tps_stock_order_over_original'] for r in sel):.3f}, tuned "
-                      f"{geomean(r['tuned_over_original'] for r in sel):.3f}, every tensor once "
-                      f"{geomean(r['compulsory_over_original'] for r in sel):.3f}")
-        sel = [r for r in rows if r["strategy"] == strategy_layout]
-        print(f"{strategy_layout:>16} all {len(sel)}: TPS {geomean(r['tps_over_original'] for r in sel):.3f}"
-              f", TPS stock order {geomean(r['tps_stock_order_over_original'] for r in sel):.3f}, "
-              f"tuned {geomean(r['tuned_over_original'] for r in sel):.3f}, every tensor once "
-              f"{geomean(r['compulsory_over_original'] for r in sel):.3f}")
+                      f"{tuned:.3f}, every tensor once "
+                      f"{geomean(r['compulsory_over_original'] for r in sel):.3f}; bar <= 0.7 "
+                      f"{'met' if tuned <= 0.7 else 'NOT met'}")
     write_csv(rows, Path(args.csv))
     plot_bytes(rows, Path(args.csv).with_suffix(".png"))
     return 0
@@ -550,7 +605,7 @@ def plot_bytes(rows, path: Path) -> None:
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
     series = [(s, k) for s in strategies for k in ("tps_stock_order_over_original",
                                                    "tuned_over_original")]
-    fig, ax = plt.subplots(figsize=(12, 4.5))
+    fig, ax = plt.subplots(figsize=(max(12, 0.45 * len(layers)), 4.5))
     width = 0.8 / (len(series) + 1)
     for j, (strategy, key) in enumerate(series):
         by = {r["layer"]: r for r in rows if r["strategy"] == strategy}
@@ -559,12 +614,12 @@ def plot_bytes(rows, path: Path) -> None:
                [val(by[n][key]) if n in by else float("nan") for n in layers], width, label=label)
     first = {r["layer"]: r for r in rows}
     ax.bar([i + (len(series) - len(series) / 2) * width for i in range(len(layers))],
-           [compulsory_bytes(n) / val(first[n]["original_dram_bytes"]) for n in layers], width,
+           [val(first[n]["compulsory_over_original"]) for n in layers], width,
            label="every tensor once (floor)", color="#888888")
     ax.axhline(0.7, color="red", lw=0.8, ls="--", label="bar 0.7")
     ax.axhline(1.0, color="black", lw=0.5)
     ax.set_xticks(range(len(layers)))
-    ax.set_xticklabels(layers)
+    ax.set_xticklabels(layers, rotation=90 if len(layers) > 20 else 0, fontsize=8)
     ax.set_ylabel("DRAM bytes / original record's")
     ax.set_title("DRAM bytes vs the original stack's tuned records (TopHub vta_v0.10)")
     ax.legend(fontsize=7, ncol=3)
@@ -616,6 +671,8 @@ def main(argv=None) -> int:
     p.add_argument("--records", required=True)
     p.add_argument("--layers", nargs="*")
     p.add_argument("--csv", default=str(FIG / "tune_bytes.csv"))
+    p.add_argument("--deepbench-records", action="store_true",
+                   help="add the DeepBench layers the original records cover (DB<id>)")
     p.add_argument("--plot-only", action="store_true")
     p = sub.add_parser("layers")
     p.add_argument("--config", default="pipelined")
