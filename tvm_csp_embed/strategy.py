@@ -52,6 +52,8 @@ from .codegen.knobs import KnobPoint, Pruned, enumerate_points, fallback_point, 
 from .codegen.plan import PackedGemm, packed_gemm
 from .embedding import Embedding, decode
 from .instructions import gemm
+from .operators import LAYOUTS, OPERATOR_KINDS, mapping_extents, operator_params, operator_text
+from .operators import operator_workload as _new_operator_workload
 from .solve import RawSolution, SolverError, padding_cost
 from .workload import Workload, conv2d, dense, group_conv2d
 
@@ -154,6 +156,8 @@ def _conv_params(op: MatchedOp) -> Tuple[Tuple[str, int], ...]:
 def operator_workload(cw: CspWorkload):
     """``(workload, operator shapes, source steps, input pads)`` of ``cw``'s operator in its layout
     (the arguments of :func:`~tvm_csp_embed.codegen.plan.packed_gemm`)."""
+    if cw.op in OPERATOR_KINDS:  # batched matmul, conv1d, dilated conv2d: tvm_csp_embed.operators
+        return _new_operator_workload(cw)
     p = cw.p
     if cw.op in ("conv2d", "group_conv2d"):
         n, c, k, g = p["n"], p["c"], p["k"], p.get("g", 1)
@@ -241,6 +245,9 @@ def stock_mapping_cost(cw: CspWorkload, config) -> int:
     """The solver's cost of the stock mapping (x = batch, y = output channels, z = input channels,
     each padded to its block): the bound of the candidates, since the stock template is always
     there to fall back to."""
+    if cw.op in OPERATOR_KINDS:
+        return sum(padding_cost(x, -(-x // b) * b - x) for x, b in
+                   zip(mapping_extents(cw), (config.BATCH, config.BLOCK_OUT, config.BLOCK_IN)))
     p = cw.p
     g = p.get("g", 1)
     dims = ((p["n"], config.BATCH), (p["k"] // g, config.BLOCK_OUT), (p["c"] // g, config.BLOCK_IN)) \
@@ -373,6 +380,8 @@ class CspGemmTemplate(OpTemplate):
 
     # ---------------------------------------------------------------- plan
     def _base(self, op: MatchedOp) -> CspWorkload:
+        if self.kind in OPERATOR_KINDS:
+            return CspWorkload(self.kind, operator_params(self.kind, op), layout=LAYOUTS[self.kind])
         if self.kind in ("conv2d", "group_conv2d"):
             return CspWorkload(self.kind, _conv_params(op))
         if self.kind == "dense":
@@ -381,6 +390,8 @@ class CspGemmTemplate(OpTemplate):
         raise TemplateRefusal(f"no CSP template for {self.kind}")
 
     def _layouts(self, layout: str) -> List[str]:
+        if self.kind in OPERATOR_KINDS:
+            return [LAYOUTS[self.kind]]  # the operator's own layout only
         if self.kind == "dense":
             return ["NCHW"]
         return ["NCHW", "NHWC"] if layout == "auto" else [layout]
@@ -392,7 +403,11 @@ class CspGemmTemplate(OpTemplate):
     def _stock(self, op: MatchedOp, config, reason: str, chosen: bool = False) -> OpPlan:
         """The stock template's plan: a fallback (no usable embedding), or ``chosen`` because it is
         at least as good as every embedding by the objective."""
-        plan = get_template(self.kind, "stock").plan(op, config)
+        try:
+            plan = get_template(self.kind, "stock").plan(op, config)
+        except TemplateRefusal as err:  # a kind without a stock template (tvm_csp_embed.operators)
+            raise TemplateRefusal(f"{self.strategy}: {reason}; no stock template to fall back "
+                                  f"to for {self.kind}") from err
         text = (f"stock template chosen by {self.strategy}: {reason}" if chosen else
                 f"STOCK FALLBACK ({self.strategy}: {reason})")
         return OpPlan(self._stock_workload(plan), plan.inputs, plan.out_layout,
@@ -599,6 +614,8 @@ class CspGemmTemplate(OpTemplate):
 
 
 def _op_text(cw: CspWorkload) -> str:
+    if cw.op in OPERATOR_KINDS:
+        return operator_text(cw)
     p = cw.p
     if cw.op in ("conv2d", "group_conv2d"):
         g = p.get("g", 1)
@@ -611,6 +628,6 @@ def _op_text(cw: CspWorkload) -> str:
 for _name in STRATEGY_NAMES:
     register_strategy(Strategy(_name, f"the MiniZinc-solved embeddings of tvm_csp_embed "
                                       f"({MODES[_name]} constraints)", fallback="stock"))
-    for _kind in ("conv2d", "group_conv2d", "dense"):
+    for _kind in ("conv2d", "group_conv2d", "dense") + OPERATOR_KINDS:
         register_template(_kind, _name, CspGemmTemplate(_kind, _name))
 set_default_strategy("csp-relaxed")

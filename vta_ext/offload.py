@@ -11,7 +11,12 @@ Matched patterns (NCHW activations, int8 in, int32 accumulation; see ``docs/temp
             bias, >> s1, * M, + 2**(k-1), >> k, clip; M a scalar or one per output channel)
 
     core = R.nn.conv2d(int8 NCHW, int8 OIHW, out_dtype="int32")         conv2d / group / depthwise
+                                                                          (dilated_conv2d: groups 1,
+                                                                          dilation > 1)
+         | R.nn.conv1d(int8 NCW, int8 OIW, out_dtype="int32")           conv1d (groups 1)
          | R.matmul(int8 [N,K], R.permute_dims(int8 [M,K]), "int32")     dense
+         | R.matmul(int8 [B,N,K], int8 [B,K,M], "int32")                   batch_matmul
+         | R.matmul(int8 [B,N,K], R.permute_dims(int8 [B,M,K], [0, 2, 1]), "int32")
          | R.nn.avg_pool2d(R.astype(int8, "int32"))                       average pooling
          | R.add(R.astype(int8, "int32"), R.astype(int8, "int32"))        residual add
          | R.multiply(x, R.clip(R.add(x, c), lo, hi)), x = R.astype(int8, "int32")
@@ -47,6 +52,7 @@ from .errors import TemplateRefusal, VTABuildError
 from .executor import compiled_op, op_key
 from .options import current_options
 from .report import CPU, LAYOUT_REASON, VTA, BuildReport, publish
+from .packing import same_arrangement
 from .layout import IMM_MAX, IMM_MIN
 from .strategy import MatchedOp, get_template
 from .templates.epilogue import epilogue_range, fit_immediates, has_multiply
@@ -111,17 +117,26 @@ class _Offloader(PyExprMutator):
 
     # ---------------------------------------------------------------- matching
     def _conv_kind(self, call: relax.Call) -> Tuple[Optional[str], Optional[str]]:
+        """The kind of a ``conv2d`` / ``conv1d`` call, or None and why it is not matched."""
         a = call.attrs
         data, weight = call.args
+        one_d = _op_name(call) == "relax.nn.conv1d"
         if (_dtype(data), _dtype(weight)) != ("int8", "int8"):
             return None, f"data/weight are {_dtype(data)}/{_dtype(weight)}, VTA needs int8/int8"
         if str(a.out_dtype) != "int32":
             return None, f"out_dtype {a.out_dtype}, VTA accumulates in int32"
-        if (a.data_layout, a.kernel_layout) != ("NCHW", "OIHW"):
-            return None, f"layout {a.data_layout}/{a.kernel_layout}; the templates need NCHW/OIHW"
+        layouts = ("NCW", "OIW") if one_d else ("NCHW", "OIHW")
+        if (a.data_layout, a.kernel_layout) != layouts:
+            return None, (f"layout {a.data_layout}/{a.kernel_layout}; the templates need "
+                          f"{layouts[0]}/{layouts[1]}")
         groups, channels, out_channels = int(a.groups), _shape(data)[1], _shape(weight)[0]
+        if one_d:
+            if groups != 1:
+                return None, f"grouped conv1d (groups={groups}) has no VTA template; only groups=1"
+            return "conv1d", None
         if groups == 1:
-            return "conv2d", None
+            dilated = any(int(d) != 1 for d in a.dilation)
+            return ("dilated_conv2d" if dilated else "conv2d"), None
         if groups == channels == out_channels:
             return "depthwise_conv2d", None
         return "group_conv2d", None
@@ -130,18 +145,11 @@ class _Offloader(PyExprMutator):
         """Match the core operator producing ``expr`` (int32)."""
         call = self._producer(expr)
         name = _op_name(call)
-        if name == "relax.nn.conv2d":
+        if name in ("relax.nn.conv2d", "relax.nn.conv1d"):
             kind, reason = self._conv_kind(call)
             return (MatchedOp(kind, call, list(call.args), name=expr.name) if kind else None), reason
         if name == "relax.matmul":
-            lhs, rhs = call.args
-            transposed = self._producer(rhs)
-            if _op_name(transposed) != "relax.permute_dims" or len(_shape(lhs)) != 2:
-                return None, "matmul is not int8 [N,K] x permute_dims(int8 [M,K])"
-            weight = transposed.args[0]
-            if (_dtype(lhs), _dtype(weight), str(call.attrs.out_dtype)) != ("int8", "int8", "int32"):
-                return None, "matmul is not int8 x int8 -> int32"
-            return MatchedOp("dense", call, [lhs, weight], name=expr.name), None
+            return self._matmul(call, expr.name)
         if name == "relax.nn.avg_pool2d":
             source = self._cast_source(call.args[0], "int8", "int32")
             if source is None:
@@ -155,6 +163,39 @@ class _Offloader(PyExprMutator):
         if name == "relax.multiply":
             return self._hswish(call, expr.name)
         return None, None
+
+    #: the matmul forms the pass matches, for refusals
+    _MATMUL_FORMS = ("int8 [N,K] x permute_dims(int8 [M,K]) (dense) or int8 [B,N,K] x int8 "
+                     "[B,K,M] / permute_dims(int8 [B,M,K], axes [0,2,1]) (batched matmul), "
+                     "-> int32")
+
+    def _matmul(self, call, name: str) -> Tuple[Optional[MatchedOp], Optional[str]]:
+        """``R.matmul`` -> ``dense`` (rank 2, the weight transposed) or ``batch_matmul`` (rank 3,
+        the same batch; ``params["transpose_b"]`` when B is ``permute_dims(., [0, 2, 1])``, whose
+        source is then the operand)."""
+        lhs, rhs = call.args
+        transposed = self._producer(rhs)
+        is_t = _op_name(transposed) == "relax.permute_dims"
+        ranks = (len(_shape(lhs)), len(_shape(rhs)))
+        if ranks == (2, 2) and is_t:
+            kind, weight, params = "dense", transposed.args[0], {}
+        elif ranks == (3, 3):
+            axes = transposed.attrs.axes if is_t else None
+            batched_t = axes is not None and [int(v) for v in axes] == [0, 2, 1]
+            weight = transposed.args[0] if batched_t else rhs
+            (b, _, k), (b2, k2, _) = _shape(lhs), _shape(rhs)
+            if (b, k) != (b2, k2):
+                return None, (f"batched matmul {_shape(lhs)} x {_shape(rhs)}: the batch and inner "
+                              "extents must agree (no broadcasting)")
+            kind, params = "batch_matmul", {"transpose_b": batched_t}
+        else:
+            return None, (f"matmul of rank {ranks[0]} x rank {ranks[1]}"
+                          f"{' (B not transposed)' if ranks == (2, 2) else ''} is not "
+                          f"{self._MATMUL_FORMS}")
+        if (_dtype(lhs), _dtype(weight), str(call.attrs.out_dtype)) != ("int8", "int8", "int32"):
+            return None, (f"matmul is {_dtype(lhs)} x {_dtype(weight)} -> {call.attrs.out_dtype}, "
+                          "not int8 x int8 -> int32")
+        return MatchedOp(kind, call, [lhs, weight], name=name, params=params), None
 
     def _hswish(self, call, name: str) -> Tuple[Optional[MatchedOp], Optional[str]]:
         """``x * clip(x + offset, lo, hi)`` with ``x = astype(int8 -> int32)`` of one tensor (the
@@ -176,10 +217,11 @@ class _Offloader(PyExprMutator):
                         hi=int(clip.args[2].value))), None
         return None, None
 
-    _CHAIN_OPS = ("relax.nn.conv2d", "relax.matmul", "relax.nn.avg_pool2d", "relax.add",
+    _CHAIN_OPS = ("relax.nn.conv2d", "relax.nn.conv1d", "relax.matmul", "relax.nn.avg_pool2d", "relax.add",
                   "relax.right_shift", "relax.clip", "relax.multiply", "relax.astype")
     #: core kinds with an output-channel axis (the ones a per-channel tensor can follow)
-    _CHANNEL_KINDS = ("conv2d", "group_conv2d", "depthwise_conv2d", "dense")
+    _CHANNEL_KINDS = ("conv2d", "group_conv2d", "depthwise_conv2d", "dense", "dilated_conv2d",
+                      "conv1d", "batch_matmul")
 
     @staticmethod
     def _scalar(expr) -> Optional[int]:
@@ -249,8 +291,7 @@ class _Offloader(PyExprMutator):
             # a scalar multiplier beyond the 16-bit immediate: a per-channel vector of it
             for i, st in enumerate(tail):
                 if st[0] == "mul" and not IMM_MIN <= st[1] <= IMM_MAX:
-                    channels = _shape(core.operands[1])[0]
-                    shape = (1, channels, 1, 1) if core.kind != "dense" else (channels,)
+                    shape = self._vector_shapes(core)[0]
                     vectors["mulv"] = relax.const(np.full(shape, st[1], np.int32))
                     tail[i] = ("mulv",)
                     break
@@ -264,16 +305,26 @@ class _Offloader(PyExprMutator):
         self._source_tails[core.name] = tuple(tail)  # what the CPU build computes
         return core, None
 
+    @staticmethod
+    def _vector_shapes(core: MatchedOp) -> List[Tuple[int, ...]]:
+        """The shapes of a per-output-channel tensor (bias, multiplier) of a core of a kind in
+        :attr:`_CHANNEL_KINDS`, the canonical one first (a batched matmul's channel is a column
+        of one batch: ``(B, 1, M)``)."""
+        if core.kind == "batch_matmul":
+            b, _, m = _shape(core.core)
+            return [(b, 1, m)]
+        out = _shape(core.operands[1])[0]
+        if core.kind == "dense":
+            return [(out,), (1, out)]
+        if core.kind == "conv1d":
+            return [(1, out, 1)]
+        return [(1, out, 1, 1)]
+
     def _vector_reason(self, core: MatchedOp, tensor, kind: str = "bias") -> Optional[str]:
         what = "bias" if kind == "bias" else "per-channel multiplier"
-        if core.kind in ("conv2d", "group_conv2d", "depthwise_conv2d"):
-            out = _shape(core.operands[1])[0]
-            expected = [(1, out, 1, 1)]
-        elif core.kind == "dense":
-            out = _shape(core.operands[1])[0]
-            expected = [(out,), (1, out)]
-        else:
+        if core.kind not in self._CHANNEL_KINDS:
             return f"{core.kind} takes no {what}"
+        expected = self._vector_shapes(core)
         if _dtype(tensor) != "int32" or _shape(tensor) not in expected:
             return f"{what} {_shape(tensor)} {_dtype(tensor)}; expected int32 of shape {expected[0]}"
         return None
@@ -295,11 +346,16 @@ class _Offloader(PyExprMutator):
             return min(corners), max(corners)
         weight = m.operands[1]
         shape = _shape(weight)
+        # the weight as (output channel, reduction); a batched matmul's channel is (batch, column)
+        batched = m.kind == "batch_matmul"
+        reduction = _shape(m.operands[0])[-1] if batched else int(np.prod(shape[1:]))
         if isinstance(weight, tvm.ir.expr.Constant):
-            w = weight.value.numpy().astype(np.int64).reshape(shape[0], -1)
+            w = weight.value.numpy().astype(np.int64)
+            if batched and not m.params.get("transpose_b"):
+                w = w.transpose(0, 2, 1)
+            w = w.reshape(-1, reduction)
             pos, neg = np.where(w > 0, w, 0).sum(1), -np.where(w < 0, w, 0).sum(1)
             return -128 * pos - 127 * neg, 127 * pos + 128 * neg
-        reduction = int(np.prod(shape[1:]))
         return -128 * 128 * reduction, 128 * 128 * reduction
 
     def check_overflow(self, m: MatchedOp) -> None:
@@ -337,9 +393,11 @@ class _Offloader(PyExprMutator):
         return self.visit_expr(expr)
 
     def handover(self, expr, layout):
-        """The packed output of a previous VTA operator if ``expr`` is its result in ``layout``."""
+        """The packed output of a previous VTA operator if ``expr`` is its result in a layout of
+        the same arrangement as ``layout`` (:func:`~vta_ext.packing.same_arrangement`)."""
         producer = self._packed.get(expr.name) if isinstance(expr, relax.Var) else None
-        if producer is not None and producer[0].same_as(expr) and producer[2] == layout:
+        if producer is not None and producer[0].same_as(expr) \
+                and same_arrangement(producer[2], layout):
             return producer[1]
         return None
 
@@ -417,7 +475,8 @@ class _Offloader(PyExprMutator):
             producer = self._producer(expr)
             if producer is None:
                 return None
-            if _op_name(producer) in ("relax.nn.conv2d", "relax.matmul", "relax.nn.avg_pool2d"):
+            if _op_name(producer) in ("relax.nn.conv2d", "relax.nn.conv1d", "relax.matmul",
+                                      "relax.nn.avg_pool2d"):
                 return expr.name
             expr = producer.args[0]
         return None
@@ -425,7 +484,7 @@ class _Offloader(PyExprMutator):
     def visit_var_binding_(self, binding) -> None:
         value = binding.value
         self._current_binding = binding.var.name
-        if _op_name(value) == "relax.nn.conv2d":
+        if _op_name(value) in ("relax.nn.conv2d", "relax.nn.conv1d"):
             _, reason = self._conv_kind(value)
             if reason:
                 self.rejected[binding.var.name] = reason
@@ -489,7 +548,9 @@ def _tiling_text(compiled) -> str:
 
 
 _CANDIDATES = {"relax.nn.conv2d": "not followed by the int8 requantisation tail (astype int8)",
-               "relax.matmul": "not int8 x permute_dims(int8) followed by the int8 requantisation tail",
+               "relax.nn.conv1d": "not followed by the int8 requantisation tail (astype int8)",
+               "relax.matmul": "not int8 x permute_dims(int8) (dense) or a rank-3 int8 x int8 "
+                               "(batched matmul) followed by the int8 requantisation tail",
                "relax.nn.avg_pool2d": "not astype(int8->int32) followed by the int8 requantisation tail",
                "relax.nn.max_pool2d": "input is not int8"}
 
@@ -542,7 +603,10 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
         for gvar, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+        # constant operands (weights, biases, multipliers) are relayouted now, once, not per
+        # inference; what is left of the layout work runs on the host at every call
         new_mod = relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+        new_mod = relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(new_mod))
         layers, frontend_reasons = _source_notes(mod)
         report = BuildReport(config.name, current_options().strategy_name)
         for op, what, detail, var in rewriter.offloaded:

@@ -43,7 +43,8 @@ class MatchedOp:
     ----------
     kind : str
         Operator kind (``"conv2d"``, ``"group_conv2d"``, ``"depthwise_conv2d"``, ``"dense"``,
-        ``"max_pool2d"``, ``"avg_pool2d"``, ``"add"``).
+        ``"max_pool2d"``, ``"avg_pool2d"``, ``"add"``; ``"batch_matmul"``, ``"conv1d"`` and
+        ``"dilated_conv2d"`` have templates only under the CSP strategies).
     core : relax.Call
         The core call (``R.nn.conv2d``, ``R.matmul``, ...): its attributes and output shape.
     operands : list of relax.Expr
@@ -280,8 +281,10 @@ def _load(path: str) -> OpTemplate:
 def get_template(kind: str, strategy: str) -> OpTemplate:
     """The template of ``kind`` under ``strategy``, following the strategy's ``fallback`` chain.
 
-    Raises :class:`TemplateRefusal` if no strategy of the chain has a template for ``kind``, and
-    :class:`VTABuildError` if a registered template cannot be imported.
+    Raises :class:`TemplateRefusal` if no strategy of the chain has a template for ``kind`` (its
+    message names a registered strategy that has one, e.g. ``no stock template for batched matmul;
+    build with vta_ext.build_options(strategy='csp-relaxed') ...``), and :class:`VTABuildError` if a
+    registered template cannot be imported.
     """
     name: Optional[str] = strategy
     seen = []
@@ -294,7 +297,27 @@ def get_template(kind: str, strategy: str) -> OpTemplate:
                 entry = _TEMPLATES[key] = _load(entry)
             return entry
         name = get_strategy(name).fallback
-    raise TemplateRefusal(f"no VTA template for {kind} (strategies tried: {', '.join(seen)})")
+    raise TemplateRefusal(_no_template_text(kind, strategy, seen))
+
+
+#: how refusals name the operator kinds that only some strategies implement
+KIND_WORDS = {"batch_matmul": "batched matmul", "conv1d": "conv1d",
+              "dilated_conv2d": "dilated conv2d"}
+
+
+def _no_template_text(kind: str, strategy: str, tried: Sequence[str]) -> str:
+    """The refusal of ``kind`` under ``strategy``, saying which strategy to build with instead
+    (the default strategy if it has a template for ``kind``, else the first by name)."""
+    words = KIND_WORDS.get(kind, kind)
+    others = sorted({s for k, s in _TEMPLATES if k == kind} - set(tried))
+    if others:
+        use = default_strategy() if default_strategy() in others else others[0]
+        return (f"no {strategy} template for {words}; build with "
+                f"vta_ext.build_options(strategy={use!r}) (strategies with one: "
+                f"{', '.join(others)}; tried: {', '.join(tried)})")
+    hint = ("; the CSP strategies of tvm_csp_embed have one: import tvm_csp_embed and build with "
+            "vta_ext.build_options(strategy='csp-relaxed')" if kind in KIND_WORDS else "")
+    return f"no VTA template for {words} (strategies tried: {', '.join(tried)}){hint}"
 
 
 def default_strategy() -> str:
