@@ -123,17 +123,6 @@ def test_batched_matmul_on_vta_bit_exact(transpose, bias, strategy):
     assert not [e for e in report.on_cpu if e.op == "relax.matmul"]
 
 
-def test_batched_matmul_under_stock_stays_on_the_cpu_and_says_what_to_do():
-    mod = bmm_module(2, 8, 32, 16, transpose=True)
-    arrays = random_inputs(mod, 4)
-    got, ref, report = _run(mod, arrays, "stock")
-    np.testing.assert_array_equal(got, ref)
-    assert not report.on_vta
-    (entry,) = [e for e in report.on_cpu if e.op == "relax.matmul"]
-    assert entry.reason.startswith("no stock template for batched matmul; build with "
-                                   "vta_ext.build_options(strategy='csp-relaxed')"), entry.reason
-
-
 def test_multiply_tail_overflow_bound_uses_the_inner_extent():
     """A scalar multiply in the tail is offloaded when ``128*128*K*mul`` fits int32 (K = 32:
     2,048 fits, 1.07e9), refused when it does not (8,192: 4.3e9), whatever B's size (32 x 16)."""
@@ -184,16 +173,6 @@ def test_dilated_conv2d_strided_thin_channels_relaxed():
     _vta_entry(report, "dilated_conv2d", "csp-relaxed")
 
 
-def test_dilated_conv2d_under_stock_stays_on_the_cpu():
-    mod = conv_module(1, 16, 16, 12, 3, stride=1, padding=2, dilation=2)
-    got, ref, report = _run(mod, random_inputs(mod, 8), "stock")
-    np.testing.assert_array_equal(got, ref)
-    assert not report.on_vta
-    (entry,) = [e for e in report.on_cpu if e.op == "relax.nn.conv2d"]
-    assert entry.reason.startswith("no stock template for dilated conv2d; build with "
-                                   "vta_ext.build_options(strategy='csp-relaxed')"), entry.reason
-
-
 # ------------------------------------------------------------------------------------ conv1d
 @pytest.mark.parametrize("stride,padding,dilation,strategy", [(1, (1, 1), 1, "csp-relaxed"),
                                                                (2, (2, 1), 2, "csp-relaxed"),
@@ -211,13 +190,24 @@ def test_conv1d_on_vta_bit_exact(stride, padding, dilation, strategy):
     assert f"1x16x24 * 32x16x3 s{stride} p{padding[0]} d{dilation}" in entry.detail, entry.detail
 
 
-def test_conv1d_under_stock_stays_on_the_cpu():
-    mod = conv1d_module(1, 16, 24, 32, 3, 1, (1, 1))
-    got, ref, report = _run(mod, random_inputs(mod, 10), "stock")
+# ------------------------------------------------------------------------------------ stock
+STOCK_CASES = {
+    "batched matmul": (lambda: bmm_module(2, 8, 32, 16, transpose=True), "relax.matmul"),
+    "dilated conv2d": (lambda: conv_module(1, 16, 16, 12, 3, stride=1, padding=2, dilation=2),
+                       "relax.nn.conv2d"),
+    "conv1d": (lambda: conv1d_module(1, 16, 24, 32, 3, 1, (1, 1)), "relax.nn.conv1d"),
+}
+
+
+@pytest.mark.parametrize("words", sorted(STOCK_CASES))
+def test_under_stock_the_operator_stays_on_the_cpu_and_the_refusal_says_what_to_do(words):
+    make, op = STOCK_CASES[words]
+    mod = make()
+    got, ref, report = _run(mod, random_inputs(mod, 4), "stock")
     np.testing.assert_array_equal(got, ref)
     assert not report.on_vta
-    (entry,) = [e for e in report.on_cpu if e.op == "relax.nn.conv1d"]
-    assert entry.reason.startswith("no stock template for conv1d; build with "
+    (entry,) = [e for e in report.on_cpu if e.op == op]
+    assert entry.reason.startswith(f"no stock template for {words}; build with "
                                    "vta_ext.build_options(strategy='csp-relaxed')"), entry.reason
 
 
@@ -295,3 +285,23 @@ def test_no_embedding_keeps_the_operator_on_the_cpu_and_says_why(monkeypatch, tm
     (entry,) = [e for e in report.on_cpu if e.op == "relax.nn.conv1d"]
     assert entry.reason.startswith("csp-relaxed: NCW: no embedding found within"), entry.reason
     assert entry.reason.endswith("no stock template to fall back to for conv1d"), entry.reason
+
+
+# ------------------------------------------------------------------------------------ realistic
+REALISTIC = {
+    "attention heads 12x64x64 @ 12x64x64^T": (lambda: bmm_module(12, 64, 64, 64, transpose=True),
+                                               "batch_matmul"),
+    "conv1d 1x64x256 k3": (lambda: conv1d_module(1, 64, 256, 64, 3, 1, (1, 1)), "conv1d"),
+    "dilated 3x3 d2 on 1x64x28x28": (lambda: conv_module(1, 64, 64, 28, 3, padding=2, dilation=2),
+                                     "dilated_conv2d"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(REALISTIC))
+def test_realistic_shapes_bit_exact_on_vta(name):
+    make, kind = REALISTIC[name]
+    mod = make()
+    got, ref, report = _run(mod, random_inputs(mod, 1), "csp-relaxed")
+    np.testing.assert_array_equal(got, ref)
+    _vta_entry(report, kind, "csp-relaxed")
