@@ -157,69 +157,126 @@ def geomean(values) -> float:
 
 
 # ------------------------------------------------------------------------------------------------
+#: ResNet-18 C1 as it is (3 input channels): the CSP strategies embed it without channel padding
+C1_REAL = ("conv2d", conv_wl(224, 3, 64, 7, 3, 2))
+
+
+def layers_csv(base: Path, strategy_layout: str) -> Path:
+    """The CSV of ``layers`` for one strategy: ``base`` for ``stock``, else
+    ``<stem>_<strategy>[_<layout>].csv`` next to it."""
+    if strategy_layout == "stock":
+        return base
+    return base.with_name(f"{base.stem}_{strategy_layout.replace(':', '_')}{base.suffix}")
+
+
 def cmd_layers(args) -> int:
+    """Per layer and strategy: XGB-tuned, TPS, fallback and the original record's cycles."""
+    import vta_ext
     from vta_ext.templates import tiling
     from tvm_csp_embed import tune
     from tvm_csp_embed.tune.measure import measure_point
 
     history = tune.apply_history_best(tune.TOPHUB_LOG)
     option = tune.measure_option(runner=tune.LocalRunner(args.parallel))
-    rows = []
-    for name in args.layers or list(LAYERS):
-        task = task_of(name, args.config)
-        space = task.knob_space
-        start = time.perf_counter()
-        tuner = tune.XGBTuner(task, seed=args.seed)
-        best = tuner.tune(args.trials, option, callbacks=[
-            tune.callback.progress_bar(args.trials, prefix=f"{name} {task.name}"),
-            tune.callback.log_to_file(args.records)])
-        measured = {}
+    for strategy_layout in args.strategies:
+        strategy, _, layout = strategy_layout.partition(":")
+        names = args.layers or [n for n in LAYERS if strategy == "stock" or n != "dense"]
+        rows = []
+        for name in names:
+            start = time.perf_counter()
+            stock_task = task_of(name, args.config)
+            if strategy == "stock":
+                task = stock_task
+            else:
+                if LAYERS[name][0] == "dense":
+                    raise SystemExit(f"layers: {name} has no one-operator module for strategy "
+                                     f"{strategy!r}; leave it out of --layers")
+                module = layer_module(name, C1_REAL[1] if name == "C1" else None)
+                with vta_ext.build_options(layout=layout or "auto"):
+                    (task,) = tune.extract_tasks(module, target=vta_ext.vta_target(args.config),
+                                                 strategy=strategy)
+            space = task.knob_space
+            tuner = tune.XGBTuner(task, seed=args.seed)
+            best = tuner.tune(args.trials, option, callbacks=[
+                tune.callback.progress_bar(args.trials, prefix=f"{strategy_layout} {name}"),
+                tune.callback.log_to_file(args.records)])
+            measured = {}
 
-        def cycles_of(knobs):
-            key = json.dumps(knobs, sort_keys=True)
-            index = space.index(knobs)
-            if index is not None and index in tuner.results and tuner.results[index].ok:
-                measured[key] = tuner.results[index]
-            if key not in measured:
-                measured[key] = measure_point(task.spec(), knobs)
-            return measured[key]
+            def cycles_of(knobs, on=task, tuned=tuner):
+                key = json.dumps(knobs, sort_keys=True)
+                index = on.knob_space.index(knobs) if on is task else None
+                if index is not None and index in tuned.results and tuned.results[index].ok:
+                    measured[key] = tuned.results[index]
+                if key not in measured:
+                    measured[key] = measure_point(on.spec(), knobs)
+                return measured[key]
 
-        tps, fallback = cycles_of(space.tps), cycles_of(space.fallback)
-        tps_reuse = cycles_of(dataclasses.asdict(
-            tiling.tps_knobs(task.config, task.workload, task.epilogue, reuse=True).knobs))
-        original = history.best_knobs(task.kind, "stock", task.workload, task.config)
-        orig = cycles_of(original[0]) if original else None
-        two = [(r.cycles, i) for i, r in tuner.results.items() if r.ok and
-               space.points[i].get("oc_nthread", 1) * space.points[i].get("h_nthread", 1) == 2]
-        pair = None
-        if two:
-            point = dict(space.points[min(two)[1]])
-            pair = (inp_wgt(task, dict(point, reuse=False)), inp_wgt(task, dict(point, reuse=True)))
-        rows.append({
-            "layer": name, "kind": task.kind, "workload": task.name, "space": len(space),
-            "trials": len(tuner.visited), "tuned_cycles": best.cycles if best else None,
-            "tps_cycles": tps.cycles, "fallback_cycles": fallback.cycles,
-            "original_cycles": orig.cycles if orig else None,
-            "tuned_dram_bytes": best.dram_bytes if best else None, "tps_dram_bytes": tps.dram_bytes,
-            "fallback_dram_bytes": fallback.dram_bytes,
-            "tps_reuse_cycles": tps_reuse.cycles, "tps_reuse_dram_bytes": tps_reuse.dram_bytes,
-            "original_dram_bytes": orig.dram_bytes if orig else None,
-            "tuned_inp_wgt": inp_wgt(task, best.knobs) if best else None,
-            "original_inp_wgt": inp_wgt(task, original[0]) if original else None,
-            "tuned_knobs": json.dumps(best.knobs) if best else "",
-            "original_knobs": json.dumps(original[0]) if original else "",
-            "tuned_uses_reuse": bool(best and best.knobs.get("reuse")),
-            "best_two_thread_inp_wgt_no_reuse": pair[0] if pair else None,
-            "best_two_thread_inp_wgt_reuse": pair[1] if pair else None,
-            "seconds": round(time.perf_counter() - start, 1)})
-        r = rows[-1]
-        print(f"{name:>5} tuned {r['tuned_cycles']:>11,} TPS {r['tps_cycles']:>11,} fallback "
-              f"{r['fallback_cycles']:>12,} original {r['original_cycles'] or 0:>11,}")
+            tps = cycles_of(space.tps)
+            fallback = cycles_of(space.fallback) if space.fallback is not None else None
+            original = history.best_knobs(stock_task.kind, "stock", stock_task.workload,
+                                          stock_task.config)
+            if task is stock_task:
+                orig = cycles_of(original[0]) if original else None
+            else:
+                orig = measure_point(stock_task.spec(), original[0]) if original else None
+            is_stock = task.kind in ("conv2d", "group_conv2d", "dense") and \
+                task.strategy == "stock"
+            tps_reuse = pair = None
+            if is_stock:
+                tps_reuse = cycles_of(dataclasses.asdict(
+                    tiling.tps_knobs(task.config, task.workload, task.epilogue, reuse=True).knobs))
+                two = [(r.cycles, i) for i, r in tuner.results.items() if r.ok and
+                       space.points[i].get("oc_nthread", 1) * space.points[i].get("h_nthread", 1)
+                       == 2]
+                if two:
+                    point = dict(space.points[min(two)[1]])
+                    pair = (inp_wgt(task, dict(point, reuse=False)),
+                            inp_wgt(task, dict(point, reuse=True)))
+            rows.append({
+                "layer": name, "strategy": strategy_layout, "kind": task.kind,
+                "workload": task.name, "space": len(space), "trials": len(tuner.visited),
+                "tuned_cycles": best.cycles if best else None,
+                "tps_cycles": tps.cycles,
+                "fallback_cycles": fallback.cycles if fallback else None,
+                "original_cycles": orig.cycles if orig else None,
+                "tuned_dram_bytes": best.dram_bytes if best else None,
+                "tps_dram_bytes": tps.dram_bytes,
+                "fallback_dram_bytes": fallback.dram_bytes if fallback else None,
+                "tps_reuse_cycles": tps_reuse.cycles if tps_reuse else None,
+                "tps_reuse_dram_bytes": tps_reuse.dram_bytes if tps_reuse else None,
+                "original_dram_bytes": orig.dram_bytes if orig else None,
+                "tuned_inp_wgt": inp_wgt(task, best.knobs) if best and is_stock else None,
+                "original_inp_wgt": inp_wgt(stock_task, original[0]) if original else None,
+                "tuned_knobs": json.dumps(best.knobs) if best else "",
+                "original_knobs": json.dumps(original[0]) if original else "",
+                "tuned_uses_reuse": bool(best and best.knobs.get("reuse")),
+                "best_two_thread_inp_wgt_no_reuse": pair[0] if pair else None,
+                "best_two_thread_inp_wgt_reuse": pair[1] if pair else None,
+                "seconds": round(time.perf_counter() - start, 1)})
+            r = rows[-1]
+            print(f"{strategy_layout:>12} {name:>5} tuned {r['tuned_cycles'] or 0:>11,} TPS "
+                  f"{r['tps_cycles']:>11,} fallback {r['fallback_cycles'] or 0:>12,} original "
+                  f"{r['original_cycles'] or 0:>11,}  ({task.name})", flush=True)
+            write_csv(rows, layers_csv(Path(args.csv), strategy_layout))  # a cut run keeps these
+        out = layers_csv(Path(args.csv), strategy_layout)
+        plot_layers(rows, out.with_suffix(".png"), f"{args.config}, {strategy_layout}")
+        print_layers_summary(rows)
     option.runner.close()
-    out = Path(args.csv)
-    write_csv(rows, out)
-    plot_layers(rows, out.with_suffix(".png"), args.config)
     return 0
+
+
+def print_layers_summary(rows) -> None:
+    """Geomeans per layer set of TPS / tuned, fallback / tuned and original record / tuned."""
+    for label in ("C", "D", "dense"):
+        sel = [r for r in rows if layer_group(r["layer"]) == label and r["tuned_cycles"]]
+        if not sel:
+            continue
+        ratio = lambda key: geomean(r[key] / r["tuned_cycles"] for r in sel if r[key])
+        with_orig = [r["layer"] for r in sel if r["original_cycles"]]
+        print(f"{sel[0]['strategy']:>12} {label} ({len(sel)} layers): TPS / tuned "
+              f"x{ratio('tps_cycles'):.3f}, fallback / tuned x{ratio('fallback_cycles'):.2f}, "
+              f"original record / tuned x{ratio('original_cycles'):.3f} "
+              f"({len(with_orig)} layers with a record)")
 
 
 def plot_layers(rows, path: Path, config: str) -> None:
@@ -457,12 +514,13 @@ def plot_deepbench(rows, path: Path, config: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-def layer_module(name: str):
+def layer_module(name: str, workload: Optional[Dict] = None):
     """A one-operator Relax module of a layer of :data:`LAYERS` (int8 conv2d / group conv2d + bias,
-    >> 8, clip to [0, 127], int8), the epilogue of :data:`EPILOGUE`."""
+    >> 8, clip to [0, 127], int8), the epilogue of :data:`EPILOGUE`; ``workload`` replaces the
+    layer's (e.g. :data:`C1_REAL`'s)."""
     from tvm import relax
 
-    kind, v = LAYERS[name]
+    v = workload or LAYERS[name][1]
     groups = v.get("groups", 1)
     bb = relax.BlockBuilder()
     n, c, k = v["batch"], v["in_channels"], v["out_channels"]
@@ -676,6 +734,10 @@ def main(argv=None) -> int:
     p.add_argument("--plot-only", action="store_true")
     p = sub.add_parser("layers")
     p.add_argument("--config", default="pipelined")
+    p.add_argument("--strategies", nargs="+", default=["stock"],
+                   help="strategy[:layout] of each run; one CSV + PNG per strategy (stock: --csv, "
+                   "others: <csv stem>_<strategy>.csv); the CSP strategies take C1 with its 3 "
+                   "input channels and leave out the dense layer")
     p.add_argument("--trials", type=int, default=60)
     p.add_argument("--parallel", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)

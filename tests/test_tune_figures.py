@@ -104,3 +104,18 @@ def test_layer_module_not_square_matches_numpy(figures, monkeypatch):
             ref[0, :, oy, ox] = np.tensordot(w.astype(np.int64), win, axes=([1, 2, 3], [0, 1, 2]))
     ref = np.clip((ref + b) >> 8, 0, 127).astype(np.int8)
     np.testing.assert_array_equal(got, ref)
+
+
+def test_layers_csv_per_strategy(figures):
+    base = Path("/x/tune_layers.csv")
+    assert figures.layers_csv(base, "stock") == base
+    assert figures.layers_csv(base, "csp-relaxed") == Path("/x/tune_layers_csp-relaxed.csv")
+    assert figures.layers_csv(base, "csp-strict:NCHW") == Path("/x/tune_layers_csp-strict_NCHW.csv")
+
+
+def test_c1_real_has_three_input_channels(figures):
+    # facts §7.2: ResNet-18's stem reads the 3 RGB channels; LAYERS pads them to 16 for stock
+    kind, wl = figures.C1_REAL
+    assert (kind, wl["in_channels"], figures.LAYERS["C1"][1]["in_channels"]) == ("conv2d", 3, 16)
+    assert {k: v for k, v in wl.items() if k != "in_channels"} == \
+        {k: v for k, v in figures.LAYERS["C1"][1].items() if k != "in_channels"}
