@@ -52,7 +52,6 @@ from .errors import TemplateRefusal, VTABuildError
 from .executor import compiled_op, op_key
 from .options import current_options
 from .report import CPU, LAYOUT_REASON, VTA, BuildReport, publish
-from .packing import same_arrangement
 from .layout import IMM_MAX, IMM_MIN
 from .strategy import MatchedOp, get_template
 from .templates.epilogue import epilogue_range, fit_immediates, has_multiply
@@ -393,11 +392,9 @@ class _Offloader(PyExprMutator):
         return self.visit_expr(expr)
 
     def handover(self, expr, layout):
-        """The packed output of a previous VTA operator if ``expr`` is its result in a layout of
-        the same arrangement as ``layout`` (:func:`~vta_ext.packing.same_arrangement`)."""
+        """The packed output of a previous VTA operator if ``expr`` is its result in ``layout``."""
         producer = self._packed.get(expr.name) if isinstance(expr, relax.Var) else None
-        if producer is not None and producer[0].same_as(expr) \
-                and same_arrangement(producer[2], layout):
+        if producer is not None and producer[0].same_as(expr) and producer[2] == layout:
             return producer[1]
         return None
 
@@ -603,10 +600,7 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
         for gvar, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        # constant operands (weights, biases, multipliers) are relayouted now, once, not per
-        # inference; what is left of the layout work runs on the host at every call
         new_mod = relax.transform.DeadCodeElimination()(rewriter.builder_.get())
-        new_mod = relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(new_mod))
         layers, frontend_reasons = _source_notes(mod)
         report = BuildReport(config.name, current_options().strategy_name)
         for op, what, detail, var in rewriter.offloaded:
