@@ -52,6 +52,7 @@ from .errors import TemplateRefusal, VTABuildError
 from .executor import compiled_op, op_key
 from .options import current_options
 from .report import CPU, LAYOUT_REASON, VTA, BuildReport, publish
+from .packing import same_arrangement
 from .layout import IMM_MAX, IMM_MIN
 from .strategy import MatchedOp, get_template
 from .templates.epilogue import epilogue_range, fit_immediates, has_multiply
@@ -392,9 +393,11 @@ class _Offloader(PyExprMutator):
         return self.visit_expr(expr)
 
     def handover(self, expr, layout):
-        """The packed output of a previous VTA operator if ``expr`` is its result in ``layout``."""
+        """The packed output of a previous VTA operator if ``expr`` is its result in a layout of
+        the same arrangement as ``layout`` (:func:`~vta_ext.packing.same_arrangement`)."""
         producer = self._packed.get(expr.name) if isinstance(expr, relax.Var) else None
-        if producer is not None and producer[0].same_as(expr) and producer[2] == layout:
+        if producer is not None and producer[0].same_as(expr) \
+                and same_arrangement(producer[2], layout):
             return producer[1]
         return None
 

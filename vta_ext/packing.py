@@ -13,18 +13,24 @@ cross into VTA blocked, with the block axes innermost and the blocked axes padde
 The code is emitted through a *packer* (the offload pass): ``packer.emit(expr, name)`` binds a
 host-side layout step, ``packer.operand(expr)`` is the (rewritten) operand, and
 ``packer.handover(expr, layout)`` returns the packed output of a previous VTA operator when ``expr``
-is that operator's result in exactly ``layout`` (then no unpack/pack pair is emitted). Padded lanes
+is that operator's result in a layout of the same arrangement (:func:`same_arrangement`: the
+classes may differ, e.g. a CSP embedding's layout that blocks like the stock one); then no
+unpack/pack pair is emitted. Padded lanes
 of a handed-over tensor may hold any value: they meet zero-padded weights or are cut off.
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
+import numpy as np
+import tvm
 from tvm import relax
 
 __all__ = ["BlockedActivation", "BlockedMatrix", "pack_conv_weight", "pack_depthwise_weight",
-           "pack_channel_bias", "ceil_to", "padding_text"]
+           "pack_channel_bias", "ceil_to", "padding_text", "same_arrangement"]
 
 
 def ceil_to(value: int, multiple: int) -> int:
@@ -37,10 +43,83 @@ def padding_text(*dims: Tuple[str, int, int]) -> str:
     return ", ".join(f"{what} {size}->{padded}" for what, size, padded in dims if padded != size)
 
 
-def _pad(packer, expr, widths: List[int], name: str):
-    if any(widths):
-        expr = packer.emit(relax.op.nn.pad(expr, widths), f"pad_{name}")
-    return expr
+#: one host layout step: ``(kind, argument, binding name)``, kind ``pad`` (Relax pad widths),
+#: ``reshape`` (shape), ``permute`` (axes) or ``broadcast`` (shape)
+Step = Tuple[str, Sequence[int], str]
+
+
+def _numpy_steps(a: np.ndarray, steps: Sequence[Step]) -> np.ndarray:
+    """``steps`` applied to a numpy array (zero padding; C-contiguous result)."""
+    for kind, arg, _ in steps:
+        if kind == "pad":
+            a = np.pad(a, list(zip(arg[::2], arg[1::2])))
+        elif kind == "reshape":
+            a = a.reshape(arg)
+        elif kind == "permute":
+            a = a.transpose(arg)
+        else:
+            a = np.broadcast_to(a, arg)
+    return np.ascontiguousarray(a)
+
+
+def _relayout(packer, expr, steps: Sequence[Step]):
+    """Apply ``steps`` to ``expr``. A constant operand (weights, biases, multipliers) is relayouted
+    now with numpy and enters the program as a constant; any other operand gets the steps as Relax
+    ops on the host (the last one named by its step, each through ``packer.emit``)."""
+    x = packer.operand(expr)
+    if isinstance(x, tvm.ir.expr.Constant):
+        return relax.const(_numpy_steps(x.value.numpy(), steps), str(x.ty.dtype))
+    for kind, arg, name in steps:
+        if kind == "pad":
+            if any(arg):
+                x = packer.emit(relax.op.nn.pad(x, list(arg)), name)
+        elif kind == "reshape":
+            x = packer.emit(relax.op.reshape(x, tuple(arg)), name)
+        elif kind == "permute":
+            x = packer.emit(relax.op.permute_dims(x, list(arg)), name)
+        else:
+            x = packer.emit(relax.op.broadcast_to(x, tuple(arg)), name)
+    return x
+
+
+def _pack_numpy(layout, array: np.ndarray) -> np.ndarray:
+    """``layout``'s packing steps applied to a numpy array of its source shape."""
+    x = np.asarray(array)
+    if tuple(x.shape) != tuple(layout.src_shape):
+        raise ValueError(f"{type(layout).__name__}: expected shape {layout.src_shape}, got {x.shape}")
+    return _numpy_steps(x, layout.steps())
+
+
+@functools.lru_cache(maxsize=1024)
+def _same_arrangement(a, b) -> bool:
+    probe = np.arange(1, math.prod(a.src_shape) + 1, dtype=np.int64).reshape(a.src_shape)
+    return bool(np.array_equal(a.pack_numpy(probe), b.pack_numpy(probe)))
+
+
+def same_arrangement(a, b) -> bool:
+    """Whether packed layouts ``a`` and ``b`` of one source tensor are the same arrangement.
+
+    Layouts of different classes (the stock :class:`BlockedActivation`, a CSP embedding's
+    ``HostLayout``) describe the same packed tensor when they have the same source shape and packed
+    shape and put every source element, and every padded lane, at the same position. That is
+    checked on a probe (the source tensor numbered 1, 2, ...; padding stays 0) with the layouts'
+    own ``pack_numpy``. Layouts without a ``pack_numpy`` are equal only if ``a == b``.
+
+    >>> a = BlockedActivation(1, 32, 4, 4, 1, 16)
+    >>> same_arrangement(a, BlockedActivation(1, 32, 4, 4, 1, 16)), same_arrangement(
+    ...     a, BlockedActivation(1, 32, 4, 4, 1, 32))
+    (True, False)
+    """
+    if a == b:
+        return True
+    if not all(hasattr(x, "pack_numpy") and hasattr(x, "src_shape") for x in (a, b)):
+        return False
+    if tuple(a.src_shape) != tuple(b.src_shape) or tuple(a.shape) != tuple(b.shape):
+        return False
+    try:
+        return _same_arrangement(a, b)
+    except TypeError:  # an unhashable layout: compare without the cache
+        return _same_arrangement.__wrapped__(a, b)
 
 
 @dataclass(frozen=True)
@@ -74,16 +153,28 @@ class BlockedActivation:
         np_, cp = self.padded
         return [("batch", self.n, np_), (channels, self.c, cp)]
 
+    @property
+    def src_shape(self) -> Tuple[int, int, int, int]:
+        """The NCHW shape this layout packs."""
+        return (self.n, self.c, self.h, self.w)
+
+    def steps(self, name: str = "data") -> List[Step]:
+        """The packing as host layout steps (zero-pad, block, transpose): its one definition."""
+        (np_, cp), b, k = self.padded, self.batch_block, self.channel_block
+        return [("pad", [0, np_ - self.n, 0, cp - self.c, 0, 0, 0, 0], f"pad_{name}"),
+                ("reshape", (np_ // b, b, cp // k, k, self.h, self.w), f"reshape_{name}"),
+                ("permute", (0, 2, 4, 5, 1, 3), name)]
+
+    def pack_numpy(self, array: np.ndarray) -> np.ndarray:
+        """The packing applied to a numpy NCHW array (zero padding)."""
+        return _pack_numpy(self, array)
+
     def pack(self, packer, expr, name: str = "data"):
         """Relax code NCHW -> packed (or the handed-over packed tensor). Returns ``(expr, kept)``."""
         kept = packer.handover(expr, self)
         if kept is not None:
             return kept, True
-        (np_, cp), b, k = self.padded, self.batch_block, self.channel_block
-        data = _pad(packer, packer.operand(expr), [0, np_ - self.n, 0, cp - self.c, 0, 0, 0, 0], name)
-        data = packer.emit(relax.op.reshape(data, (np_ // b, b, cp // k, k, self.h, self.w)),
-                           f"reshape_{name}")
-        return packer.emit(relax.op.permute_dims(data, [0, 2, 4, 5, 1, 3]), name), False
+        return _relayout(packer, expr, self.steps(name)), False
 
     def unpack(self, packer, expr):
         """Relax code packed -> NCHW ``(n, c, h, w)``; the last step is returned unbound."""
@@ -116,12 +207,25 @@ class BlockedMatrix:
         (rp, cp), r, c = self.padded, self.row_block, self.col_block
         return (rp // r, cp // c, r, c)
 
+    @property
+    def src_shape(self) -> Tuple[int, int]:
+        """The matrix shape this layout packs."""
+        return (self.rows, self.cols)
+
+    def steps(self, name: str = "data") -> List[Step]:
+        """The packing as host layout steps (zero-pad, block, transpose): its one definition."""
+        (rp, cp), r, c = self.padded, self.row_block, self.col_block
+        return [("pad", [0, rp - self.rows, 0, cp - self.cols], f"pad_{name}"),
+                ("reshape", (rp // r, r, cp // c, c), f"reshape_{name}"),
+                ("permute", (0, 2, 1, 3), name)]
+
+    def pack_numpy(self, array: np.ndarray) -> np.ndarray:
+        """The packing applied to a numpy matrix (zero padding)."""
+        return _pack_numpy(self, array)
+
     def pack(self, packer, expr, name: str):
         """Relax code ``(rows, cols)`` -> packed."""
-        (rp, cp), r, c = self.padded, self.row_block, self.col_block
-        data = _pad(packer, packer.operand(expr), [0, rp - self.rows, 0, cp - self.cols], name)
-        data = packer.emit(relax.op.reshape(data, (rp // r, r, cp // c, c)), f"reshape_{name}")
-        return packer.emit(relax.op.permute_dims(data, [0, 2, 1, 3]), name)
+        return _relayout(packer, expr, self.steps(name))
 
     def unpack(self, packer, expr):
         """Relax code packed -> ``(rows, cols)``; the last step is returned unbound."""
@@ -138,28 +242,30 @@ def pack_conv_weight(packer, weight, shape: Tuple[int, int, int, int], o_p: int,
                      block_out: int, block_in: int, name: str = "weight"):
     """OIHW ``shape`` -> ``(O/co, I/ci, KH, KW, co, ci)``, O and I zero-padded to ``o_p``, ``i_p``."""
     o, i, kh, kw = shape
-    w = _pad(packer, packer.operand(weight), [0, o_p - o, 0, i_p - i, 0, 0, 0, 0], name)
-    w = packer.emit(relax.op.reshape(w, (o_p // block_out, block_out, i_p // block_in, block_in,
-                                         kh, kw)), f"reshape_{name}")
-    return packer.emit(relax.op.permute_dims(w, [0, 2, 4, 5, 1, 3]), name)
+    return _relayout(packer, weight, [
+        ("pad", [0, o_p - o, 0, i_p - i, 0, 0, 0, 0], f"pad_{name}"),
+        ("reshape", (o_p // block_out, block_out, i_p // block_in, block_in, kh, kw),
+         f"reshape_{name}"),
+        ("permute", (0, 2, 4, 5, 1, 3), name)])
 
 
 def pack_depthwise_weight(packer, weight, channels: int, c_p: int, kh: int, kw: int,
                           batch: int, block: int):
     """``(C, 1, KH, KW)`` -> ``(C/co, KH, KW, b, co)``: C zero-padded, replicated over the b lanes."""
-    wt = packer.emit(relax.op.reshape(packer.operand(weight), (channels, kh, kw)), "flat_weight")
-    wt = _pad(packer, wt, [0, c_p - channels, 0, 0, 0, 0], "weight")
-    wt = packer.emit(relax.op.reshape(wt, (c_p // block, block, kh, kw)), "reshape_weight")
-    wt = packer.emit(relax.op.permute_dims(wt, [0, 2, 3, 1]), "transpose_weight")
-    wt = packer.emit(relax.op.reshape(wt, (c_p // block, kh, kw, 1, block)), "expand_weight")
-    return packer.emit(relax.op.broadcast_to(wt, (c_p // block, kh, kw, batch, block)), "weight")
+    return _relayout(packer, weight, [
+        ("reshape", (channels, kh, kw), "flat_weight"),
+        ("pad", [0, c_p - channels, 0, 0, 0, 0], "pad_weight"),
+        ("reshape", (c_p // block, block, kh, kw), "reshape_weight"),
+        ("permute", (0, 2, 3, 1), "transpose_weight"),
+        ("reshape", (c_p // block, kh, kw, 1, block), "expand_weight"),
+        ("broadcast", (c_p // block, kh, kw, batch, block), "weight")])
 
 
 def pack_channel_bias(packer, bias, channels: int, c_p: int, batch: int, block: int,
                       spatial: bool = True):
     """A per-channel int32 bias -> ``(1, C/co, 1, 1, b, co)`` (``spatial``) or ``(1, C/co, b, co)``."""
-    flat = packer.emit(relax.op.reshape(packer.operand(bias), (channels,)), "flat_bias")
-    flat = _pad(packer, flat, [0, c_p - channels], "bias")
     lead = (1, c_p // block, 1, 1) if spatial else (1, c_p // block)
-    flat = packer.emit(relax.op.reshape(flat, lead + (1, block)), "reshape_bias")
-    return packer.emit(relax.op.broadcast_to(flat, lead + (batch, block)), "bias")
+    return _relayout(packer, bias, [("reshape", (channels,), "flat_bias"),
+                                    ("pad", [0, c_p - channels], "pad_bias"),
+                                    ("reshape", lead + (1, block), "reshape_bias"),
+                                    ("broadcast", lead + (batch, block), "bias")])

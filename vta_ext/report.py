@@ -48,6 +48,12 @@ class BuildReport:
         runs and why."""
         self.placements.append(OpPlacement(op, device, reason, detail, name, layer))
 
+    @property
+    def host_relayouts(self) -> int:
+        """Host layout operations left per inference (packing and unpacking activations around VTA
+        operators; constant operands are relayouted at build time and not counted)."""
+        return sum(p.reason == LAYOUT_REASON for p in self.on_cpu)
+
     def placement(self, layout: bool = False) -> List[tuple]:
         """``(op, device)`` of every operator in report order; layout transforms only if asked."""
         return [(p.op, p.device) for p in self.placements
@@ -69,17 +75,18 @@ class BuildReport:
         """One log line: counts per device and operator."""
         vta = Counter(p.op for p in self.on_vta)
         cpu = Counter(p.op for p in self.on_cpu if p.reason != LAYOUT_REASON)
-        layout = sum(p.reason == LAYOUT_REASON for p in self.on_cpu)
+        layout = self.host_relayouts
         fmt = lambda c: ", ".join(f"{n}x {op}" for op, n in sorted(c.items())) or "nothing"
         return (f"ext_vta build ({self.config}, strategy {self.strategy}): VTA runs {fmt(vta)}; CPU runs {fmt(cpu)} "
-                f"plus {layout} layout transform(s)")
+                f"plus {layout} host layout transform(s) per inference")
 
     def __str__(self) -> str:
         lines = [self.summary()]
         lines += [f"  {p}" for p in self.placements if p.reason != LAYOUT_REASON]
         layout = Counter(p.op for p in self.on_cpu if p.reason == LAYOUT_REASON)
         if layout:
-            lines.append(f"  CPU  {sum(layout.values())} layout transform(s) around VTA operators: "
+            lines.append(f"  CPU  {sum(layout.values())} host layout transform(s) per inference around "
+                         "VTA operators (constant operands are relayouted at build time): "
                          + ", ".join(f"{n}x {op}" for op, n in sorted(layout.items())))
         return "\n".join(lines)
 
