@@ -17,7 +17,7 @@ from tvm import relax
 
 import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
 import vta_ext
-from tvm_csp_embed.operators import operator_workload
+from tvm_csp_embed.operators import conv_reference, operator_workload
 from tvm_csp_embed.strategy import CspWorkload
 
 
@@ -286,6 +286,36 @@ def test_no_embedding_keeps_the_operator_on_the_cpu_and_says_why(monkeypatch, tm
     assert entry.reason.startswith("csp-relaxed: NCW: no embedding found within"), entry.reason
     assert entry.reason.endswith("no stock template to fall back to for conv1d"), entry.reason
 
+
+
+# ------------------------------------------------------------------------------------ tuning
+def test_conv_reference_is_the_convolution():
+    """The tuner's reference convolution against the direct definitions of conftest / above."""
+    rng = np.random.default_rng(14)
+    x, w = rng.integers(-128, 128, (2, 3, 19)).astype(np.int8), rng.integers(-128, 128, (5, 3, 4))
+    np.testing.assert_array_equal(conv_reference(x, w.astype(np.int8), ((3, 1),), (2,), (3,)),
+                                  np_conv1d(x, w.astype(np.int8), 2, (3, 1), 3))
+    x = rng.integers(-128, 128, (1, 3, 11, 12)).astype(np.int8)
+    w = rng.integers(-128, 128, (4, 3, 3, 2)).astype(np.int8)
+    np.testing.assert_array_equal(conv_reference(x, w, ((2, 2), (1, 1)), (1, 2), (2, 3)),
+                                  conv2d_nchw(x, w, (1, 2), (2, 1), dilation=(2, 3)))
+
+
+@pytest.mark.parametrize("words", sorted(STOCK_CASES))
+def test_tuning_tasks_of_the_new_kinds_verify_on_the_simulator(words):
+    """``extract_tasks`` gives one task per operator with a knob space; its TPS point and its
+    last valid point equal the numpy reference bit for bit on the functional simulator."""
+    from tvm_csp_embed import tune
+    from tvm_csp_embed.tune.measure import verify_point
+
+    make, op = STOCK_CASES[words]
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        (task,) = tune.extract_tasks(make(), target="ext_vta")
+    assert task.kind == {"relax.matmul": "batch_matmul", "relax.nn.conv1d": "conv1d",
+                         "relax.nn.conv2d": "dilated_conv2d"}[op]
+    assert len(task.knob_space) > 1
+    for point in (task.knob_space.tps, task.knob_space.points[-1]):
+        assert verify_point(task.spec(), point) is None
 
 # ------------------------------------------------------------------------------------ realistic
 REALISTIC = {
