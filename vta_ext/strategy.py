@@ -61,7 +61,8 @@ class MatchedOp:
         (a template packs it like the bias, after it).
     params : dict
         Constants of the core the matcher read off the graph (``"hswish"``: ``offset``, ``lo``,
-        ``hi`` of ``x * clip(x + offset, lo, hi)``).
+        ``hi`` of ``x * clip(x + offset, lo, hi)``; ``"batch_matmul"``: ``transpose_b``, True when
+        B is ``permute_dims(., [0, 2, 1])`` of the operand, which is then given as ``[B, M, K]``).
     """
 
     kind: str
