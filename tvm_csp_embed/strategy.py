@@ -6,7 +6,10 @@ templates. Per matched operator (conv2d, group conv2d, dense; pools, the residua
 convolutions fall back to ``stock``):
 
 1. the operator becomes a :class:`~tvm_csp_embed.workload.Workload` in each candidate layout of its
-   free dims (``build_options(layout=...)``: ``NCHW``, ``NHWC`` or ``auto`` = both);
+   free dims (``build_options(layout=...)``: ``NCHW``, ``NHWC`` or ``auto`` = both; under
+   ``csp-relaxed``, ``auto`` adds the conv2d variants whose reduction is one fused dim,
+   ``fused-rs`` and ``fused-crs``, where they pad the reduction less than the stock mapping:
+   :func:`fused_variants`);
 2. the solver (:func:`tvm_csp_embed.cache.cached_embeddings`, one MiniZinc process, cached on
    disk) gives the best embeddings of the GEMM under the strategy's constraint set (``strict``: the
    stock mapping family; ``relaxed``: stencil unrolling, fused z, strides) that cost the solver no
@@ -55,11 +58,11 @@ from .instructions import gemm
 from .operators import LAYOUTS, OPERATOR_KINDS, mapping_extents, operator_params, operator_text
 from .operators import operator_workload as _new_operator_workload
 from .solve import RawSolution, SolverError, padding_cost
-from .workload import Workload, conv2d, dense, group_conv2d
+from .workload import FUSED_CONV_VARIANTS, Workload, conv2d, conv2d_fused, dense, group_conv2d
 
 __all__ = ["MODES", "CspWorkload", "CspGemmTemplate", "Candidate", "STRATEGY_NAMES",
            "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "STOCK_COMPARED", "STOCK", "operator_workload",
-           "packed_of", "candidates", "stock_mapping_cost", "host_relayout_seconds"]
+           "packed_of", "candidates", "stock_mapping_cost", "host_relayout_seconds", "fused_variants"]
 
 #: strategy name -> constraint set of the solver
 MODES = {"csp-strict": "strict", "csp-relaxed": "relaxed"}
@@ -86,7 +89,8 @@ CONV_LAYOUTS = {"NCHW": {"data": (0, 1, 2, 3), "weight": (0, 1, 2, 3), "out": (0
 #: how the report names the loop dims of the conv2d and dense workloads
 DIM_WORDS = {"n": "batch", "b": "batch", "c": "in channels", "i": "in features", "k": "out channels",
              "o": "out features", "r": "filter rows", "s": "filter columns", "oh": "output rows",
-             "ow": "output columns"}
+             "ow": "output columns", "rs": "filter rows x columns (fused)",
+             "crs": "in channels x filter rows x columns (fused)"}
 
 
 def _tuples(v):
@@ -163,6 +167,8 @@ def operator_workload(cw: CspWorkload):
         n, c, k, g = p["n"], p["c"], p["k"], p.get("g", 1)
         h, w = p["h"] + p["pt"] + p["pb"], p["w"] + p["pl"] + p["pr"]
         name = f"{cw.op}_{cw.layout}_" + "_".join(f"{key}{v}" for key, v in cw.params)
+        if cw.op == "conv2d" and cw.layout in FUSED_CONV_VARIANTS:
+            return _fused_conv(cw, name)
         if cw.op == "conv2d":
             wl = conv2d(n, c, h, w, k, p["kh"], p["kw"], stride=(p["sh"], p["sw"]), layout=cw.layout,
                         name=name)
@@ -182,6 +188,49 @@ def operator_workload(cw: CspWorkload):
         wl = dense(p["n"], p["k"], p["m"], name=f"dense_n{p['n']}_k{p['k']}_m{p['m']}")
         return wl, {"data": (p["n"], p["k"]), "weight": (p["m"], p["k"]), "out": (p["n"], p["m"])}, {}, {}
     raise ValueError(f"no CSP workload for operator {cw.op!r}")
+
+
+def _fused_conv(cw: CspWorkload, name: str):
+    """:func:`operator_workload` of a conv2d in a fused-reduction variant
+    (:func:`~tvm_csp_embed.workload.conv2d_fused`): the source steps pad the input and unfold it
+    (stencil-unroll the columns, and for ``fused-crs`` the rows, then fuse the reduction dims);
+    the weights are a reshape of the OIHW filter."""
+    p = cw.p
+    n, c, k, R, S, sh, sw = p["n"], p["c"], p["k"], p["kh"], p["kw"], p["sh"], p["sw"]
+    h, w = p["h"] + p["pt"] + p["pb"], p["w"] + p["pl"] + p["pr"]
+    wl = conv2d_fused(n, c, h, w, k, R, S, stride=(sh, sw), variant=cw.layout, name=name)
+    oh, ow = (h - R) // sh + 1, (w - S) // sw + 1
+    pad = ("pad", ((0, 0), (0, 0), (p["pt"], p["pb"]), (p["pl"], p["pr"])))
+    cols = ("unroll", 3, (ow, S), (sw, 1), 0)           # (n, c, h, w) -> (n, c, h, ow, S)
+    if cw.layout == "fused-rs":
+        data = (pad, cols, ("permute", (0, 1, 3, 2, 4)), ("reshape", (n, c, ow, h * S)))
+        weight = (("reshape", (k, c, R * S)),)
+    else:
+        rows = ("unroll", 2, (oh, R), (sh, 1), 0)       # -> (n, c, oh, R, ow, S)
+        data = (pad, rows, ("unroll", 4, (ow, S), (sw, 1), 0), ("permute", (0, 2, 4, 1, 3, 5)),
+                ("reshape", (n, oh, ow, c * R * S)))
+        weight = (("reshape", (k, c * R * S)),)
+    shapes = {"data": (n, c, p["h"], p["w"]), "weight": (k, c, R, S), "out": (n, k, oh, ow)}
+    return wl, shapes, {"data": data, "weight": weight}, {}
+
+
+def fused_variants(cw: CspWorkload, config) -> List[str]:
+    """The fused-reduction variants (:data:`~tvm_csp_embed.workload.FUSED_CONV_VARIANTS`) offered
+    for ``cw``'s conv2d: those whose fused reduction, padded to the GEMM's reduction block, is
+    smaller than the stock mapping's (input channels padded to the block, times the filter); of
+    two equal ones the first (``fused-rs`` copies less input)."""
+    if cw.op != "conv2d":
+        return []
+    p = cw.p
+    c, rs, blk = p["c"], p["kh"] * p["kw"], config.BLOCK_IN
+    volume = {"fused-rs": c * -(-rs // blk) * blk, "fused-crs": -(-(c * rs) // blk) * blk}
+    best = -(-c // blk) * blk * rs
+    out = []
+    for v in FUSED_CONV_VARIANTS:
+        if volume[v] < best:
+            out.append(v)
+            best = volume[v]
+    return out
 
 
 def _group_steps(cw: CspWorkload) -> Dict[str, tuple]:
@@ -389,12 +438,15 @@ class CspGemmTemplate(OpTemplate):
             return CspWorkload("dense", (("n", n), ("k", k), ("m", m)))
         raise TemplateRefusal(f"no CSP template for {self.kind}")
 
-    def _layouts(self, layout: str) -> List[str]:
+    def _layouts(self, layout: str, base: Optional[CspWorkload] = None, config=None) -> List[str]:
         if self.kind in OPERATOR_KINDS:
             return [LAYOUTS[self.kind]]  # the operator's own layout only
         if self.kind == "dense":
             return ["NCHW"]
-        return ["NCHW", "NHWC"] if layout == "auto" else [layout]
+        if layout != "auto":
+            return [layout]
+        fused = fused_variants(base, config) if base is not None and self.mode == "relaxed" else []
+        return ["NCHW", "NHWC"] + fused
 
     def _stock_workload(self, plan: OpPlan) -> CspWorkload:
         """The workload of the stock template's ``plan`` under this strategy."""
@@ -418,7 +470,7 @@ class CspGemmTemplate(OpTemplate):
 
         options = current_options()
         base = self._base(op)
-        layouts = self._layouts(options.layout)
+        layouts = self._layouts(options.layout, base, config)
         try:
             cands, notes = candidates(config, base, self.mode, layouts, op.epilogue,
                                       solutions=DEFAULT_SOLUTIONS, timeout=DEFAULT_TIMEOUT)

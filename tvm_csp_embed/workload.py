@@ -20,7 +20,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["ConformabilityError", "TensorAccess", "Workload", "PolyhedralModel", "matmul",
            "dense", "conv2d", "group_conv2d", "depthwise_conv2d", "from_te", "from_primfunc",
-           "CONV_LAYOUTS", "GROUP_CONV_LAYOUTS"]
+           "CONV_LAYOUTS", "GROUP_CONV_LAYOUTS", "FUSED_CONV_VARIANTS", "conv2d_fused"]
 
 #: statement index of the multiply and of the add in the instance set
 STMT_MUL, STMT_ADD = 0, 1
@@ -400,6 +400,59 @@ def _conv(kind: str, layouts, n: int, c: int, h: int, w: int, k: int, r: int, s:
         return _acc(nm, names, [table[x][1] for x in names], [table[x][0] for x in names], dims)
     return Workload(name, dims, tuple(ext[d] for d in dims), tuple(d in ("c", "r", "s") for d in dims),
                     (mk("data", dl, dsub), mk("weight", wl, wsub)), mk("out", ol, osub), layout)
+
+
+#: conv2d workloads whose reduction is one fused dim (see :func:`conv2d_fused`): variant name ->
+#: (fused dim, the conv2d reduction dims it fuses)
+FUSED_CONV_VARIANTS = {"fused-rs": ("rs", ("r", "s")), "fused-crs": ("crs", ("c", "r", "s"))}
+
+
+def conv2d_fused(n: int, c: int, h: int, w: int, k: int, r: int, s: int,
+                 stride: Tuple[int, int] = (1, 1), variant: str = "fused-rs",
+                 name: Optional[str] = None) -> Workload:
+    """A 2-D convolution (on the zero-padded ``h x w`` input) whose reduction is one fused dim.
+
+    ``fused-rs``: the input unfolded along the columns, ``data[n, c, ow, h*s + j] =
+    X[n, c, h, ow*sw + j]``, so that the filter rows and columns are one dim ``rs = r*S + j`` of
+    extent ``R*S``: ``out[n,k,oh,ow] += data[n, c, ow, oh*(sh*S) + rs] * weight[k, c, rs]``.
+
+    ``fused-crs``: the full im2col, ``data[n, oh, ow, crs]`` with ``crs = (c*R + r)*S + s``:
+    ``out[n,k,oh,ow] += data[n, oh, ow, crs] * weight[k, crs]``.
+
+    The weights are a reshape of the OIHW filter; the input relayout is the operator's
+    (:func:`tvm_csp_embed.strategy.operator_workload`). Zero padding of the fused dim reads past
+    the end of a row of ``data`` (``fused-rs``) and meets zero weights.
+
+    Parameters
+    ----------
+    h, w : int
+        The input's extents with the convolution's zero padding.
+    variant : str
+        A key of :data:`FUSED_CONV_VARIANTS`.
+    """
+    if variant not in FUSED_CONV_VARIANTS:
+        raise ValueError(f"conv2d variant {variant!r} unknown; use one of {sorted(FUSED_CONV_VARIANTS)}")
+    sh, sw = stride
+    OH, OW = conv_out_size(h, r, 0, sh), conv_out_size(w, s, 0, sw)
+    if OH <= 0 or OW <= 0:
+        raise ValueError(f"conv2d {variant}: empty output ({OH}x{OW})")
+    fused = FUSED_CONV_VARIANTS[variant][0]
+    dims = ("n", "k", "oh", "ow") + (("c",) if variant == "fused-rs" else ()) + (fused,)
+    red = tuple(d in ("c", fused) for d in dims)
+    if variant == "fused-rs":
+        data = _acc("data", ("n", "c", "w", "hs"), (n, c, OW, h * s),
+                    [{"n": 1}, {"c": 1}, {"ow": 1}, {"oh": sh * s, fused: 1}], dims)
+        weight = _acc("weight", ("k", "c", "rs"), (k, c, r * s), [{"k": 1}, {"c": 1}, {fused: 1}], dims)
+        ext = (n, k, OH, OW, c, r * s)
+    else:
+        data = _acc("data", ("n", "h", "w", "crs"), (n, OH, OW, c * r * s),
+                    [{"n": 1}, {"oh": 1}, {"ow": 1}, {fused: 1}], dims)
+        weight = _acc("weight", ("k", "crs"), (k, c * r * s), [{"k": 1}, {fused: 1}], dims)
+        ext = (n, k, OH, OW, c * r * s)
+    out = _acc("out", ("n", "k", "h", "w"), (n, k, OH, OW),
+               [{"n": 1}, {"k": 1}, {"oh": 1}, {"ow": 1}], dims)
+    nm = name or f"conv2d_{variant}_n{n}c{c}h{h}w{w}k{k}r{r}s{s}s{sh}{sw}"
+    return Workload(nm, dims, ext, red, (data, weight), out, variant)
 
 
 #: grouped conv2d layouts: (data layout, weight layout, output layout, loop dim order); ``g`` is

@@ -266,8 +266,9 @@ def _relax_step(emit, x, st: Step, before: Sequence[int], name: str):
         _, axis, extents, coefs, const = st
         j, others, starts = _unroll_plan(extents, coefs, const)
         span = coefs[j] * (extents[j] - 1) + 1
-        parts = [relax.op.strided_slice(x, axes=[axis], begin=[b], end=[b + span],
-                                        strides=[coefs[j]]) for b in starts]
+        parts = [emit(relax.op.strided_slice(x, axes=[axis], begin=[b], end=[b + span],
+                                             strides=[coefs[j]]), f"{name}_slice{i}")
+                 for i, b in enumerate(starts)]
         y = emit(relax.op.stack(parts, axis=axis + 1) if len(parts) > 1
                  else relax.op.expand_dims(parts[0], axis + 1), f"{name}_stack")
         lead, tail, order, perm = _unroll_layout(before, axis, extents, j, others)
