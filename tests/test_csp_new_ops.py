@@ -123,6 +123,39 @@ def test_batched_matmul_on_vta_bit_exact(transpose, bias, strategy):
     assert not [e for e in report.on_cpu if e.op == "relax.matmul"]
 
 
+
+def _shared_bias_module(bias):
+    """``matmul(A[2,8,32], B[2,32,16]) + bias`` with ``bias`` shared by the batches."""
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((2, 8, 32), "int8"))
+    w = relax.Var("w", relax.TensorType((2, 32, 16), "int8"))
+    params = [a, w] + ([bias] if isinstance(bias, relax.Var) else [])
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(a, w, out_dtype="int32"))
+            out = bb.emit_output(_tail(bb, y, bias, 6))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_batched_matmul_bias_shared_by_the_batches():
+    """A constant ``(M,)`` bias is broadcast to every batch at build time and runs on VTA; a
+    computed ``(1, 1, M)`` one keeps the operator on the CPU with the reason."""
+    values = (np.arange(16, dtype=np.int32) - 8) * 700
+    mod = _shared_bias_module(relax.const(values))
+    arrays = random_inputs(mod, 15)
+    got, ref, report = _run(mod, arrays, "csp-relaxed")
+    acc = np.matmul(arrays[0].astype(np.int64), arrays[1].astype(np.int64))
+    np.testing.assert_array_equal(ref, requantize(acc, values, 6, (-128, 127)))
+    np.testing.assert_array_equal(got, ref)
+    assert "epilogue bias+shr+clip" in _vta_entry(report, "batch_matmul", "csp-relaxed").detail
+    mod = _shared_bias_module(relax.Var("bias", relax.TensorType((1, 1, 16), "int32")))
+    got, ref, report = _run(mod, random_inputs(mod, 15), "csp-relaxed")
+    np.testing.assert_array_equal(got, ref)
+    assert not report.on_vta
+    (entry,) = [e for e in report.on_cpu if e.op == "relax.matmul"]
+    assert "shared by every batch but not a constant; give it as (2, 1, 16)" in entry.reason
+
 def test_multiply_tail_overflow_bound_uses_the_inner_extent():
     """A scalar multiply in the tail is offloaded when ``128*128*K*mul`` fits int32 (K = 32:
     2,048 fits, 1.07e9), refused when it does not (8,192: 4.3e9), whatever B's size (32 x 16)."""

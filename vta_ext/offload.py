@@ -299,6 +299,7 @@ class _Offloader(PyExprMutator):
             vector_reason = self._vector_reason(core, tensor, kind)
             if vector_reason:
                 return None, vector_reason
+            vectors[kind] = self._per_channel(core, tensor)
         core.bias = vectors.get("bias")
         core.multiplier = vectors.get("mulv")
         core.epilogue = fit_immediates(tail)
@@ -312,7 +313,7 @@ class _Offloader(PyExprMutator):
         of one batch: ``(B, 1, M)``)."""
         if core.kind == "batch_matmul":
             b, _, m = _shape(core.core)
-            return [(b, 1, m)]
+            return [(b, 1, m), (1, 1, m), (m,)]
         out = _shape(core.operands[1])[0]
         if core.kind == "dense":
             return [(out,), (1, out)]
@@ -320,11 +321,26 @@ class _Offloader(PyExprMutator):
             return [(1, out, 1)]
         return [(1, out, 1, 1)]
 
+    def _per_channel(self, core: MatchedOp, tensor):
+        """``tensor`` (a checked per-channel vector) in the canonical shape of
+        :meth:`_vector_shapes`: a batched matmul's constant vector shared by every batch,
+        ``(1, 1, M)`` or ``(M,)``, broadcast to ``(B, 1, M)`` at build time (:meth:`_vector_reason`
+        refuses a computed one)."""
+        shape = self._vector_shapes(core)[0]
+        if core.kind != "batch_matmul" or _shape(tensor) == shape:
+            return tensor
+        values = tensor.value.numpy().reshape(1, 1, -1)
+        return relax.const(np.ascontiguousarray(np.broadcast_to(values, shape)))
+
     def _vector_reason(self, core: MatchedOp, tensor, kind: str = "bias") -> Optional[str]:
         what = "bias" if kind == "bias" else "per-channel multiplier"
         if core.kind not in self._CHANNEL_KINDS:
             return f"{core.kind} takes no {what}"
         expected = self._vector_shapes(core)
+        if core.kind == "batch_matmul" and _shape(tensor) in expected[1:] \
+                and not isinstance(tensor, tvm.ir.expr.Constant):
+            return (f"{what} {_shape(tensor)} of a batched matmul is shared by every batch but not "
+                    f"a constant; give it as {expected[0]} (one vector per batch) or as a constant")
         if _dtype(tensor) != "int32" or _shape(tensor) not in expected:
             return f"{what} {_shape(tensor)} {_dtype(tensor)}; expected int32 of shape {expected[0]}"
         return None
