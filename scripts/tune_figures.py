@@ -4,7 +4,9 @@
 Subcommands (all cycles from the cycle model; every tuned best verified bit for bit):
 
 * ``layers`` -- ResNet-18 C1-C11 and MobileNet D1-D9 (facts §7.2; C1's 3 input channels padded
-  to 16, as the stock template does) on ``--config``: XGB tuning (``--trials``, resuming from
+  to 16, as the stock template does) on ``--config``, for each strategy of ``--strategies``
+  (the CSP strategies: one-operator modules, tasks by ``tune.extract_tasks``, C1 with its 3
+  channels, no dense layer): XGB tuning (``--trials``, resuming from
   ``--records``), the TPS point, the fallback point and the original stack's tuned record (TopHub
   ``vta_v0.10.log``, where it has one), and TPS with reuse-aware double buffering allowed (the
   fewest modelled bytes): cycles and DRAM bytes of each; reuse-aware double
@@ -15,10 +17,12 @@ Subcommands (all cycles from the cycle model; every tuned best verified bit for 
   measured table for ``--seeds`` seeds. Writes ``docs/figures/tune_search.{csv,png}``.
 * ``deepbench`` -- the 12 thin-channel DeepBench layers (1 or 3 input channels) as one-conv Relax
   modules, for each strategy of ``--strategies``: tasks by ``tune.extract_tasks`` (so the strategy
-  plans the layout), XGB tuning, TPS and fallback points. Writes
+  plans the layout), XGB tuning, the TPS point (the tuner's measurement of it, not a second
+  compile) and the fallback point (``--fallback-for``, default stock only). Writes
   ``docs/figures/tune_deepbench.{csv,png}``.
 * ``bytes`` -- DRAM bytes of the CSP strategies (``--strategies strategy[:layout]``) on C2-C11
-  and D1-D9 (one-operator Relax modules, tasks by ``tune.extract_tasks``): TPS over the whole knob
+  and D1-D9, with ``--deepbench-records`` also the 20 DeepBench layers the original records cover
+  (one-operator Relax modules, tasks by ``tune.extract_tasks``): TPS over the whole knob
   space, TPS in the stock loop order, XGB tuned with ``objective="dram_bytes"`` (``--trials``), the
   original stack's record built with the stock template, and the compulsory bytes (every tensor
   once). Writes ``docs/figures/tune_bytes.{csv,png}``.
@@ -445,10 +449,19 @@ def deepbench_module(row):
     return bb.get()
 
 
+def measured_or_measure(task, tuner, knobs):
+    """The tuner's measurement of ``knobs`` if it made one (no second compile), else a new one."""
+    from tvm_csp_embed.tune.measure import measure_point
+
+    index = task.knob_space.index(knobs)
+    if index is not None and index in tuner.results and tuner.results[index].ok:
+        return tuner.results[index]
+    return measure_point(task.spec(), knobs)
+
+
 def cmd_deepbench(args) -> int:
     import vta_ext
     from tvm_csp_embed import tune
-    from tvm_csp_embed.tune.measure import measure_point
 
     sys.path.insert(0, str(ROOT / "scripts"))
     from embed_deepbench import read_layers
@@ -466,8 +479,10 @@ def cmd_deepbench(args) -> int:
             best = tuner.tune(args.trials, option, callbacks=[
                 tune.callback.progress_bar(args.trials, prefix=f"{strategy} {lid}"),
                 tune.callback.log_to_file(args.records)])
-            tps = measure_point(task.spec(), space.tps)
-            fallback = measure_point(task.spec(), space.fallback) if not args.no_fallback else None
+            tps = measured_or_measure(task, tuner, space.tps)
+            fallback = None if args.no_fallback or space.fallback is None or \
+                strategy not in args.fallback_for else measured_or_measure(task, tuner,
+                                                                           space.fallback)
             rows.append({"id": lid, "strategy": strategy, "task": task.name, "space": len(space),
                          "trials": len(tuner.visited),
                          "tuned_cycles": best.cycles if best else None, "tps_cycles": tps.cycles,
@@ -476,7 +491,8 @@ def cmd_deepbench(args) -> int:
                          "seconds": round(time.perf_counter() - start, 1)})
             r = rows[-1]
             print(f"{strategy:>12} {lid:>3} tuned {r['tuned_cycles']} TPS {r['tps_cycles']} "
-                  f"fallback {r['fallback_cycles']}  ({r['task']})")
+                  f"fallback {r['fallback_cycles']}  ({r['task']})", flush=True)
+            write_csv(rows, Path(args.csv))  # after each layer: a cut run keeps what it measured
     option.runner.close()
     out = Path(args.csv)
     write_csv(rows, out)
@@ -758,6 +774,10 @@ def main(argv=None) -> int:
     p.add_argument("--parallel", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-fallback", action="store_true")
+    p.add_argument("--fallback-for", nargs="*", default=["stock"],
+                   help="strategies whose fallback point is built and timed (default stock: "
+                   "building csp-relaxed's fallback point of layer 0 had not finished after 10 "
+                   "minutes on the shared machine)")
     p.add_argument("--records", required=True)
     p.add_argument("--layers", nargs="*", type=int)
     p.add_argument("--csv", default=str(FIG / "tune_deepbench.csv"))

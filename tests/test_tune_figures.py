@@ -119,3 +119,25 @@ def test_c1_real_has_three_input_channels(figures):
     assert (kind, wl["in_channels"], figures.LAYERS["C1"][1]["in_channels"]) == ("conv2d", 3, 16)
     assert {k: v for k, v in wl.items() if k != "in_channels"} == \
         {k: v for k, v in figures.LAYERS["C1"][1].items() if k != "in_channels"}
+
+
+def test_measured_or_measure_reuses_the_tuners_measurement(figures, monkeypatch):
+    from types import SimpleNamespace
+
+    from tvm_csp_embed.tune import measure
+    from tvm_csp_embed.tune.measure import MeasureResult
+
+    points = [{"a": 1}, {"a": 2}]
+    space = SimpleNamespace(index=lambda k: points.index(k) if k in points else None)
+    task = SimpleNamespace(knob_space=space, spec=lambda: {"task": "t"})
+    done = MeasureResult({"a": 1}, 100)
+    tuner = SimpleNamespace(results={0: done, 1: MeasureResult({"a": 2}, None, "boom")})
+    compiled = []
+    monkeypatch.setattr(measure, "measure_point",
+                        lambda spec, knobs: compiled.append(knobs) or MeasureResult(knobs, 7))
+    assert figures.measured_or_measure(task, tuner, {"a": 1}) is done
+    assert compiled == []
+    # a failed or unmeasured point is measured anew
+    assert figures.measured_or_measure(task, tuner, {"a": 2}).cycles == 7
+    assert figures.measured_or_measure(task, tuner, {"a": 3}).cycles == 7
+    assert compiled == [{"a": 2}, {"a": 3}]
