@@ -62,10 +62,10 @@ def test_same_arrangement_across_classes():
     assert not same_arrangement(stock, BlockedActivation(1, 16, 4, 4, 1, 16))
 
 
-def _conv(bb, x, rng, cin, cout, k, shift):
+def _conv(bb, x, rng, cin, cout, k, shift, stride=1):
     w = relax.const(rng.integers(-8, 9, (cout, cin, k, k)).astype(np.int8))
     b = relax.const(rng.integers(-64, 65, (1, cout, 1, 1)).astype(np.int32))
-    a = bb.emit(relax.op.nn.conv2d(x, w, padding=k // 2, out_dtype="int32"))
+    a = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=k // 2, out_dtype="int32"))
     a = bb.emit(relax.op.add(a, b))
     a = bb.emit(relax.op.right_shift(a, relax.const(shift, "int32")))
     a = bb.emit(relax.op.clip(a, -128, 127))
@@ -127,3 +127,73 @@ def test_csp_embedding_output_handed_to_a_stock_operator(strategy):
     conv1, add = report.on_vta[1], report.on_vta[2]
     assert "embedding" in conv1.detail and "STOCK" not in conv1.detail
     assert "kept in the packed layout" in add.detail
+
+
+def _downsample(first: bool):
+    """[conv 3x3 16->64 on 8x8, then] the 1x1 stride-2 conv 64->128 of a ResNet stage change."""
+    x = relax.Var("x", relax.TensorType((1, 16 if first else 64, 8, 8), "int8"))
+    bb = relax.BlockBuilder()
+    rng = np.random.default_rng(5)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = _conv(bb, x, rng, 16, 64, 3, 7) if first else x
+            out = bb.emit_output(_conv(bb, y, rng, 64, 128, 1, 6, stride=2))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_layout_agreement_between_vta_operators():
+    """Alone, csp-relaxed embeds the 1x1 stride-2 conv in NHWC (fewest cycles); fed by a VTA
+    operator, it takes a plan in the stock blocked arrangement within AGREEMENT_SLACK instead,
+    so the packed tensor is handed over and no host unpack/pack sits between the two convs."""
+    import tvm_csp_embed  # noqa: F401
+    import vta_ext
+
+    rng = np.random.default_rng(2)
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        x = rng.integers(-128, 128, (1, 64, 8, 8)).astype(np.int8)
+        got, ref, alone = vta_and_llvm(_downsample(first=False), [x])
+        np.testing.assert_array_equal(got, ref)
+        x = rng.integers(-128, 128, (1, 16, 8, 8)).astype(np.int8)
+        got, ref, chained = vta_and_llvm(_downsample(first=True), [x])
+        np.testing.assert_array_equal(got, ref)
+    assert "in layout NHWC" in alone.on_vta[0].detail
+    second = chained.on_vta[1]
+    assert "layout agreement" in second.detail and "kept in the packed layout" in second.detail
+    # per inference: pack the 16-channel input (reshape + transpose) and unpack the 128-channel
+    # output (transpose + reshape); nothing between the convs
+    assert chained.host_relayouts == 4
+
+
+def test_agreement_rule_slack():
+    """The rule on stand-in plans: the fastest disagrees, another agrees on both sides."""
+    from types import SimpleNamespace as NS
+
+    from tvm_csp_embed.strategy import AGREEMENT_SLACK, STOCK, CspGemmTemplate
+
+    src = BlockedActivation(1, 32, 4, 4, 1, 16)
+    out = BlockedActivation(1, 32, 4, 4, 1, 16)
+    other = BlockedActivation(1, 32, 4, 4, 1, 32)
+
+    def cand(label, cycles, lay):
+        data = NS(tensor="data", host=lay)
+        pg = NS(operands={"A": data, "B": NS(tensor="weight", host=None), "C": NS(host=lay)})
+        emb = NS(workload=NS(inputs=[NS(name="data"), NS(name="weight")]))
+        return NS(label=label, cycles=cycles, packed=pg, embedding=emb)
+
+    contender = (NS(in_layout=src, out_layout=out),)
+    score = lambda c: c.cycles  # noqa: E731
+    unit = lambda c: f"{c.cycles} cycles"  # noqa: E731
+    fast, near, far = cand("fast", 1000, other), cand("near", 1010, src), cand("far", 1100, src)
+    op = NS(input_layout=src)
+    chosen, why = CspGemmTemplate._agree(op, [fast, near], None, contender, score, unit)
+    assert chosen is near and "layout agreement" in why
+    chosen, _ = CspGemmTemplate._agree(op, [fast, far], None, contender, score, unit)
+    assert chosen is None  # 10 % slower: beyond the slack
+    assert 1100 > 1000 * (1 + AGREEMENT_SLACK) >= 1010
+    stock = NS(cycles=1015, host_seconds=None)
+    chosen, _ = CspGemmTemplate._agree(op, [fast], stock, contender, score, unit)
+    assert chosen is STOCK
+    chosen, _ = CspGemmTemplate._agree(NS(input_layout=None), [fast, near], None, contender,
+                                       score, unit)
+    assert chosen is None  # the input comes from the host: no agreement to win

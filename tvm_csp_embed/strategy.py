@@ -62,6 +62,7 @@ from .workload import FUSED_CONV_VARIANTS, Workload, conv2d, conv2d_fused, dense
 
 __all__ = ["MODES", "CspWorkload", "CspGemmTemplate", "Candidate", "STRATEGY_NAMES",
            "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "STOCK_COMPARED", "STOCK", "operator_workload",
+           "AGREEMENT_SLACK",
            "packed_of", "candidates", "stock_mapping_cost", "host_relayout_seconds", "fused_variants"]
 
 #: strategy name -> constraint set of the solver
@@ -79,6 +80,11 @@ RANK_FACTOR = 4.0
 #: plan and keeps it when it is at least as fast. ``strict`` is the stock mapping family itself (its
 #: NCHW program equals stock's), so only ``relaxed`` compares.
 STOCK_COMPARED = ("relaxed",)
+#: layout agreement: for an operator whose input is a previous VTA operator's packed output, a
+#: plan (embedding or the stock plan) that takes that tensor over and leaves its output in the
+#: stock blocked arrangement of the neighbouring VTA operators is preferred to a faster one that
+#: needs a host unpack/pack on either side, if its score is within this fraction of the fastest
+AGREEMENT_SLACK = 0.02
 #: what :meth:`CspGemmTemplate._choose` returns when the stock template wins
 STOCK = "stock"
 #: the layouts of a conv2d's free dims, with the permutations from NCHW/OIHW (``permute_dims`` axes)
@@ -358,14 +364,24 @@ def host_relayout_seconds(pg: PackedGemm, repeats: int = 5) -> float:
     return relayout_seconds(act.host, act.host.src_shape, pg.operands["C"].host, repeats)[1]
 
 
+def _layout_key(layout) -> Any:
+    """A JSON-able description of a packed layout (its class and fields), or None."""
+    if layout is None:
+        return None
+    fields = dataclasses.asdict(layout) if dataclasses.is_dataclass(layout) else repr(layout)
+    return [type(layout).__name__, fields]
+
+
 def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, epilogue, knobs,
-                stock=None) -> str:
+                stock=None, producer=None) -> str:
     """The choice cache's key: the operator, the constraint set, the layouts, the objective, the
-    epilogue, the knobs of every candidate, the ranking parameters, the configuration's value and
-    the stock contender (its workload and knobs, or None when it is not compared)."""
+    epilogue, the knobs of every candidate, the ranking parameters, the configuration's value,
+    the stock contender (its workload and knobs, or None when it is not compared) and the packed
+    layout the input comes in from a previous VTA operator (layout agreement)."""
     from vta_ext.executor import config_digest
 
     text = json.dumps({"v": 3, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
+                       "agree": [AGREEMENT_SLACK, _layout_key(producer)],
                        "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
                        "objective": objective, "epilogue": [list(s) for s in epilogue],
                        "knobs": knobs, "stock": stock, "config": config_digest(config)},
@@ -520,7 +536,7 @@ class CspGemmTemplate(OpTemplate):
         key = _choice_key(config, base, self.mode, layouts, objective, op.epilogue,
                           [knobs[c.workload] for c in usable],
                           None if contender is None else
-                          [dataclasses.asdict(contender[1]), contender[2]])
+                          [dataclasses.asdict(contender[1]), contender[2]], op.input_layout)
         path = cache_dir() / "choices" / f"{key}.json"
         if path.exists():
             try:
@@ -577,16 +593,68 @@ class CspGemmTemplate(OpTemplate):
             timed_text = (f"{len(timed)} of {len(usable)} embedding(s) timed by the cycle model "
                           f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)")
             stock = self._time_stock(config, op, contender, objective, dropped)
-            if stock is not None and score(stock) <= score(best):
+            agreed, agree_text = self._agree(op, ranked, stock, contender, score, unit)
+            if agreed is STOCK or (agreed is None and stock is not None
+                                   and score(stock) <= score(best)):
                 why = (f"{what}: {unit(stock)} with the stock template's own plan, at least as good "
-                       f"as the best embedding {best.label}: {unit(best)}; {timed_text}")
+                       f"as the best embedding {best.label}: {unit(best)}; {timed_text}"
+                       if agreed is None else f"{agree_text}; {timed_text}")
                 _write(path, {"stock": True, "why": why})
                 return STOCK, why
-            why = (f"{what}: {unit(best)}; {timed_text}"
-                   + (f"; next {ranked[1].label}: {unit(ranked[1])}" if len(ranked) > 1 else "")
-                   + (f"; stock template: {unit(stock)}" if stock is not None else ""))
+            if agreed is not None:
+                why = (f"{agree_text}; {timed_text}"
+                       + (f"; stock template: {unit(stock)}" if stock is not None else ""))
+                best = agreed
+            else:
+                why = (f"{what}: {unit(best)}; {timed_text}"
+                       + (f"; next {ranked[1].label}: {unit(ranked[1])}" if len(ranked) > 1 else "")
+                       + (f"; stock template: {unit(stock)}" if stock is not None else ""))
         _write(path, {"workload": dataclasses.asdict(best.workload), "why": why})
         return best, why
+
+    @staticmethod
+    def _agree(op: MatchedOp, ranked: List[Candidate], stock, contender, score, unit):
+        """Layout agreement (:data:`AGREEMENT_SLACK`) for an operator fed by a VTA operator.
+
+        Each plan scores one point for taking the producer's packed output over (its data layout
+        has the same arrangement, :func:`vta_ext.packing.same_arrangement`) and one for leaving its
+        output in the stock blocked arrangement the neighbouring VTA operators use. Returns the
+        plan to take instead of the fastest (a candidate or :data:`STOCK`) and the sentence saying
+        why, or ``(None, "")`` when the fastest plan agrees at least as well or no plan within the
+        slack agrees better (and always when the input comes from the host).
+        """
+        from vta_ext.packing import same_arrangement
+
+        if op.input_layout is None or not ranked:
+            return None, ""
+        stock_out = contender[0].out_layout if contender is not None else None
+
+        def points(in_layout, out_layout) -> int:
+            taken = in_layout is not None and same_arrangement(op.input_layout, in_layout)
+            kept = (stock_out is not None and out_layout is not None
+                    and same_arrangement(out_layout, stock_out))
+            return int(taken) + int(kept)
+
+        entries = []  # (score, order, plan, label, points); the stock plan first on a tie
+        if stock is not None:
+            entries.append((score(stock), 0, STOCK, "the stock template's own plan",
+                            points(contender[0].in_layout, contender[0].out_layout), stock))
+        for i, c in enumerate(ranked):
+            pg = c.packed
+            data = c.embedding.workload.inputs[0].name
+            host = next(o.host for o in (pg.operands["A"], pg.operands["B"]) if o.tensor == data)
+            entries.append((score(c), i + 1, c, c.label, points(host, pg.operands["C"].host), c))
+        entries.sort(key=lambda e: (e[0], e[1]))
+        fastest = entries[0]
+        close = [e for e in entries if e[0] <= fastest[0] * (1 + AGREEMENT_SLACK)]
+        chosen = max(close, key=lambda e: (e[4], -e[0], -e[1]))
+        if chosen[4] <= fastest[4]:
+            return None, ""
+        extra = 100.0 * (chosen[0] / fastest[0] - 1) if fastest[0] else 0.0
+        return chosen[2], (f"layout agreement: {chosen[3]} ({unit(chosen[5])}) hands over with "
+                           f"{chosen[4]} of its 2 neighbouring VTA operator side(s) against "
+                           f"{fastest[4]} for the fastest, {fastest[3]} ({unit(fastest[5])}), "
+                           f"+{extra:.2f} % (slack {100 * AGREEMENT_SLACK:g} %)")
 
     def _time_stock(self, config, op: MatchedOp, contender, objective: str, dropped: List[str]):
         """The stock contender timed like a candidate (an object with ``cycles`` and

@@ -408,13 +408,18 @@ class _Offloader(PyExprMutator):
         """The rewritten operand ``expr``."""
         return self.visit_expr(expr)
 
+    def producer_layout(self, expr):
+        """The packed layout ``expr`` is available in as a previous VTA operator's output, or
+        None (then it lives on the host in its own layout)."""
+        producer = self._packed.get(expr.name) if isinstance(expr, relax.Var) else None
+        return producer[2] if producer is not None and producer[0].same_as(expr) else None
+
     def handover(self, expr, layout):
         """The packed output of a previous VTA operator if ``expr`` is its result in a layout of
         the same arrangement as ``layout`` (:func:`~vta_ext.packing.same_arrangement`)."""
-        producer = self._packed.get(expr.name) if isinstance(expr, relax.Var) else None
-        if producer is not None and producer[0].same_as(expr) \
-                and same_arrangement(producer[2], layout):
-            return producer[1]
+        held = self.producer_layout(expr)
+        if held is not None and same_arrangement(held, layout):
+            return self._packed[expr.name][1]
         return None
 
     def note_kept(self, kept: bool) -> None:
@@ -430,6 +435,8 @@ class _Offloader(PyExprMutator):
         try:
             template = get_template(m.kind, strategy)
             self.check_overflow(m)
+            if m.operands:
+                m = dataclasses.replace(m, input_layout=self.producer_layout(m.operands[0]))
             plan = template.plan(m, self.config)
             knobs, origin = options.knobs_for(m.kind, template.strategy, plan.workload, self.config)
             key = op_key(m.kind, template.strategy, self.config, plan.workload, m.epilogue, knobs)

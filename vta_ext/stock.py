@@ -128,7 +128,7 @@ class StockConv2d(_Stock):
         desc = (f"{n}x{c}x{h}x{w} * {o}x{c // groups}x{kh}x{kw}"
                 f"{f' g{groups}' if groups > 1 else ''} s{workload['stride_h']} p{pad_h}")
         pads = padding_text(("batch", n, np_), ("in channels", c, cp), ("out channels", o, op_))
-        return OpPlan(self.workload_from_dict(workload), inputs, out, desc, pads)
+        return OpPlan(self.workload_from_dict(workload), inputs, out, desc, pads, in_layout=act)
 
 
 class StockGroupConv2d(StockConv2d):
@@ -226,7 +226,7 @@ class StockDense(_Stock):
 
         pads = padding_text(("batch", n, np_), ("in features", k, kp), ("out features", m, mp))
         return OpPlan(self.workload_from_dict(workload), inputs, BlockedMatrix(n, m, b, co),
-                      f"{n}x{k} * {m}x{k}", pads)
+                      f"{n}x{k} * {m}x{k}", pads, in_layout=data)
 
     def knob_space(self, config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
         """The ``dense_packed`` knobs (:class:`~vta_ext.templates.knobs.DenseKnobs`)."""

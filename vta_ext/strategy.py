@@ -63,6 +63,9 @@ class MatchedOp:
         Constants of the core the matcher read off the graph (``"hswish"``: ``offset``, ``lo``,
         ``hi`` of ``x * clip(x + offset, lo, hi)``; ``"batch_matmul"``: ``transpose_b``, True when
         B is ``permute_dims(., [0, 2, 1])`` of the operand, which is then given as ``[B, M, K]``).
+    input_layout : object or None
+        The packed layout the first operand is already in, when it is the output of a previous
+        VTA operator (set by the offload pass before planning); None when it comes from the host.
     """
 
     kind: str
@@ -73,6 +76,7 @@ class MatchedOp:
     name: str = ""
     multiplier: Any = None
     params: Dict[str, Any] = field(default_factory=dict)
+    input_layout: Any = None
 
     @property
     def shapes(self) -> str:
@@ -103,6 +107,10 @@ class OpPlan:
         Shapes and attributes in the operator's terms, e.g. ``"1x64x56x56 * 64x64x3x3 s1 p1"``.
     padding : str
         ``""`` or what the layout pads, e.g. ``"in channels 3->16"``.
+    in_layout : object or None
+        The packed layout of the activation input (the first operand), when the template states
+        it: a strategy choosing between plans can tell which one takes over the previous VTA
+        operator's output (:attr:`MatchedOp.input_layout`).
     """
 
     workload: Any
@@ -110,6 +118,7 @@ class OpPlan:
     out_layout: Any
     description: str
     padding: str = ""
+    in_layout: Any = None
 
 
 Point = Dict[str, Any]
