@@ -156,6 +156,31 @@ def test_batched_matmul_bias_shared_by_the_batches():
     (entry,) = [e for e in report.on_cpu if e.op == "relax.matmul"]
     assert "shared by every batch but not a constant; give it as (2, 1, 16)" in entry.reason
 
+
+def test_attention_chain_both_matmuls_on_vta_with_hand_over():
+    """``softmax``-free attention ``((Q @ K^T) >> 7 -> int8) @ V >> 7``: both batched matmuls on
+    VTA, the second takes the first's packed output over; bit-exact against numpy and llvm."""
+    b, n, d = 2, 16, 32
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(nm, relax.TensorType((b, n, d), "int8")) for nm in "qkv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            kt = bb.emit(relax.op.permute_dims(k, [0, 2, 1]))
+            s = _tail(bb, bb.emit(relax.op.matmul(q, kt, out_dtype="int32")), shift=7)
+            out = bb.emit_output(_tail(bb, bb.emit(relax.op.matmul(s, v, out_dtype="int32")), shift=7))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    arrays = random_inputs(mod, 16)
+    got, ref, report = _run(mod, arrays, "csp-relaxed")
+    qa, ka, va = (a.astype(np.int64) for a in arrays)
+    scores = requantize(np.matmul(qa, ka.transpose(0, 2, 1)), None, 7, (-128, 127))
+    np.testing.assert_array_equal(
+        ref, requantize(np.matmul(scores.astype(np.int64), va), None, 7, (-128, 127)))
+    np.testing.assert_array_equal(got, ref)
+    first, second = report.on_vta
+    assert first.reason == second.reason == "batch_matmul (csp-relaxed embedding)"
+    assert "input kept in the packed layout of the previous VTA operator" in second.detail
+
 def test_multiply_tail_overflow_bound_uses_the_inner_extent():
     """A scalar multiply in the tail is offloaded when ``128*128*K*mul`` fits int32 (K = 32:
     2,048 fits, 1.07e9), refused when it does not (8,192: 4.3e9), whatever B's size (32 x 16)."""
