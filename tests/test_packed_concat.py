@@ -1,7 +1,7 @@
-"""Channel concat of VTA outputs in the packed layout: block-aligned parts are put side by side
-along the channel-block axis (one host copy, no unpack/pack) and the next VTA operator takes the
-packed tensor over; unaligned parts fall back to the NCHW concat with the reason in the report.
-Reference: the llvm build of the same module."""
+"""Channel concat of VTA outputs in the packed layout: block-aligned parts with one batch block are
+placed side by side in the DRAM buffer of the consuming VTA operator (``vta_ext.run_placed``, no
+host concat, no unpack/pack); unaligned parts fall back to the NCHW concat with the reason in the
+report. Reference: the llvm build of the same module."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,8 +49,24 @@ def test_channel_concat_in_the_packed_layout(channels, packed):
     layout_ops = [p.op for p in report.on_cpu if p.reason == "layout transform around a VTA operator"]
     if packed:
         assert "made in their packed layout" in cat.reason and "no unpack/pack" in cat.reason
+        assert "placed in DRAM" in cat.reason and "no copy" in cat.reason
         assert "input kept in the packed layout" in consumer.detail
+        # the consumer got the parts, and no host concat is left
+        assert f"concatenated in DRAM from {len(channels)} packed parts" in consumer.detail
+        assert "relax.concat" not in layout_ops
         assert "relax.strided_slice" not in layout_ops  # nothing unpacked
     else:
         assert "not a whole number of 16-channel blocks" in cat.reason and "NCHW" in cat.reason
-        assert "input kept" not in consumer.detail
+        assert "input kept" not in consumer.detail and "concatenated in DRAM" not in consumer.detail
+
+
+
+def test_placed_concat_leaves_no_host_concat_in_the_module():
+    """The offloaded module calls ``vta_ext.run_placed`` with the three parts as the consumer's
+    first operand (part counts "3,1": data, then the weight) and binds no concat."""
+    from vta_ext import load_config
+    from vta_ext.offload import OffloadToVTA
+
+    text = OffloadToVTA(load_config("default"))(_module([16, 16, 8])).script()
+    assert text.count('"vta_ext.run_placed"') == 1 and '"3,1"' in text
+    assert "concat" not in text

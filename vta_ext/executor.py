@@ -3,7 +3,8 @@
 Each offloaded operator is identified by a JSON key (:func:`op_key`): operator kind, strategy,
 configuration name *and value*, workload, epilogue and knobs. The offload pass builds each one at
 build time with :func:`compiled_op`; ``relax.call_dps_packed("vta_ext.run", inputs..., key, out)``
-then only copies the inputs into the program's DRAM image, executes the instruction stream on the
+then only copies the inputs into the program's DRAM image (``vta_ext.run_placed`` takes an operand
+as several parts and writes them side by side there), executes the instruction stream on the
 functional simulator and copies the output back. A process that loads a built module without
 having built it rebuilds the stream from the key on first use and logs that it did.
 
@@ -143,20 +144,64 @@ def compiled_op(key: str, config: Optional[VTAConfig] = None):
     return op
 
 
+def _execute(key: str, arrays: List[np.ndarray], out, parts: Optional[List[int]] = None) -> None:
+    """Run operator ``key`` on ``arrays``; ``parts[i]`` consecutive arrays form operand ``i``
+    (a channel concat of packed tensors with one batch block, placed side by side in the operand's
+    DRAM buffer by :meth:`~vta_ext.runtime.Program.placed`)."""
+    op = compiled_op(key)
+    spec = json.loads(key)
+    simulator = simulator_for(op.program.config)
+    with _DEVICE_LOCKS[config_digest(op.program.config)]:
+        inputs = arrays if parts is None else _placed_inputs(op.program, arrays, parts, spec)
+        start = time.perf_counter()
+        try:
+            result, stats = op.run(*inputs, simulator=simulator)
+        except BaseException:
+            op.program.check_placed(report=False)  # forget the stand-ins, keep this error
+            raise
+        seconds = time.perf_counter() - start
+        op.program.check_placed()
+        np.from_dlpack(out)[...] = result
+    _RUN_LOG.append(OpRun(spec["op"], spec["workload"], stats, seconds, key))
+
+
+def _placed_inputs(program, arrays: List[np.ndarray], parts: List[int], spec: dict) -> list:
+    """The operands of a ``vta_ext.run_placed`` call: single arrays as they are, groups of parts
+    as stand-ins whose parts :meth:`Program.write <vta_ext.runtime.Program.write>` places."""
+    if sum(parts) != len(arrays) or min(parts, default=1) < 1:
+        raise ValueError(f"vta_ext.run_placed for {spec['op']}: part counts {parts} do not "
+                         f"cover the {len(arrays)} input tensors")
+    inputs, i = [], 0
+    for count in parts:
+        group, i = arrays[i:i + count], i + count
+        if count == 1:
+            inputs.append(group[0])
+            continue
+        first = group[0].shape
+        if any(g.ndim < 2 or g.shape[0] != 1 or g.shape[2:] != first[2:] for g in group):
+            raise ValueError(f"vta_ext.run_placed for {spec['op']}: parts "
+                             f"{[g.shape for g in group]} are not packed tensors with one batch "
+                             "block that differ only in the channel-block axis (their byte "
+                             "concatenation would not be their concat)")
+        shape = (1, sum(g.shape[1] for g in group)) + tuple(first[2:])
+        inputs.append(program.placed(group, shape, group[0].dtype))
+    return inputs
+
+
 @tvm_ffi.register_global_func("vta_ext.run")
 def _run(*args) -> None:
     """DPS entry: ``inputs..., key, out``; runs the prebuilt program on the simulator."""
-    key, out = str(args[-2]), args[-1]
-    op = compiled_op(key)
-    spec = json.loads(key)
-    inputs = [np.from_dlpack(t) for t in args[:-2]]
-    simulator = simulator_for(op.program.config)
-    with _DEVICE_LOCKS[config_digest(op.program.config)]:
-        start = time.perf_counter()
-        result, stats = op.run(*inputs, simulator=simulator)
-        seconds = time.perf_counter() - start
-        np.from_dlpack(out)[...] = result
-    _RUN_LOG.append(OpRun(spec["op"], spec["workload"], stats, seconds, key))
+    _execute(str(args[-2]), [np.from_dlpack(t) for t in args[:-2]], args[-1])
+
+
+@tvm_ffi.register_global_func("vta_ext.run_placed")
+def _run_placed(*args) -> None:
+    """DPS entry: ``inputs..., parts, key, out`` with ``parts`` like ``"1,2,1"``: how many of the
+    input tensors form each operand in order. An operand of several tensors is their concat along
+    the channel-block axis of the packed layout (one batch block), written part by part into the
+    operand's DRAM buffer: no host concatenation."""
+    parts = [int(v) for v in str(args[-3]).split(",")]
+    _execute(str(args[-2]), [np.from_dlpack(t) for t in args[:-3]], args[-1], parts)
 
 
 def cycle_report(key: str):

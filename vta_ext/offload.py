@@ -52,7 +52,7 @@ from .errors import TemplateRefusal, VTABuildError
 from .executor import compiled_op, op_key
 from .options import current_options
 from .report import CPU, LAYOUT_REASON, VTA, BuildReport, publish
-from .packing import same_arrangement
+from .packing import channel_shuffle_steps, same_arrangement
 from .layout import IMM_MAX, IMM_MIN
 from .strategy import MatchedOp, get_template
 from .templates.epilogue import epilogue_range, fit_immediates, has_multiply
@@ -63,6 +63,7 @@ __all__ = ["OffloadToVTA", "RUN_FUNC", "LAYERS_ATTR", "CPU_REASONS_ATTR"]
 logger = logging.getLogger("vta_ext")
 
 RUN_FUNC = "vta_ext.run"
+RUN_PLACED_FUNC = "vta_ext.run_placed"
 PACK_PREFIX = "vta_pack"
 UNPACK_PREFIX = "vta_unpack"
 
@@ -89,7 +90,14 @@ class _Offloader(PyExprMutator):
         self.rejected: Dict[str, str] = {}  # var name of a candidate core op -> reason
         self.offloaded: List[Tuple[str, str, str, str]] = []  # (relax op, what, detail, var)
         self.unpack_vars: set = set()  # variables now bound to the last unpacking step
-        self.packed_concats: Dict[str, str] = {}  # concat var -> what its packed version is
+        # NCHW result var of a concat / split / channel shuffle made in the packed layout ->
+        # (relax op, what its packed version is, name of the bound packed tensor)
+        self.packed_ops: Dict[str, Tuple[str, str, str]] = {}
+        # packed concat var name -> (the bound packed concat, its parts) when the parts can be
+        # placed side by side in a consumer's DRAM buffer (one batch block)
+        self._concat_parts: Dict[str, tuple] = {}
+        self.placed_concats: Dict[str, List[str]] = {}  # packed concat var -> consumers placing it
+        self._split_pieces: Dict[str, tuple] = {}  # NCHW split var -> (packed, layout, bounds)
         self._rewritten_binding = False
         # unpacked result variable name -> (variable, packed tensor, its packed layout)
         self._packed: Dict[str, tuple] = {}
@@ -451,9 +459,11 @@ class _Offloader(PyExprMutator):
                 f"with strategy {strategy!r} on config {self.config.name!r} failed: "
                 f"{type(err).__name__}: {err}") from err
         self._kept = False
-        args = plan.inputs(self)
+        args, parts = self._place_concats(plan.inputs(self), m.name)
+        func, extra = (RUN_FUNC, []) if parts is None else (
+            RUN_PLACED_FUNC, [tvm.ir.StringImm(",".join(map(str, parts)))])
         out_packed = self._emit(relax.call_dps_packed(
-            RUN_FUNC, args + [tvm.ir.StringImm(key)],
+            func, args + extra + [tvm.ir.StringImm(key)],
             relax.TensorType(plan.out_layout.shape, "int8")), f"vta_{m.kind}")
         out = plan.out_layout.unpack(self, out_packed)
         self._rewritten_binding = True
@@ -462,6 +472,9 @@ class _Offloader(PyExprMutator):
                   f"{compiled.program.insn_count} insns, {origin}{_tiling_text(compiled)}")
         if self._kept:
             detail += "; input kept in the packed layout of the previous VTA operator"
+        if parts is not None:
+            detail += (f"; input concatenated in DRAM from {max(parts)} packed parts (placed by "
+                       "vta_ext.run_placed, no host copy)")
         if plan.padding:
             detail += f"; PADDED {plan.padding}"
             logger.warning("%s %s: %s pads %s", m.kind, plan.description, template.report_text,
@@ -469,6 +482,22 @@ class _Offloader(PyExprMutator):
         self.offloaded.append((_op_name(m.core), f"{m.kind} ({template.report_text})", detail,
                                m.name))
         return out
+
+    def _place_concats(self, args: list, consumer: str) -> Tuple[list, Optional[List[int]]]:
+        """``args`` with each packed concat that can be placed (:meth:`_packed_concat`) replaced by
+        its parts, and how many tensors form each operand (None if no concat was placed). The
+        host concat then has no use left unless another consumer needs it."""
+        out, counts = [], []
+        for arg in args:
+            entry = self._concat_parts.get(arg.name) if isinstance(arg, relax.Var) else None
+            if entry is not None and entry[0].same_as(arg):
+                out.extend(entry[1])
+                counts.append(len(entry[1]))
+                self.placed_concats.setdefault(arg.name, []).append(consumer)
+            else:
+                out.append(arg)
+                counts.append(1)
+        return out, (counts if max(counts, default=1) > 1 else None)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         name = _op_name(call)
@@ -519,6 +548,21 @@ class _Offloader(PyExprMutator):
                 self._packed[binding.var.name] = (binding.var,) + self._last_packed
         elif _op_name(value) == "relax.concat":
             self._packed_concat(binding)
+        elif _op_name(value) == "relax.split":
+            self._packed_split(binding)
+        elif isinstance(value, relax.TupleGetItem):
+            self._packed_piece(binding)
+        elif _op_name(value) == "relax.reshape":
+            self._packed_shuffle(binding)
+
+    def _packed_blocked(self, expr):
+        """``(packed tensor, BlockedActivation)`` if ``expr`` is held in the stock blocked packed
+        layout (a VTA output, or a concat / split / shuffle made in it), else None."""
+        entry = self._packed.get(expr.name) if isinstance(expr, relax.Var) else None
+        if entry is None or not entry[0].same_as(expr) \
+                or type(entry[2]).__name__ != "BlockedActivation":
+            return None
+        return entry[1], entry[2]
 
     def _packed_concat(self, binding) -> None:
         """A channel concat of VTA outputs that share a packed layout (batch, height, width and
@@ -533,12 +577,11 @@ class _Offloader(PyExprMutator):
             return
         layouts, packed = [], []
         for part in parts.fields:
-            entry = self._packed.get(part.name) if isinstance(part, relax.Var) else None
-            if entry is None or not entry[0].same_as(part) \
-                    or type(entry[2]).__name__ != "BlockedActivation":
+            held = self._packed_blocked(part)
+            if held is None:
                 return
-            layouts.append(entry[2])
-            packed.append(entry[1])
+            packed.append(held[0])
+            layouts.append(held[1])
         first = layouts[0]
         if any((lay.n, lay.h, lay.w, lay.batch_block, lay.channel_block) !=
                (first.n, first.h, first.w, first.batch_block, first.channel_block)
@@ -554,10 +597,95 @@ class _Offloader(PyExprMutator):
         concat = self._emit(relax.op.concat(packed, axis=1),
                             f"{PACK_PREFIX}_concat_{binding.var.name}")
         self._packed[binding.var.name] = (binding.var, concat, layout)
-        self.packed_concats[binding.var.name] = (
-            f"channel concat of {len(packed)} VTA outputs made in their packed layout "
-            f"({'+'.join(str(lay.c) for lay in layouts)} channels, block-aligned: one host copy "
-            "of the packed tensors, no unpack/pack)")
+        if layout.shape[0] == 1:  # one batch block: the concat is byte concatenation
+            self._concat_parts[concat.name] = (concat, packed)
+        self.packed_ops[binding.var.name] = (
+            "relax.concat", f"channel concat of {len(packed)} VTA outputs made in their packed "
+            f"layout ({'+'.join(str(lay.c) for lay in layouts)} channels, block-aligned", concat.name)
+
+    def _packed_split(self, binding) -> None:
+        """A channel split of a tensor held packed (:meth:`_packed_blocked`) whose split points are
+        whole channel blocks: remember it; each piece taken from it (:meth:`_packed_piece`) is a
+        slice of the packed tensor along the channel-block axis, no unpack/pack."""
+        value = binding.value
+        held = self._packed_blocked(value.args[0])
+        if held is None or int(value.attrs.axis) % 4 != 1:
+            return
+        packed, layout = held
+        sections = value.attrs.indices_or_sections
+        if not hasattr(sections, "__len__"):  # a number of equal sections (an IntImm)
+            count = int(sections)
+            if layout.c % count:
+                return
+            points = [layout.c // count * i for i in range(1, count)]
+        else:
+            points = [int(v) for v in sections]
+        bounds = list(zip([0] + points, points + [layout.c]))
+        k = layout.channel_block
+        if any(begin % k for begin, _ in bounds):
+            self.rejected[binding.var.name] = (
+                f"channel split of a VTA output into {'+'.join(str(e - b) for b, e in bounds)} "
+                f"channels: a split point is not a whole number of {k}-channel blocks, so the "
+                "split is made in NCHW (unpack on the host)")
+            return
+        self._split_pieces[binding.var.name] = (binding.var, packed, layout, bounds)
+
+    def _packed_piece(self, binding) -> None:
+        """``split[i]`` of a split remembered by :meth:`_packed_split`: bind the slice of the
+        packed tensor (channel blocks ``begin/k .. ceil(end/k)``) and hold it as packed."""
+        value = binding.value
+        entry = self._split_pieces.get(getattr(value.tuple_value, "name", None))
+        if entry is None or not entry[0].same_as(value.tuple_value):
+            return
+        split_var, packed, layout, bounds = entry
+        begin, end = bounds[int(value.index)]
+        k = layout.channel_block
+        piece = self._emit(relax.op.strided_slice(packed, axes=[1], begin=[begin // k],
+                                                  end=[-(-end // k)]),
+                           f"{PACK_PREFIX}_split_{binding.var.name}")
+        self._packed[binding.var.name] = (binding.var, piece,
+                                          dataclasses.replace(layout, c=end - begin))
+        self.packed_ops[split_var.name] = (
+            "relax.split", f"channel split of a VTA output into "
+            f"{'+'.join(str(e - b) for b, e in bounds)} channels made in its packed layout "
+            "(block-aligned: a slice of the channel-block axis per piece", "")
+
+    def _packed_shuffle(self, binding) -> None:
+        """A channel shuffle ``reshape (N, g, C/g, H, W) -> permute_dims (0, 2, 1, 3, 4) ->
+        reshape (N, C, H, W)`` of a tensor held packed is made on the packed tensor
+        (:func:`~vta_ext.packing.channel_shuffle_steps`) when the channel block is a multiple of
+        ``g`` and ``C/g`` a multiple of the channel block."""
+        permute = self._producer(binding.value.args[0])
+        if _op_name(permute) != "relax.permute_dims" or permute.attrs.axes is None \
+                or [int(a) for a in permute.attrs.axes] != [0, 2, 1, 3, 4]:
+            return
+        split = self._producer(permute.args[0])
+        if _op_name(split) != "relax.reshape":
+            return
+        source = split.args[0]
+        held = self._packed_blocked(source)
+        if held is None or len(_shape(source)) != 4 or _shape(binding.var) != _shape(source):
+            return
+        packed, layout = held
+        n, groups, per_group, h, w = _shape(permute.args[0])
+        if (n, groups * per_group, h, w) != _shape(source):
+            return
+        try:
+            steps = channel_shuffle_steps(layout, groups, f"shuffle_{binding.var.name}")
+        except ValueError as err:
+            self.rejected[binding.var.name] = (f"channel shuffle of a VTA output made in NCHW "
+                                               f"(unpack on the host): {err}")
+            return
+        shuffled = packed
+        for kind, arg, name in steps:
+            op = relax.op.reshape(shuffled, tuple(arg)) if kind == "reshape" \
+                else relax.op.permute_dims(shuffled, list(arg))
+            shuffled = self.emit(op, name)
+        self._packed[binding.var.name] = (binding.var, shuffled, layout)
+        self.packed_ops[binding.var.name] = (
+            "relax.permute_dims", f"channel shuffle ({groups} groups of {per_group} channels) of a "
+            "VTA output made in its packed layout (one transpose of the packed tensor",
+            shuffled.name)
 
 
 def _tiling_text(compiled) -> str:
@@ -633,18 +761,26 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
             report.add(op, VTA, what, detail, var, layers.get(var, ""))
         remaining = {var for func in new_mod.functions.values() if isinstance(func, relax.Function)
                      for _, var in _cpu_ops(func)}
-        concat_prefix = f"{PACK_PREFIX}_concat_"
+        for source, (op, text, packed) in rewriter.packed_ops.items():
+            if source in remaining:
+                continue  # the NCHW version runs on the CPU too and is reported as such
+            if op == "relax.concat":
+                placed = rewriter.placed_concats.get(packed, [])
+                if packed in remaining:
+                    text += ": one host copy of the packed tensors, no unpack/pack)"
+                else:
+                    text += (f": placed in DRAM by its consumer {', '.join(placed)} "
+                             "(vta_ext.run_placed writes each part where it starts in the "
+                             "operand), no copy, no unpack/pack)")
+            else:
+                text += ", no unpack/pack)"
+            report.add(op, CPU, text, source, source, layers.get(source, ""))
         for func in new_mod.functions.values():
             if not isinstance(func, relax.Function):
                 continue
             for op, var in _cpu_ops(func):
                 if op == "relax.call_dps_packed":
                     continue
-                source = var[len(concat_prefix):] if var.startswith(concat_prefix) else None
-                if source in rewriter.packed_concats and source not in remaining:
-                    # only the packed concat is left: it stands for the source's concat
-                    report.add("relax.concat", CPU, rewriter.packed_concats[source], source,
-                               source, layers.get(source, ""))
                 if var.startswith((PACK_PREFIX, UNPACK_PREFIX)) or var in rewriter.unpack_vars:
                     reason = LAYOUT_REASON
                 elif var in rewriter.rejected:

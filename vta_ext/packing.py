@@ -30,7 +30,8 @@ import tvm
 from tvm import relax
 
 __all__ = ["BlockedActivation", "BlockedMatrix", "pack_conv_weight", "pack_depthwise_weight",
-           "pack_channel_bias", "ceil_to", "padding_text", "same_arrangement"]
+           "pack_channel_bias", "ceil_to", "padding_text", "same_arrangement",
+           "channel_shuffle_steps", "apply_steps_numpy"]
 
 
 def ceil_to(value: int, multiple: int) -> int:
@@ -48,7 +49,7 @@ def padding_text(*dims: Tuple[str, int, int]) -> str:
 Step = Tuple[str, Sequence[int], str]
 
 
-def _numpy_steps(a: np.ndarray, steps: Sequence[Step]) -> np.ndarray:
+def apply_steps_numpy(a: np.ndarray, steps: Sequence[Step]) -> np.ndarray:
     """``steps`` applied to a numpy array (zero padding; C-contiguous result)."""
     for kind, arg, _ in steps:
         if kind == "pad":
@@ -68,7 +69,7 @@ def _relayout(packer, expr, steps: Sequence[Step]):
     ops on the host (the last one named by its step, each through ``packer.emit``)."""
     x = packer.operand(expr)
     if isinstance(x, tvm.ir.expr.Constant):
-        return relax.const(_numpy_steps(x.value.numpy(), steps), str(x.ty.dtype))
+        return relax.const(apply_steps_numpy(x.value.numpy(), steps), str(x.ty.dtype))
     for kind, arg, name in steps:
         if kind == "pad":
             if any(arg):
@@ -87,7 +88,7 @@ def _pack_numpy(layout, array: np.ndarray) -> np.ndarray:
     x = np.asarray(array)
     if tuple(x.shape) != tuple(layout.src_shape):
         raise ValueError(f"{type(layout).__name__}: expected shape {layout.src_shape}, got {x.shape}")
-    return _numpy_steps(x, layout.steps())
+    return apply_steps_numpy(x, layout.steps())
 
 
 @functools.lru_cache(maxsize=1024)
@@ -236,6 +237,37 @@ class BlockedMatrix:
             out = relax.op.strided_slice(packer.emit_unpack(out, "reshape"), axes=[0, 1],
                                          begin=[0, 0], end=[self.rows, self.cols])
         return out
+
+
+def channel_shuffle_steps(layout: BlockedActivation, groups: int,
+                          name: str = "shuffle") -> List[Step]:
+    """The channel shuffle of ``groups`` groups (NCHW: reshape ``(N, g, C/g, H, W)``, permute
+    ``(0, 2, 1, 3, 4)``, reshape ``(N, C, H, W)``: output channel ``i*g + gi`` is input channel
+    ``gi*C/g + i``) as steps on the packed tensor of ``layout``, whose result is again in
+    ``layout``.
+
+    With channel block ``k``, ``m = C/(g k)`` blocks per group and an input channel
+    ``c = gi*C/g + i``, ``i = im*k + ih*(k/g) + iq``, the output channel is
+    ``j = (im*g + ih)*k + iq*g + gi``. So the packed ``(NB, C/k, H, W, b, k)`` is viewed as
+    ``(NB, g[gi], m[im], H, W, b, g[ih], k/g[iq])``, permuted to
+    ``(NB, m, g[ih], H, W, b, k/g, g[gi])`` (one transpose) and viewed as the packed result.
+
+    Raises
+    ------
+    ValueError
+        If ``k`` is not a multiple of ``groups`` or ``C/groups`` not a multiple of ``k`` (then
+        the shuffle moves channels across block boundaries in no blockwise way: make it in NCHW).
+    """
+    k, c = layout.channel_block, layout.c
+    if groups < 1 or c % groups or (c // groups) % k or k % groups:
+        raise ValueError(f"a shuffle of {c} channels in {groups} groups is blockwise only if the "
+                         f"{k}-channel block is a multiple of the groups and the {c // max(groups, 1)} "
+                         f"channels per group a multiple of {k}")
+    nb, cb, h, w, b, _ = layout.shape
+    m = c // groups // k
+    return [("reshape", (nb, groups, m, h, w, b, groups, k // groups), f"view_{name}"),
+            ("permute", (0, 2, 6, 3, 4, 5, 7, 1), f"transpose_{name}"),
+            ("reshape", layout.shape, name)]
 
 
 def pack_conv_weight(packer, weight, shape: Tuple[int, int, int, int], o_p: int, i_p: int,

@@ -447,6 +447,8 @@ class Program:
     segments: List[Tuple[int, int]]
     buffers: Dict[str, DramBuffer]
     insns: List[Insn] = field(repr=False)
+    #: operands made of parts (:meth:`placed`): data address of the stand-in array -> the parts
+    _placements: Dict[int, List[np.ndarray]] = field(default_factory=dict, repr=False)
 
     def _view(self, name: str, nbytes: Optional[int] = None) -> np.ndarray:
         try:
@@ -460,9 +462,56 @@ class Program:
         return self.dram[start:start + nbytes]
 
     def write(self, name: str, array: np.ndarray) -> None:
-        """Copy the bytes of ``array`` (C order) into buffer ``name`` of the DRAM image."""
+        """Copy the bytes of ``array`` (C order) into buffer ``name`` of the DRAM image.
+
+        If ``array`` is (a view of the whole of) a stand-in from :meth:`placed`, its parts are
+        written side by side instead, each at the offset where it starts in the operand."""
         data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
-        self._view(name, data.size)[:] = data
+        parts = self._placements.pop(data.__array_interface__["data"][0], None) \
+            if self._placements else None
+        if parts is None:
+            self._view(name, data.size)[:] = data
+            return
+        view, offset = self._view(name, data.size), 0
+        for part in parts:
+            part = np.ascontiguousarray(part).view(np.uint8).reshape(-1)
+            view[offset:offset + part.size] = part
+            offset += part.size
+
+    def placed(self, parts: Sequence[np.ndarray], shape: Sequence[int], dtype) -> np.ndarray:
+        """A stand-in for an operand of ``shape`` and ``dtype`` whose C-order bytes are the bytes
+        of ``parts`` one after the other (e.g. a channel concat of packed tensors with one batch
+        block). Pass it to the operator's ``run`` like the operand itself: :meth:`write` then
+        places each part in the DRAM buffer directly, with no host concatenation. The stand-in's
+        own contents are undefined; :meth:`check_placed` says whether every stand-in was written.
+
+        Raises
+        ------
+        ValueError
+            If the parts' dtypes or total size do not match ``shape`` and ``dtype``.
+        """
+        dtype = np.dtype(dtype)
+        stand_in = np.empty(tuple(shape), dtype)
+        if any(np.dtype(p.dtype) != dtype for p in parts) \
+                or sum(p.nbytes for p in parts) != stand_in.nbytes:
+            raise ValueError(f"parts {[(tuple(p.shape), str(p.dtype)) for p in parts]} do not "
+                             f"make an operand of shape {tuple(shape)} {dtype}")
+        self._placements[stand_in.__array_interface__["data"][0]] = list(parts)
+        return stand_in
+
+    def check_placed(self, report: bool = True) -> None:
+        """Forget the stand-ins of :meth:`placed`; raise ``RuntimeError_`` (if ``report``) when
+        one was not written by :meth:`write` (its operand was copied before writing, so the
+        program ran on undefined data)."""
+        if self._placements and not report:
+            self._placements.clear()
+        if self._placements:
+            count = len(self._placements)
+            self._placements.clear()
+            raise RuntimeError_(f"{count} operand(s) made of parts were not written to the DRAM "
+                                "image as given (the operator's run copied them): its result is "
+                                "undefined; place the parts only for operators that write their "
+                                "inputs unchanged")
 
     def read(self, name: str, dtype, shape: Sequence[int]) -> np.ndarray:
         """A copy of buffer ``name`` as an array of ``dtype`` and ``shape``."""
