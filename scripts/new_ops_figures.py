@@ -87,16 +87,27 @@ CASES = [
 ]
 
 
+def _shape(expr):
+    return tuple(int(d) for d in expr.ty.shape)
+
+
+def run_module(mod, target, arrays):
+    """Build ``mod`` for ``target`` and run ``main`` once on ``arrays`` (numpy output)."""
+    import tvm
+
+    vm = relax.VirtualMachine(relax.build(mod, target=target), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+
+
 def measure(mod, config: str, strategy: str):
     """``(cycles, bit-exact vs llvm, report reason)`` of ``mod``'s one VTA operator."""
     import vta_ext
     from vta_ext.executor import cycle_report
     from vta_ext.target import vta_target
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import random_inputs, run_module
-
-    arrays = random_inputs(mod, 1)
+    rng = np.random.default_rng(1)
+    arrays = [rng.integers(-128, 128, _shape(p)).astype(np.int8) if str(p.ty.dtype) == "int8" else
+              rng.integers(-(1 << 14), 1 << 14, _shape(p)).astype(np.int32) for p in mod["main"].params]
     vta_ext.clear_run_log()
     with vta_ext.build_options(strategy=strategy):
         got = run_module(mod, vta_target(config), arrays)
