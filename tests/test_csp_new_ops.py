@@ -248,6 +248,28 @@ def test_conv1d_on_vta_bit_exact(stride, padding, dilation, strategy):
     assert f"1x16x24 * 32x16x3 s{stride} p{padding[0]} d{dilation}" in entry.detail, entry.detail
 
 
+
+@pytest.mark.parametrize("case", ["bmm", "conv1d"])
+def test_odd_shapes_are_padded_and_stay_bit_exact(case):
+    """Extents that are no multiple of the 16x16 GEMM: the embedding pads them (the report says
+    which) and the result stays bit-exact (conv1d: 3 -> 10 channels, filter 5, stride 3,
+    dilation 2, batch 2; batched matmul 3x5x20 @ 3x20x7 with a per-batch bias)."""
+    if case == "bmm":
+        mod, kind, pads = bmm_module(3, 5, 20, 7, bias=True), "batch_matmul", "cols 7->16"
+    else:
+        mod, kind, pads = conv1d_module(2, 3, 30, 10, 5, 3, (2, 2), 2), "conv1d", "out channels 10->16"
+    arrays = random_inputs(mod, 17)
+    got, ref, report = _run(mod, arrays, "csp-relaxed")
+    if case == "bmm":
+        acc = np.matmul(arrays[0].astype(np.int64), arrays[1].astype(np.int64))
+        np.testing.assert_array_equal(ref, requantize(acc, arrays[2], 6, (-128, 127)))
+    else:
+        np.testing.assert_array_equal(ref, requantize(np_conv1d(arrays[0], arrays[1], 3, (2, 2), 2),
+                                                      arrays[2], 8, (0, 127)))
+    np.testing.assert_array_equal(got, ref)
+    assert "PADDED" in _vta_entry(report, kind, "csp-relaxed").detail
+    assert pads in report.on_vta[0].detail
+
 # ------------------------------------------------------------------------------------ stock
 STOCK_CASES = {
     "batched matmul": (lambda: bmm_module(2, 8, 32, 16, transpose=True), "relax.matmul"),
