@@ -63,10 +63,10 @@ def test_channel_concat_in_the_packed_layout(channels, packed):
 
 def test_placed_concat_leaves_no_host_concat_in_the_module():
     """The offloaded module calls ``vta_ext.run_placed`` with the three parts as the consumer's
-    first operand (part counts "3,1": data, then the weight) and binds no concat."""
+    first operand (spec "*+*+*,*": data of three whole parts, then the weight) and binds no concat."""
     from vta_ext import load_config
     from vta_ext.offload import OffloadToVTA
 
     text = OffloadToVTA(load_config("default"))(_module([16, 16, 8])).script()
-    assert text.count('"vta_ext.run_placed"') == 1 and '"3,1"' in text
+    assert text.count('"vta_ext.run_placed"') == 1 and '"*+*+*,*"' in text
     assert "concat" not in text

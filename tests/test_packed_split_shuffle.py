@@ -10,7 +10,7 @@ import pytest
 from tvm import relax
 
 from conftest import pack_nchw, vta_and_llvm
-from vta_ext.packing import BlockedActivation, apply_steps_numpy, channel_shuffle_steps
+from vta_ext.packing import BlockedActivation, channel_shuffle_map
 
 LAYOUT = "layout transform around a VTA operator"
 
@@ -26,17 +26,18 @@ def _nchw_shuffle(x: np.ndarray, groups: int) -> np.ndarray:
 def test_packed_channel_shuffle_matches_numpy(n, c, groups, b, k):
     x = np.random.default_rng(c + groups).integers(-128, 128, (n, c, 5, 3)).astype(np.int8)
     layout = BlockedActivation(n, c, 5, 3, b, k)
-    got = apply_steps_numpy(layout.pack_numpy(x), channel_shuffle_steps(layout, groups))
+    packed = layout.pack_numpy(x)
+    got = np.zeros_like(packed)
+    got[channel_shuffle_map(layout, groups)(*np.indices(packed.shape))] = packed
     np_ = -(-n // b) * b  # the packing pads the batch to whole blocks
     ref = pack_nchw(np.pad(_nchw_shuffle(x, groups), [(0, np_ - n), (0, 0), (0, 0), (0, 0)]), b, k)
     np.testing.assert_array_equal(got, ref)
-    assert [s[0] for s in channel_shuffle_steps(layout, groups)].count("permute") == 1
 
 
 @pytest.mark.parametrize("c,groups,k", [(48, 2, 16), (64, 3, 16), (96, 32, 16)])
 def test_packed_channel_shuffle_refuses_non_blockwise(c, groups, k):
     with pytest.raises(ValueError, match="blockwise only if"):
-        channel_shuffle_steps(BlockedActivation(1, c, 4, 4, 1, k), groups)
+        channel_shuffle_map(BlockedActivation(1, c, 4, 4, 1, k), groups)
 
 
 def _conv(bb, x, w, shift, padding=0):
@@ -83,15 +84,17 @@ def test_shuffle_unit_in_the_packed_layout():
     (split,) = [p for p in report.on_cpu if p.name == "halves"]
     (shuffle,) = [p for p in report.on_cpu if p.name == "shuffled"]
     assert "made in its packed layout" in split.reason and "32+32" in split.reason
-    assert "made in its packed layout" in shuffle.reason and "one transpose" in shuffle.reason
+    assert "made in its packed layout" in shuffle.reason and "one layout_transform" in shuffle.reason
+    # the piece the branch conv takes is read in place from the split tensor's channel blocks
+    assert "split piece read in place" in convs[1].detail
     layout_ops = sorted(p.op for p in report.on_cpu if p.reason == LAYOUT)
-    # by hand: pack x (reshape, permute; no padding), one slice per piece, the packed concat, the
-    # shuffle (view, transpose, view), unpack the output (permute, reshape)
+    # by hand: pack x (reshape, permute; no padding), the slice of the piece the host concat
+    # takes, the packed concat, the shuffle (one layout_transform), unpack the output (permute,
+    # reshape)
     assert layout_ops == sorted(["relax.reshape", "relax.permute_dims", "relax.strided_slice",
-                                 "relax.strided_slice", "relax.concat", "relax.reshape",
-                                 "relax.permute_dims", "relax.reshape", "relax.permute_dims",
+                                 "relax.concat", "relax.layout_transform", "relax.permute_dims",
                                  "relax.reshape"])
-    assert report.host_relayouts == 10
+    assert report.host_relayouts == 7
     # nothing else runs on the CPU: no NCHW split, concat or shuffle
     assert [p for p in report.on_cpu if p.reason != LAYOUT and p.name not in
             ("halves", "cat", "shuffled")] == []

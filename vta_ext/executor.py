@@ -144,15 +144,14 @@ def compiled_op(key: str, config: Optional[VTAConfig] = None):
     return op
 
 
-def _execute(key: str, arrays: List[np.ndarray], out, parts: Optional[List[int]] = None) -> None:
-    """Run operator ``key`` on ``arrays``; ``parts[i]`` consecutive arrays form operand ``i``
-    (a channel concat of packed tensors with one batch block, placed side by side in the operand's
-    DRAM buffer by :meth:`~vta_ext.runtime.Program.placed`)."""
+def _execute(key: str, arrays: List[np.ndarray], out, spec: Optional[str] = None) -> None:
+    """Run operator ``key`` on ``arrays``, which form its operands as ``spec`` says (see
+    ``vta_ext.run_placed``; None: one array per operand)."""
     op = compiled_op(key)
-    spec = json.loads(key)
+    info = json.loads(key)
     simulator = simulator_for(op.program.config)
     with _DEVICE_LOCKS[config_digest(op.program.config)]:
-        inputs = arrays if parts is None else _placed_inputs(op.program, arrays, parts, spec)
+        inputs = arrays if spec is None else _placed_inputs(op.program, arrays, spec, info["op"])
         start = time.perf_counter()
         try:
             result, stats = op.run(*inputs, simulator=simulator)
@@ -162,27 +161,40 @@ def _execute(key: str, arrays: List[np.ndarray], out, parts: Optional[List[int]]
         seconds = time.perf_counter() - start
         op.program.check_placed()
         np.from_dlpack(out)[...] = result
-    _RUN_LOG.append(OpRun(spec["op"], spec["workload"], stats, seconds, key))
+    _RUN_LOG.append(OpRun(info["op"], info["workload"], stats, seconds, key))
 
 
-def _placed_inputs(program, arrays: List[np.ndarray], parts: List[int], spec: dict) -> list:
-    """The operands of a ``vta_ext.run_placed`` call: single arrays as they are, groups of parts
-    as stand-ins whose parts :meth:`Program.write <vta_ext.runtime.Program.write>` places."""
-    if sum(parts) != len(arrays) or min(parts, default=1) < 1:
-        raise ValueError(f"vta_ext.run_placed for {spec['op']}: part counts {parts} do not "
-                         f"cover the {len(arrays)} input tensors")
-    inputs, i = [], 0
-    for count in parts:
-        group, i = arrays[i:i + count], i + count
-        if count == 1:
+def _placed_inputs(program, arrays: List[np.ndarray], spec: str, what: str) -> list:
+    """The operands of a ``vta_ext.run_placed`` call. ``spec`` lists the operands separated by
+    ``,``, each as parts separated by ``+``; a part is one input tensor, whole (``*``) or its
+    channel blocks ``b:e`` (axis 1 of a packed tensor with one batch block: a contiguous view).
+    An operand of several parts is a stand-in whose parts
+    :meth:`Program.write <vta_ext.runtime.Program.write>` places side by side in DRAM."""
+    operands = [p.split("+") for p in spec.split(",")]
+    if sum(map(len, operands)) != len(arrays):
+        raise ValueError(f"vta_ext.run_placed for {what}: spec {spec!r} does not cover the "
+                         f"{len(arrays)} input tensors")
+    inputs, tensors = [], iter(arrays)
+    for parts in operands:
+        group = []
+        for part, array in zip(parts, tensors):
+            if part != "*":
+                begin, end = (int(v) for v in part.split(":"))
+                if array.ndim < 2 or array.shape[0] != 1:
+                    raise ValueError(f"vta_ext.run_placed for {what}: a slice {part} of a tensor "
+                                     f"of shape {array.shape}: only one batch block is a "
+                                     "contiguous range of channel blocks")
+                array = array[:, begin:end]
+            group.append(array)
+        if len(group) == 1:
             inputs.append(group[0])
             continue
         first = group[0].shape
         if any(g.ndim < 2 or g.shape[0] != 1 or g.shape[2:] != first[2:] for g in group):
-            raise ValueError(f"vta_ext.run_placed for {spec['op']}: parts "
-                             f"{[g.shape for g in group]} are not packed tensors with one batch "
-                             "block that differ only in the channel-block axis (their byte "
-                             "concatenation would not be their concat)")
+            raise ValueError(f"vta_ext.run_placed for {what}: parts {[g.shape for g in group]} "
+                             "are not packed tensors with one batch block that differ only in "
+                             "the channel-block axis (their byte concatenation would not be "
+                             "their concat)")
         shape = (1, sum(g.shape[1] for g in group)) + tuple(first[2:])
         inputs.append(program.placed(group, shape, group[0].dtype))
     return inputs
@@ -196,12 +208,12 @@ def _run(*args) -> None:
 
 @tvm_ffi.register_global_func("vta_ext.run_placed")
 def _run_placed(*args) -> None:
-    """DPS entry: ``inputs..., parts, key, out`` with ``parts`` like ``"1,2,1"``: how many of the
-    input tensors form each operand in order. An operand of several tensors is their concat along
-    the channel-block axis of the packed layout (one batch block), written part by part into the
-    operand's DRAM buffer: no host concatenation."""
-    parts = [int(v) for v in str(args[-3]).split(",")]
-    _execute(str(args[-2]), [np.from_dlpack(t) for t in args[:-3]], args[-1], parts)
+    """DPS entry: ``inputs..., spec, key, out``. ``spec`` (e.g. ``"*+0:3,*"``) says how the input
+    tensors form the operands: operands separated by ``,``, the parts of one by ``+``, a part
+    whole (``*``) or channel blocks ``b:e`` of a packed tensor with one batch block (a view, no
+    copy). An operand of several parts is their concat along the channel-block axis, written part
+    by part into the operand's DRAM buffer: no host concatenation, no host slice."""
+    _execute(str(args[-2]), [np.from_dlpack(t) for t in args[:-3]], args[-1], str(args[-3]))
 
 
 def cycle_report(key: str):

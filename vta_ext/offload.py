@@ -52,7 +52,7 @@ from .errors import TemplateRefusal, VTABuildError
 from .executor import compiled_op, op_key
 from .options import current_options
 from .report import CPU, LAYOUT_REASON, VTA, BuildReport, publish
-from .packing import channel_shuffle_steps, same_arrangement
+from .packing import channel_shuffle_map, same_arrangement
 from .layout import IMM_MAX, IMM_MIN
 from .strategy import MatchedOp, get_template
 from .templates.epilogue import epilogue_range, fit_immediates, has_multiply
@@ -98,6 +98,9 @@ class _Offloader(PyExprMutator):
         self._concat_parts: Dict[str, tuple] = {}
         self.placed_concats: Dict[str, List[str]] = {}  # packed concat var -> consumers placing it
         self._split_pieces: Dict[str, tuple] = {}  # NCHW split var -> (packed, layout, bounds)
+        # bound packed slice var name -> (it, its packed source, first block, end block) when the
+        # source has one batch block (the slice is a contiguous byte range)
+        self._slices: Dict[str, tuple] = {}
         self._rewritten_binding = False
         # unpacked result variable name -> (variable, packed tensor, its packed layout)
         self._packed: Dict[str, tuple] = {}
@@ -461,7 +464,7 @@ class _Offloader(PyExprMutator):
         self._kept = False
         args, parts = self._place_concats(plan.inputs(self), m.name)
         func, extra = (RUN_FUNC, []) if parts is None else (
-            RUN_PLACED_FUNC, [tvm.ir.StringImm(",".join(map(str, parts)))])
+            RUN_PLACED_FUNC, [tvm.ir.StringImm(parts)])
         out_packed = self._emit(relax.call_dps_packed(
             func, args + extra + [tvm.ir.StringImm(key)],
             relax.TensorType(plan.out_layout.shape, "int8")), f"vta_{m.kind}")
@@ -472,9 +475,12 @@ class _Offloader(PyExprMutator):
                   f"{compiled.program.insn_count} insns, {origin}{_tiling_text(compiled)}")
         if self._kept:
             detail += "; input kept in the packed layout of the previous VTA operator"
-        if parts is not None:
-            detail += (f"; input concatenated in DRAM from {max(parts)} packed parts (placed by "
-                       "vta_ext.run_placed, no host copy)")
+        if parts is not None and "+" in parts:
+            detail += (f"; input concatenated in DRAM from {1 + max(p.count('+') for p in parts.split(','))} "
+                       "packed parts (placed by vta_ext.run_placed, no host copy)")
+        if parts is not None and ":" in parts:
+            detail += ("; split piece read in place from its source's channel blocks "
+                       "(vta_ext.run_placed, no host slice)")
         if plan.padding:
             detail += f"; PADDED {plan.padding}"
             logger.warning("%s %s: %s pads %s", m.kind, plan.description, template.report_text,
@@ -483,21 +489,31 @@ class _Offloader(PyExprMutator):
                                m.name))
         return out
 
-    def _place_concats(self, args: list, consumer: str) -> Tuple[list, Optional[List[int]]]:
+    def _place_concats(self, args: list, consumer: str) -> Tuple[list, Optional[str]]:
         """``args`` with each packed concat that can be placed (:meth:`_packed_concat`) replaced by
-        its parts, and how many tensors form each operand (None if no concat was placed). The
-        host concat then has no use left unless another consumer needs it."""
-        out, counts = [], []
+        its parts and each channel-block slice of a one-batch-block tensor (:meth:`_packed_piece`)
+        by its source, and the ``vta_ext.run_placed`` spec saying how the tensors form the
+        operands (None if nothing was replaced). The host concats and slices then have no use
+        left unless another consumer needs them."""
+        out, spec = [], []
         for arg in args:
             entry = self._concat_parts.get(arg.name) if isinstance(arg, relax.Var) else None
             if entry is not None and entry[0].same_as(arg):
-                out.extend(entry[1])
-                counts.append(len(entry[1]))
+                parts = entry[1]
                 self.placed_concats.setdefault(arg.name, []).append(consumer)
             else:
-                out.append(arg)
-                counts.append(1)
-        return out, (counts if max(counts, default=1) > 1 else None)
+                parts = [arg]
+            texts = []
+            for part in parts:
+                piece = self._slices.get(part.name) if isinstance(part, relax.Var) else None
+                if piece is not None and piece[0].same_as(part):
+                    out.append(piece[1])
+                    texts.append(f"{piece[2]}:{piece[3]}")
+                else:
+                    out.append(part)
+                    texts.append("*")
+            spec.append("+".join(texts))
+        return out, (None if all(t == "*" for t in spec) else ",".join(spec))
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         name = _op_name(call)
@@ -640,9 +656,12 @@ class _Offloader(PyExprMutator):
         split_var, packed, layout, bounds = entry
         begin, end = bounds[int(value.index)]
         k = layout.channel_block
-        piece = self._emit(relax.op.strided_slice(packed, axes=[1], begin=[begin // k],
-                                                  end=[-(-end // k)]),
+        blocks = (begin // k, -(-end // k))
+        piece = self._emit(relax.op.strided_slice(packed, axes=[1], begin=[blocks[0]],
+                                                  end=[blocks[1]]),
                            f"{PACK_PREFIX}_split_{binding.var.name}")
+        if layout.shape[0] == 1:
+            self._slices[piece.name] = (piece, packed) + blocks
         self._packed[binding.var.name] = (binding.var, piece,
                                           dataclasses.replace(layout, c=end - begin))
         self.packed_ops[split_var.name] = (
@@ -653,7 +672,7 @@ class _Offloader(PyExprMutator):
     def _packed_shuffle(self, binding) -> None:
         """A channel shuffle ``reshape (N, g, C/g, H, W) -> permute_dims (0, 2, 1, 3, 4) ->
         reshape (N, C, H, W)`` of a tensor held packed is made on the packed tensor
-        (:func:`~vta_ext.packing.channel_shuffle_steps`) when the channel block is a multiple of
+        (:func:`~vta_ext.packing.channel_shuffle_map`) when the channel block is a multiple of
         ``g`` and ``C/g`` a multiple of the channel block."""
         permute = self._producer(binding.value.args[0])
         if _op_name(permute) != "relax.permute_dims" or permute.attrs.axes is None \
@@ -671,20 +690,17 @@ class _Offloader(PyExprMutator):
         if (n, groups * per_group, h, w) != _shape(source):
             return
         try:
-            steps = channel_shuffle_steps(layout, groups, f"shuffle_{binding.var.name}")
+            index_map = channel_shuffle_map(layout, groups)
         except ValueError as err:
             self.rejected[binding.var.name] = (f"channel shuffle of a VTA output made in NCHW "
                                                f"(unpack on the host): {err}")
             return
-        shuffled = packed
-        for kind, arg, name in steps:
-            op = relax.op.reshape(shuffled, tuple(arg)) if kind == "reshape" \
-                else relax.op.permute_dims(shuffled, list(arg))
-            shuffled = self.emit(op, name)
+        shuffled = self.emit(relax.op.layout_transform(packed, index_map=index_map),
+                             f"shuffle_{binding.var.name}")
         self._packed[binding.var.name] = (binding.var, shuffled, layout)
         self.packed_ops[binding.var.name] = (
             "relax.permute_dims", f"channel shuffle ({groups} groups of {per_group} channels) of a "
-            "VTA output made in its packed layout (one transpose of the packed tensor",
+            "VTA output made in its packed layout (one layout_transform of the packed tensor",
             shuffled.name)
 
 

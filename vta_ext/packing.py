@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 import tvm
@@ -31,7 +31,7 @@ from tvm import relax
 
 __all__ = ["BlockedActivation", "BlockedMatrix", "pack_conv_weight", "pack_depthwise_weight",
            "pack_channel_bias", "ceil_to", "padding_text", "same_arrangement",
-           "channel_shuffle_steps", "apply_steps_numpy"]
+           "channel_shuffle_map", "apply_steps_numpy"]
 
 
 def ceil_to(value: int, multiple: int) -> int:
@@ -239,18 +239,17 @@ class BlockedMatrix:
         return out
 
 
-def channel_shuffle_steps(layout: BlockedActivation, groups: int,
-                          name: str = "shuffle") -> List[Step]:
+def channel_shuffle_map(layout: BlockedActivation, groups: int) -> Callable[..., tuple]:
     """The channel shuffle of ``groups`` groups (NCHW: reshape ``(N, g, C/g, H, W)``, permute
     ``(0, 2, 1, 3, 4)``, reshape ``(N, C, H, W)``: output channel ``i*g + gi`` is input channel
-    ``gi*C/g + i``) as steps on the packed tensor of ``layout``, whose result is again in
-    ``layout``.
+    ``gi*C/g + i``) on the packed tensor of ``layout``, whose result is again in ``layout``: the
+    index map from a packed input position to its packed output position.
 
-    With channel block ``k``, ``m = C/(g k)`` blocks per group and an input channel
-    ``c = gi*C/g + i``, ``i = im*k + ih*(k/g) + iq``, the output channel is
-    ``j = (im*g + ih)*k + iq*g + gi``. So the packed ``(NB, C/k, H, W, b, k)`` is viewed as
-    ``(NB, g[gi], m[im], H, W, b, g[ih], k/g[iq])``, permuted to
-    ``(NB, m, g[ih], H, W, b, k/g, g[gi])`` (one transpose) and viewed as the packed result.
+    With channel block ``k``, ``m = C/(g k)`` blocks per group, input block ``cb = gi*m + im`` and
+    lane ``kl = ih*(k/g) + iq`` (so ``i = im*k + kl``), the output channel is
+    ``j = (im*g + ih)*k + iq*g + gi``: block ``(cb % m)*g + kl // (k/g)``, lane
+    ``(kl % (k/g))*g + cb // m``. The map works on numpy index arrays and on TIR variables (for
+    ``relax.op.layout_transform``: one host transpose of the packed tensor).
 
     Raises
     ------
@@ -261,13 +260,14 @@ def channel_shuffle_steps(layout: BlockedActivation, groups: int,
     k, c = layout.channel_block, layout.c
     if groups < 1 or c % groups or (c // groups) % k or k % groups:
         raise ValueError(f"a shuffle of {c} channels in {groups} groups is blockwise only if the "
-                         f"{k}-channel block is a multiple of the groups and the {c // max(groups, 1)} "
-                         f"channels per group a multiple of {k}")
-    nb, cb, h, w, b, _ = layout.shape
-    m = c // groups // k
-    return [("reshape", (nb, groups, m, h, w, b, groups, k // groups), f"view_{name}"),
-            ("permute", (0, 2, 6, 3, 4, 5, 7, 1), f"transpose_{name}"),
-            ("reshape", layout.shape, name)]
+                         f"{k}-channel block is a multiple of the groups and the "
+                         f"{c // max(groups, 1)} channels per group a multiple of {k}")
+    m, lanes = c // groups // k, k // groups
+
+    def shuffle(nb, cb, h, w, bl, kl):
+        return (nb, (cb % m) * groups + kl // lanes, h, w, bl, (kl % lanes) * groups + cb // m)
+
+    return shuffle
 
 
 def pack_conv_weight(packer, weight, shape: Tuple[int, int, int, int], o_p: int, i_p: int,
