@@ -10,10 +10,12 @@ from tvm import relax
 
 from conftest import vta_and_llvm
 
+LAYOUT = "layout transform around a VTA operator"
 
-def _module(channels):
+
+def _module(channels, batch=1):
     """Parallel 1x1 convs with ``channels`` outputs, concatenated, then a 3x3 conv."""
-    x = relax.Var("x", relax.TensorType((1, 16, 6, 6), "int8"))
+    x = relax.Var("x", relax.TensorType((batch, 16, 6, 6), "int8"))
     bb = relax.BlockBuilder()
     rng = np.random.default_rng(0)
     with bb.function("main", [x]):
@@ -70,3 +72,18 @@ def test_placed_concat_leaves_no_host_concat_in_the_module():
     text = OffloadToVTA(load_config("default"))(_module([16, 16, 8])).script()
     assert text.count('"vta_ext.run_placed"') == 1 and '"*+*+*,*"' in text
     assert "concat" not in text
+
+
+def test_concat_of_two_batch_blocks_is_one_host_copy():
+    """Batch 2 on the default configuration (BATCH 1): two batch blocks, so the parts are not
+    contiguous in the packed concat; it stays one host copy, and the report says why."""
+    x = np.random.default_rng(3).integers(-128, 128, (2, 16, 6, 6)).astype(np.int8)
+    got, ref, report = vta_and_llvm(_module([16, 32], batch=2), [x])
+    np.testing.assert_array_equal(got, ref)
+    assert report.devices("relax.nn.conv2d") == ["vta"] * 3
+    (cat,) = [p for p in report.on_cpu if p.name == "cat"]
+    assert "one host copy" in cat.reason and "more than one batch block" in cat.reason
+    consumer = report.on_vta[-1]
+    assert "input kept in the packed layout" in consumer.detail
+    assert "concatenated in DRAM" not in consumer.detail
+    assert "relax.concat" in [p.op for p in report.on_cpu if p.reason == LAYOUT]

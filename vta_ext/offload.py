@@ -783,7 +783,10 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
             if op == "relax.concat":
                 placed = rewriter.placed_concats.get(packed, [])
                 if packed in remaining:
-                    text += ": one host copy of the packed tensors, no unpack/pack)"
+                    why = ("a CPU operator uses the packed concat" if packed in
+                           rewriter._concat_parts else "more than one batch block: the parts are "
+                           "not contiguous in the concat, so they cannot be placed")
+                    text += f": one host copy of the packed tensors ({why}), no unpack/pack)"
                 else:
                     text += (f": placed in DRAM by its consumer {', '.join(placed)} "
                              "(vta_ext.run_placed writes each part where it starts in the "
