@@ -87,3 +87,26 @@ def test_concat_of_two_batch_blocks_is_one_host_copy():
     assert "input kept in the packed layout" in consumer.detail
     assert "concatenated in DRAM" not in consumer.detail
     assert "relax.concat" in [p.op for p in report.on_cpu if p.reason == LAYOUT]
+
+
+def test_program_places_parts_and_refuses_a_copied_stand_in():
+    """``Program.placed`` / ``write``: the parts land side by side in the buffer (= numpy's
+    concat along the channel-block axis); a stand-in that was copied before writing is an error."""
+    from vta_ext import load_config
+    from vta_ext.runtime import DramBuffer, Program, RuntimeError_
+
+    rng = np.random.default_rng(4)
+    a = rng.integers(-128, 128, (1, 2, 3, 3, 1, 16)).astype(np.int8)
+    b = rng.integers(-128, 128, (1, 1, 3, 3, 1, 16)).astype(np.int8)
+    shape = (1, 3, 3, 3, 1, 16)
+    prog = Program(load_config("default"), np.zeros(4096, np.uint8), 4096, [],
+                   {"data": DramBuffer("data", 4096, 432)}, [])
+    prog.write("data", prog.placed([a, b], shape, np.int8))
+    prog.check_placed()
+    np.testing.assert_array_equal(prog.read("data", np.int8, shape), np.concatenate([a, b], 1))
+    prog.write("data", prog.placed([b, a], shape, np.int8).copy())  # the stand-in, copied
+    with pytest.raises(RuntimeError_, match="not written"):
+        prog.check_placed()
+    prog.check_placed()  # forgotten after the error
+    with pytest.raises(ValueError, match="do not make an operand"):
+        prog.placed([a], shape, np.int8)
