@@ -62,10 +62,10 @@ def test_channel_concat_in_the_packed_layout(channels, packed):
         assert "input kept" not in consumer.detail and "concatenated in DRAM" not in consumer.detail
 
 
-
 def test_placed_concat_leaves_no_host_concat_in_the_module():
     """The offloaded module calls ``vta_ext.run_placed`` with the three parts as the consumer's
-    first operand (spec "*+*+*,*": data of three whole parts, then the weight) and binds no concat."""
+    first operand (spec "*+*+*,*": data of three whole parts, then the weight) and binds no
+    concat."""
     from vta_ext import load_config
     from vta_ext.offload import OffloadToVTA
 

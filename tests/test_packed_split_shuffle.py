@@ -84,7 +84,8 @@ def test_shuffle_unit_in_the_packed_layout():
     (split,) = [p for p in report.on_cpu if p.name == "halves"]
     (shuffle,) = [p for p in report.on_cpu if p.name == "shuffled"]
     assert "made in its packed layout" in split.reason and "32+32" in split.reason
-    assert "made in its packed layout" in shuffle.reason and "one layout_transform" in shuffle.reason
+    assert "made in its packed layout" in shuffle.reason
+    assert "one layout_transform" in shuffle.reason
     (cat,) = [p for p in report.on_cpu if p.name == "cat"]  # the shuffle, on the host, takes it
     assert "one host copy" in cat.reason and "a CPU operator uses the packed concat" in cat.reason
     # the piece the branch conv takes is read in place from the split tensor's channel blocks

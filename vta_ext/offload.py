@@ -476,8 +476,9 @@ class _Offloader(PyExprMutator):
         if self._kept:
             detail += "; input kept in the packed layout of the previous VTA operator"
         if parts is not None and "+" in parts:
-            detail += (f"; input concatenated in DRAM from {1 + max(p.count('+') for p in parts.split(','))} "
-                       "packed parts (placed by vta_ext.run_placed, no host copy)")
+            count = 1 + max(p.count("+") for p in parts.split(","))
+            detail += (f"; input concatenated in DRAM from {count} packed parts (placed by "
+                       "vta_ext.run_placed, no host copy)")
         if parts is not None and ":" in parts:
             detail += ("; split piece read in place from its source's channel blocks "
                        "(vta_ext.run_placed, no host slice)")
@@ -617,7 +618,8 @@ class _Offloader(PyExprMutator):
             self._concat_parts[concat.name] = (concat, packed)
         self.packed_ops[binding.var.name] = (
             "relax.concat", f"channel concat of {len(packed)} VTA outputs made in their packed "
-            f"layout ({'+'.join(str(lay.c) for lay in layouts)} channels, block-aligned", concat.name)
+            f"layout ({'+'.join(str(lay.c) for lay in layouts)} channels, block-aligned",
+            concat.name)
 
     def _packed_split(self, binding) -> None:
         """A channel split of a tensor held packed (:meth:`_packed_blocked`) whose split points are
