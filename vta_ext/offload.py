@@ -29,7 +29,10 @@ The pass only *matches*; what each match becomes is up to the strategy in effect
 (:func:`vta_ext.build_options`, :mod:`vta_ext.strategy`). Its template plans the packed layouts;
 the pass emits their packing on the CPU, one ``call_dps_packed("vta_ext.run", ...)`` that executes
 the prebuilt VTA program, and the unpacking. Consecutive VTA operators whose layouts agree hand
-over the packed tensor directly. Instruction streams are built here, at build time
+over the packed tensor directly; block-aligned channel concats, splits and channel shuffles of
+packed tensors are made on the packed tensors, and a concat (or split piece) of one batch block
+that a VTA operator takes is passed as its parts (``vta_ext.run_placed``), which the runtime
+places in the operator's DRAM buffer: no host copy. Instruction streams are built here, at build time
 (:mod:`vta_ext.executor`).
 
 Only a :class:`~vta_ext.errors.TemplateRefusal` keeps a matched operator on the CPU; any other
