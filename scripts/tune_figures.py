@@ -776,7 +776,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-fallback", action="store_true")
     p.add_argument("--fallback-for", nargs="*", default=["stock"],
                    help="strategies whose fallback point is built and timed (default stock: "
-                   "building csp-relaxed's fallback point of layer 0 had not finished after 10 "
+                   "building csp-relaxed's fallback point of layer 0 had not finished after 7 "
                    "minutes on the shared machine)")
     p.add_argument("--records", required=True)
     p.add_argument("--layers", nargs="*", type=int)
