@@ -137,3 +137,50 @@ def test_int8_clip_after_a_cpu_operator_on_vta():
     expected = np.clip((ALL_INT8.astype(np.int16) - 3 + 128) % 256 - 128, 0, 96)  # int8 wraps
     np.testing.assert_array_equal(got, expected)
     assert report.placement() == [("relax.clip", "vta"), ("relax.subtract", "cpu")]
+
+
+# ------------------------------------------------------------------ (N, C) activations
+def test_flat_activation_pack_numpy_element_by_element():
+    from vta_ext.packing import FlatActivation
+
+    lay = FlatActivation(n=1, c=20, batch_block=1, channel_block=16)
+    x = np.arange(1, 21).reshape(1, 20)
+    packed = lay.pack_numpy(x)
+    assert packed.shape == lay.shape == (1, 2, 1, 1, 1, 16)
+    assert [packed[0, j // 16, 0, 0, 0, j % 16] for j in range(32)] == list(range(1, 21)) + [0] * 12
+
+
+@pytest.mark.parametrize("three,t_max,m,k", CASES[:1])
+def test_hswish_of_a_classifier_vector_on_vta(three, t_max, m, k):
+    """MobileNetV3's classifier hardswish acts on (N, C) features: the ALU template sees them as
+    (N, C, 1, 1). Every int8 value, 256 features (16 blocks), plus a 20-feature tail block."""
+    for shape in [(1, 256), (1, 20)]:
+        x = ALL_INT8.reshape(1, 256)[:, :shape[1]].copy()
+        got, ref, report = vta_and_llvm(_hswish_module(shape, three, t_max, m, k), [x])
+        np.testing.assert_array_equal(got, ref)
+        np.testing.assert_array_equal(got, ref_hswish(x, three, t_max, m, k))
+        assert report.placement() == [("relax.multiply", "vta")]
+        assert f"1x{shape[1]}x1x1 x*clip(x+{three}" in report.on_vta[0].detail
+
+
+def test_int8_clip_of_a_vector_on_vta():
+    x = relax.Var("x", relax.TensorType((1, 40), "int8"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.subtract(x, relax.const(np.int8(3))))
+            out = bb.emit_output(relax.op.clip(y, 0, 96))
+        bb.emit_func_output(out)
+    data = ALL_INT8.reshape(1, 256)[:, 100:140].copy()
+    got, ref, report = vta_and_llvm(bb.get(), [data])
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(got, np.clip((data.astype(np.int16) - 3 + 128) % 256 - 128, 0, 96))
+    assert report.placement() == [("relax.clip", "vta"), ("relax.subtract", "cpu")]
+
+
+def test_rank_3_hswish_stays_on_the_cpu_with_the_reason():
+    x = np.zeros((1, 16, 4), np.int8)
+    got, ref, report = vta_and_llvm(_hswish_module((1, 16, 4), 192, 319, 21845, 23), [x])
+    np.testing.assert_array_equal(got, ref)
+    assert not report.on_vta
+    assert any("rank-3" in p.reason and "(N, C) matrices" in p.reason for p in report.on_cpu)

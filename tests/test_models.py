@@ -151,7 +151,7 @@ def expected_placement(mod) -> Tuple[List[str], List[str]]:
         if _op(v) == "relax.nn.max_pool2d" and _dtype(v.args[0]) == "int8" and _pool_ok(v):
             vta.append((b.var.name, "relax.nn.max_pool2d"))
             continue
-        if _op(v) == "relax.clip" and _dtype(v.args[0]) == "int8" and len(_shape(b.var)) == 4:
+        if _op(v) == "relax.clip" and _dtype(v.args[0]) == "int8" and len(_shape(b.var)) in (2, 4):
             vta.append((b.var.name, "relax.clip"))  # a standalone int8 clip (ReLU6)
             continue
         if not (_op(v) == "relax.astype" and str(v.attrs.dtype) == "int8"
@@ -178,7 +178,7 @@ def expected_placement(mod) -> Tuple[List[str], List[str]]:
         core, op = producer(expr), _op(producer(expr))
         extra: List[str] = []
         if op == "relax.multiply" and hswish_of(expr):
-            if len(_shape(expr)) != 4:  # the stock hswish template takes NCHW activations
+            if len(_shape(expr)) not in (2, 4):  # the ALU templates: NCHW or (N, C)
                 continue
             extra = hswish_of(expr)
         elif op == "relax.nn.conv2d" and _dtype(core.args[0]) == "int8" and _conv_ok(core):

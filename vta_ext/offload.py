@@ -527,7 +527,7 @@ class _Offloader(PyExprMutator):
         elif name == "relax.nn.max_pool2d" and _dtype(call.args[0]) == "int8":
             match = MatchedOp("max_pool2d", call, [call.args[0]], name=self._current_binding)
         elif name == "relax.clip" and _dtype(call.args[0]) == "int8" and _dtype(call) == "int8" \
-                and len(_shape(call)) == 4:
+                and len(_shape(call)) in (2, 4):
             match = MatchedOp("clip", call, [call.args[0]], name=self._current_binding,
                               epilogue=(("clip", int(call.args[1].value),
                                          int(call.args[2].value)),))

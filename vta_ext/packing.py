@@ -29,7 +29,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-__all__ = ["BlockedActivation", "BlockedMatrix", "pack_conv_weight", "pack_depthwise_weight",
+__all__ = ["BlockedActivation", "BlockedMatrix", "FlatActivation", "pack_conv_weight", "pack_depthwise_weight",
            "pack_channel_bias", "ceil_to", "padding_text", "same_arrangement",
            "channel_shuffle_map", "apply_steps_numpy"]
 
@@ -268,6 +268,65 @@ def channel_shuffle_map(layout: BlockedActivation, groups: int) -> Callable[...,
         return (nb, (cb % m) * groups + kl // lanes, h, w, bl, (kl % lanes) * groups + cb // m)
 
     return shuffle
+
+
+@dataclass(frozen=True)
+class FlatActivation:
+    """An ``(N, C)`` activation (a classifier's features) seen by the NCHW ALU templates as
+    ``(N, C, 1, 1)``: packed like :class:`BlockedMatrix` (``(N/b, C/k, b, k)``) with the unit H and
+    W axes inserted, ``(N/b, C/k, 1, 1, b, k)``."""
+
+    n: int
+    c: int
+    batch_block: int
+    channel_block: int
+
+    @property
+    def matrix(self) -> BlockedMatrix:
+        """The same packing as a matrix layout."""
+        return BlockedMatrix(self.n, self.c, self.batch_block, self.channel_block)
+
+    @property
+    def padded(self) -> Tuple[int, int]:
+        """``(N, C)`` padded to whole blocks."""
+        return self.matrix.padded
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """The packed shape."""
+        nb, cb, b, k = self.matrix.shape
+        return (nb, cb, 1, 1, b, k)
+
+    @property
+    def src_shape(self) -> Tuple[int, int]:
+        """The matrix shape this layout packs."""
+        return (self.n, self.c)
+
+    def padding(self, channels: str = "channels") -> List[Tuple[str, int, int]]:
+        """``(what, size, padded)`` of the batch and channel axes."""
+        np_, cp = self.padded
+        return [("batch", self.n, np_), (channels, self.c, cp)]
+
+    def steps(self, name: str = "data") -> List[Step]:
+        """The matrix packing, then the unit H and W axes."""
+        return self.matrix.steps(f"matrix_{name}") + [("reshape", self.shape, name)]
+
+    def pack_numpy(self, array: np.ndarray) -> np.ndarray:
+        """The packing applied to a numpy ``(N, C)`` array (zero padding)."""
+        return _pack_numpy(self, array)
+
+    def pack(self, packer, expr, name: str = "data"):
+        """Relax code ``(N, C)`` -> packed (or the handed-over packed tensor). Returns
+        ``(expr, kept)``."""
+        kept = packer.handover(expr, self)
+        if kept is not None:
+            return kept, True
+        return _relayout(packer, expr, self.steps(name)), False
+
+    def unpack(self, packer, expr):
+        """Relax code packed -> ``(N, C)``; the last step is returned unbound."""
+        flat = packer.emit_unpack(relax.op.reshape(expr, self.matrix.shape), "flatten")
+        return self.matrix.unpack(packer, flat)
 
 
 def pack_conv_weight(packer, weight, shape: Tuple[int, int, int, int], o_p: int, i_p: int,

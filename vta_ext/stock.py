@@ -12,8 +12,8 @@ from typing import Any, Dict, Sequence
 from tvm import relax
 
 from .errors import TemplateRefusal
-from .packing import (BlockedActivation, BlockedMatrix, ceil_to, pack_channel_bias,
-                      pack_conv_weight, pack_depthwise_weight, padding_text)
+from .packing import (BlockedActivation, BlockedMatrix, FlatActivation, ceil_to,
+                      pack_channel_bias, pack_conv_weight, pack_depthwise_weight, padding_text)
 from .strategy import KnobSpace, MatchedOp, OpPlan, OpTemplate, register_template
 
 __all__ = ["StockConv2d", "StockGroupConv2d", "StockDepthwiseConv2d", "StockDense", "StockPool",
@@ -328,24 +328,13 @@ class StockHswish(_Stock):
         return HswishWorkload
 
     def plan(self, op: MatchedOp, config) -> OpPlan:
-        shape = _shape(op.operands[0])
-        if len(shape) != 4:
-            raise TemplateRefusal(f"hardswish of a rank-{len(shape)} tensor; the stock template "
-                                  "takes NCHW activations")
-        n, c, h, w = shape
-        act = BlockedActivation(n, c, h, w, config.BATCH, config.BLOCK_OUT)
+        act, (n, c, h, w), inputs = _alu_operand(op, config, "hardswish")
         np_, cp = act.padded
         workload = dict(batch=np_, channels=cp, height=h, width=w, offset=op.params["offset"],
                         lo=op.params["lo"], hi=op.params["hi"])
-
-        def inputs(packer):
-            d, kept = act.pack(packer, op.operands[0])
-            packer.note_kept(kept)
-            return [d]
-
         return OpPlan(self.workload_from_dict(workload), inputs, act,
                       f"{n}x{c}x{h}x{w} x*clip(x{op.params['offset']:+d}, {op.params['lo']}, "
-                      f"{op.params['hi']})", padding_text(*act.padding()))
+                      f"{op.params['hi']})", padding_text(*act.padding()), in_layout=act)
 
 
 class StockUnary(_Stock):
@@ -360,21 +349,32 @@ class StockUnary(_Stock):
         return EltwiseWorkload
 
     def plan(self, op: MatchedOp, config) -> OpPlan:
-        shape = _shape(op.operands[0])
-        if len(shape) != 4:
-            raise TemplateRefusal(f"int8 clip of a rank-{len(shape)} tensor; the stock template "
-                                  "takes NCHW activations")
-        n, c, h, w = shape
-        act = BlockedActivation(n, c, h, w, config.BATCH, config.BLOCK_OUT)
+        act, (n, c, h, w), inputs = _alu_operand(op, config, "int8 clip")
         np_, cp = act.padded
-
-        def inputs(packer):
-            d, kept = act.pack(packer, op.operands[0])
-            packer.note_kept(kept)
-            return [d]
-
         return OpPlan(self.workload_from_dict(dict(batch=np_, channels=cp, height=h, width=w)),
-                      inputs, act, f"{n}x{c}x{h}x{w}", padding_text(*act.padding()))
+                      inputs, act, f"{n}x{c}x{h}x{w}", padding_text(*act.padding()),
+                      in_layout=act)
+
+
+def _alu_operand(op: MatchedOp, config, what: str):
+    """``(layout, (n, c, h, w), inputs)`` of the one int8 operand of an elementwise ALU template:
+    an NCHW activation, or an ``(N, C)`` one seen as ``(N, C, 1, 1)`` (:class:`FlatActivation`)."""
+    shape = _shape(op.operands[0])
+    b, co = config.BATCH, config.BLOCK_OUT
+    if len(shape) == 4:
+        act, dims = BlockedActivation(*shape, b, co), shape
+    elif len(shape) == 2:
+        act, dims = FlatActivation(*shape, b, co), (*shape, 1, 1)
+    else:
+        raise TemplateRefusal(f"{what} of a rank-{len(shape)} tensor; the stock template takes "
+                              "NCHW activations or (N, C) matrices")
+
+    def inputs(packer):
+        d, kept = act.pack(packer, op.operands[0])
+        packer.note_kept(kept)
+        return [d]
+
+    return act, dims, inputs
 
 
 for _template in (StockConv2d(), StockGroupConv2d(), StockDepthwiseConv2d(), StockDense(),
