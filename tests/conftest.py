@@ -97,6 +97,17 @@ def apply_epilogue(acc: np.ndarray, epilogue: Sequence[tuple], bias: Optional[np
     return res.astype(np.int8)
 
 
+@pytest.fixture(scope="module")
+def fresh_embedding_cache(tmp_path_factory):
+    """A fresh on-disk embedding cache for a test module (the solver runs as a build step, so
+    its results and the strategy's choices must not come from an earlier run); modules use it
+    with ``pytestmark = pytest.mark.usefixtures("fresh_embedding_cache")``."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path_factory.mktemp("csp_cache")))
+    yield
+    mp.undo()
+
+
 # ------------------------------------------------------------------ packing in numpy
 def pack_nchw(x: np.ndarray, b: int, c: int) -> np.ndarray:
     """NCHW -> ``(N/b, C/c, H, W, b, c)`` (shapes must divide)."""

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import tvm
 from conftest import conv2d_nchw, conv_module, requantize, run_module
-from test_csp_strategy import _embedding_cache  # noqa: F401  (autouse: a fresh embedding cache)
 from test_resnet_layers import RESNET18
 from tvm import relax
 
@@ -27,6 +26,8 @@ import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
 import vta_ext
 
 REPO = Path(__file__).resolve().parents[1]
+#: a fresh on-disk embedding cache for this module (conftest ``fresh_embedding_cache``)
+pytestmark = pytest.mark.usefixtures("fresh_embedding_cache")
 COMBOS = {"stock": dict(strategy="stock"), "csp-strict-NCHW": dict(strategy="csp-strict", layout="NCHW"),
           "csp-strict-NHWC": dict(strategy="csp-strict", layout="NHWC"),
           "csp-relaxed": dict(strategy="csp-relaxed")}

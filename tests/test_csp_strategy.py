@@ -34,13 +34,8 @@ from vta_ext.strategy import default_strategy, get_template, registered_strategi
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _embedding_cache(tmp_path_factory):
-    """A fresh on-disk embedding cache for this module (the solver runs as a build step)."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path_factory.mktemp("csp_cache")))
-    yield
-    mp.undo()
+#: a fresh on-disk embedding cache for this module (conftest ``fresh_embedding_cache``)
+pytestmark = pytest.mark.usefixtures("fresh_embedding_cache")
 
 
 def _deepbench_rows():

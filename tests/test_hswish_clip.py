@@ -123,18 +123,21 @@ def test_unary_clip_template():
     np.testing.assert_array_equal(unpack_nchw(got), np.clip(ALL_INT8, 0, 96))
 
 
-def test_int8_clip_after_a_cpu_operator_on_vta():
-    """ReLU6 (an int8 clip) whose producer stays on the CPU (an int8 subtract)."""
-    x = relax.Var("x", relax.TensorType((1, 16, 4, 4), "int8"))
+@pytest.mark.parametrize("data", [ALL_INT8, ALL_INT8.reshape(1, 256)[:, 100:140].copy()],
+                         ids=["nchw", "vector"])
+def test_int8_clip_after_a_cpu_operator_on_vta(data):
+    """ReLU6 (an int8 clip) whose producer stays on the CPU (an int8 subtract), on an NCHW
+    activation and on (N, C) features (seen as (N, C, 1, 1) by the ALU template)."""
+    x = relax.Var("x", relax.TensorType(data.shape, "int8"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
             y = bb.emit(relax.op.subtract(x, relax.const(np.int8(3))))
             out = bb.emit_output(relax.op.clip(y, 0, 96))
         bb.emit_func_output(out)
-    got, ref, report = vta_and_llvm(bb.get(), [ALL_INT8])
+    got, ref, report = vta_and_llvm(bb.get(), [data])
     np.testing.assert_array_equal(got, ref)
-    expected = np.clip((ALL_INT8.astype(np.int16) - 3 + 128) % 256 - 128, 0, 96)  # int8 wraps
+    expected = np.clip((data.astype(np.int16) - 3 + 128) % 256 - 128, 0, 96)  # int8 wraps
     np.testing.assert_array_equal(got, expected)
     assert report.placement() == [("relax.clip", "vta"), ("relax.subtract", "cpu")]
 
@@ -161,21 +164,6 @@ def test_hswish_of_a_classifier_vector_on_vta(three, t_max, m, k):
         np.testing.assert_array_equal(got, ref_hswish(x, three, t_max, m, k))
         assert report.placement() == [("relax.multiply", "vta")]
         assert f"1x{shape[1]}x1x1 x*clip(x+{three}" in report.on_vta[0].detail
-
-
-def test_int8_clip_of_a_vector_on_vta():
-    x = relax.Var("x", relax.TensorType((1, 40), "int8"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.subtract(x, relax.const(np.int8(3))))
-            out = bb.emit_output(relax.op.clip(y, 0, 96))
-        bb.emit_func_output(out)
-    data = ALL_INT8.reshape(1, 256)[:, 100:140].copy()
-    got, ref, report = vta_and_llvm(bb.get(), [data])
-    np.testing.assert_array_equal(got, ref)
-    np.testing.assert_array_equal(got, np.clip((data.astype(np.int16) - 3 + 128) % 256 - 128, 0, 96))
-    assert report.placement() == [("relax.clip", "vta"), ("relax.subtract", "cpu")]
 
 
 def test_rank_3_hswish_stays_on_the_cpu_with_the_reason():
