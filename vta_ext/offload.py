@@ -782,6 +782,10 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
             report.add(op, VTA, what, detail, var, layers.get(var, ""))
         remaining = {var for func in new_mod.functions.values() if isinstance(func, relax.Function)
                      for _, var in _cpu_ops(func)}
+        # the packed concat / split / shuffle entries go where their source stood in the input
+        order = {var: i for func in mod.functions.values() if isinstance(func, relax.Function)
+                 for i, (_, var) in enumerate(_cpu_ops(func))}
+        packed_entries = []
         for source, (op, text, packed) in rewriter.packed_ops.items():
             if source in remaining:
                 continue  # the NCHW version runs on the CPU too and is reported as such
@@ -798,13 +802,22 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
                              "operand), no copy, no unpack/pack)")
             else:
                 text += ", no unpack/pack)"
-            report.add(op, CPU, text, source, source, layers.get(source, ""))
+            packed_entries.append((order.get(source, len(order)), op, text, source))
+        packed_entries.sort(key=lambda e: e[0])
+
+        def add_packed(before: int) -> None:
+            while packed_entries and packed_entries[0][0] < before:
+                _, op, text, source = packed_entries.pop(0)
+                report.add(op, CPU, text, source, source, layers.get(source, ""))
+
         for func in new_mod.functions.values():
             if not isinstance(func, relax.Function):
                 continue
             for op, var in _cpu_ops(func):
                 if op == "relax.call_dps_packed":
                     continue
+                if var in order:
+                    add_packed(order[var])
                 if var.startswith((PACK_PREFIX, UNPACK_PREFIX)) or var in rewriter.unpack_vars:
                     reason = LAYOUT_REASON
                 elif var in rewriter.rejected:
@@ -816,6 +829,7 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
                 else:
                     reason = "no VTA template for this operator"
                 report.add(op, CPU, reason, var, var, layers.get(var, ""))
+        add_packed(len(order) + 1)
         publish(report)
         return new_mod
 
