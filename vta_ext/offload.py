@@ -703,10 +703,14 @@ class _Offloader(PyExprMutator):
         shuffled = self.emit(relax.op.layout_transform(packed, index_map=index_map),
                              f"shuffle_{binding.var.name}")
         self._packed[binding.var.name] = (binding.var, shuffled, layout)
-        self.packed_ops[binding.var.name] = (
-            "relax.permute_dims", f"channel shuffle ({groups} groups of {per_group} channels) of a "
-            "VTA output made in its packed layout (one layout_transform of the packed tensor",
-            shuffled.name)
+        text = (f"channel shuffle ({groups} groups of {per_group} channels) of a VTA output made "
+                "in its packed layout (one layout_transform of the packed tensor")
+        # the three NCHW steps of the shuffle are all accounted for by the packed one
+        for var, op in ((permute.args[0], "relax.reshape"), (binding.value.args[0],
+                                                             "relax.permute_dims")):
+            if isinstance(var, relax.Var):
+                self.packed_ops[var.name] = (op, text, shuffled.name)
+        self.packed_ops[binding.var.name] = ("relax.reshape", text, shuffled.name)
 
 
 def _tiling_text(compiled) -> str:
