@@ -3,27 +3,14 @@
 Grid search over a pruned subset: the valid points within Hamming distance R of a task's best
 measured point (hill-climbing: repeated from the new best while it improves, at most ROUNDS).
 Tasks rebuilt from the records; measured points resumed; the best verified and recorded."""
-import json, sys, time
-sys.path.insert(0, ".")  # run from the repository root
+import os, sys, time
+sys.path[:0] = [".", os.path.dirname(os.path.abspath(__file__))]  # run from the repository root
 from tvm_csp_embed import tune
 from tvm_csp_embed.tune.tuner import GridSearchTuner
-from vta_ext.config import load_config
+from _records import tasks_from_records
 path, radius, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 names = sys.argv[4:]
-seen = {}
-for line in open(path):
-    try:
-        r = json.loads(line)
-    except Exception:
-        continue
-    seen.setdefault(json.dumps(r["workload"], sort_keys=True), r)
-cfg = load_config("pipelined")
-tasks = {}
-for r in seen.values():
-    t = tune.Task.from_spec({"kind": r["kind"], "strategy": r["strategy"], "config": "pipelined",
-                             "config_value": cfg.to_dict(), "workload": r["workload"],
-                             "epilogue": r["epilogue"]})
-    tasks[t.name] = t
+tasks = tasks_from_records(path)
 
 class Near(GridSearchTuner):
     allowed = set()
