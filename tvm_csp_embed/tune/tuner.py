@@ -9,6 +9,8 @@ chosen by the tuner:
 * :class:`XGBTuner` -- seeded with the TPS point (and random points), then the points an XGBoost
   model of the measured objective ranks best (features: :mod:`.features`), with a little seeded
   random exploration.
+* :class:`NeighbourhoodTuner` -- hill climbing: every valid point within Hamming distance
+  ``radius`` of the best point (or of the TPS point), again from the new best while it improves.
 
 Every tuner takes ``objective``: ``"cycles"`` (the default: the cycle model's total) or
 ``"dram_bytes"`` (the DRAM bytes the program moves, micro-ops included; ties broken by cycles).
@@ -28,6 +30,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -36,7 +40,8 @@ from .measure import MeasureResult
 from .runner import MeasureOption, measure_option as _measure_option
 from .task import Task
 
-__all__ = ["Tuner", "GridSearchTuner", "RandomTuner", "XGBTuner"]
+__all__ = ["Tuner", "GridSearchTuner", "RandomTuner", "XGBTuner", "NeighbourhoodTuner",
+           "NeighbourhoodRound"]
 
 logger = logging.getLogger("tvm_csp_embed.tune")
 
@@ -352,3 +357,184 @@ class XGBTuner(Tuner):
                   "objective": "reg:squarederror", "seed": self.seed, "nthread": 1,
                   "verbosity": 0}
         self._model = xgb.train(params, self._dmatrix(done, labels), num_boost_round=60)
+
+
+@dataclass
+class NeighbourhoodRound:
+    """One neighbourhood searched by a :class:`NeighbourhoodTuner`.
+
+    Attributes
+    ----------
+    centre : int
+        Index (in the knob space's points) of the point the neighbourhood is centred on.
+    neighbours : int
+        Valid points within the tuner's radius of the centre, the centre included.
+    new : int
+        Those of them not yet measured when the round began.
+    best_before : int or None
+        Cycles of the best point measured before the round (None if none yet).
+    started : float
+        ``time.time()`` when the round began.
+    measured : int
+        Points handed to the runner in this round so far.
+    """
+
+    centre: int
+    neighbours: int
+    new: int
+    best_before: Optional[int]
+    started: float
+    measured: int = 0
+
+
+class NeighbourhoodTuner(Tuner):
+    """Hill-climbing grid search over a pruned subset: the valid points near the best one.
+
+    The search starts from a centre: the best point already measured (resumed from a
+    ``log_to_file`` callback's records) or, if there is none, the TPS point
+    (``task.knob_space.tps``; the fallback point, then the first valid point, if the TPS point is
+    not a valid point). It measures every valid, not yet measured point within Hamming distance
+    ``radius`` of the centre (the number of knobs whose values differ), in index order. When that
+    neighbourhood is exhausted and the best point is better than the centre, it re-centres on the
+    best point and goes on, at most ``rounds`` times. Tuning stops at a local optimum (no valid
+    point within ``radius`` of the centre is better than it), when the re-centrings are used up, or
+    when ``n_trial`` is spent; an ``n_trial`` larger than what the neighbourhoods offer stops at the
+    local optimum (:attr:`stop_reason` says which). Batches never cross a neighbourhood.
+
+    Parameters
+    ----------
+    task : Task
+        The task to tune.
+    radius : int
+        Largest Hamming distance from the centre of a measured point (0 measures the centre only).
+    rounds : int, optional
+        Most re-centrings after the first neighbourhood; None (the default) climbs until no
+        neighbourhood improves. ``rounds=0`` searches one neighbourhood.
+    seed : int
+        Kept for the common interface; the order is deterministic (sorted indices).
+    batch_size : int
+        Points measured between two updates of the tuner.
+    objective : str
+        ``"cycles"`` or ``"dram_bytes"`` (module docstring): "better" and the best point follow it.
+
+    Attributes
+    ----------
+    centre : int or None
+        Index of the current centre (None before tuning starts).
+    history : list of NeighbourhoodRound
+        The neighbourhoods searched by the last :meth:`tune` call, in order.
+    stop_reason : str or None
+        Why the climb stopped (``"local optimum"`` or ``"rounds exhausted"``); None while it runs
+        or when ``n_trial``, ``early_stopping`` or the end of the space ended it.
+
+    Examples
+    --------
+    Refine a task already tuned into ``net.json`` (its measured points are not measured again):
+
+    .. code-block:: python
+
+        tuner = tune.NeighbourhoodTuner(task, radius=2, rounds=3)
+        tuner.tune(len(task.knob_space), callbacks=[tune.callback.log_to_file("net.json")])
+    """
+
+    def __init__(self, task: Task, radius: int = 2, rounds: Optional[int] = None, seed: int = 0,
+                 batch_size: int = 8, objective: str = "cycles") -> None:
+        if int(radius) < 0:
+            raise ValueError(f"radius={radius!r}; the radius is a Hamming distance, at least 0")
+        if rounds is not None and int(rounds) < 0:
+            raise ValueError(f"rounds={rounds!r}; at least 0, or None for no limit")
+        super().__init__(task, seed, batch_size, objective)
+        self.radius = int(radius)
+        self.rounds = None if rounds is None else int(rounds)
+        names = tuple(self.space.names) or (tuple(self.space.points[0]) if len(self.space) else ())
+        self._values = [tuple(p.get(k) for k in names) for p in self.space.points]
+        self._reset_climb()
+
+    def _reset_climb(self) -> None:
+        self.centre: Optional[int] = None
+        self.history: List[NeighbourhoodRound] = []
+        self.stop_reason: Optional[str] = None
+        self._near: List[int] = []
+
+    # ------------------------------------------------------------------ neighbourhoods
+    def distance(self, i: int, j: int) -> int:
+        """Hamming distance between points ``i`` and ``j``: the number of knobs that differ."""
+        return sum(a != b for a, b in zip(self._values[i], self._values[j]))
+
+    def neighbours(self, index: int) -> List[int]:
+        """Sorted indices of the valid points within :attr:`radius` of point ``index`` (itself
+        included)."""
+        centre = self._values[index]
+        return [i for i, v in enumerate(self._values)
+                if sum(a != b for a, b in zip(v, centre)) <= self.radius]
+
+    def _start(self) -> int:
+        if self.best_index is not None:
+            return self.best_index
+        for point in (self.space.tps, self.space.fallback):
+            index = None if point is None else self.index_of(point)
+            if index is not None:
+                return index
+        return 0
+
+    def _set_centre(self, index: int) -> None:
+        self.centre = index
+        self._near = self.neighbours(index)
+        new = sum(i not in self.visited for i in self._near)
+        self.history.append(NeighbourhoodRound(index, len(self._near), new, self.best_cycles,
+                                               time.time()))
+        logger.info("%s: round %d: %d valid point(s) within distance %d of %s, %d new",
+                    self.task.name, len(self.history) - 1, len(self._near), self.radius,
+                    self.space.points[index], new)
+
+    def _stop(self, reason: str) -> bool:
+        self.stop_reason = reason
+        logger.info("%s: %s after %d neighbourhood(s) of radius %d; %d point(s) measured",
+                    self.task.name, reason, len(self.history), self.radius, len(self.visited))
+        return False
+
+    def _ready(self) -> bool:
+        """Whether the current neighbourhood has an unmeasured point, re-centring on an improved
+        best point when it is exhausted."""
+        if self.stop_reason is not None or not len(self.space):
+            return False
+        if self.centre is None:
+            self._set_centre(self._start())
+        while all(i in self.visited for i in self._near):
+            best, here = self.best_index, self.results.get(self.centre)
+            improved = best is not None and best != self.centre and (
+                here is None or not here.ok or self.cost(self.results[best]) < self.cost(here))
+            if not improved:
+                return self._stop("local optimum")
+            if self.rounds is not None and len(self.history) > self.rounds:
+                return self._stop("rounds exhausted")
+            self._set_centre(best)
+        return True
+
+    # ------------------------------------------------------------------ the Tuner interface
+    def has_next(self) -> bool:
+        """Whether the climb has an unmeasured point left (re-centres if needed)."""
+        return self._ready()
+
+    def next_batch(self, size: int) -> List[int]:
+        """The next ``size`` unmeasured points of the current neighbourhood, in index order."""
+        if not self._ready():
+            return []
+        chosen = [i for i in self._near if i not in self.visited][:size]
+        self.history[-1].measured += len(chosen)
+        return chosen
+
+    def tune(self, n_trial: int, measure_option: Optional[MeasureOption] = None,
+             callbacks: Sequence[Callable] = (), early_stopping: Optional[int] = None
+             ) -> Optional[MeasureResult]:
+        """:meth:`Tuner.tune`, climbing afresh from the best point measured so far (resumed
+        records included); :attr:`history` and :attr:`stop_reason` describe this call."""
+        self._reset_climb()
+        return super().tune(n_trial, measure_option, callbacks, early_stopping)
+
+    def __repr__(self) -> str:
+        base = super().__repr__()
+        rounds = "unlimited" if self.rounds is None else f"at most {self.rounds}"
+        state = f"; stopped: {self.stop_reason}" if self.stop_reason else ""
+        return (f"{base[:-1]}; radius {self.radius}, {len(self.history)} neighbourhood(s), "
+                f"re-centrings {rounds}{state})")
