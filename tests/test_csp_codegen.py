@@ -276,3 +276,46 @@ def test_resident_tile_pruned_by_its_scratchpad():
     assert _bytes(stats) == ok.bytes
     # the whole weight tensor exactly once
     assert stats.wgt_load_nbytes == 64 * 512 * 9
+
+
+def test_tps_search_is_done_once_per_program_and_keyed_by_config_value():
+    """TPS is searched once per (program, configuration value, epilogue, fixed knobs): a second call
+    enumerates nothing, a caller that edits the returned knobs does not change the next answer,
+    and a configuration with a smaller input scratchpad (same name) gets its own search, whose
+    answer fits that scratchpad."""
+    import dataclasses
+
+    from tvm_csp_embed.codegen import knobs as K
+
+    cfg = load_config("default")
+    wl, shapes, perms, pads, *_ = _conv_case(1, 64, 14, 14, 64, 3, 3, (1, 1), (1, 1))
+    emb = embed_all(wl, gemm(cfg), "strict")[0][0]
+    pg = packed_gemm(emb, shapes, perms, pads)
+    calls = []
+    real = K.enumerate_points
+
+    def counting(*args):
+        calls.append(1)
+        return real(*args)
+
+    K.enumerate_points = counting
+    try:
+        first = tps_point(cfg, pg, EPILOGUE)
+        first.knobs["tile_k"] = 999
+        again = tps_point(cfg, pg, EPILOGUE)
+        assert len(calls) == 1 and again.knobs["tile_k"] != 999
+        # the brute-force answer: the fewest modelled bytes over every valid point
+        best = min((r for _, r in real(cfg, pg, EPILOGUE) if isinstance(r, K.KnobPoint)),
+                   key=lambda r: r.total_bytes)
+        assert again.total_bytes == best.total_bytes
+        small = dataclasses.replace(cfg, LOG_INP_BUFF_SIZE=cfg.LOG_INP_BUFF_SIZE - 3)
+        assert small.name == cfg.name
+        tight = tps_point(small, pg, EPILOGUE)
+        assert len(calls) == 2
+        from vta_ext.isa import MemType
+        from vta_ext.memory import scratchpad
+
+        depth = scratchpad(small, MemType.INP).depth
+        assert again.sram["inp"] > depth >= tight.sram["inp"]
+    finally:
+        K.enumerate_points = real

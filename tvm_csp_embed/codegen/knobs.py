@@ -33,6 +33,7 @@ before four, then the knob values).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -95,10 +96,12 @@ def _divisors(n: int) -> List[int]:
 def vt_loops(pg: PackedGemm) -> List[str]:
     """Loops that may carry two virtual threads: the first output-channel (``weight``) loop and the
     first image-row (``stencil``) loop that is not the last one, in that order of nesting."""
-    c = pg.c_loops()
-    weight = [n for n in c if pg.roles[n] == "weight"]
-    stencil = [n for n in c if pg.roles[n] == "stencil"][:-1]
-    return weight[:1] + stencil[:1]
+    def make():
+        c = pg.c_loops()
+        weight = [n for n in c if pg.roles[n] == "weight"]
+        stencil = [n for n in c if pg.roles[n] == "stencil"][:-1]
+        return tuple(weight[:1] + stencil[:1])
+    return list(pg.memo("vt_loops", make))
 
 
 def tiled_loops(pg: PackedGemm) -> List[str]:
@@ -354,14 +357,24 @@ def tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     """The Tiling Parameter Search point (fewest modelled DRAM bytes that fit), or None if no
     point fits. ``fixed`` restricts the search to the points with these knob values (e.g.
     ``{"order": 0}``: the stock loop order only)."""
-    best = None
+    from vta_ext.executor import config_digest
+    from vta_ext.templates.epilogue import normalize_epilogue
+
     fixed = dict(fixed or {})
-    for point, res in enumerate_points(cfg, pg, epilogue):
-        if any(point.get(n) != v for n, v in fixed.items()):
-            continue
-        if isinstance(res, KnobPoint) and (best is None or _rank(res) < _rank(best)):
-            best = res
-    return best
+
+    def search():
+        best = None
+        for point, res in enumerate_points(cfg, pg, epilogue):
+            if any(point.get(n) != v for n, v in fixed.items()):
+                continue
+            if isinstance(res, KnobPoint) and (best is None or _rank(res) < _rank(best)):
+                best = res
+        return best
+    # the search is deterministic in (program, configuration value, epilogue, fixed knobs): done
+    # once, as the chooser, the build and the tuner's knob space each ask for it
+    key = ("tps", config_digest(cfg), repr(normalize_epilogue(epilogue)), tuple(sorted(fixed.items())))
+    best = pg.memo(key, search)
+    return None if best is None else dataclasses.replace(best, knobs=dict(best.knobs))
 
 
 def fallback_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple]):

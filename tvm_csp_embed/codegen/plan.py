@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..embedding import Embedding, TensorRelayout
 from ..workload import TensorAccess, Workload
@@ -154,6 +154,18 @@ class PackedGemm:
     channel_loops: Tuple[str, ...]
     out_shape: Tuple[int, ...]
     bias_layout_cache: Dict[Tuple[int, ...], HostLayout] = field(default_factory=dict, repr=False)
+    #: derived facts the knob search asks for per point (loop lists, loop orders, TPS points),
+    #: computed once per program: ``memo(key, make)``
+    derived: Dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def memo(self, key, make: Callable[[], Any]) -> Any:
+        """``make()`` computed once per ``key`` for this program (the program is not changed after
+        :func:`packed_gemm` builds it, so what is derived from it stays valid)."""
+        try:
+            return self.derived[key]
+        except KeyError:
+            value = self.derived[key] = make()
+            return value
 
     @property
     def loop(self) -> Dict[str, FreeLoop]:
@@ -162,8 +174,9 @@ class PackedGemm:
 
     def c_loops(self) -> List[str]:
         """The free loops of the output, in packed-output order."""
-        return [t[0][0] for d in self.operands["C"].dims for t in [d.terms]
-                if not t[0][0].startswith(AXIS_PREFIX)]
+        return list(self.memo("c_loops", lambda: tuple(
+            t[0][0] for d in self.operands["C"].dims for t in [d.terms]
+            if not t[0][0].startswith(AXIS_PREFIX))))
 
     def reduction_loops(self) -> List[str]:
         """The free reduction loops, in workload dim order."""

@@ -86,6 +86,10 @@ def loop_orders(pg: PackedGemm, order: int = 0) -> LoopOrders:
     and hoists the data tensor's cache to the innermost loop above them. The hoisted cache holds the
     whole reduction of its tile; the other operand stays at the load point.
     """
+    return pg.memo(("loop_orders", order), lambda: _loop_orders(pg, order))
+
+
+def _loop_orders(pg: PackedGemm, order: int) -> LoopOrders:
     from .knobs import vt_loops
 
     c = pg.c_loops()
