@@ -435,23 +435,33 @@ def plot_search(rows, path: Path) -> None:
 THIN = (0, 1, 2, 6, 10, 15, 21, 27, 34, 59, 67, 107)
 
 
-def deepbench_module(row):
-    """A one-conv Relax module of a DeepBench row: int8 conv2d + bias, >> 6, clip, int8."""
+#: epilogues of ``deepbench_module``: bias + shift + clip, or none (the plain conv2d narrowed to
+#: int8, as ``scripts/deepbench.py`` measures the operators: cycles of the convolution alone)
+DEEPBENCH_EPILOGUES = ("bias-shift-clip", "none")
+
+
+def deepbench_module(row, epilogue: str = "bias-shift-clip"):
+    """A one-conv Relax module of a DeepBench row: int8 conv2d + bias, >> 6, clip, int8; with
+    ``epilogue="none"`` the int32 conv2d cast to int8."""
     from tvm import relax
 
+    if epilogue not in DEEPBENCH_EPILOGUES:
+        raise ValueError(f"epilogue={epilogue!r}; valid: {', '.join(DEEPBENCH_EPILOGUES)}")
     g = lambda k: int(row[k])
     n, c, h, w, k = g("n"), g("c"), g("h"), g("w"), g("k")
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((n, c, h, w), "int8"))
     wt = relax.Var("w", relax.TensorType((k, c, g("filter_h"), g("filter_w")), "int8"))
     b = relax.Var("b", relax.TensorType((1, k, 1, 1), "int32"))
-    with bb.function("main", [x, wt, b]):
+    params = [x, wt] + ([b] if epilogue != "none" else [])
+    with bb.function("main", params):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, wt, strides=(g("hstride"), g("wstride")),
                                            padding=(g("pad_h"), g("pad_w")), out_dtype="int32"))
-            y = bb.emit(relax.op.add(y, b))
-            y = bb.emit(relax.op.right_shift(y, relax.const(6, "int32")))
-            y = bb.emit(relax.op.clip(y, -128, 127))
+            if epilogue != "none":
+                y = bb.emit(relax.op.add(y, b))
+                y = bb.emit(relax.op.right_shift(y, relax.const(6, "int32")))
+                y = bb.emit(relax.op.clip(y, -128, 127))
             out = bb.emit_output(relax.op.astype(y, "int8"))
         bb.emit_func_output(out)
     return bb.get()
@@ -480,7 +490,7 @@ def cmd_deepbench(args) -> int:
     for strategy in args.strategies:
         for lid in args.layers or THIN:
             start = time.perf_counter()
-            (task,) = tune.extract_tasks(deepbench_module(rows_in[lid]),
+            (task,) = tune.extract_tasks(deepbench_module(rows_in[lid], args.epilogue),
                                          target=vta_ext.vta_target(args.config), strategy=strategy)
             space = task.knob_space
             tuner = tune.XGBTuner(task, seed=args.seed)
@@ -491,7 +501,8 @@ def cmd_deepbench(args) -> int:
             fallback = None if args.no_fallback or space.fallback is None or \
                 strategy not in args.fallback_for else measured_or_measure(task, tuner,
                                                                            space.fallback)
-            rows.append({"id": lid, "strategy": strategy, "task": task.name, "space": len(space),
+            rows.append({"id": lid, "strategy": strategy, "task": task.name,
+                         "epilogue": args.epilogue, "space": len(space),
                          "trials": len(tuner.visited),
                          "tuned_cycles": best.cycles if best else None, "tps_cycles": tps.cycles,
                          "fallback_cycles": fallback.cycles if fallback else None,
@@ -789,6 +800,9 @@ def main(argv=None) -> int:
                    help="strategies whose fallback point is built and timed (default stock: "
                    "building csp-relaxed's fallback point of layer 0 had not finished after 7 "
                    "minutes on the shared machine)")
+    p.add_argument("--epilogue", choices=DEEPBENCH_EPILOGUES, default="bias-shift-clip",
+                   help="the conv2d's epilogue (none: the operator alone, as scripts/deepbench.py "
+                   "measures it)")
     p.add_argument("--records", required=True)
     p.add_argument("--layers", nargs="*", type=int)
     p.add_argument("--csv", default=str(FIG / "tune_deepbench.csv"))
