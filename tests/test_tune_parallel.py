@@ -94,3 +94,69 @@ def test_dask_worker_killed_loses_no_record(tmp_path, monkeypatch, local_run):
     measured = [r for r in recs if not r["verified"]]
     assert len(measured) == 28 and all(r["error"] is None for r in measured)
     assert best.verified
+
+
+def test_workers_end_when_the_tuning_process_is_killed(tmp_path):
+    """A tuning process killed with SIGKILL (no cleanup runs) does not leave its measurement
+    workers behind: each ends within a few seconds, also in the middle of a long job."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import time\n"
+        "from tvm_csp_embed.tune import LocalRunner\n"
+        "def cpu(pid):\n"
+        "    with open(f'/proc/{pid}/stat') as f:\n"
+        "        return sum(map(int, f.read().split(')')[-1].split()[11:13]))\n"
+        "if __name__ == '__main__':\n"
+        "    runner = LocalRunner(2)\n"
+        "    pool = runner._executor()\n"
+        "    futures = [pool.submit(time.sleep, 600) for _ in range(2)]\n"
+        "    while len(pool._processes) < 2:\n"
+        "        time.sleep(0.1)\n"
+        "    # wait until both workers have started (imports done) and sleep in their job\n"
+        "    last = None\n"
+        "    while True:\n"
+        "        now = [cpu(p) for p in pool._processes]\n"
+        "        if now == last:\n"
+        "            break\n"
+        "        last = now\n"
+        "        time.sleep(1.0)\n"
+        "    print(' '.join(str(p) for p in pool._processes), flush=True)\n"
+        "    time.sleep(600)\n")
+    job = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                           env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    workers = []
+    try:
+        line = job.stdout.readline()
+        workers = [int(p) for p in line.split()]
+        assert len(workers) == 2, line
+
+        def alive(pid):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            # a zombie (ended, not yet reaped by its new parent) counts as ended
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(")")[-1].split()[0] != "Z"
+
+        assert all(alive(p) for p in workers)
+        job.send_signal(signal.SIGKILL)
+        job.wait(10)
+        deadline = time.time() + 15
+        while time.time() < deadline and any(alive(p) for p in workers):
+            time.sleep(0.2)
+        assert not any(alive(p) for p in workers), "workers outlived the killed tuning process"
+    finally:
+        job.kill()
+        job.wait()
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

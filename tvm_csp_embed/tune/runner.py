@@ -29,11 +29,29 @@ logger = logging.getLogger("tvm_csp_embed.tune")
 Batch = Sequence[Dict[str, Any]]
 
 
+#: seconds between a worker's checks that the tuning process that started it is still there
+PARENT_POLL_SECONDS = 1.0
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Runs in a worker: ends the worker once its parent is gone (a tuning job killed with SIGKILL
+    or SIGTERM would otherwise leave it measuring on, an orphan holding a core)."""
+    import time
+
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)
+
+
 def _init_worker(imports: Sequence[str] = ()) -> None:
     """Worker start: one BLAS thread; import vta_ext and tvm_csp_embed (they register the
-    strategies) and the modules of ``imports`` (e.g. ones registering more templates)."""
+    strategies) and the modules of ``imports`` (e.g. ones registering more templates); a watcher
+    thread that ends the worker when the tuning process dies."""
     import importlib
+    import threading
 
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True,
+                     name="exit-with-parent").start()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     for name in ("vta_ext", "tvm_csp_embed", *imports):
         importlib.import_module(name)
