@@ -96,6 +96,7 @@ def _divisors(n: int) -> List[int]:
 def vt_loops(pg: PackedGemm) -> List[str]:
     """Loops that may carry two virtual threads: the first output-channel (``weight``) loop and the
     first image-row (``stencil``) loop that is not the last one, in that order of nesting."""
+
     def make():
         c = pg.c_loops()
         weight = [n for n in c if pg.roles[n] == "weight"]

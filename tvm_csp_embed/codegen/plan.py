@@ -153,9 +153,8 @@ class PackedGemm:
     roles: Dict[str, str]
     channel_loops: Tuple[str, ...]
     out_shape: Tuple[int, ...]
-    bias_layout_cache: Dict[Tuple[int, ...], HostLayout] = field(default_factory=dict, repr=False)
-    #: derived facts the knob search asks for per point (loop lists, loop orders, TPS points),
-    #: computed once per program: ``memo(key, make)``
+    #: facts derived from the program and asked for repeatedly (loop lists, loop orders, TPS
+    #: points, bias layouts), computed once per program: ``memo(key, make)``
     derived: Dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def memo(self, key, make: Callable[[], Any]) -> Any:
@@ -187,9 +186,7 @@ class PackedGemm:
         ``(K,)``) into the accumulator layout: the output's packed layout with extent 1 on the free
         dims that do not depend on the channel, and the per-channel value on every lane."""
         key = tuple(int(s) for s in bias_shape)
-        if key not in self.bias_layout_cache:
-            self.bias_layout_cache[key] = _bias_layout(self, key)
-        return self.bias_layout_cache[key]
+        return self.memo(("bias_layout", key), lambda: _bias_layout(self, key))
 
     def describe(self) -> str:
         """The packed compute as one line, e.g. ``out[n, k, oh, ow, @x, @y] += ...``."""
