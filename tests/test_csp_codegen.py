@@ -292,20 +292,20 @@ def test_tps_search_is_done_once_per_program_and_keyed_by_config_value():
     emb = embed_all(wl, gemm(cfg), "strict")[0][0]
     pg = packed_gemm(emb, shapes, perms, pads)
     calls = []
-    real = K.enumerate_points
+    real = K.search
 
     def counting(*args):
         calls.append(1)
         return real(*args)
 
-    K.enumerate_points = counting
+    K.search = counting
     try:
         first = tps_point(cfg, pg, EPILOGUE)
         first.knobs["tile_k"] = 999
         again = tps_point(cfg, pg, EPILOGUE)
         assert len(calls) == 1 and again.knobs["tile_k"] != 999
         # the brute-force answer: the fewest modelled bytes over every valid point
-        best = min((r for _, r in real(cfg, pg, EPILOGUE) if isinstance(r, K.KnobPoint)),
+        best = min((r for _, r in K.enumerate_points(cfg, pg, EPILOGUE) if isinstance(r, K.KnobPoint)),
                    key=lambda r: r.total_bytes)
         assert again.total_bytes == best.total_bytes
         small = dataclasses.replace(cfg, LOG_INP_BUFF_SIZE=cfg.LOG_INP_BUFF_SIZE - 3)
@@ -318,4 +318,4 @@ def test_tps_search_is_done_once_per_program_and_keyed_by_config_value():
         depth = scratchpad(small, MemType.INP).depth
         assert again.sram["inp"] > depth >= tight.sram["inp"]
     finally:
-        K.enumerate_points = real
+        K.search = real

@@ -44,6 +44,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 import vta_ext  # noqa: F401  (registers the stock strategy)
 from vta_ext.errors import TemplateRefusal
 from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, Strategy, get_template,
@@ -51,7 +53,7 @@ from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, Strategy
 
 from .cache import _write, cache_dir, cached_embeddings
 from .codegen.build import build_gemm
-from .codegen.knobs import KnobPoint, Pruned, enumerate_points, fallback_point, knob_names, tps_point
+from .codegen.knobs import KnobPoint, Pruned, fallback_point, knob_grid, knob_names, tps_point
 from .codegen.plan import PackedGemm, packed_gemm
 from .embedding import Embedding, decode
 from .instructions import gemm
@@ -720,12 +722,10 @@ class CspGemmTemplate(OpTemplate):
             stock = get_template(self.kind, "stock")
             return stock.knob_space(config, stock.workload_from_dict(dict(workload.stock)), epilogue)
         pg = packed_of(workload, config)
-        points, pruned = [], []
-        for point, res in enumerate_points(config, pg, epilogue):
-            if isinstance(res, KnobPoint):
-                points.append(point)
-            else:
-                pruned.append((point, res.reason))
+        grid = knob_grid(config, pg, epilogue)
+        points = grid.points(np.flatnonzero(grid.valid))
+        bad = np.flatnonzero(~grid.valid)
+        pruned = [(p, grid.why(i)) for p, i in zip(grid.points(bad), bad)]
         tps = tps_point(config, pg, epilogue)
         fb = fallback_point(config, pg, epilogue)
         return KnobSpace(knob_names(pg), tuple(points), tuple(pruned),

@@ -6,17 +6,22 @@ One generator for every operator and every mapping family (:mod:`.plan`):
   or, for constants, numpy at build time;
 * :mod:`.plan` -- :func:`packed_gemm`: the free loops, packed operands and loop roles of an
   embedding of the VTA GEMM;
+* :mod:`.loops` -- the loop structure of the schedule (tiled loops, virtual threads, loop orders);
 * :mod:`.schedule` -- the packed TE compute and its s_tir schedule (VTA scopes, GEMM intrinsic);
-* :mod:`.knobs` -- the knob space over the free loops, its model and the TPS default point;
+* :mod:`.knobs` -- the knob space over the free loops, its model, and the search for the TPS
+  default point (the whole domain at once, with numpy);
 * :mod:`.build` -- :func:`build_gemm`: lowering by :mod:`vta_ext.lower` into a VTA program.
 """
 from .build import CompiledGemm, build_gemm, resolve_knobs
-from .knobs import KnobPoint, Pruned, enumerate_points, evaluate, knob_domain, knob_names, tps_point
+from .knobs import (KnobGrid, KnobPoint, Pruned, enumerate_points, evaluate, knob_domain, knob_grid,
+                    knob_names, search, tps_point)
+from .loops import loop_orders
 from .plan import FreeLoop, PackedDim, PackedGemm, PackedOperand, loop_roles, packed_gemm
 from .relayout import HostLayout
-from .schedule import gemm_compute, loop_orders, schedule_gemm
+from .schedule import gemm_compute, schedule_gemm
 
 __all__ = ["HostLayout", "FreeLoop", "PackedDim", "PackedOperand", "PackedGemm", "packed_gemm",
            "loop_roles", "gemm_compute", "schedule_gemm", "loop_orders", "KnobPoint", "Pruned",
-           "knob_names", "knob_domain", "evaluate", "enumerate_points", "tps_point", "CompiledGemm",
+           "knob_names", "knob_domain", "evaluate", "enumerate_points", "KnobGrid", "knob_grid", "search",
+           "tps_point", "CompiledGemm",
            "build_gemm", "resolve_knobs"]

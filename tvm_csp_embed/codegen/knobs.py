@@ -9,7 +9,7 @@ Knobs of a packed GEMM (:class:`~.plan.PackedGemm`), as a plain dict (what recor
 * ``vt_<loop>`` in {1, 2}: virtual threads over the outer tiles of the first output-channel loop
   and of the first image-row loop (the original's ``oc_nthread`` / ``h_nthread``);
 * ``order`` in {0, 1, 2}: the loop order of the output tiles and which operand stays resident
-  (:func:`~.schedule.loop_orders`): 0 the stock rule (both caches loaded at every load step; the
+  (:func:`~.loops.loop_orders`): 0 the stock rule (both caches loaded at every load step; the
   default, also when a record has no ``order``), 1 weight-resident (output-channel tiles outer,
   the weight tile loaded once per output-channel tile and reused by every spatial tile below),
   2 data-resident (output-channel tiles innermost, the data tile loaded once per spatial tile and
@@ -34,17 +34,22 @@ before four, then the knob values).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
+from .loops import ORDERS, loop_orders, tiled_loops, vt_loops
 from .plan import AXIS_PREFIX, PackedGemm
 
-__all__ = ["KnobPoint", "Pruned", "knob_names", "knob_domain", "knob_defaults", "check_point",
-           "evaluate", "enumerate_points", "tps_point", "fallback_point", "BYTE_COUNTERS", "ORDER_KNOB"]
+__all__ = ["KnobPoint", "Pruned", "KnobGrid", "knob_names", "knob_domain", "knob_defaults",
+           "check_point", "evaluate", "enumerate_points", "knob_grid", "search", "tps_point",
+           "fallback_point", "BYTE_COUNTERS", "ORDER_KNOB"]
 
-#: the loop-order knob (values: :data:`~.schedule.ORDERS`)
+#: the loop-order knob (values: :data:`~.loops.ORDERS`)
 ORDER_KNOB = "order"
 
 #: the simulator counters the DRAM model predicts
@@ -91,23 +96,6 @@ class Pruned:
 
 def _divisors(n: int) -> List[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def vt_loops(pg: PackedGemm) -> List[str]:
-    """Loops that may carry two virtual threads: the first output-channel (``weight``) loop and the
-    first image-row (``stencil``) loop that is not the last one, in that order of nesting."""
-
-    def make():
-        c = pg.c_loops()
-        weight = [n for n in c if pg.roles[n] == "weight"]
-        stencil = [n for n in c if pg.roles[n] == "stencil"][:-1]
-        return tuple(weight[:1] + stencil[:1])
-    return list(pg.memo("vt_loops", make))
-
-
-def tiled_loops(pg: PackedGemm) -> List[str]:
-    """Loops with a tile knob: the output's free loops (output order), then the z tile loops."""
-    return pg.c_loops() + [lp.name for lp in pg.loops if pg.roles[lp.name] == "ztile"]
 
 
 def knob_names(pg: PackedGemm) -> Tuple[str, ...]:
@@ -164,24 +152,38 @@ def check_point(pg: PackedGemm, knobs: Mapping[str, Any]) -> Dict[str, int]:
 
 
 def _structural_reason(pg: PackedGemm, k: Mapping[str, int]) -> Optional[str]:
-    ext = {lp.name: lp.extent for lp in pg.loops}
-    for n in vt_loops(pg):
-        t = k[f"vt_{n}"]
-        outer = ext[n] // k[f"tile_{n}"]
-        if outer % t:
-            return f"vt_{n}={t} must divide {n}'s outer tiles ({ext[n]}/tile_{n} = {outer})"
-    order = k.get(ORDER_KNOB, 0)
-    if order:
-        from .schedule import ORDERS, loop_orders
-
-        if loop_orders(pg, order).resident_at is None:
-            return (f"order={order} ({ORDERS[order]}) needs an outer loop above the other operand's "
-                    f"tiles to hold the resident tile, and this embedding has none")
+    for violated, why in _structural_checks(pg, k, k.get(ORDER_KNOB, 0)):
+        if violated:
+            return why(_scalar)
     return None
 
 
+def _structural_checks(pg: PackedGemm, k: Mapping[str, Any], order: int) -> List[tuple]:
+    """``(violated, why)`` of the structural conditions of a point (or of a grid of points, with
+    numpy arrays as knob values): ``violated`` is a bool or a bool array, ``why(at)`` the reason
+    with the values ``at`` extracts."""
+    ext = {lp.name: lp.extent for lp in pg.loops}
+    out = []
+    for n in vt_loops(pg):
+        t, tile = k[f"vt_{n}"], k[f"tile_{n}"]
+        outer = ext[n] // tile
+        out.append((outer % t != 0, lambda at, n=n, t=t, outer=outer:
+                    f"vt_{n}={at(t)} must divide {n}'s outer tiles ({ext[n]}/tile_{n} = {at(outer)})"))
+    if order and loop_orders(pg, order).resident_at is None:
+        out.append((True, lambda at: f"order={order} ({ORDERS[order]}) needs an outer loop above the "
+                                     f"other operand's tiles to hold the resident tile, and this "
+                                     f"embedding has none"))
+    return out
+
+
+def _scalar(v) -> int:
+    return int(v)
+
+
 # ------------------------------------------------------------------------------------ the model
-def _inside(pg: PackedGemm, k: Mapping[str, int]) -> Dict[str, Tuple[int, int]]:
+# Every function of the model takes knob values that are ints (one point) or numpy integer arrays
+# that broadcast against each other (a grid of points, :func:`search`); the arithmetic is the same.
+def _inside(pg: PackedGemm, k: Mapping[str, Any]) -> Dict[str, Tuple[Any, Any]]:
     """Loop -> ``(outer count, inner extent)`` relative to the load point of the input caches."""
     anchored = any(lp.extent > 1 for lp in pg.loops if pg.roles[lp.name] == "ztile")
     out = {}
@@ -199,13 +201,12 @@ def _inside(pg: PackedGemm, k: Mapping[str, int]) -> Dict[str, Tuple[int, int]]:
     return out
 
 
-def _inside_resident(pg: PackedGemm, k: Mapping[str, int], outer: Sequence[str], at: str
-                     ) -> Dict[str, Tuple[int, int]]:
+def _inside_resident(pg: PackedGemm, k: Mapping[str, Any], outer: Sequence[str], at: str
+                     ) -> Dict[str, Tuple[Any, Any]]:
     """Loop -> ``(outer count, inner extent)`` relative to a resident cache computed at the outer
     loop ``at``: the output loops down to ``at`` keep their tiles, every loop below it is whole
     (its virtual threads, split outermost, still count as outer iterations; the resident operand
     does not see those loops), the reductions are whole."""
-    ext = {lp.name: lp.extent for lp in pg.loops}
     vts = set(vt_loops(pg))
     above = set(outer[:list(outer).index(at) + 1])
     out = {}
@@ -221,23 +222,37 @@ def _inside_resident(pg: PackedGemm, k: Mapping[str, int], outer: Sequence[str],
     return out
 
 
-def _dim_sum(dim, inside) -> int:
-    """Entries of one packed dim loaded over all outer iterations of its loops (clipped to the
-    stored range when the DMA pads it)."""
-    ext = sum(c * (inside[v][1] - 1) for v, c in dim.terms) + 1
-    outers = [(inside[v][0], inside[v][1], c) for v, c in dim.terms]
-    count = math.prod(o for o, _, _ in outers)
-    if not dim.padded:
-        return count * ext
+@functools.lru_cache(maxsize=1 << 16)
+def _clipped_sum(dim, outers: Tuple[Tuple[int, int], ...]) -> int:
+    """Entries of a DMA-padded dim loaded over all outer iterations, clipped to the stored range;
+    ``outers`` is ``(outer count, inner extent)`` of each term's loop."""
+    ext = sum(c * (inner - 1) for (_, inner), (_, c) in zip(outers, dim.terms)) + 1
     lo, hi = dim.stored_lo, dim.stored_lo + dim.stored_extent
     total = 0
-    for vals in itertools.product(*[range(o) for o, _, _ in outers]):
-        start = dim.const + sum(c * v * inner for v, (_, inner, c) in zip(vals, outers))
+    for vals in itertools.product(*[range(o) for o, _ in outers]):
+        start = dim.const + sum(c * v * inner for v, (_, inner), (_, c) in zip(vals, outers, dim.terms))
         total += max(0, min(start + ext, hi) - max(start, lo))
     return total
 
 
-def _region(dim, inside) -> int:
+def _dim_sum(dim, inside):
+    """Entries of one packed dim loaded over all outer iterations of its loops (clipped to the
+    stored range when the DMA pads it)."""
+    if not dim.padded:
+        return math.prod(inside[v][0] for v, _ in dim.terms) * _region(dim, inside)
+    pairs = [inside[v] for v, _ in dim.terms]
+    flat = [x for pair in pairs for x in pair]
+    if not any(isinstance(x, np.ndarray) for x in flat):
+        return _clipped_sum(dim, tuple((int(o), int(i)) for o, i in pairs))
+    grid = np.broadcast_arrays(*[np.asarray(x, dtype=np.int64) for x in flat])
+    out = np.empty(grid[0].shape, dtype=np.int64)
+    for idx in np.ndindex(out.shape):      # the loops of this dim only: a few points
+        vals = [int(g[idx]) for g in grid]
+        out[idx] = _clipped_sum(dim, tuple(zip(vals[::2], vals[1::2])))
+    return out
+
+
+def _region(dim, inside):
     return sum(c * (inside[v][1] - 1) for v, c in dim.terms) + 1
 
 
@@ -247,36 +262,35 @@ def _free_dims(op):
 
 def kernel_loops(pg: PackedGemm, k: Mapping[str, int]) -> List[int]:
     """Extents of the non-unit loops of one load step's GEMM kernel, outermost first."""
-    from .schedule import loop_orders
+    return [e for e in _kernel_extents(pg, k) if e > 1]
 
+
+def _kernel_extents(pg: PackedGemm, k: Mapping[str, Any]) -> list:
     ext = {lp.name: lp.extent for lp in pg.loops}
-    orders = loop_orders(pg)
-    out = []
-    for n in orders.kernel:
-        role = pg.roles[n]
-        e = ext[n] if role == "reduce" else k[f"tile_{n}"]
-        if e > 1:
-            out.append(e)
-    return out
+    return [ext[n] if pg.roles[n] == "reduce" else k[f"tile_{n}"] for n in loop_orders(pg).kernel]
 
 
-def evaluate(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str, int]):
-    """The model of one (full, structurally valid) point: a :class:`KnobPoint` or a
-    :class:`Pruned` with the reason it does not fit."""
-    from vta_ext.isa import MemType
-    from vta_ext.layout import MAX_LOOP_EXTENT
-    from vta_ext.memory import scratchpad
-    from vta_ext.templates.epilogue import alu_count, has_bias, normalize_epilogue
+def _kernel(pg: PackedGemm, k: Mapping[str, Any]):
+    """``(micro-ops, largest folded loop)`` of one load step's GEMM kernel: its first two non-unit
+    loops fold into the GEMM instruction's loop fields, the rest are unrolled into micro-ops."""
+    uops, folded, seen = 1, 0, 0
+    for e in _kernel_extents(pg, k):
+        big = e > 1
+        uops = uops * np.where(big & (seen >= 2), e, 1)
+        folded = np.where(big & (seen < 2), np.maximum(folded, e), folded)
+        seen = seen + big
+    return uops, folded
 
-    ep = normalize_epilogue(epilogue)
-    k = dict(knobs)
-    reason = _structural_reason(pg, k)
-    if reason:
-        return Pruned(k, reason)
-    from .schedule import loop_orders
+
+def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], order: int
+             ) -> Dict[str, Any]:
+    """The modelled figures of the points ``k`` under loop order ``order`` (a structurally valid
+    order): ``sram`` (entries per scratchpad), ``uops``, ``folded``, ``bytes`` (per counter) and
+    ``insns``."""
+    from vta_ext.templates.epilogue import alu_count, has_bias
 
     inside = _inside(pg, k)
-    orders = loop_orders(pg, k.get(ORDER_KNOB, 0))
+    orders = loop_orders(pg, order)
     res = orders.resident
     at_res = (_inside_resident(pg, k, orders.outer, orders.resident_at) if res is not None
               else None)
@@ -296,19 +310,7 @@ def evaluate(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str,
     bias_tile = math.prod(k[f"tile_{n}"] for n in c_loops if n in pg.channel_loops)
     with_bias = has_bias(ep)
     sram["acc"] = (ctile + (bias_tile if with_bias else 0)) * threads
-    for name in ("inp", "wgt", "acc"):
-        depth = scratchpad(cfg, MemType[name.upper()]).depth
-        if sram[name] > depth:
-            return Pruned(k, f"the {name} tiles need {sram[name]} entries (all virtual threads), "
-                             f"more than the {name} scratchpad's {depth}")
-    kl = kernel_loops(pg, k)
-    uops = math.prod(kl[2:])
-    if uops > cfg.uop_depth // 2:
-        return Pruned(k, f"the GEMM kernel of {uops} micro-ops exceeds half the micro-op buffer "
-                         f"({cfg.uop_depth // 2}; the reset and GEMM kernels must fit together)")
-    if any(e > MAX_LOOP_EXTENT for e in kl[:2]):
-        return Pruned(k, f"a folded GEMM loop of {max(kl[:2])} iterations exceeds the 14-bit loop "
-                         f"field (max {MAX_LOOP_EXTENT})")
+    uops, folded = _kernel(pg, k)
     nbytes = {}
     for role, op, counter, elem in (("A", A, "inp_load_nbytes", cfg.inp_elem_bytes),
                                     ("B", B, "wgt_load_nbytes", cfg.wgt_elem_bytes)):
@@ -335,12 +337,53 @@ def evaluate(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str,
                      and len(a_free) > 2 else 1)
         iters = math.prod(at_res[n][0] for n in orders.outer[:orders.outer.index(orders.resident_at) + 1])
         insns += iters * res_loads - stores * batch * steps * moved
-    return KnobPoint(k, nbytes, sram, uops, insns)
+    return {"sram": sram, "uops": uops, "folded": folded, "bytes": nbytes, "insns": insns}
+
+
+def _fit_checks(cfg, m: Mapping[str, Any]) -> List[tuple]:
+    """``(violated, why)`` of the limits a structurally valid point must fit (the model ``m`` of
+    :func:`_measure`), in the order :func:`evaluate` reports them."""
+    from vta_ext.isa import MemType
+    from vta_ext.layout import MAX_LOOP_EXTENT
+    from vta_ext.memory import scratchpad
+
+    out = []
+    for name in ("inp", "wgt", "acc"):
+        depth = scratchpad(cfg, MemType[name.upper()]).depth
+        used = m["sram"][name]
+        out.append((used > depth, lambda at, name=name, used=used, depth=depth:
+                    f"the {name} tiles need {at(used)} entries (all virtual threads), more than the "
+                    f"{name} scratchpad's {depth}"))
+    budget = cfg.uop_depth // 2
+    out.append((m["uops"] > budget, lambda at: f"the GEMM kernel of {at(m['uops'])} micro-ops exceeds "
+                f"half the micro-op buffer ({budget}; the reset and GEMM kernels must fit together)"))
+    out.append((m["folded"] > MAX_LOOP_EXTENT, lambda at: f"a folded GEMM loop of {at(m['folded'])} "
+                f"iterations exceeds the 14-bit loop field (max {MAX_LOOP_EXTENT})"))
+    return out
+
+
+def evaluate(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str, int]):
+    """The model of one (full, structurally valid) point: a :class:`KnobPoint` or a
+    :class:`Pruned` with the reason it does not fit. This is the reference :func:`search` is
+    checked against (one point at a time, in Python)."""
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    k = dict(knobs)
+    reason = _structural_reason(pg, k)
+    if reason:
+        return Pruned(k, reason)
+    m = _measure(cfg, pg, normalize_epilogue(epilogue), k, k.get(ORDER_KNOB, 0))
+    for violated, why in _fit_checks(cfg, m):
+        if violated:
+            return Pruned(k, why(_scalar))
+    return KnobPoint(k, {c: int(v) for c, v in m["bytes"].items()},
+                     {n: int(v) for n, v in m["sram"].items()}, int(m["uops"]), int(m["insns"]))
 
 
 def enumerate_points(cfg, pg: PackedGemm, epilogue: Sequence[tuple]
                      ) -> Iterator[Tuple[Dict[str, int], Any]]:
-    """Every point of the domain, in a deterministic order, with its :func:`evaluate` result."""
+    """Every point of the domain, in a deterministic order, with its :func:`evaluate` result (the
+    exhaustive reference; :func:`search` gives the same answers without a Python loop)."""
     dom = knob_domain(pg)
     names = list(dom)
     for values in itertools.product(*[dom[n] for n in names]):
@@ -353,28 +396,150 @@ def _rank(p: KnobPoint) -> Tuple:
     return (p.total_bytes, p.insns, {2: 0, 1: 1}.get(threads, 2), tuple(p.knobs.values()))
 
 
+# ------------------------------------------------------------------------------------ the search
+@dataclass(frozen=True)
+class KnobGrid:
+    """The model of every point of a knob domain at once (:func:`search`).
+
+    The domain is the product of the knob values in :func:`knob_domain` order (``order`` last),
+    restricted to the ``fixed`` knobs; a point's flat index (C order) is its position in
+    :func:`enumerate_points`. Arrays are flat, one entry per point.
+
+    Attributes
+    ----------
+    names : tuple of str
+        Knob names, in domain order.
+    values : tuple of tuple of int
+        The values each knob ranges over (a fixed knob: its one value).
+    valid : numpy.ndarray
+        Bool: the point is structurally valid and fits.
+    reason : numpy.ndarray
+        Index into ``checks`` of the first violated condition (-1 if valid).
+    total_bytes, insns, threads : numpy.ndarray
+        Modelled DRAM bytes (all counters), estimated instructions, virtual threads.
+    """
+
+    names: Tuple[str, ...]
+    values: Tuple[Tuple[int, ...], ...]
+    valid: Any
+    reason: Any
+    total_bytes: Any
+    insns: Any
+    threads: Any
+    checks: Tuple[Any, ...] = dataclasses.field(repr=False, default=())
+
+    def __len__(self) -> int:
+        return int(self.valid.size)
+
+    def points(self, indices) -> List[Dict[str, int]]:
+        """The knobs of the points at the flat ``indices``."""
+        idx = np.unravel_index(np.asarray(indices, dtype=np.int64), tuple(len(v) for v in self.values))
+        cols = [np.asarray(v, dtype=np.int64)[i].tolist() for v, i in zip(self.values, idx)]
+        return [dict(zip(self.names, row)) for row in zip(*cols)]
+
+    def point(self, index: int) -> Dict[str, int]:
+        """The knobs of the point at flat ``index``."""
+        return self.points([index])[0]
+
+    def why(self, index: int) -> str:
+        """Why the point at flat ``index`` is pruned (the reason :func:`evaluate` gives)."""
+        _, _, why = self.checks[int(self.reason[index])]
+        shape = tuple(len(v) for v in self.values[:-1])
+        local = np.unravel_index(int(index) // len(self.values[-1]), shape)
+
+        def at(v) -> int:
+            return int(np.broadcast_to(v, shape)[local]) if isinstance(v, np.ndarray) else int(v)
+        return why(at)
+
+
+def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
+              fixed: Optional[Mapping[str, int]] = None) -> KnobGrid:
+    """The model of every point of the domain of ``pg`` (restricted to ``fixed`` before anything is
+    evaluated), computed with numpy over the whole grid: the same figures as :func:`evaluate` per
+    point, with no Python loop over the points."""
+    from vta_ext.templates.errors import KnobError
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    ep = normalize_epilogue(epilogue)
+    dom = knob_domain(pg)
+    fixed = dict(fixed or {})
+    for n, v in fixed.items():
+        if n not in dom or v not in dom[n]:
+            raise KnobError(f"fixed knob {n}={v!r} is not in the domain; valid knobs: {', '.join(dom)}")
+        dom[n] = (v,)
+    names = list(dom)
+    free = names[:-1]                     # ``order`` is last: one grid per loop order
+    shape = tuple(len(dom[n]) for n in free)
+    k = {}
+    for i, n in enumerate(free):
+        ax = [1] * len(free)
+        ax[i] = -1
+        k[n] = np.asarray(dom[n], dtype=np.int64).reshape(ax)
+    size = math.prod(shape)
+    threads = np.broadcast_to(math.prod([k[f"vt_{n}"] for n in vt_loops(pg)] + [np.int64(1)]),
+                              shape).reshape(-1)
+    cols = {"valid": [], "reason": [], "bytes": [], "insns": []}
+    checks = []
+    for order in dom[ORDER_KNOB]:
+        conds = _structural_checks(pg, k, order)
+        m = None
+        if not any(c is True for c, _ in conds):
+            m = _measure(cfg, pg, ep, k, order)
+            conds += _fit_checks(cfg, m)
+        reason = np.full(size, -1, dtype=np.int64)
+        for violated, why in conds:      # first violated condition of each point
+            flag = np.broadcast_to(np.asarray(violated), shape).reshape(-1)
+            reason[(reason < 0) & flag] = len(checks)
+            checks.append((order, violated, why))
+        cols["reason"].append(reason)
+        cols["valid"].append(reason < 0)
+        if m is None:
+            zeros = np.zeros(size, dtype=np.int64)
+            cols["bytes"].append(zeros)
+            cols["insns"].append(zeros)
+        else:
+            total = sum(np.broadcast_to(np.asarray(v, dtype=np.int64), shape) for v in m["bytes"].values())
+            cols["bytes"].append(np.asarray(total, dtype=np.int64).reshape(-1))
+            cols["insns"].append(np.broadcast_to(np.asarray(m["insns"], dtype=np.int64), shape).reshape(-1))
+    # ``order`` as the last (fastest) axis: the flat index is the enumeration order
+    stack = {key: np.stack(v, axis=-1).reshape(-1) for key, v in cols.items()}
+    return KnobGrid(tuple(names), tuple(tuple(dom[n]) for n in names), stack["valid"],
+                    stack["reason"], stack["bytes"], stack["insns"],
+                    np.repeat(threads, len(dom[ORDER_KNOB])), tuple(checks))
+
+
+def search(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
+           fixed: Optional[Mapping[str, int]] = None) -> Optional[KnobPoint]:
+    """The TPS point (:func:`_rank`: fewest modelled DRAM bytes, then fewest estimated
+    instructions, two threads before one before four, then the enumeration order) from
+    :func:`knob_grid`, or None if no point fits; equal to the best of :func:`enumerate_points`."""
+    dom = knob_domain(pg)
+    if any(n not in dom or v not in dom[n] for n, v in (fixed or {}).items()):
+        return None                 # no point of the domain has these values
+    grid = knob_grid(cfg, pg, epilogue, fixed)
+    idx = np.flatnonzero(grid.valid)
+    if not idx.size:
+        return None
+    thr = np.where(grid.threads[idx] == 2, 0, np.where(grid.threads[idx] == 1, 1, 2))
+    best = idx[np.lexsort((idx, thr, grid.insns[idx], grid.total_bytes[idx]))[0]]
+    res = evaluate(cfg, pg, epilogue, grid.point(best))
+    assert isinstance(res, KnobPoint), res       # the grid and the point model are one model
+    return res
+
+
 def tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
               fixed: Optional[Mapping[str, int]] = None) -> Optional[KnobPoint]:
     """The Tiling Parameter Search point (fewest modelled DRAM bytes that fit), or None if no
     point fits. ``fixed`` restricts the search to the points with these knob values (e.g.
-    ``{"order": 0}``: the stock loop order only)."""
+    ``{"order": 0}``: the stock loop order only); it is applied before any point is evaluated."""
     from vta_ext.executor import config_digest
     from vta_ext.templates.epilogue import normalize_epilogue
 
     fixed = dict(fixed or {})
-
-    def search():
-        best = None
-        for point, res in enumerate_points(cfg, pg, epilogue):
-            if any(point.get(n) != v for n, v in fixed.items()):
-                continue
-            if isinstance(res, KnobPoint) and (best is None or _rank(res) < _rank(best)):
-                best = res
-        return best
     # the search is deterministic in (program, configuration value, epilogue, fixed knobs): done
     # once, as the chooser, the build and the tuner's knob space each ask for it
     key = ("tps", config_digest(cfg), repr(normalize_epilogue(epilogue)), tuple(sorted(fixed.items())))
-    best = pg.memo(key, search)
+    best = pg.memo(key, lambda: search(cfg, pg, epilogue, fixed))
     return None if best is None else dataclasses.replace(best, knobs=dict(best.knobs))
 
 

@@ -11,7 +11,7 @@ dims), as the stock conv2d's ``data_pad``. The epilogue stages run on the accumu
 (:func:`vta_ext.templates.epilogue.te_stage`), a bias is the per-channel tensor of
 :meth:`~.plan.PackedGemm.bias_layout`; the ``out`` stage truncates to int8.
 
-Schedule (the rule of the stock ``conv2d_packed``, stated on loop roles, :func:`loop_orders`):
+Schedule (the rule of the stock ``conv2d_packed``, stated on loop roles, :func:`~.loops.loop_orders`):
 
 * output: every free loop split by its ``tile_`` knob; outer loops ordered batch, image rows
   but the last, output channels, the last image row (the store point); virtual-thread splits of
@@ -27,102 +27,15 @@ The lowering is :mod:`vta_ext.lower` (``lower_schedule`` then ``lower_to_runtime
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .loops import loop_orders
 from .plan import AXIS_PREFIX, PackedDim, PackedGemm
 
-__all__ = ["LoopOrders", "ORDERS", "loop_orders", "gemm_compute", "schedule_gemm", "bias_shape"]
+__all__ = ["gemm_compute", "schedule_gemm", "bias_shape"]
 
 #: the TIR name of an instruction-axis variable
 _AXIS_NAMES = {"x": "x_i", "y": "y_i", "z": "z_i"}
-
-
-@dataclass(frozen=True)
-class LoopOrders:
-    """Loop orders of the schedule (free loop names).
-
-    Attributes
-    ----------
-    outer : tuple of str
-        Outer output loops, outermost first; the last one is the store point.
-    batch : tuple of str
-        GEMM-stage loops above the load point (their inner tiles).
-    ztile : tuple of str
-        Tile loops of the dims z walks (split: outer parts above, inner parts below the load point).
-    kernel : tuple of str
-        Loops of one load step's GEMM kernel, outermost first (the z-tile inner parts first).
-    vthreads : tuple of str
-        Loops that may carry virtual threads, in the order their splits are made.
-    resident : str or None
-        The operand (``"A"`` or ``"B"``) whose cache is hoisted out of the inner output tiles
-        (``order`` 1: the operator's weight tensor, 2: its data tensor), or None (``order`` 0).
-    resident_at : str or None
-        The outer loop the resident operand's cache is computed at (its load is issued once per
-        iteration of that loop and reused by every output tile below it).
-    """
-
-    outer: Tuple[str, ...]
-    batch: Tuple[str, ...]
-    ztile: Tuple[str, ...]
-    kernel: Tuple[str, ...]
-    vthreads: Tuple[str, ...]
-    resident: Optional[str] = None
-    resident_at: Optional[str] = None
-
-
-#: values of the ``order`` knob (:func:`loop_orders`)
-ORDERS = {0: "stock", 1: "weight-resident", 2: "data-resident"}
-
-
-def loop_orders(pg: PackedGemm, order: int = 0) -> LoopOrders:
-    """The loop orders of the schedule of ``pg`` (module docstring), from the loop roles.
-
-    ``order`` (the knob of that name): 0 is the stock rule (batch, image rows but the last,
-    output channels, the last row; both caches at the load point); 1 (weight-resident) puts the
-    loops the weight tensor sees outermost (shared, then output channels), then the batch and the
-    image rows, and hoists the weight tensor's cache to the innermost of the weight loops; 2
-    (data-resident) puts the output-channel loops innermost (shared, batch, rows, output channels)
-    and hoists the data tensor's cache to the innermost loop above them. The hoisted cache holds the
-    whole reduction of its tile; the other operand stays at the load point.
-    """
-    return pg.memo(("loop_orders", order), lambda: _loop_orders(pg, order))
-
-
-def _loop_orders(pg: PackedGemm, order: int) -> LoopOrders:
-    from .knobs import vt_loops
-
-    c = pg.c_loops()
-    role = pg.roles
-    shared = [n for n in c if role[n] == "shared"]
-    plain = [n for n in c if role[n] == "plain"]
-    batch = [n for n in c if role[n] in ("shared", "plain")]
-    stencil = [n for n in c if role[n] == "stencil"]
-    weight = [n for n in c if role[n] == "weight"]
-    last = stencil[-1:]
-    resident = resident_at = None
-    if order == 0:
-        outer = batch + stencil[:-1] + weight + last
-    elif order == 1:
-        outer = shared + weight + plain + stencil
-        above = shared + weight
-        resident = "A" if pg.embedding.binding["A"] == pg.embedding.workload.inputs[1].name else "B"
-        resident_at = above[-1] if above else None
-    elif order == 2:
-        outer = shared + plain + stencil + weight
-        above = shared + plain + stencil
-        resident = "A" if pg.embedding.binding["A"] == pg.embedding.workload.inputs[0].name else "B"
-        resident_at = above[-1] if above else None
-    else:
-        raise ValueError(f"order={order!r}; valid orders: {', '.join(map(str, ORDERS))}")
-    ztile = [lp.name for lp in pg.loops if role[lp.name] == "ztile"]
-    reduce_ = [lp.name for lp in pg.loops if role[lp.name] == "reduce"]
-    kernel = ztile + last + reduce_[::-1] + weight + stencil[:-1]
-    vts = vt_loops(pg)
-    # the first-row split is made first, then the output-channel one (the original's order)
-    vts = [n for n in vts if role[n] == "stencil"] + [n for n in vts if role[n] == "weight"]
-    return LoopOrders(tuple(outer), tuple(batch), tuple(ztile), tuple(kernel), tuple(vts),
-                      resident, resident_at)
 
 
 def bias_shape(pg: PackedGemm) -> Tuple[int, ...]:
