@@ -1,0 +1,127 @@
+"""The knob search over the whole grid (``codegen.knobs.search`` / ``knob_grid``) against the
+exhaustive reference: :func:`~tvm_csp_embed.codegen.knobs.evaluate` called on every point of the
+domain, one at a time, and the best taken by the TPS rank.
+
+For every embedding the solver offers for a layer under ``csp-strict`` (whose NCHW embedding is
+the stock template's mapping, ``x=1 y=k16 z=c16``) and ``csp-relaxed`` (every layout and fused
+reduction), with and without a bias + shift + clip epilogue, with and without ``order`` fixed:
+
+* the fast search returns exactly the exhaustive point (knobs, bytes per counter, scratchpad
+  entries, micro-ops, instructions);
+* (default run) the grid's valid points are the exhaustive valid points in the same order, each
+  pruned point carries the reason :func:`evaluate` gives, and the grid's bytes and instruction
+  estimates equal the per-point model.
+
+The default run takes a sample of layers; ``pytest -m slow`` runs ResNet-18 C1-C11, MobileNet
+D1-D9 and all 108 DeepBench layers.
+"""
+import numpy as np
+import pytest
+from test_csp_correctness import DEEPBENCH, MOBILENET, RESNET_C1
+from test_resnet_layers import RESNET18
+
+from tvm_csp_embed.codegen import knobs as K
+from tvm_csp_embed.strategy import CspWorkload, candidates, fused_variants
+from vta_ext.config import load_config
+from vta_ext.templates.errors import KnobError
+
+EPILOGUES = ((("bias",), ("shr", 8), ("clip", -128, 127)), ())
+
+
+def _conv(n, c, h, w, k, r, s, pad, stride, groups=1) -> CspWorkload:
+    p = (("n", n), ("c", c), ("h", h), ("w", w), ("k", k), ("kh", r), ("kw", s), ("pt", pad[0]),
+         ("pl", pad[1]), ("pb", pad[0]), ("pr", pad[1]), ("sh", stride[0]), ("sw", stride[1]))
+    return CspWorkload("group_conv2d" if groups > 1 else "conv2d",
+                       p + ((("g", groups),) if groups > 1 else ()))
+
+
+def _layers():
+    out = {}
+    for name, (hw, cin, cout, k, pad, st) in {"C1": RESNET_C1, **RESNET18}.items():
+        out[name] = _conv(1, cin, hw, hw, cout, k, k, (pad, pad), (st, st))
+    for name, (hw, ch, g, k, pad, st) in MOBILENET.items():
+        out[name] = _conv(1, ch, hw, hw, ch, k, k, (pad, pad), (st, st), g)
+    for i, r in DEEPBENCH.items():
+        out[f"DB{i}"] = _conv(r["n"], r["c"], r["h"], r["w"], r["k"], r["filter_h"], r["filter_w"],
+                              (r["pad_h"], r["pad_w"]), (r["hstride"], r["wstride"]))
+    return out
+
+
+LAYERS = _layers()
+#: the default run: (configuration, layer)
+SAMPLE = (("default", "C11"), ("default", "D9"), ("default", "DB6"), ("pipelined", "C11"),
+          ("pipelined", "DB28"))
+
+
+def _programs(cfg, base: CspWorkload, mode: str):
+    layouts = ["NCHW", "NHWC"] + (fused_variants(base, cfg) if mode == "relaxed" else [])
+    cands, _ = candidates(cfg, base, mode, layouts, EPILOGUES[0])
+    assert cands, f"no embedding of {base}"
+    return [c.packed for c in cands]
+
+
+def _exhaustive_best(cfg, pg, epilogue, fixed):
+    best = None
+    for point, res in K.enumerate_points(cfg, pg, epilogue):
+        if any(point[n] != v for n, v in fixed.items()):
+            continue
+        if isinstance(res, K.KnobPoint) and (best is None or K._rank(res) < K._rank(best)):
+            best = res
+    return best
+
+
+def _check_search(cfg, name):
+    for mode in ("strict", "relaxed"):
+        for pg in _programs(cfg, LAYERS[name], mode):
+            for ep in EPILOGUES:
+                for fixed in ({}, {"order": 0}):
+                    got = K.search(cfg, pg, ep, fixed)
+                    assert got == _exhaustive_best(cfg, pg, ep, fixed), \
+                        (name, mode, pg.embedding.mapping_str(), ep, fixed)
+
+
+def _check_grid(cfg, pg, ep):
+    grid = K.knob_grid(cfg, pg, ep)
+    valid, pruned = [], []
+    for point, res in K.enumerate_points(cfg, pg, ep):
+        (valid.append((point, res)) if isinstance(res, K.KnobPoint) else pruned.append(res))
+    vi, pi = np.flatnonzero(grid.valid), np.flatnonzero(~grid.valid)
+    assert grid.points(vi) == [p for p, _ in valid]
+    assert grid.points(pi) == [r.knobs for r in pruned]
+    assert [grid.why(i) for i in pi] == [r.reason for r in pruned]
+    assert grid.total_bytes[vi].tolist() == [r.total_bytes for _, r in valid]
+    assert grid.insns[vi].tolist() == [r.insns for _, r in valid]
+
+
+@pytest.mark.parametrize("config,name", SAMPLE)
+def test_fast_search_is_the_exhaustive_point(config, name):
+    _check_search(load_config(config), name)
+
+
+@pytest.mark.parametrize("name", ["C11", "D9"])
+def test_grid_is_the_point_model_everywhere(name):
+    cfg = load_config("default")
+    for mode in ("strict", "relaxed"):
+        for pg in _programs(cfg, LAYERS[name], mode):
+            for ep in EPILOGUES:
+                _check_grid(cfg, pg, ep)
+
+
+def test_fixed_knobs_restrict_the_domain_before_evaluation():
+    """A fixed knob leaves only its value in the grid (nothing else is evaluated); a value outside
+    the domain is an error for the grid and no point for the search."""
+    cfg = load_config("default")
+    pg = _programs(cfg, LAYERS["C11"], "strict")[0]
+    whole = K.knob_grid(cfg, pg, EPILOGUES[0])
+    fixed = K.knob_grid(cfg, pg, EPILOGUES[0], {"order": 2, "vt_k": 2})
+    assert len(fixed) * 3 * 2 == len(whole)
+    assert {(p["order"], p["vt_k"]) for p in fixed.points(range(len(fixed)))} == {(2, 2)}
+    with pytest.raises(KnobError, match="tile_k=3"):
+        K.knob_grid(cfg, pg, EPILOGUES[0], {"tile_k": 3})
+    assert K.search(cfg, pg, EPILOGUES[0], {"tile_k": 3}) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_fast_search_is_the_exhaustive_point_every_layer(name):
+    _check_search(load_config("default"), name)
