@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -62,10 +63,12 @@ from .operators import operator_workload as _new_operator_workload
 from .solve import RawSolution, SolverError, padding_cost
 from .workload import FUSED_CONV_VARIANTS, Workload, conv2d, conv2d_fused, dense, group_conv2d
 
-__all__ = ["MODES", "CspWorkload", "CspGemmTemplate", "Candidate", "STRATEGY_NAMES",
+__all__ = ["MODES", "CspWorkload", "CspGemmTemplate", "Candidate", "PlanCache", "STRATEGY_NAMES",
            "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "STOCK_COMPARED", "STOCK", "operator_workload",
            "AGREEMENT_SLACK",
            "packed_of", "candidates", "stock_mapping_cost", "host_relayout_seconds", "fused_variants"]
+
+logger = logging.getLogger("tvm_csp_embed")
 
 #: strategy name -> constraint set of the solver
 MODES = {"csp-strict": "strict", "csp-relaxed": "relaxed"}
@@ -325,12 +328,13 @@ def _estimate(config, pg: PackedGemm, point: KnobPoint) -> float:
 
 
 def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epilogue,
-               solutions: int = DEFAULT_SOLUTIONS, timeout: float = DEFAULT_TIMEOUT
-               ) -> Tuple[List[Candidate], List[str]]:
+               solutions: int = DEFAULT_SOLUTIONS, timeout: float = DEFAULT_TIMEOUT,
+               statuses: Optional[Dict[str, str]] = None) -> Tuple[List[Candidate], List[str]]:
     """The embeddings of ``base``'s operator in each layout, with their static figures.
 
     Returns the candidates (best first by the solver within a layout) and the solver messages of
-    layouts without an embedding.
+    layouts without an embedding. ``statuses``, if given, receives the solver's status per layout
+    (``"ok"``, ``"infeasible"`` or ``"timeout"``).
     """
     instr = gemm((config.BATCH, config.BLOCK_IN, config.BLOCK_OUT))
     out, notes = [], []
@@ -339,6 +343,8 @@ def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epi
         wl = operator_workload(cw0)[0]
         res = cached_embeddings(wl, instr, mode, solutions=solutions, timeout=timeout, cfg=config,
                                 max_cost=stock_mapping_cost(cw0, config))
+        if statuses is not None:
+            statuses[layout] = res.status
         if res.status != "ok":
             notes.append(f"{layout}: {res.message}")
             continue
@@ -430,6 +436,62 @@ class _StockTiming:
     host_seconds: Optional[float] = None
 
 
+# ------------------------------------------------------------------------------------ plan cache
+#: the plan cache's format: bump it when the choice rule changes what a key means
+PLAN_VERSION = 1
+
+
+class PlanCache:
+    """One entry of the persistent plan cache: the plan chosen for an operator instance.
+
+    The key is the choice cache's (:func:`_choice_key`: configuration value, operator, constraint
+    set, layouts, objective, epilogue, knobs option, the stock contender, the producer's layout) with
+    :data:`PLAN_VERSION`. An entry records the chosen embedding's workload (from which the packed
+    program is rebuilt without the solver) or that the stock template was chosen or fallen back to,
+    with the sentence saying why. A warm build reads it instead of solving, building the candidates
+    and timing them; only the chosen plan's code is generated.
+
+    Files live in ``<cache_dir>/plans/<key>.json`` and are written atomically (a temporary file,
+    then a rename), so a concurrent build reads a whole entry or none. An entry that cannot be read,
+    is not JSON, or holds another key or format is ignored with a warning and rewritten.
+    """
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.path = cache_dir() / "plans" / f"{key}.json"
+
+    def __repr__(self) -> str:
+        return f"PlanCache({self.key}, {'present' if self.path.exists() else 'absent'})"
+
+    def load(self) -> Optional[Dict[str, Any]]:
+        """The entry, or None when there is none or it is unusable (warned)."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            logger.warning("plan cache: cannot read %s (%s); planning again", self.path, err)
+            return None
+        try:
+            data = json.loads(text)
+            ok = (isinstance(data, dict) and data.get("key") == self.key
+                  and data.get("version") == PLAN_VERSION
+                  and data.get("plan") in ("embedding", "stock", "fallback") and "why" in data
+                  and (data["plan"] != "embedding"
+                       or {"workload", "usable", "notes"} <= set(data)))
+        except ValueError:
+            ok = False
+        if not ok:
+            logger.warning("plan cache: ignoring the corrupt or foreign entry %s; planning again "
+                           "and rewriting it", self.path)
+            return None
+        return data
+
+    def store(self, entry: Dict[str, Any]) -> None:
+        """Write ``entry`` (atomically)."""
+        _write(self.path, {"key": self.key, "version": PLAN_VERSION, **entry})
+
+
 # ------------------------------------------------------------------------------------ template
 class CspGemmTemplate(OpTemplate):
     """The CSP template of a GEMM operator kind (conv2d, dense) under one CSP strategy."""
@@ -489,21 +551,61 @@ class CspGemmTemplate(OpTemplate):
         options = current_options()
         base = self._base(op)
         layouts = self._layouts(options.layout, base, config)
+        cache = self._plan_cache(config, base, layouts, op, options)
+        if cache is not None:
+            hit = cache.load()
+            if hit is not None:
+                return self._cached_plan(op, config, hit)
+        statuses: Dict[str, str] = {}
         try:
             cands, notes = candidates(config, base, self.mode, layouts, op.epilogue,
-                                      solutions=DEFAULT_SOLUTIONS, timeout=DEFAULT_TIMEOUT)
+                                      solutions=DEFAULT_SOLUTIONS, timeout=DEFAULT_TIMEOUT,
+                                      statuses=statuses)
         except SolverError as err:
-            return self._stock(op, config, f"the solver failed: {err}")
+            return self._stock(op, config, f"the solver failed: {err}")  # not cached: may pass later
         usable = [c for c in cands if not c.refused]
         if not usable:
             why = "; ".join(notes + [f"{c.label}: {c.refused}" for c in cands]) or "no embedding"
+            if cache is not None and "timeout" not in statuses.values():  # a timeout may pass later
+                cache.store({"plan": "fallback", "why": why})
             return self._stock(op, config, why)
         best, why = self._choose(config, base, layouts, usable, op, options)
         if best is None:
+            if cache is not None:
+                cache.store({"plan": "fallback", "why": why})
             return self._stock(op, config, why)
         if best is STOCK:
+            if cache is not None:
+                cache.store({"plan": "stock", "why": why})
             return self._stock(op, config, why, chosen=True)
+        if cache is not None:
+            cache.store({"plan": "embedding", "why": why, "workload": dataclasses.asdict(best.workload),
+                         "usable": len(usable), "notes": notes})
         return self._plan_of(op, config, best, why, len(usable), notes)
+
+    def _plan_cache(self, config, base: CspWorkload, layouts, op: MatchedOp, options
+                    ) -> Optional[PlanCache]:
+        """The persistent plan cache entry of this operator (None with tuned records: a record
+        is looked up per candidate, after the candidates are known)."""
+        if options.records is not None:
+            return None
+        contender = self._stock_contender(op, config, options)
+        knobs = options.knobs_for(self.kind, self.strategy, base, config)[0]
+        key = _choice_key(config, base, self.mode, layouts, options.objective, op.epilogue,
+                          ["plan", PLAN_VERSION, knobs],
+                          None if contender is None else
+                          [dataclasses.asdict(contender[1]), contender[2]], op.input_layout)
+        return PlanCache(key)
+
+    def _cached_plan(self, op: MatchedOp, config, entry: Dict[str, Any]) -> OpPlan:
+        """The plan a :class:`PlanCache` entry records, rebuilt without solving or timing."""
+        kind = entry["plan"]
+        if kind in ("stock", "fallback"):
+            return self._stock(op, config, entry["why"], chosen=kind == "stock")
+        cw = CspWorkload(**entry["workload"])
+        pg = packed_of(cw, config)
+        cand = Candidate(cw, pg.embedding, pg)
+        return self._plan_of(op, config, cand, entry["why"], int(entry["usable"]), list(entry["notes"]))
 
     def _stock_contender(self, op: MatchedOp, config, options):
         """``(plan, workload, knobs)`` of the stock template for ``op`` when the objective compares
