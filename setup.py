@@ -21,6 +21,10 @@ setup(
         # LocalCluster, so it is a plain dependency, not an extra
         "distributed",
         "matplotlib",
+        # tvm.support.popen_pool (tune.LocalRunner's workers) needs them; apache-tvm does not
+        # declare them
+        "cloudpickle",
+        "psutil",
     ],
     extras_require={
         # the frontend tests (ONNX float/QDQ, PT2E, the digits example) run in the default test

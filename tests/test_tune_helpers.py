@@ -6,8 +6,9 @@ Registered on import (the tests and the measurement workers import this module):
   in ``build`` and the point :data:`WRONG` is compiled without its ``("shr", s)`` stage (fewer ALU
   cycles, wrong output: the tuner must not record it as best);
 * strategy ``tune-kill``: the stock dense template, except that building a point with
-  ``tile_co == 4`` inside a worker process kills that process (``os._exit``), once per marker file
-  named by the ``TUNE_KILL_MARKER`` environment variable (always, if unset).
+  ``tile_co == 4`` inside a worker process (a ``LocalRunner``'s or a Dask worker) kills that
+  process (``os._exit``), once per marker file named by the ``TUNE_KILL_MARKER`` environment
+  variable (always, if unset).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from vta_ext.strategy import Strategy, register_strategy, register_template
 
 from tvm_csp_embed.tune.features import estimator_for, register_estimator
 from tvm_csp_embed.tune.reference import reference_for, register_reference
+from tvm_csp_embed.tune.runner import in_worker
 
 #: the dense workload of these tests: 28 valid points, 8 pruned
 DENSE = dict(batch=1, in_features=128, out_features=64)
@@ -47,7 +49,7 @@ class KillingDense(StockDense):
 
     def build(self, config, workload, epilogue, knobs):
         if isinstance(knobs, dict) and knobs.get("tile_co") == 4 \
-                and multiprocessing.parent_process() is not None:
+                and (in_worker() or multiprocessing.parent_process() is not None):
             marker = os.environ.get("TUNE_KILL_MARKER")
             if marker is None or not os.path.exists(marker):
                 if marker is not None:

@@ -116,17 +116,17 @@ def test_workers_end_when_the_tuning_process_is_killed(tmp_path):
         "    runner = LocalRunner(2)\n"
         "    pool = runner._executor()\n"
         "    futures = [pool.submit(time.sleep, 600) for _ in range(2)]\n"
-        "    while len(pool._processes) < 2:\n"
+        "    while len(runner.worker_pids()) < 2:\n"
         "        time.sleep(0.1)\n"
         "    # wait until both workers have started (imports done) and sleep in their job\n"
         "    last = None\n"
         "    while True:\n"
-        "        now = [cpu(p) for p in pool._processes]\n"
+        "        now = [cpu(p) for p in runner.worker_pids()]\n"
         "        if now == last:\n"
         "            break\n"
         "        last = now\n"
         "        time.sleep(1.0)\n"
-        "    print(' '.join(str(p) for p in pool._processes), flush=True)\n"
+        "    print(' '.join(str(p) for p in runner.worker_pids()), flush=True)\n"
         "    time.sleep(600)\n")
     job = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                            env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))

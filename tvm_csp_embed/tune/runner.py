@@ -3,26 +3,32 @@
 A runner takes a task's :meth:`~.task.Task.spec` and a batch of knob points and yields
 ``(index in the batch, MeasureResult)`` as measurements finish (:func:`~.measure.measure_point`).
 A worker that dies does not take finished results with it: the unfinished points are measured
-again (:class:`LocalRunner` restarts its pool and measures them one at a time; Dask reschedules
-them on other workers), and a point that still kills its worker is an error result.
+again (:class:`LocalRunner` measures its lost points again one at a time; Dask reschedules them on
+other workers), and a point that still kills its worker is an error result.
 
 * :class:`LocalRunner` -- ``n_parallel`` worker processes (``0``: in this process);
 * :class:`DaskRunner` -- a ``distributed`` scheduler address (or a ``Client``);
 * :func:`measure_option` -- bundles a runner with the verification settings, as AutoTVM's.
+
+The local workers are TVM's Popen pool (:class:`tvm.support.popen_pool.PopenPoolExecutor`, the
+pool AutoTVM and MetaSchedule use): fresh ``python -m tvm.exec.popen_worker`` processes that
+import ``vta_ext``, ``tvm_csp_embed`` and the modules the runner names, never the user's
+``__main__`` module. ``multiprocessing``'s ``spawn`` and ``forkserver`` start methods both import
+the main module in every worker, so a tuning script without an ``if __name__ == "__main__":``
+guard would run again in each of them; ``fork`` is unsafe with TVM's and BLAS's threads.
 """
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+import sys
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from .measure import MeasureResult, measure_point, verify_point
 
-__all__ = ["LocalRunner", "DaskRunner", "MeasureOption", "measure_option"]
+__all__ = ["LocalRunner", "DaskRunner", "MeasureOption", "measure_option", "in_worker"]
 
 logger = logging.getLogger("tvm_csp_embed.tune")
 
@@ -31,6 +37,14 @@ Batch = Sequence[Dict[str, Any]]
 
 #: seconds between a worker's checks that the tuning process that started it is still there
 PARENT_POLL_SECONDS = 1.0
+
+#: set in a measurement worker of :class:`LocalRunner` by its initializer
+_IN_WORKER = [False]
+
+
+def in_worker() -> bool:
+    """Whether this process is a measurement worker started by a :class:`LocalRunner`."""
+    return _IN_WORKER[0]
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -43,15 +57,21 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _init_worker(imports: Sequence[str] = ()) -> None:
-    """Worker start: one BLAS thread; import vta_ext and tvm_csp_embed (they register the
-    strategies) and the modules of ``imports`` (e.g. ones registering more templates); a watcher
-    thread that ends the worker when the tuning process dies."""
+def _init_worker(imports: Sequence[str] = (), sys_path: Sequence[str] = (),
+                 log_level: int = logging.WARNING) -> None:
+    """Worker start: the tuning process's ``sys.path`` (so that the modules it names import as
+    they do there) and log level (``tvm.exec.popen_worker`` sets INFO); one BLAS thread; import
+    vta_ext and tvm_csp_embed (they register the strategies) and the modules of ``imports`` (e.g.
+    ones registering more templates); a watcher thread that ends the worker when the tuning
+    process dies."""
     import importlib
     import threading
 
+    _IN_WORKER[0] = True
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True,
                      name="exit-with-parent").start()
+    sys.path[:] = list(sys_path) + [p for p in sys.path if p not in sys_path]
+    logging.getLogger().setLevel(log_level)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     for name in ("vta_ext", "tvm_csp_embed", *imports):
         importlib.import_module(name)
@@ -60,14 +80,18 @@ def _init_worker(imports: Sequence[str] = ()) -> None:
 class LocalRunner:
     """Measure on this machine, in ``n_parallel`` worker processes.
 
+    The workers are TVM's Popen pool (see the module docstring): they do not import the user's
+    ``__main__`` module, so a tuning script needs no ``if __name__ == "__main__":`` guard.
+
     Parameters
     ----------
     n_parallel : int
-        Worker processes (spawned once, reused for every batch). ``0`` measures in this process
-        (no isolation: a crash of the compiler takes the tuner with it).
+        Worker processes (started on first use, reused for every batch). ``0`` measures in this
+        process (no isolation: a crash of the compiler takes the tuner with it).
     imports : sequence of str
         Modules each worker imports at start, besides ``vta_ext`` and ``tvm_csp_embed``: those
-        that register the strategies and templates being tuned.
+        that register the strategies and templates being tuned. They are imported by name with
+        this process's ``sys.path``.
     """
 
     def __init__(self, n_parallel: int = 1, imports: Sequence[str] = ()) -> None:
@@ -75,15 +99,33 @@ class LocalRunner:
             raise ValueError(f"n_parallel={n_parallel} must be >= 0")
         self.n_parallel = n_parallel
         self.imports = tuple(imports)
-        self._pool: Optional[ProcessPoolExecutor] = None
+        self._pool = None
+        self._futures: Set[Future] = set()
 
-    def _executor(self) -> ProcessPoolExecutor:
+    def _executor(self):
+        """The worker pool (a :class:`tvm.support.popen_pool.PopenPoolExecutor`), started on first
+        use."""
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.n_parallel,
-                                             mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init_worker,
-                                             initargs=(self.imports,))
+            from tvm.support.popen_pool import PopenPoolExecutor
+
+            self._pool = PopenPoolExecutor(
+                self.n_parallel, initializer=_init_worker,
+                initargs=(self.imports, list(sys.path), logging.getLogger().getEffectiveLevel()))
         return self._pool
+
+    def _submit(self, fn, *args) -> Future:
+        future = self._executor().submit(fn, *args)
+        self._futures.add(future)
+        future.add_done_callback(self._futures.discard)
+        return future
+
+    def worker_pids(self) -> List[int]:
+        """Process ids of the worker processes running now (started on demand, so fewer than
+        ``n_parallel`` before the first batch)."""
+        if self._pool is None:
+            return []
+        return [w._proc.pid for w in list(self._pool._worker_map.values())
+                if w._proc is not None and w.is_alive()]
 
     def run(self, spec: Dict[str, Any], batch: Batch) -> Iterator[Tuple[int, MeasureResult]]:
         """Measure every point of ``batch``; yields ``(index, result)`` as they finish."""
@@ -92,27 +134,28 @@ class LocalRunner:
                 yield i, measure_point(spec, knobs)
             return
         lost: List[int] = []
-        pool = self._executor()
-        futures = {pool.submit(measure_point, spec, batch[i]): i for i in range(len(batch))}
+        futures = {self._submit(measure_point, spec, batch[i]): i for i in range(len(batch))}
         pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                try:
-                    yield futures[fut], fut.result()
-                except BrokenProcessPool:
-                    lost.append(futures[fut])
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    try:
+                        yield futures[fut], fut.result()
+                    except ChildProcessError:  # the worker died; the pool starts a new one
+                        lost.append(futures[fut])
+        finally:
+            for fut in pending:  # the consumer stopped early (an error, Ctrl-C)
+                fut.cancel()
         if lost:
-            # a worker died: its point and every point in flight were lost with the pool; measure
-            # them again one at a time, so that only a point that kills its worker again fails
-            self.close()
+            # measure the lost points again one at a time, so that only a point that kills its
+            # worker again fails
             logger.warning("a measurement worker process died; measuring %d unfinished point(s) "
                            "again, one at a time", len(lost))
         for i in sorted(lost):
             try:
-                yield i, self._executor().submit(measure_point, spec, batch[i]).result()
-            except BrokenProcessPool:
-                self.close()
+                yield i, self._submit(measure_point, spec, batch[i]).result()
+            except ChildProcessError:
                 logger.warning("measuring %s kills the worker process; recorded as an error",
                                batch[i])
                 yield i, MeasureResult(dict(batch[i]), None,
@@ -123,15 +166,18 @@ class LocalRunner:
         if self.n_parallel == 0:
             return verify_point(spec, knobs, seed)
         try:
-            return self._executor().submit(verify_point, spec, knobs, seed).result()
-        except BrokenProcessPool:
-            self.close()
+            return self._submit(verify_point, spec, knobs, seed).result()
+        except ChildProcessError:
             return "the verification worker process died"
 
     def close(self) -> None:
-        """Shut the worker processes down (they are started again when needed)."""
+        """Shut the worker processes down (they are started again when needed); measurements
+        not started yet are cancelled."""
+        for fut in list(self._futures):
+            fut.cancel()
+        self._futures.clear()
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=False)
             self._pool = None
 
     def __repr__(self) -> str:
