@@ -19,19 +19,23 @@ import hashlib
 import json
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from .embedding import Embedding, decode
 from .instructions import InstructionGraph
 from .solve import CONSTRAINT_SETS, MODEL, RawSolution, solve
 from .workload import Workload
 
-__all__ = ["CACHE_ENV", "cache_dir", "cache_key", "CachedSolve", "cached_embeddings", "clear_cache"]
+__all__ = ["CACHE_ENV", "SOLVERS_ENV", "cache_dir", "cache_key", "CachedSolve", "SolveRequest",
+           "cached_embeddings", "solve_concurrently", "solver_pool_size", "clear_cache"]
 
 #: environment variable naming the cache directory
 CACHE_ENV = "TVM_CSP_EMBED_CACHE"
+#: environment variable bounding the MiniZinc processes a build runs at once (default: the cores)
+SOLVERS_ENV = "TVM_CSP_EMBED_SOLVERS"
 _VERSION = 1
 
 
@@ -135,6 +139,69 @@ def cached_embeddings(wl: Workload, instr: InstructionGraph, mode: str = "relaxe
                       "status": res.status, "message": res.message, "seconds": res.stats.wall_seconds,
                       "stats": stats, "solutions": [_raw_to_json(s) for s in res.solutions]})
     return CachedSolve(res.status, embs, res.message, False, res.stats.wall_seconds, stats)
+
+
+@dataclass(frozen=True)
+class SolveRequest:
+    """The arguments of one :func:`cached_embeddings` call."""
+
+    wl: Workload
+    instr: InstructionGraph
+    mode: str
+    solutions: int
+    timeout: float
+    max_cost: Optional[int] = None
+    cfg: Any = None
+
+    @property
+    def key(self) -> str:
+        """Its cache key (:func:`cache_key`)."""
+        return cache_key(self.wl, self.instr, self.mode, self.solutions, self.max_cost)
+
+
+def solver_pool_size() -> int:
+    """MiniZinc processes a build runs at once: ``$TVM_CSP_EMBED_SOLVERS``, else the cores."""
+    env = os.environ.get(SOLVERS_ENV)
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"{SOLVERS_ENV}={env!r} is not a number; set it to the count of "
+                             "MiniZinc processes to run at once (e.g. 2)") from None
+        if n < 1:
+            raise ValueError(f"{SOLVERS_ENV}={n}: set it to 1 or more")
+        return n
+    return max(1, os.cpu_count() or 1)
+
+
+def solve_concurrently(requests: Sequence[SolveRequest], workers: Optional[int] = None) -> int:
+    """Solve the distinct requests that the disk cache does not hold yet, ``workers`` MiniZinc
+    processes at a time (default :func:`solver_pool_size`), and store the outcomes. A request that
+    fails is left for the caller's own :func:`cached_embeddings` call to report.
+
+    Returns the number of solves run.
+    """
+    todo: Dict[str, SolveRequest] = {}
+    for r in requests:
+        if r.key not in todo and not (cache_dir() / f"{r.key}.json").exists():
+            todo[r.key] = r
+    if not todo:
+        return 0
+
+    def one(r: SolveRequest) -> None:
+        try:
+            cached_embeddings(r.wl, r.instr, r.mode, solutions=r.solutions, timeout=r.timeout,
+                              cfg=r.cfg, max_cost=r.max_cost)
+        except Exception:  # noqa: BLE001 -- reported by the caller's own call, in context
+            pass
+    n = min(workers or solver_pool_size(), len(todo))
+    if n == 1:
+        for r in todo.values():
+            one(r)
+    else:
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="minizinc") as pool:
+            list(pool.map(one, todo.values()))
+    return len(todo)
 
 
 def clear_cache() -> int:

@@ -52,7 +52,7 @@ from vta_ext.errors import TemplateRefusal
 from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, Strategy, get_template,
                               register_strategy, register_template, set_default_strategy)
 
-from .cache import _write, cache_dir, cached_embeddings
+from .cache import SolveRequest, _write, cache_dir, cached_embeddings, solve_concurrently
 from .codegen.build import build_gemm
 from .codegen.knobs import KnobPoint, Pruned, fallback_point, knob_grid, knob_names, tps_point
 from .codegen.plan import PackedGemm, packed_gemm
@@ -327,6 +327,14 @@ def _estimate(config, pg: PackedGemm, point: KnobPoint) -> float:
             + point.total_bytes / config.MEM_BYTES_PER_CYCLE)
 
 
+def solve_request(config, cw: CspWorkload, solutions: int = DEFAULT_SOLUTIONS,
+                  timeout: float = DEFAULT_TIMEOUT) -> SolveRequest:
+    """The solve behind ``cw``'s operator in ``cw``'s layout and constraint set: its workload, the
+    configuration's GEMM, and the stock mapping's cost as the bound."""
+    return SolveRequest(operator_workload(cw)[0], gemm((config.BATCH, config.BLOCK_IN, config.BLOCK_OUT)),
+                        cw.mode, solutions, timeout, stock_mapping_cost(cw, config), config)
+
+
 def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epilogue,
                solutions: int = DEFAULT_SOLUTIONS, timeout: float = DEFAULT_TIMEOUT,
                statuses: Optional[Dict[str, str]] = None) -> Tuple[List[Candidate], List[str]]:
@@ -336,13 +344,12 @@ def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epi
     layouts without an embedding. ``statuses``, if given, receives the solver's status per layout
     (``"ok"``, ``"infeasible"`` or ``"timeout"``).
     """
-    instr = gemm((config.BATCH, config.BLOCK_IN, config.BLOCK_OUT))
     out, notes = [], []
     for layout in layouts:
         cw0 = dataclasses.replace(base, layout=layout, mode=mode)
-        wl = operator_workload(cw0)[0]
-        res = cached_embeddings(wl, instr, mode, solutions=solutions, timeout=timeout, cfg=config,
-                                max_cost=stock_mapping_cost(cw0, config))
+        req = solve_request(config, cw0, solutions, timeout)
+        res = cached_embeddings(req.wl, req.instr, mode, solutions=solutions, timeout=timeout,
+                                cfg=config, max_cost=req.max_cost)
         if statuses is not None:
             statuses[layout] = res.status
         if res.status != "ok":
@@ -582,6 +589,24 @@ class CspGemmTemplate(OpTemplate):
             cache.store({"plan": "embedding", "why": why, "workload": dataclasses.asdict(best.workload),
                          "usable": len(usable), "notes": notes})
         return self._plan_of(op, config, best, why, len(usable), notes)
+
+    def prefetch(self, ops: Sequence[MatchedOp], config) -> None:
+        """Solve the distinct workloads of ``ops`` (every candidate layout) concurrently, as a
+        bounded pool of MiniZinc processes (:func:`~tvm_csp_embed.cache.solve_concurrently`), so
+        that :meth:`plan` finds them on disk."""
+        from vta_ext.options import current_options
+
+        options = current_options()
+        requests = []
+        for op in ops:
+            try:
+                base = self._base(op)
+                for layout in self._layouts(options.layout, base, config):
+                    cw = dataclasses.replace(base, layout=layout, mode=self.mode)
+                    requests.append(solve_request(config, cw))
+            except Exception:  # noqa: BLE001 -- plan() meets the same error and reports it
+                continue
+        solve_concurrently(requests)
 
     def _plan_cache(self, config, base: CspWorkload, layouts, op: MatchedOp, options
                     ) -> Optional[PlanCache]:

@@ -87,9 +87,12 @@ def _dtype(expr) -> str:
 class _Offloader(PyExprMutator):
     """Rewrites matched patterns; remembers why unmatched candidates stay on the CPU."""
 
-    def __init__(self, mod: tvm.IRModule, config: VTAConfig) -> None:
+    def __init__(self, mod: tvm.IRModule, config: VTAConfig, match_only: bool = False) -> None:
         super().__init__(mod)
         self.config = config
+        # match_only: record every matched operator in ``matched`` and rewrite nothing
+        self.match_only = match_only
+        self.matched: List[MatchedOp] = []
         self.rejected: Dict[str, str] = {}  # var name of a candidate core op -> reason
         self.offloaded: List[Tuple[str, str, str, str]] = []  # (relax op, what, detail, var)
         self.unpack_vars: set = set()  # variables now bound to the last unpacking step
@@ -444,6 +447,9 @@ class _Offloader(PyExprMutator):
     def rewrite(self, m: MatchedOp) -> Optional[relax.Expr]:
         """Replace ``m`` by packing + VTA call + unpacking, or return None if the strategy's
         template refuses it (the reason is recorded for the report)."""
+        if self.match_only:
+            self.matched.append(m)
+            return None
         options = current_options()
         strategy = options.strategy_name
         try:
@@ -770,11 +776,31 @@ def _source_notes(mod: tvm.IRModule) -> Tuple[Dict[str, str], Dict[str, str]]:
     return layers, reasons
 
 
+def _prefetch(mod: tvm.IRModule, config: VTAConfig) -> None:
+    """Give each template all of the module's operators it will plan (``OpTemplate.prefetch``),
+    before they are planned one at a time."""
+    matcher = _Offloader(mod, config, match_only=True)
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            matcher.visit_expr(func)
+    strategy = current_options().strategy_name
+    groups: Dict[int, Tuple[object, List[MatchedOp]]] = {}
+    for m in matcher.matched:
+        try:
+            template = get_template(m.kind, strategy)
+        except TemplateRefusal:
+            continue
+        groups.setdefault(id(template), (template, []))[1].append(m)
+    for template, ops in groups.values():
+        template.prefetch(ops, config)
+
+
 def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pass naming)
     """The offload pass for ``config``; publishes a :class:`BuildReport` when it runs."""
 
     @tvm.transform.module_pass(opt_level=0, name="VTAOffload")
     def offload(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        _prefetch(mod, config)
         rewriter = _Offloader(mod, config)
         for gvar, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):

@@ -194,6 +194,11 @@ class OpTemplate:
         of knob values) into an object with ``.program`` and ``.run(*packed, simulator=)``."""
         raise NotImplementedError
 
+    def prefetch(self, ops: Sequence[MatchedOp], config) -> None:
+        """Work this template can do for all of a module's operators of its kind at once, before
+        :meth:`plan` is called for each in turn (e.g. solving their distinct workloads
+        concurrently). The default does nothing; errors are left for :meth:`plan` to report."""
+
     def workload_from_dict(self, values: Dict[str, Any]):
         """The workload object of a cache key's ``workload`` entry."""
         return self.workload_type(**values)

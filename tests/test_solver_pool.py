@@ -1,0 +1,84 @@
+"""The distinct workloads of a module are solved before planning, concurrently, by a bounded pool of
+MiniZinc processes (``OpTemplate.prefetch`` -> ``tvm_csp_embed.cache.solve_concurrently``).
+
+A three-conv chain (two distinct conv workloads, one repeated) with a fresh cache: every distinct
+solve runs once, at most ``TVM_CSP_EMBED_SOLVERS`` at a time and at least two at once, before the
+first operator is planned; planning then solves nothing; the output is bit-exact against numpy.
+"""
+import threading
+import time
+
+import numpy as np
+import pytest
+import tvm
+from conftest import conv2d_nchw, conv_chain, requantize
+from tvm import relax
+
+import tvm_csp_embed  # noqa: F401
+import vta_ext
+from tvm_csp_embed import cache as C
+from tvm_csp_embed import strategy as S
+
+
+def _chain():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 12, 12), "int8"))
+    ws = [relax.Var(f"w{i}", relax.TensorType(s, "int8"))
+          for i, s in enumerate([(32, 16, 3, 3), (32, 32, 3, 3), (32, 32, 3, 3)])]
+    with bb.function("main", [x] + ws):
+        with bb.dataflow():
+            y = x
+            for w in ws:
+                y = conv_chain(bb, y, w, None, padding=1, shift=8, clip=(-128, 127))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_distinct_workloads_solved_concurrently_before_planning(tmp_path, monkeypatch):
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    monkeypatch.setenv(C.SOLVERS_ENV, "2")
+    S._packed.cache_clear()
+    active, peak, solved, planned = [0], [0], [], []
+    lock = threading.Lock()
+    real_solve, real_plan = C.solve, S.CspGemmTemplate.plan
+
+    def solve(wl, *args, **kwargs):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+            solved.append((wl.name, len(planned)))
+        try:
+            time.sleep(0.2)  # hold the slot long enough that a second solve must overlap it
+            return real_solve(wl, *args, **kwargs)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    def plan(self, op, config):
+        planned.append(op.name)
+        return real_plan(self, op, config)
+    monkeypatch.setattr(C, "solve", solve)
+    monkeypatch.setattr(S.CspGemmTemplate, "plan", plan)
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        ex = relax.build(_chain(), target="ext_vta")
+    # NCHW, NHWC and the fused variants of two distinct workloads; each once, all before planning
+    assert len(solved) >= 4 and len(set(solved)) == len(solved)
+    assert all(n_planned == 0 for _, n_planned in solved)
+    assert peak[0] == 2
+    assert vta_ext.last_build_report().placement() == [("relax.nn.conv2d", "vta")] * 3
+    rng = np.random.default_rng(0)
+    x = rng.integers(-128, 128, (1, 16, 12, 12)).astype(np.int8)
+    ws = [rng.integers(-128, 128, s).astype(np.int8) for s in [(32, 16, 3, 3), (32, 32, 3, 3), (32, 32, 3, 3)]]
+    ref = x
+    for w in ws:
+        ref = requantize(conv2d_nchw(ref, w, 1, 1), None, 8, (-128, 127))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in [x] + ws]).numpy()
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("value,message", [("two", "not a number"), ("0", "1 or more")])
+def test_solver_pool_size_names_the_variable(monkeypatch, value, message):
+    monkeypatch.setenv(C.SOLVERS_ENV, value)
+    with pytest.raises(ValueError, match=f"{C.SOLVERS_ENV}.*{message}"):
+        C.solver_pool_size()
