@@ -116,6 +116,9 @@ class VTAConfig:
     def from_json(cls, path: Union[str, Path]) -> "VTAConfig":
         """Read a configuration file; its stem becomes the configuration name."""
         path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path}: no such file; give the path of a JSON "
+                              f"configuration or a preset name ({', '.join(available_configs())})")
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as err:
@@ -398,5 +401,6 @@ def load_config(name_or_path: Union[str, Path, VTAConfig] = "default") -> VTACon
         path = CONFIG_DIR / f"{name_or_path}.json"
         if not path.exists():
             raise ConfigError(f"no configuration preset named {name_or_path!r}; "
-                              f"available: {available_configs()}")
+                              f"available: {available_configs()} (or give the path of a .json "
+                              "configuration file)")
     return VTAConfig.from_json(path)

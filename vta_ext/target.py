@@ -1,17 +1,22 @@
 """The ``ext_vta`` target and the hook that makes ``tvm.relax.build(mod, target="ext_vta")`` use VTA.
 
 Importing :mod:`vta_ext` registers the target tag ``ext_vta`` (kind ``ext_dev``, keys
-``vta``/``cpu``, the configuration name carried in ``model``) and wraps TVM's ``default`` Relax
+``vta``/``cpu``, the configuration carried in ``model``: a preset name, or the configuration's
+value as JSON, see :func:`vta_target`) and wraps TVM's ``default`` Relax
 pipelines: when the target in scope is a VTA target, the VTA passes run first (offload of matched
 operators, see :mod:`vta_ext.offload`), then TVM's own default pipeline, then a pass that gives
 every remaining PrimFunc the llvm host target. Other targets are untouched.
 """
 from __future__ import annotations
 
-from typing import Optional
+import json
+import os
+from typing import Optional, Union
 
 import tvm
 from tvm import relax
+
+from .config import ConfigError, VTAConfig, available_configs, load_config
 
 __all__ = ["TARGET_TAG", "register_target", "vta_target", "is_vta_target", "config_of_target"]
 
@@ -27,10 +32,48 @@ def register_target() -> None:
     }, override=True)
 
 
-def vta_target(config: str = DEFAULT_MODEL) -> tvm.target.Target:
-    """The ``ext_vta`` target for configuration preset ``config`` (e.g. ``"default"``)."""
-    return tvm.target.Target({"tag": TARGET_TAG, "model": config}) if config != DEFAULT_MODEL \
-        else tvm.target.Target(TARGET_TAG)
+def _target_model(config: VTAConfig) -> str:
+    """The ``model`` attribute that carries ``config``: the preset's name if ``config`` is that
+    preset (same name, same value), else the configuration itself as canonical JSON (its name
+    under ``"name"``), so that a configuration made in Python or read from a file reaches the
+    build, and every process that reads the target, by value."""
+    if config.name in available_configs() and load_config(config.name) == config:
+        return config.name
+    return json.dumps({"name": config.name, **config.to_dict()}, sort_keys=True)
+
+
+def vta_target(config: Union[str, os.PathLike, VTAConfig] = DEFAULT_MODEL) -> tvm.target.Target:
+    """The ``ext_vta`` target for a VTA configuration, validated now.
+
+    Parameters
+    ----------
+    config : str, path-like or VTAConfig
+        A preset name (``"default"``, ``"pipelined"``, ... :func:`vta_ext.available_configs`), the
+        path of a configuration JSON file (``.json``), or a :class:`~vta_ext.config.VTAConfig`
+        (e.g. ``dataclasses.replace(vta_ext.load_config("default"), LOG_INP_BUFF_SIZE=14)``).
+
+    Returns
+    -------
+    tvm.target.Target
+        The target; :func:`config_of_target` gives back a configuration equal to ``config``
+        (name and value). A preset is carried by name in the target's ``model`` attribute,
+        anything else by value, as JSON.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown preset (the message lists the presets), a missing or malformed file, or
+        an invalid configuration (the message names the key or field).
+    TypeError
+        For any other type of ``config``.
+    """
+    if not isinstance(config, (str, os.PathLike, VTAConfig)):
+        raise TypeError(f"vta_target(config): expected a preset name, the path of a .json "
+                        f"configuration or a VTAConfig, got {type(config).__name__} {config!r}")
+    model = _target_model(load_config(config))
+    if model == DEFAULT_MODEL:
+        return tvm.target.Target(TARGET_TAG)
+    return tvm.target.Target({"tag": TARGET_TAG, "model": model})
 
 
 def is_vta_target(target: Optional[tvm.target.Target]) -> bool:
@@ -38,12 +81,32 @@ def is_vta_target(target: Optional[tvm.target.Target]) -> bool:
     return target is not None and target.kind.name == "ext_dev" and "vta" in list(target.keys)
 
 
-def config_of_target(target: tvm.target.Target):
-    """The :class:`~vta_ext.config.VTAConfig` named by the target's ``model`` attribute."""
-    from .config import load_config
+def config_of_target(target: tvm.target.Target) -> VTAConfig:
+    """The :class:`~vta_ext.config.VTAConfig` the target carries in its ``model`` attribute.
 
+    ``model`` is a preset name, the path of a configuration JSON file, or a configuration as JSON
+    (what :func:`vta_target` writes for a configuration that is not a preset).
+
+    Raises
+    ------
+    ConfigError
+        If ``model`` names no preset, or its configuration is invalid (the message names the key).
+    """
     model = str(target.attrs.get("model", DEFAULT_MODEL)) if target.attrs else DEFAULT_MODEL
-    return load_config(model or DEFAULT_MODEL)
+    model = model or DEFAULT_MODEL
+    if not model.lstrip().startswith("{"):
+        return load_config(model)
+    try:
+        data = json.loads(model)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"target {TARGET_TAG!r}: its model attribute is neither a preset name "
+                          f"nor a configuration in JSON ({err}); make the target with "
+                          "vta_ext.vta_target(...)") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"target {TARGET_TAG!r}: its model attribute must be a JSON object of "
+                          "configuration keys; make the target with vta_ext.vta_target(...)")
+    return VTAConfig.from_dict({k: v for k, v in data.items() if k != "name"},
+                               name=str(data.get("name", "custom")))
 
 
 @tvm.transform.module_pass(opt_level=0, name="VTAStampHostTarget")
