@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from vta_ext.timing import phase
+
 from .embedding import Embedding, decode
 from .instructions import InstructionGraph
 from .solve import CONSTRAINT_SETS, MODEL, RawSolution, solve
@@ -130,7 +132,8 @@ def cached_embeddings(wl: Workload, instr: InstructionGraph, mode: str = "relaxe
             embs = [decode(_raw_from_json(d), wl, instr, mode, cfg) for d in data["solutions"]]
             return CachedSolve(data["status"], embs, data["message"], True, data.get("seconds", 0.0),
                                data.get("stats", {}))
-    res = solve(wl, instr, mode, solutions=solutions, timeout=timeout, max_cost=max_cost)
+    with phase("solve"):
+        res = solve(wl, instr, mode, solutions=solutions, timeout=timeout, max_cost=max_cost)
     embs = [decode(s, wl, instr, mode, cfg) for s in res.solutions]
     stats = {"runs": res.stats.runs, "nodes": res.stats.nodes, "flatten_seconds": res.stats.flatten_seconds,
              "solve_seconds": res.stats.solve_seconds}

@@ -49,6 +49,7 @@ import numpy as np
 
 import vta_ext  # noqa: F401  (registers the stock strategy)
 from vta_ext.errors import TemplateRefusal
+from vta_ext.timing import phase
 from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, Strategy, get_template,
                               register_strategy, register_template, set_default_strategy)
 
@@ -576,7 +577,8 @@ class CspGemmTemplate(OpTemplate):
             if cache is not None and "timeout" not in statuses.values():  # a timeout may pass later
                 cache.store({"plan": "fallback", "why": why})
             return self._stock(op, config, why)
-        best, why = self._choose(config, base, layouts, usable, op, options)
+        with phase("choice"):
+            best, why = self._choose(config, base, layouts, usable, op, options)
         if best is None:
             if cache is not None:
                 cache.store({"plan": "fallback", "why": why})

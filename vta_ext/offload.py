@@ -58,6 +58,7 @@ from .report import CPU, LAYOUT_REASON, VTA, BuildReport, publish
 from .packing import channel_shuffle_map, same_arrangement
 from .layout import IMM_MAX, IMM_MIN
 from .strategy import MatchedOp, get_template
+from .timing import phase, timed_build
 from .templates.epilogue import epilogue_range, fit_immediates, has_multiply
 from .templates.errors import EpilogueRefusal
 
@@ -457,10 +458,12 @@ class _Offloader(PyExprMutator):
             self.check_overflow(m)
             if m.operands:
                 m = dataclasses.replace(m, input_layout=self.producer_layout(m.operands[0]))
-            plan = template.plan(m, self.config)
+            with phase("plan"):
+                plan = template.plan(m, self.config)
             knobs, origin = options.knobs_for(m.kind, template.strategy, plan.workload, self.config)
             key = op_key(m.kind, template.strategy, self.config, plan.workload, m.epilogue, knobs)
-            compiled = compiled_op(key, config=self.config)  # the instruction stream, built now
+            with phase("codegen"):
+                compiled = compiled_op(key, config=self.config)  # the instruction stream, built now
         except TemplateRefusal as err:
             logger.info("%s %r (%s) stays on the CPU: %s", m.kind, m.name, m.shapes, err)
             self.rejected[m.name] = str(err)
@@ -800,66 +803,69 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
 
     @tvm.transform.module_pass(opt_level=0, name="VTAOffload")
     def offload(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        _prefetch(mod, config)
-        rewriter = _Offloader(mod, config)
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        new_mod = relax.transform.DeadCodeElimination()(rewriter.builder_.get())
-        layers, frontend_reasons = _source_notes(mod)
-        report = BuildReport(config.name, current_options().strategy_name)
-        for op, what, detail, var in rewriter.offloaded:
-            report.add(op, VTA, what, detail, var, layers.get(var, ""))
-        remaining = {var for func in new_mod.functions.values() if isinstance(func, relax.Function)
-                     for _, var in _cpu_ops(func)}
-        # the packed concat / split / shuffle entries go where their source stood in the input
-        order = {var: i for func in mod.functions.values() if isinstance(func, relax.Function)
-                 for i, (_, var) in enumerate(_cpu_ops(func))}
-        packed_entries = []
-        for source, (op, text, packed) in rewriter.packed_ops.items():
-            if source in remaining:
-                continue  # the NCHW version runs on the CPU too and is reported as such
-            if op == "relax.concat":
-                placed = rewriter.placed_concats.get(packed, [])
-                if packed in remaining:
-                    why = ("a CPU operator uses the packed concat" if packed in
-                           rewriter._concat_parts else "more than one batch block: the parts are "
-                           "not contiguous in the concat, so they cannot be placed")
-                    text += f": one host copy of the packed tensors ({why}), no unpack/pack)"
+        with timed_build() as timer:
+            with phase("solve"):
+                _prefetch(mod, config)
+            rewriter = _Offloader(mod, config)
+            for gvar, func in list(mod.functions.items()):
+                if isinstance(func, relax.Function):
+                    rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+            new_mod = relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+            layers, frontend_reasons = _source_notes(mod)
+            report = BuildReport(config.name, current_options().strategy_name)
+            for op, what, detail, var in rewriter.offloaded:
+                report.add(op, VTA, what, detail, var, layers.get(var, ""))
+            remaining = {var for func in new_mod.functions.values() if isinstance(func, relax.Function)
+                         for _, var in _cpu_ops(func)}
+            # the packed concat / split / shuffle entries go where their source stood in the input
+            order = {var: i for func in mod.functions.values() if isinstance(func, relax.Function)
+                     for i, (_, var) in enumerate(_cpu_ops(func))}
+            packed_entries = []
+            for source, (op, text, packed) in rewriter.packed_ops.items():
+                if source in remaining:
+                    continue  # the NCHW version runs on the CPU too and is reported as such
+                if op == "relax.concat":
+                    placed = rewriter.placed_concats.get(packed, [])
+                    if packed in remaining:
+                        why = ("a CPU operator uses the packed concat" if packed in
+                               rewriter._concat_parts else "more than one batch block: the parts are "
+                               "not contiguous in the concat, so they cannot be placed")
+                        text += f": one host copy of the packed tensors ({why}), no unpack/pack)"
+                    else:
+                        text += (f": placed in DRAM by its consumer {', '.join(placed)} "
+                                 "(vta_ext.run_placed writes each part where it starts in the "
+                                 "operand), no copy, no unpack/pack)")
                 else:
-                    text += (f": placed in DRAM by its consumer {', '.join(placed)} "
-                             "(vta_ext.run_placed writes each part where it starts in the "
-                             "operand), no copy, no unpack/pack)")
-            else:
-                text += ", no unpack/pack)"
-            packed_entries.append((order.get(source, len(order)), op, text, source))
-        packed_entries.sort(key=lambda e: e[0])
+                    text += ", no unpack/pack)"
+                packed_entries.append((order.get(source, len(order)), op, text, source))
+            packed_entries.sort(key=lambda e: e[0])
 
-        def add_packed(before: int) -> None:
-            while packed_entries and packed_entries[0][0] < before:
-                _, op, text, source = packed_entries.pop(0)
-                report.add(op, CPU, text, source, source, layers.get(source, ""))
+            def add_packed(before: int) -> None:
+                while packed_entries and packed_entries[0][0] < before:
+                    _, op, text, source = packed_entries.pop(0)
+                    report.add(op, CPU, text, source, source, layers.get(source, ""))
 
-        for func in new_mod.functions.values():
-            if not isinstance(func, relax.Function):
-                continue
-            for op, var in _cpu_ops(func):
-                if op == "relax.call_dps_packed":
+            for func in new_mod.functions.values():
+                if not isinstance(func, relax.Function):
                     continue
-                if var in order:
-                    add_packed(order[var])
-                if var.startswith((PACK_PREFIX, UNPACK_PREFIX)) or var in rewriter.unpack_vars:
-                    reason = LAYOUT_REASON
-                elif var in rewriter.rejected:
-                    reason = rewriter.rejected[var]
-                elif var in frontend_reasons:
-                    reason = frontend_reasons[var]
-                elif op in _CANDIDATES:
-                    reason = _CANDIDATES[op]
-                else:
-                    reason = "no VTA template for this operator"
-                report.add(op, CPU, reason, var, var, layers.get(var, ""))
-        add_packed(len(order) + 1)
+                for op, var in _cpu_ops(func):
+                    if op == "relax.call_dps_packed":
+                        continue
+                    if var in order:
+                        add_packed(order[var])
+                    if var.startswith((PACK_PREFIX, UNPACK_PREFIX)) or var in rewriter.unpack_vars:
+                        reason = LAYOUT_REASON
+                    elif var in rewriter.rejected:
+                        reason = rewriter.rejected[var]
+                    elif var in frontend_reasons:
+                        reason = frontend_reasons[var]
+                    elif op in _CANDIDATES:
+                        reason = _CANDIDATES[op]
+                    else:
+                        reason = "no VTA template for this operator"
+                    report.add(op, CPU, reason, var, var, layers.get(var, ""))
+            add_packed(len(order) + 1)
+        report.timings = dict(timer.seconds)
         publish(report)
         return new_mod
 

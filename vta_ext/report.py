@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 __all__ = ["OpPlacement", "BuildReport", "last_build_report"]
 
@@ -41,6 +41,8 @@ class BuildReport:
     config: str
     strategy: str = "stock"
     placements: List[OpPlacement] = field(default_factory=list)
+    #: seconds of the offload pass per phase (:data:`vta_ext.timing.PHASES`), exclusive
+    timings: Dict[str, float] = field(default_factory=dict, compare=False)
 
     def add(self, op: str, device: str, reason: str, detail: str = "", name: str = "",
             layer: str = "") -> None:

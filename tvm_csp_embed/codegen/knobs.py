@@ -534,12 +534,16 @@ def tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     ``{"order": 0}``: the stock loop order only); it is applied before any point is evaluated."""
     from vta_ext.executor import config_digest
     from vta_ext.templates.epilogue import normalize_epilogue
+    from vta_ext.timing import phase
 
     fixed = dict(fixed or {})
     # the search is deterministic in (program, configuration value, epilogue, fixed knobs): done
     # once, as the chooser, the build and the tuner's knob space each ask for it
     key = ("tps", config_digest(cfg), repr(normalize_epilogue(epilogue)), tuple(sorted(fixed.items())))
-    best = pg.memo(key, lambda: search(cfg, pg, epilogue, fixed))
+    def timed():
+        with phase("knob search"):
+            return search(cfg, pg, epilogue, fixed)
+    best = pg.memo(key, timed)
     return None if best is None else dataclasses.replace(best, knobs=dict(best.knobs))
 
 
