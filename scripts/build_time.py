@@ -20,7 +20,9 @@ Wall time is min and median over ``--repeat`` builds. The breakdown is the media
 ``BuildReport.timings`` (:mod:`vta_ext.timing`, exclusive seconds): solve, plan, choice (timing
 candidates on the cycle model), knob search, code generation, the offload pass's own work, and TVM
 (everything outside the offload pass: TVM's passes, LLVM code generation of the host functions,
-linking). ``--check`` runs the last build of each (model, strategy, state) on the functional
+linking). Each row also carries the build's end-to-end estimate (``BuildReport``: VTA cycles of
+the cycle model, host layout bytes and CPU MACs priced by the default host model,
+:mod:`vta_ext.host`) and its ratio to stock's. ``--check`` runs the last build of each (model, strategy, state) on the functional
 simulator against the llvm build and records whether it is bit-exact. The ratio columns are over
 the stock build's median.
 """
@@ -41,7 +43,9 @@ sys.path[:0] = [str(REPO), str(REPO / "relay_examples")]
 
 PHASES = ("solve", "plan", "choice", "knob search", "codegen", "offload", "tvm")
 FIELDS = (["model", "size", "config", "strategy", "cache", "repeat", "min_s", "median_s", "vs_stock",
-           "ops_on_vta", "bit_exact"] + [f"{p.replace(' ', '_')}_s" for p in PHASES])
+           "ops_on_vta", "bit_exact"] + [f"{p.replace(' ', '_')}_s" for p in PHASES]
+          + ["vta_cycles", "host_relayouts", "layout_bytes", "cpu_macs", "end_to_end_cycles",
+             "e2e_vs_stock"])
 
 _CHILD = r"""
 import json, sys, time
@@ -55,7 +59,10 @@ with vta_ext.build_options(strategy={strategy!r}):
     ex = relax.build(mod, target=vta_ext.vta_target({config!r}))
 seconds = time.perf_counter() - t
 report = vta_ext.last_build_report()
-out = {{"seconds": seconds, "timings": report.timings, "vta": len(report.on_vta)}}
+out = {{"seconds": seconds, "timings": report.timings, "vta": len(report.on_vta),
+       "vta_cycles": report.vta_cycles, "host_relayouts": report.host_relayouts,
+       "layout_bytes": report.layout_bytes, "cpu_macs": report.cpu_macs,
+       "end_to_end_cycles": round(report.end_to_end_cycles)}}
 if {check!r}:
     data = np.load({data!r})
     def first(o):
@@ -98,7 +105,7 @@ def _prepare(name: str, size: int, work: Path):
     return module, work / f"{name}_{size}_in.npy", work / f"{name}_{size}_ref.npy"
 
 
-def _row(name, size, config, strategy, state, runs, check, stock_median):
+def _row(name, size, config, strategy, state, runs, check, stock_median, stock_e2e=None):
     times = [r["seconds"] for r in runs]
     med = statistics.median(times)
     mid = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
@@ -107,6 +114,9 @@ def _row(name, size, config, strategy, state, runs, check, stock_median):
            "vs_stock": round(med / stock_median, 2) if stock_median else 1.0,
            "ops_on_vta": runs[-1]["vta"],
            "bit_exact": runs[-1].get("bit_exact", "") if check else ""}
+    for key in ("vta_cycles", "host_relayouts", "layout_bytes", "cpu_macs", "end_to_end_cycles"):
+        row[key] = runs[-1][key]
+    row["e2e_vs_stock"] = round(row["end_to_end_cycles"] / stock_e2e, 4) if stock_e2e else 1.0
     timings = dict(mid["timings"])
     timings["tvm"] = max(0.0, mid["seconds"] - sum(timings.values()))
     for p in PHASES:
@@ -151,13 +161,13 @@ def main(argv=None) -> int:
         ap.error("--repeat must be at least 1")
     rows = []
     head = (f"{'model':<20} {'strategy':<12} {'cache':<5} {'min s':>7} {'median s':>8} {'x stock':>7} "
-            + " ".join(f"{p:>8}" for p in PHASES) + "  bit-exact")
+            + " ".join(f"{p:>8}" for p in PHASES) + f" {'e2e cycles':>12} {'x stock':>7}  bit-exact")
     print(head)
     with tempfile.TemporaryDirectory(prefix="build_time_") as tmp:
         work = Path(tmp)
         for name in args.models:
             module, data, ref = _prepare(name, args.size, work)
-            stock_median = None
+            stock_median = stock_e2e = None
             for strategy in args.strategies:
                 states = ["-"] if strategy == "stock" else ["cold", "warm"]
                 shared = work / f"cache_{name}_{strategy}"
@@ -172,14 +182,15 @@ def main(argv=None) -> int:
                         runs.append(_child(module, data, ref, strategy, args.config, cache,
                                            args.check and last))
                     row = _row(name, args.size, args.config, strategy, state, runs, args.check,
-                               stock_median)
+                               stock_median, stock_e2e)
                     if strategy == "stock":
-                        stock_median = row["median_s"]
-                        row["vs_stock"] = 1.0
+                        stock_median, stock_e2e = row["median_s"], row["end_to_end_cycles"]
+                        row["vs_stock"] = row["e2e_vs_stock"] = 1.0
                     rows.append(row)
                     print(f"{name:<20} {strategy:<12} {state:<5} {row['min_s']:>7.2f} "
                           f"{row['median_s']:>8.2f} {row['vs_stock']:>7.2f} "
                           + " ".join(f"{row[p.replace(' ', '_') + '_s']:>8.2f}" for p in PHASES)
+                          + f" {row['end_to_end_cycles']:>12,} {row['e2e_vs_stock']:>7.4f}"
                           + f"  {row['bit_exact']}", flush=True)
     if args.csv:
         path = Path(args.csv)

@@ -67,7 +67,7 @@ from .workload import FUSED_CONV_VARIANTS, Workload, conv2d, conv2d_fused, dense
 __all__ = ["MODES", "CspWorkload", "CspGemmTemplate", "Candidate", "PlanCache", "STRATEGY_NAMES",
            "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "STOCK_COMPARED", "STOCK", "operator_workload",
            "AGREEMENT_SLACK",
-           "packed_of", "candidates", "stock_mapping_cost", "host_relayout_seconds", "fused_variants"]
+           "packed_of", "candidates", "stock_mapping_cost", "objective_key", "plan_host_bytes", "host_relayout_seconds", "fused_variants"]
 
 logger = logging.getLogger("tvm_csp_embed")
 
@@ -291,6 +291,7 @@ class Candidate:
     estimate: float = math.inf
     cycles: Optional[int] = None
     host_seconds: Optional[float] = None
+    host_bytes: int = 0
     footprint: int = 0
     refused: str = ""
 
@@ -396,7 +397,7 @@ def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, e
     layout the input comes in from a previous VTA operator (layout agreement)."""
     from vta_ext.executor import config_digest
 
-    text = json.dumps({"v": 3, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
+    text = json.dumps({"v": 4, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
                        "agree": [AGREEMENT_SLACK, _layout_key(producer)],
                        "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
                        "objective": objective, "epilogue": [list(s) for s in epilogue],
@@ -442,6 +443,40 @@ class _StockTiming:
 
     cycles: int
     host_seconds: Optional[float] = None
+    host_bytes: int = 0
+
+
+def objective_key(options) -> str:
+    """The objective as the caches key it: ``end-to-end`` carries its host model's rates."""
+    if options.objective != "end-to-end":
+        return options.objective
+    h = options.host
+    return f"end-to-end@{h.layout_bytes_per_cycle!r},{h.cpu_macs_per_cycle!r}"
+
+
+def plan_host_bytes(op: MatchedOp, in_layout, out_layout, stock_out) -> int:
+    """Host layout bytes per inference that a plan adds around ``op``
+    (:func:`vta_ext.host.layout_traffic`):
+
+    * input: nothing if the producing VTA operator hands its output over in ``in_layout``'s
+      arrangement; else packing into ``in_layout``, after unpacking the producer's packed output
+      if there is one;
+    * output: nothing if ``out_layout`` is the stock blocked arrangement (``stock_out``) that the
+      neighbouring VTA operators take over; else unpacking it, and packing into the stock
+      arrangement again for the next operator.
+    """
+    from vta_ext.host import layout_traffic
+    from vta_ext.packing import same_arrangement
+
+    taken = (op.input_layout is not None and in_layout is not None
+             and same_arrangement(op.input_layout, in_layout))
+    kept = stock_out is not None and out_layout is not None and same_arrangement(out_layout, stock_out)
+    cost = 0
+    if not taken:
+        cost += layout_traffic(op.input_layout) + layout_traffic(in_layout)
+    if not kept:
+        cost += layout_traffic(out_layout) + layout_traffic(stock_out)
+    return cost
 
 
 # ------------------------------------------------------------------------------------ plan cache
@@ -618,7 +653,7 @@ class CspGemmTemplate(OpTemplate):
             return None
         contender = self._stock_contender(op, config, options)
         knobs = options.knobs_for(self.kind, self.strategy, base, config)[0]
-        key = _choice_key(config, base, self.mode, layouts, options.objective, op.epilogue,
+        key = _choice_key(config, base, self.mode, layouts, objective_key(options), op.epilogue,
                           ["plan", PLAN_VERSION, knobs],
                           None if contender is None else
                           [dataclasses.asdict(contender[1]), contender[2]], op.input_layout)
@@ -664,7 +699,7 @@ class CspGemmTemplate(OpTemplate):
         knobs = {c.workload: options.knobs_for(self.kind, self.strategy, c.workload, config)[0]
                  for c in usable}
         contender = self._stock_contender(op, config, options)
-        key = _choice_key(config, base, self.mode, layouts, objective, op.epilogue,
+        key = _choice_key(config, base, self.mode, layouts, objective_key(options), op.epilogue,
                           [knobs[c.workload] for c in usable],
                           None if contender is None else
                           [dataclasses.asdict(contender[1]), contender[2]], op.input_layout)
@@ -689,6 +724,7 @@ class CspGemmTemplate(OpTemplate):
             from vta_ext.executor import compiled_op, cycle_report, op_key
 
             timed, dropped, knob_errors = [], [], []
+            stock_out = contender[0].out_layout if contender is not None else None
             first = min(c.estimate for c in usable)
             for c in sorted(usable, key=lambda c: c.estimate):
                 if len(timed) == CYCLE_RANKED or (timed and c.estimate > RANK_FACTOR * first):
@@ -706,6 +742,10 @@ class CspGemmTemplate(OpTemplate):
                 c.cycles = cycle_report(k).total_cycles
                 if objective == "combined":
                     c.host_seconds = host_relayout_seconds(c.packed)
+                data = c.embedding.workload.inputs[0].name
+                act = next(o.host for o in (c.packed.operands["A"], c.packed.operands["B"])
+                           if o.tensor == data)
+                c.host_bytes = plan_host_bytes(op, act, c.packed.operands["C"].host, stock_out)
                 timed.append(c)
             if not timed:
                 if knob_errors:
@@ -713,14 +753,26 @@ class CspGemmTemplate(OpTemplate):
                 return None, "; ".join(dropped)
             clock = config.CLOCK_MHZ * 1e6
 
+            host = options.host
+
             def score(c):
-                return c.cycles / clock + (c.host_seconds or 0.0) if objective == "combined" else c.cycles
+                if objective == "combined":
+                    return c.cycles / clock + (c.host_seconds or 0.0)
+                if objective == "end-to-end":
+                    return c.cycles + host.layout_cycles(c.host_bytes)
+                return c.cycles
             ranked = sorted(timed, key=score)
             best = ranked[0]
-            unit = (lambda c: f"{score(c) * 1e3:.3f} ms (cycles {c.cycles:,}, host "
-                    f"{c.host_seconds * 1e3:.3f} ms)") if objective == "combined" else \
-                (lambda c: f"{c.cycles:,} cycles")
-            what = "fastest combined" if objective == "combined" else "fewest cycles"
+            if objective == "combined":
+                unit = (lambda c: f"{score(c) * 1e3:.3f} ms (cycles {c.cycles:,}, host "
+                        f"{c.host_seconds * 1e3:.3f} ms)")
+            elif objective == "end-to-end":
+                unit = (lambda c: f"{score(c):,.0f} cycles end to end ({c.cycles:,} VTA + "
+                        f"{c.host_bytes:,} B host layout)")
+            else:
+                unit = lambda c: f"{c.cycles:,} cycles"  # noqa: E731
+            what = {"combined": "fastest combined", "end-to-end": "fewest cycles end to end"}.get(
+                objective, "fewest cycles")
             timed_text = (f"{len(timed)} of {len(usable)} embedding(s) timed by the cycle model "
                           f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)")
             stock = self._time_stock(config, op, contender, objective, dropped)
@@ -805,7 +857,8 @@ class CspGemmTemplate(OpTemplate):
             return None
         host = (stock_host_relayout_seconds(self.kind, op, config, plan)
                 if objective == "combined" else None)
-        return _StockTiming(cycle_report(k).total_cycles, host)
+        return _StockTiming(cycle_report(k).total_cycles, host,
+                            plan_host_bytes(op, plan.in_layout, plan.out_layout, plan.out_layout))
 
     def _plan_of(self, op: MatchedOp, config, cand: Candidate, why: str, n_usable: int,
                  notes: List[str]) -> OpPlan:

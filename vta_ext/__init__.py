@@ -18,6 +18,7 @@ from .report import BuildReport, last_build_report
 from .strategy import (KnobSpace, OpTemplate, Strategy, register_strategy, register_template,
                        registered_strategies)
 from .options import build_options
+from .host import PYNQ_Z1, HostModel
 from .target import TARGET_TAG, install_pipeline_hook, register_target, vta_target
 from .quantize import QuantizationError, quantize_relax, quantize_torch
 from . import executor as _executor  # registers the "vta_ext.run" packed function
@@ -33,7 +34,7 @@ __all__ = [
     # configuration and target
     "VTAConfig", "ConfigError", "load_config", "available_configs", "TARGET_TAG", "vta_target",
     # building for VTA
-    "build_options", "last_build_report", "BuildReport", "TemplateRefusal", "VTABuildError",
+    "build_options", "HostModel", "PYNQ_Z1", "last_build_report", "BuildReport", "TemplateRefusal", "VTABuildError",
     "Strategy", "OpTemplate", "KnobSpace", "register_strategy", "register_template", "registered_strategies",
     # quantisation
     "quantize_torch", "quantize_relax", "QuantizationError",

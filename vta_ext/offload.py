@@ -59,6 +59,7 @@ from .packing import channel_shuffle_map, same_arrangement
 from .layout import IMM_MAX, IMM_MIN
 from .strategy import MatchedOp, get_template
 from .timing import phase, timed_build
+from .host import VIEW_OPS
 from .templates.epilogue import epilogue_range, fit_immediates, has_multiply
 from .templates.errors import EpilogueRefusal
 
@@ -94,6 +95,7 @@ class _Offloader(PyExprMutator):
         # match_only: record every matched operator in ``matched`` and rewrite nothing
         self.match_only = match_only
         self.matched: List[MatchedOp] = []
+        self.op_keys: List[str] = []  # the compiled-operator key of every VTA call, in order
         self.rejected: Dict[str, str] = {}  # var name of a candidate core op -> reason
         self.offloaded: List[Tuple[str, str, str, str]] = []  # (relax op, what, detail, var)
         self.unpack_vars: set = set()  # variables now bound to the last unpacking step
@@ -500,6 +502,7 @@ class _Offloader(PyExprMutator):
                            plan.padding)
         self.offloaded.append((_op_name(m.core), f"{m.kind} ({template.report_text})", detail,
                                m.name))
+        self.op_keys.append(key)
         return out
 
     def _place_concats(self, args: list, consumer: str) -> Tuple[list, Optional[str]]:
@@ -740,6 +743,33 @@ _CANDIDATES = {"relax.nn.conv2d": "not followed by the int8 requantisation tail 
                "relax.nn.max_pool2d": "input is not int8"}
 
 
+def _binding_bytes(func: relax.Function) -> Dict[str, int]:
+    """Var name -> bytes of its tensor value, for the bindings of ``func`` with a static shape."""
+    out: Dict[str, int] = {}
+    for block in getattr(func.body, "blocks", []):
+        for binding in block.bindings:
+            ty = getattr(binding.var, "ty", None)
+            try:
+                dims = [int(d) for d in ty.shape]
+                bits = tvm.runtime.DataType(str(ty.dtype)).bits
+            except (AttributeError, TypeError, ValueError):
+                continue
+            out[binding.var.name] = int(np.prod(dims, dtype=np.int64)) * max(1, bits // 8)
+    return out
+
+
+def _cpu_macs(mod: tvm.IRModule, report: BuildReport) -> int:
+    """MACs of the conv2d / matmul operators of ``mod`` that the report leaves on the CPU."""
+    from .quantize import op_macs
+
+    try:
+        macs = op_macs(mod)
+    except Exception:  # noqa: BLE001 -- a module without a plain ``main``: nothing to attribute
+        return 0
+    return sum(macs[p.name][1] for p in report.on_cpu
+               if p.reason != LAYOUT_REASON and p.name in macs and p.op == macs[p.name][0])
+
+
 def _cpu_ops(func: relax.Function) -> List[Tuple[str, str]]:
     """(op, var name) of every operator call left in ``func``."""
     found: List[Tuple[str, str]] = []
@@ -812,7 +842,8 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
                     rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
             new_mod = relax.transform.DeadCodeElimination()(rewriter.builder_.get())
             layers, frontend_reasons = _source_notes(mod)
-            report = BuildReport(config.name, current_options().strategy_name)
+            report = BuildReport(config.name, current_options().strategy_name,
+                                 host=current_options().host, vta_keys=list(rewriter.op_keys))
             for op, what, detail, var in rewriter.offloaded:
                 report.add(op, VTA, what, detail, var, layers.get(var, ""))
             remaining = {var for func in new_mod.functions.values() if isinstance(func, relax.Function)
@@ -839,6 +870,8 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
                     text += ", no unpack/pack)"
                 packed_entries.append((order.get(source, len(order)), op, text, source))
             packed_entries.sort(key=lambda e: e[0])
+            sizes = {var: n for func in new_mod.functions.values() if isinstance(func, relax.Function)
+                     for var, n in _binding_bytes(func).items()}
 
             def add_packed(before: int) -> None:
                 while packed_entries and packed_entries[0][0] < before:
@@ -855,6 +888,8 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
                         add_packed(order[var])
                     if var.startswith((PACK_PREFIX, UNPACK_PREFIX)) or var in rewriter.unpack_vars:
                         reason = LAYOUT_REASON
+                        if op not in VIEW_OPS:
+                            report.layout_bytes += sizes.get(var, 0)
                     elif var in rewriter.rejected:
                         reason = rewriter.rejected[var]
                     elif var in frontend_reasons:
@@ -865,6 +900,7 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
                         reason = "no VTA template for this operator"
                     report.add(op, CPU, reason, var, var, layers.get(var, ""))
             add_packed(len(order) + 1)
+            report.cpu_macs = _cpu_macs(mod, report)
         report.timings = dict(timer.seconds)
         publish(report)
         return new_mod

@@ -11,10 +11,13 @@
   ``"fallback"`` (the original stack's fallback schedule) or an explicit knob dict, either flat
   (applied to every operator; each template validates it) or keyed by operator kind
   (``{"conv2d": {...}, "dense": {...}}``; kinds not named get ``"tps"``).
-* ``layout`` (``"NCHW"``, ``"NHWC"`` or ``"auto"``) and ``objective`` (``"cycles"``,
-  ``"combined"`` or ``"footprint"``): how strategies that choose a data layout and an embedding (the
-  CSP strategies of :mod:`tvm_csp_embed`) order the free dimensions and rank their candidates; the
-  ``stock`` strategy has one fixed layout and ignores them.
+* ``layout`` (``"NCHW"``, ``"NHWC"`` or ``"auto"``) and ``objective`` (``"end-to-end"``,
+  ``"cycles"``, ``"combined"`` or ``"footprint"``): how strategies that choose a data layout and an
+  embedding (the CSP strategies of :mod:`tvm_csp_embed`) order the free dimensions and rank their
+  candidates; the ``stock`` strategy has one fixed layout and ignores them.
+* ``host``: the :class:`~vta_ext.host.HostModel` that prices host work in VTA cycles (default
+  :data:`~vta_ext.host.PYNQ_Z1`, the original board's Cortex-A9): the ``end-to-end`` objective and
+  the build report's end-to-end estimate use it.
 * ``records``: tuned records (see :mod:`tvm_csp_embed.tune`), any object with
   ``best_knobs(kind, strategy, workload, config) -> (knobs dict, origin text) or None``. A record
   that applies overrides ``knobs`` for its workload.
@@ -28,6 +31,7 @@ import contextvars
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
+from .host import PYNQ_Z1, HostModel, host_model
 from .strategy import default_strategy, get_strategy
 
 __all__ = ["BuildOptions", "build_options", "current_options", "KNOB_POLICIES", "LAYOUTS",
@@ -37,8 +41,10 @@ __all__ = ["BuildOptions", "build_options", "current_options", "KNOB_POLICIES", 
 KNOB_POLICIES = ("tps", "fallback")
 #: data layouts of the free dimensions a layout-choosing strategy may use
 LAYOUTS = ("auto", "NCHW", "NHWC")
-#: how a strategy with several candidate embeddings ranks them
-OBJECTIVES = ("cycles", "combined", "footprint")
+#: how a strategy with several candidate embeddings ranks them: VTA cycles plus the host layout
+#: traffic the plan adds, priced by the host model (default); VTA cycles only; cycles plus the host
+#: relayout time measured on this machine; packed bytes
+OBJECTIVES = ("end-to-end", "cycles", "combined", "footprint")
 
 Knobs = Union[str, Mapping[str, Any]]
 
@@ -51,7 +57,8 @@ class BuildOptions:
     knobs: Knobs = "tps"
     records: Any = None
     layout: str = "auto"
-    objective: str = "cycles"
+    objective: str = "end-to-end"
+    host: HostModel = PYNQ_Z1
 
     @property
     def strategy_name(self) -> str:
@@ -87,13 +94,16 @@ class BuildOptions:
 
     def __repr__(self) -> str:
         extra = "" if self.records is None else f", records={self.records!r}"
-        if (self.layout, self.objective) != ("auto", "cycles"):
+        if (self.layout, self.objective) != ("auto", "end-to-end"):
             extra += f", layout={self.layout!r}, objective={self.objective!r}"
+        if self.host != PYNQ_Z1:
+            extra += f", host={self.host!r}"
         return f"build_options(strategy={self.strategy_name!r}, knobs={self.knobs!r}{extra})"
 
 
 def build_options(strategy: Optional[str] = None, knobs: Knobs = "tps", records: Any = None,
-                  layout: str = "auto", objective: str = "cycles") -> BuildOptions:
+                  layout: str = "auto", objective: str = "end-to-end",
+                  host: Union[None, HostModel, Mapping[str, Any]] = None) -> BuildOptions:
     """Choose the strategy, knobs and tuned records of the ``relax.build`` calls in a ``with``.
 
     Parameters
@@ -108,8 +118,12 @@ def build_options(strategy: Optional[str] = None, knobs: Knobs = "tps", records:
         ``tvm_csp_embed.tune.apply_history_best(...)``.
     layout : {"auto", "NCHW", "NHWC"}
         Layout of the free dimensions for strategies that choose one (``auto``: the strategy picks).
-    objective : {"cycles", "combined", "footprint"}
-        Ranking of candidate embeddings: operator cycles, cycles plus host relayout time, or bytes.
+    objective : {"end-to-end", "cycles", "combined", "footprint"}
+        Ranking of candidate embeddings: VTA cycles plus the modelled cycles of the host layout
+        traffic the plan adds (``host``); VTA cycles only; cycles plus the host relayout time
+        measured on this machine; or packed bytes.
+    host : HostModel or dict, optional
+        The host model (:mod:`vta_ext.host`); default the original board's.
 
     Raises
     ------
@@ -132,7 +146,7 @@ def build_options(strategy: Optional[str] = None, knobs: Knobs = "tps", records:
         if value not in valid:
             raise ValueError(f"unknown {name} {value!r}; use one of {list(valid)}")
     return BuildOptions(strategy, knobs if isinstance(knobs, str) else dict(knobs), records,
-                        layout, objective)
+                        layout, objective, host_model(host))
 
 
 _CURRENT: contextvars.ContextVar = contextvars.ContextVar("vta_ext_build_options",

@@ -159,6 +159,12 @@ class BlockedActivation:
         """The NCHW shape this layout packs."""
         return (self.n, self.c, self.h, self.w)
 
+    @property
+    def copied(self) -> int:
+        """Elements the host writes to pack (or unpack) one tensor: the transpose, and the zero
+        padding when there is any (:func:`vta_ext.host.layout_traffic`)."""
+        return math.prod(self.shape) * (2 if self.padded != self.src_shape[:2] else 1)
+
     def steps(self, name: str = "data") -> List[Step]:
         """The packing as host layout steps (zero-pad, block, transpose): its one definition."""
         (np_, cp), b, k = self.padded, self.batch_block, self.channel_block
@@ -212,6 +218,12 @@ class BlockedMatrix:
     def src_shape(self) -> Tuple[int, int]:
         """The matrix shape this layout packs."""
         return (self.rows, self.cols)
+
+    @property
+    def copied(self) -> int:
+        """Elements the host writes to pack (or unpack) one matrix: the transpose, and the zero
+        padding when there is any (:func:`vta_ext.host.layout_traffic`)."""
+        return math.prod(self.shape) * (2 if self.padded != self.src_shape else 1)
 
     def steps(self, name: str = "data") -> List[Step]:
         """The packing as host layout steps (zero-pad, block, transpose): its one definition."""

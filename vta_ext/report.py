@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 __all__ = ["OpPlacement", "BuildReport", "last_build_report"]
 
@@ -43,6 +43,14 @@ class BuildReport:
     placements: List[OpPlacement] = field(default_factory=list)
     #: seconds of the offload pass per phase (:data:`vta_ext.timing.PHASES`), exclusive
     timings: Dict[str, float] = field(default_factory=dict, compare=False)
+    #: the host model pricing host work (:mod:`vta_ext.host`); None: the default
+    host: Any = field(default=None, compare=False)
+    #: the compiled-operator key of every VTA call (``vta_ext.executor.op_key``), in order
+    vta_keys: List[str] = field(default_factory=list, compare=False)
+    #: bytes written by the host layout transforms per inference
+    layout_bytes: int = 0
+    #: MACs of the conv2d / matmul operators left on the CPU
+    cpu_macs: int = 0
 
     def add(self, op: str, device: str, reason: str, detail: str = "", name: str = "",
             layer: str = "") -> None:
@@ -55,6 +63,41 @@ class BuildReport:
         """Host layout operations left per inference (packing and unpacking activations around VTA
         operators; constant operands are relayouted at build time and not counted)."""
         return sum(p.reason == LAYOUT_REASON for p in self.on_cpu)
+
+    @property
+    def vta_cycles(self) -> int:
+        """Cycle-model cycles of all VTA calls of one inference (computed on first use)."""
+        if "_vta_cycles" not in self.__dict__:
+            from .executor import cycle_report
+
+            self.__dict__["_vta_cycles"] = sum(cycle_report(k).total_cycles for k in self.vta_keys)
+        return self.__dict__["_vta_cycles"]
+
+    @property
+    def host_model(self):
+        """The :class:`~vta_ext.host.HostModel` of this build."""
+        from .host import PYNQ_Z1
+
+        return self.host or PYNQ_Z1
+
+    @property
+    def host_cycles(self) -> float:
+        """Host layout traffic and CPU MACs in VTA cycles (:attr:`host_model`)."""
+        h = self.host_model
+        return h.layout_cycles(self.layout_bytes) + h.cpu_cycles(self.cpu_macs)
+
+    @property
+    def end_to_end_cycles(self) -> float:
+        """The end-to-end estimate of one inference: VTA cycles plus host cycles, serialised (the
+        host waits for VTA and VTA for the host)."""
+        return self.vta_cycles + self.host_cycles
+
+    def cost_summary(self) -> str:
+        """One line: VTA cycles, host layout bytes, CPU MACs and the end-to-end estimate."""
+        h = self.host_model
+        return (f"end to end {self.end_to_end_cycles:,.0f} cycles = VTA {self.vta_cycles:,} + host "
+                f"layout {self.layout_bytes:,} B ({h.layout_cycles(self.layout_bytes):,.0f}) + CPU "
+                f"{self.cpu_macs:,} MACs ({h.cpu_cycles(self.cpu_macs):,.0f}); host model {h.name}")
 
     def placement(self, layout: bool = False) -> List[tuple]:
         """``(op, device)`` of every operator in report order; layout transforms only if asked."""
@@ -90,6 +133,7 @@ class BuildReport:
             lines.append(f"  CPU  {sum(layout.values())} host layout transform(s) per inference around "
                          "VTA operators (constant operands are relayouted at build time): "
                          + ", ".join(f"{n}x {op}" for op, n in sorted(layout.items())))
+        lines.append("  " + self.cost_summary())
         return "\n".join(lines)
 
     def __repr__(self) -> str:

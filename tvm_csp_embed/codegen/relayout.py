@@ -112,6 +112,15 @@ class HostLayout:
         return self.shapes[-1]
 
     @property
+    def copied(self) -> int:
+        """Elements the host writes to pack (or unpack) one tensor: the output of every step that
+        copies (pad, transpose, slice, stencil unroll, broadcast; a reshape is a view)
+        (:func:`vta_ext.host.layout_traffic`)."""
+        shapes = self.shapes
+        return sum(math.prod(shapes[i + 1]) for i, st in enumerate(self.steps)
+                   if st[0] != "reshape" and not _is_identity(st, shapes[i]))
+
+    @property
     def unrolled(self) -> bool:
         """Whether a step replicates elements (then the layout has no inverse)."""
         return any(st[0] == "unroll" for st in self.steps)
