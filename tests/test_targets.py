@@ -137,7 +137,8 @@ def test_exported_module_for_a_custom_configuration_runs_in_a_fresh_process(cust
         "from tvm import relax\n"
         "d = sys.argv[1]\n"
         f"vm = relax.VirtualMachine(tvm.runtime.load_module(d + '/{library.name}'), tvm.cpu())\n"
-        f"args = [tvm.runtime.tensor(np.load(f'{{d}}/in{{i}}.npy')) for i in range({len(arrays)})]\n"
+        f"args = [tvm.runtime.tensor(np.load(f'{{d}}/in{{i}}.npy'))\n"
+        f"        for i in range({len(arrays)})]\n"
         "np.save(d + '/out.npy', vm['main'](*args).numpy())\n"
         "print(json.dumps([json.loads(r.key)['config_value'] for r in vta_ext.run_log()]))\n")
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
