@@ -329,10 +329,13 @@ def _estimate(config, pg: PackedGemm, point: KnobPoint) -> float:
             + point.total_bytes / config.MEM_BYTES_PER_CYCLE)
 
 
-def solve_request(config, cw: CspWorkload, solutions: int = DEFAULT_SOLUTIONS,
-                  timeout: float = DEFAULT_TIMEOUT) -> SolveRequest:
+def solve_request(config, cw: CspWorkload, solutions: Optional[int] = None,
+                  timeout: Optional[float] = None) -> SolveRequest:
     """The solve behind ``cw``'s operator in ``cw``'s layout and constraint set: its workload, the
-    configuration's GEMM, and the stock mapping's cost as the bound."""
+    configuration's GEMM, and the stock mapping's cost as the bound (``solutions`` and
+    ``timeout`` default to :data:`DEFAULT_SOLUTIONS` and :data:`DEFAULT_TIMEOUT` as they are now)."""
+    solutions = DEFAULT_SOLUTIONS if solutions is None else solutions
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     return SolveRequest(operator_workload(cw)[0], gemm((config.BATCH, config.BLOCK_IN, config.BLOCK_OUT)),
                         cw.mode, solutions, timeout, stock_mapping_cost(cw, config), config)
 

@@ -1,0 +1,128 @@
+"""The host model (``vta_ext.host``), the build report's end-to-end figures and the default
+``end-to-end`` objective.
+
+Layout traffic and MACs are checked against hand counts; VTA cycles against the cycle model of
+the executed program; outputs against numpy.
+"""
+import math
+
+import numpy as np
+import pytest
+import tvm
+from conftest import conv2d_nchw, conv_chain, conv_module, requantize
+from tvm import relax
+
+import tvm_csp_embed  # noqa: F401
+import vta_ext
+from vta_ext.host import PYNQ_Z1, HostModel, layout_traffic
+from vta_ext.packing import BlockedActivation
+
+
+@pytest.mark.parametrize("field", ["layout_bytes_per_cycle", "cpu_macs_per_cycle"])
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "6.5"])
+def test_host_model_rejects_bad_rates_naming_the_field(field, bad):
+    with pytest.raises(ValueError, match=f"HostModel.{field}=.*positive number"):
+        HostModel(**{field: bad})
+
+
+def test_build_options_take_a_host_model_or_its_fields():
+    with vta_ext.build_options(host={"layout_bytes_per_cycle": 16.0}) as opts:
+        assert opts.host == HostModel(16.0, PYNQ_Z1.cpu_macs_per_cycle, "custom")
+        assert "host=HostModel(custom" in repr(opts)
+    assert vta_ext.build_options().host is PYNQ_Z1
+    with pytest.raises(ValueError, match="unknown host model field.*bandwidth.*valid: "
+                                         "cpu_macs_per_cycle, layout_bytes_per_cycle, name"):
+        vta_ext.build_options(host={"bandwidth": 1})
+    with pytest.raises(ValueError, match="host must be a vta_ext.HostModel"):
+        vta_ext.build_options(host=6.5)
+    assert PYNQ_Z1.layout_cycles(13) == 2.0 and PYNQ_Z1.cpu_cycles(26) == 2.0
+
+
+def test_layout_traffic_counts_copies_not_views():
+    # 3 channels padded to 16: the zero pad writes 1x16x4x4, the transpose writes it again
+    assert layout_traffic(BlockedActivation(1, 3, 4, 4, 1, 16)) == 2 * 16 * 16
+    # 32 channels: no padding step, one transpose of 512 elements (the reshape is a view)
+    assert layout_traffic(BlockedActivation(1, 32, 4, 4, 1, 16)) == 32 * 16
+    assert layout_traffic(None) == 0
+
+
+def test_report_end_to_end_figures_by_hand():
+    """One stock conv (16 -> 32 channels, 10x10, no channel padding) whose weight and bias are
+    function parameters, so the host packs them per inference too: the 1x16x10x10 input (one
+    transpose: 1,600 B), the 32x16x3x3 weight (one transpose: 4,608 B), the 32 int32 bias words
+    (128 B), and it unpacks the 1x32x10x10 output (one transpose: 3,200 B). VTA cycles are the
+    executed program's."""
+    mod = conv_module(1, 16, 32, 10, 3)
+    with vta_ext.build_options(strategy="stock"):
+        ex = relax.build(mod, target="ext_vta")
+    report = vta_ext.last_build_report()
+    assert report.layout_bytes == 1600 + 4608 + 128 + 3200 and report.cpu_macs == 0
+    rng = np.random.default_rng(0)
+    x = rng.integers(-128, 128, (1, 16, 10, 10)).astype(np.int8)
+    w = rng.integers(-128, 128, (32, 16, 3, 3)).astype(np.int8)
+    b = rng.integers(-3000, 3000, (1, 32, 1, 1)).astype(np.int32)
+    vta_ext.clear_run_log()
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in (x, w, b)])
+    np.testing.assert_array_equal(got.numpy(), requantize(conv2d_nchw(x, w, 1, 1), b, 8, (0, 127)))
+    (run,) = vta_ext.run_log()
+    assert report.vta_cycles == run.cycles.total_cycles > 0
+    assert report.end_to_end_cycles == pytest.approx(run.cycles.total_cycles + 9536 / 6.5)
+    assert "end to end" in str(report) and "host layout 9,536 B" in str(report)
+
+
+def test_report_counts_macs_left_on_the_cpu():
+    """A dilated conv2d stays on the CPU under stock: its MACs (1x8x8x8 outputs x 8x3x3) are
+    priced at the host model's MAC rate."""
+    mod = conv_module(1, 8, 8, 12, 3, padding=2, dilation=2)
+    with vta_ext.build_options(strategy="stock", host={"cpu_macs_per_cycle": 4.0}):
+        relax.build(mod, target="ext_vta")
+    report = vta_ext.last_build_report()
+    assert ("relax.nn.conv2d", "cpu") in report.placement()
+    macs = 1 * 8 * 12 * 12 * 8 * 3 * 3
+    assert report.cpu_macs == macs
+    assert report.host_cycles == pytest.approx(report.layout_bytes / 6.5 + macs / 4.0)
+
+
+def _chain(c, k, hw):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, hw, hw), "int8"))
+    w1 = relax.Var("w1", relax.TensorType((k, c, 1, 1), "int8"))
+    w2 = relax.Var("w2", relax.TensorType((c, k, 1, 1), "int8"))
+    with bb.function("main", [x, w1, w2]):
+        with bb.dataflow():
+            y = conv_chain(bb, x, w1, None, shift=8, clip=(-128, 127))
+            y = conv_chain(bb, y, w2, None, shift=8, clip=(-128, 127))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("rate", [0.05, 6.5])
+def test_end_to_end_objective_weighs_host_traffic(tmp_path, monkeypatch, rate):
+    """A 1x1 expand / project pair (MobileNetV2's shape): priced by the host model, the plans the
+    end-to-end objective picks cost no more end to end than the VTA-cycles objective's or the
+    stock templates', and when host copies are dear (0.05 B/cycle) it leaves no more host
+    relayouts than the cycles objective. Outputs are bit-exact either way."""
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    mod = _chain(24, 96, 28)
+    host = HostModel(layout_bytes_per_cycle=rate)
+    rng = np.random.default_rng(1)
+    x = rng.integers(-128, 128, (1, 24, 28, 28)).astype(np.int8)
+    w1 = rng.integers(-128, 128, (96, 24, 1, 1)).astype(np.int8)
+    w2 = rng.integers(-128, 128, (24, 96, 1, 1)).astype(np.int8)
+    ref = requantize(conv2d_nchw(requantize(conv2d_nchw(x, w1), None, 8, (-128, 127)), w2),
+                     None, 8, (-128, 127))
+    reports = {}
+    for name, opts in {"stock": dict(strategy="stock"),
+                       "cycles": dict(strategy="csp-relaxed", objective="cycles"),
+                       "end-to-end": dict(strategy="csp-relaxed")}.items():
+        with vta_ext.build_options(host=host, **opts):
+            ex = relax.build(mod, target="ext_vta")
+        reports[name] = vta_ext.last_build_report()
+        got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in (x, w1, w2)])
+        np.testing.assert_array_equal(got.numpy(), ref)
+    e2e = {k: r.end_to_end_cycles for k, r in reports.items()}
+    assert e2e["end-to-end"] <= min(e2e["cycles"], e2e["stock"]), e2e
+    if rate < 1:
+        assert reports["end-to-end"].layout_bytes <= reports["cycles"].layout_bytes
+    assert not math.isnan(e2e["end-to-end"])
