@@ -22,7 +22,8 @@ candidates on the cycle model), knob search, code generation, the offload pass's
 (everything outside the offload pass: TVM's passes, LLVM code generation of the host functions,
 linking). Each row also carries the build's end-to-end estimate (``BuildReport``: VTA cycles of
 the cycle model, host layout bytes and CPU MACs priced by the default host model,
-:mod:`vta_ext.host`) and its ratio to stock's. ``--check`` runs the last build of each (model, strategy, state) on the functional
+:mod:`vta_ext.host`) and its ratio to stock's. ``--extract-tasks`` times ``tvm_csp_embed.tune.extract_tasks(mod)`` (the tuner's task
+extraction) in place of the build, with the same protocol. ``--check`` runs the last build of each (model, strategy, state) on the functional
 simulator against the llvm build and records whether it is bit-exact. The ratio columns are over
 the stock build's median.
 """
@@ -55,15 +56,20 @@ from tvm import relax
 import tvm_csp_embed, vta_ext
 mod = tvm.ir.load_json(open({module!r}).read())
 t = time.perf_counter()
-with vta_ext.build_options(strategy={strategy!r}):
-    ex = relax.build(mod, target=vta_ext.vta_target({config!r}))
+if {extract!r}:
+    from tvm_csp_embed import tune
+    tasks = tune.extract_tasks(mod, target=vta_ext.vta_target({config!r}), strategy={strategy!r})
+    ex = None
+else:
+    with vta_ext.build_options(strategy={strategy!r}):
+        ex = relax.build(mod, target=vta_ext.vta_target({config!r}))
 seconds = time.perf_counter() - t
 report = vta_ext.last_build_report()
 out = {{"seconds": seconds, "timings": report.timings, "vta": len(report.on_vta),
        "vta_cycles": report.vta_cycles, "host_relayouts": report.host_relayouts,
        "layout_bytes": report.layout_bytes, "cpu_macs": report.cpu_macs,
        "end_to_end_cycles": round(report.end_to_end_cycles)}}
-if {check!r}:
+if {check!r} and ex is not None:
     data = np.load({data!r})
     def first(o):
         return o if hasattr(o, "numpy") else o[0]
@@ -75,9 +81,10 @@ print("RESULT " + json.dumps(out))
 
 
 def _child(module: Path, data: Path, ref: Path, strategy: str, config: str, cache: Path,
-           check: bool) -> dict:
+           check: bool, extract: bool = False) -> dict:
     code = _CHILD.format(repo=str(REPO), examples=str(REPO / "relay_examples"), module=str(module),
-                         strategy=strategy, config=config, check=check, data=str(data), ref=str(ref))
+                         strategy=strategy, config=config, check=check, data=str(data), ref=str(ref),
+                         extract=extract)
     env = dict(os.environ, TVM_CSP_EMBED_CACHE=str(cache), OPENBLAS_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -154,6 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--strategies", nargs="+", default=["stock", "csp-relaxed"])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="compare each build's output with llvm")
+    ap.add_argument("--extract-tasks", action="store_true",
+                    help="time tvm_csp_embed.tune.extract_tasks instead of relax.build")
     ap.add_argument("--csv", default="", help="append the rows to this CSV file")
     ap.add_argument("--png", default="", help="plot the breakdown to this PNG file")
     args = ap.parse_args(argv)
@@ -180,7 +189,7 @@ def main(argv=None) -> int:
                         if state == "cold" and last:
                             cache = shared         # the last cold build fills the warm cache
                         runs.append(_child(module, data, ref, strategy, args.config, cache,
-                                           args.check and last))
+                                           args.check and last, args.extract_tasks))
                     row = _row(name, args.size, args.config, strategy, state, runs, args.check,
                                stock_median, stock_e2e)
                     if strategy == "stock":
