@@ -133,36 +133,58 @@ def gemm_kernel(cfg: VTAConfig, g: GemmKernel, base_of: BaseOf,
             raise LoweringError("GEMM loop strides are not whole elements")
         folded.append((ext, fa // ea, fi // ei, fw // ew))
     fold_vars = {v for v, _ in g.loops}
-    # uop offsets: static part (inner loops) + dynamic part (outer vars, shared by all uops)
+    # uop offsets: static part (inner loops) + dynamic part (outer vars, shared by all uops).
+    # Per call node and operand, the index without the folded loops and the base are prepared
+    # once; per call, the unrolled loop values (then ``env``) are substituted into the index,
+    # and the base is added as it is: index.without(folded).subst(lenv).subst(env) + base.
+    prepared: Dict[int, list] = {}
     dyn = None
     uops = []
     for n, lenv in calls:
-        parts = []
-        for opnd, e in ((n.acc, ea), (n.inp, ei), (n.wgt, ew)):
-            if opnd is None:
-                parts.append(None)
+        ops = prepared.get(id(n))
+        if ops is None:
+            ops = []
+            for opnd, e in ((n.acc, ea), (n.inp, ei), (n.wgt, ew)):
+                if opnd is None:
+                    ops.append(None)
+                    continue
+                buf, idx = opnd
+                base = base_of(buf)
+                term = base.scale(e) if isinstance(base, Aff) else Aff(None, base * e)
+                ops.append((tuple(idx.without(fold_vars).c.items()), idx.k, term))
+            prepared[id(n)] = ops
+        key, st, dpart = [], [], []
+        for op, e in zip(ops, (ea, ei, ew)):
+            if op is None:
+                key.append(None)
+                dpart.append(None)
+                st.append(0)
                 continue
-            buf, idx = opnd
-            base = base_of(buf)
-            aff = idx.without(fold_vars).subst(lenv).subst(env) + (
-                base.scale(e) if isinstance(base, Aff) else base * e)
-            parts.append(aff)
-        dpart = tuple(None if p is None else Aff(p.c, 0) for p in parts)
-        key = tuple(None if p is None else tuple(sorted(p.c.items())) for p in dpart)
+            items, k, term = op
+            c: Dict[str, int] = {}
+            for v, x in items:
+                if v in lenv:
+                    k += x * lenv[v]
+                elif v in env:
+                    k += x * env[v]
+                else:
+                    c[v] = x
+            for v, x in term.c.items():
+                c[v] = c.get(v, 0) + x
+            k += term.k
+            c = {v: x for v, x in c.items() if x}
+            key.append(tuple(sorted(c.items())))
+            dpart.append(c)
+            if k % e or any(x % e for x in c.values()):
+                raise LoweringError("GEMM operand offset is not element aligned")
+            st.append(k // e)
+        key = tuple(key)
         if dyn is None:
             dyn = (key, dpart)
         elif dyn[0] != key:
             raise LoweringError("GEMM micro-ops depend differently on CPU loop variables")
-        st = []
-        for p, e in zip(parts, (ea, ei, ew)):
-            if p is None:
-                st.append(0)
-                continue
-            if p.k % e or any(x % e for x in p.c.values()):
-                raise LoweringError("GEMM operand offset is not element aligned")
-            st.append(p.k // e)
         uops.append(tuple(st))
-    dparts = [Aff() if p is None else p.div(e) for p, e in zip(dyn[1], (ea, ei, ew))]
+    dparts = [Aff() if p is None else Aff(p, 0).div(e) for p, e in zip(dyn[1], (ea, ei, ew))]
     return ("gemm", g.reset, tuple(folded), tuple(uops)), dparts
 
 
