@@ -202,50 +202,73 @@ class CycleModel:
     def run(self, insns: Sequence[Insn]) -> CycleReport:
         """Time one stream (ending with FINISH); raises :class:`DeadlockError` if it cannot finish."""
         cfg = self.config
-        queues: Dict[Stage, List[int]] = {s: [] for s in Stage}
+        stages = list(Stage)
+        queue_index = {q: i for i, q in enumerate(TOKEN_QUEUES)}
+        pop_flags = {s: [(flag, queue_index[q]) for flag, q in _POPS[s]] for s in Stage}
+        push_flags = {s: [(flag, queue_index[q]) for flag, q in _PUSHES[s]] for s in Stage}
+        # per instruction, once: its module, duration, and the token queues it pops and pushes
+        queues: List[List[int]] = [[] for _ in stages]
+        duration, pops, pushes = [], [], []
         for i, insn in enumerate(insns):
-            queues[insn_stage(insn)].append(i)
-        heads = {s: 0 for s in Stage}
-        ready = {s: 0 for s in Stage}
-        tokens: Dict[str, List[int]] = {q: [] for q in TOKEN_QUEUES}
-        popped = {q: 0 for q in tokens}
+            stage = insn_stage(insn)
+            queues[stages.index(stage)].append(i)
+            duration.append(insn_cycles(cfg, insn))
+            pops.append([q for flag, q in pop_flags[stage] if getattr(insn, flag)])
+            pushes.append([q for flag, q in push_flags[stage] if getattr(insn, flag)])
+        heads = [0] * len(stages)
+        ready = [0] * len(stages)
+        busy, stall, count = [0] * len(stages), [0] * len(stages), [0] * len(stages)
+        tokens: List[List[int]] = [[] for _ in TOKEN_QUEUES]
+        popped = [0] * len(TOKEN_QUEUES)
         report = CycleReport(cfg)
+        timeline = report.timeline if self.record_timeline else None
         remaining = len(insns)
         while remaining:
             progressed = False
-            for stage in Stage:
-                queue = queues[stage]
-                while heads[stage] < len(queue):
-                    insn = insns[queue[heads[stage]]]
-                    needs = [q for flag, q in _POPS[stage] if getattr(insn, flag)]
-                    if any(popped[q] >= len(tokens[q]) for q in needs):
+            for si in range(len(stages)):
+                queue = queues[si]
+                head = heads[si]
+                while head < len(queue):
+                    i = queue[head]
+                    needs = pops[i]
+                    token_time = 0
+                    blocked = False
+                    for q in needs:
+                        if popped[q] >= len(tokens[q]):
+                            blocked = True
+                            break
+                        t = tokens[q][popped[q]]
+                        if t > token_time:
+                            token_time = t
+                    if blocked:
                         break
-                    token_time = max((tokens[q][popped[q]] for q in needs), default=0)
                     for q in needs:
                         popped[q] += 1
-                    start = max(ready[stage], token_time)
-                    end = start + insn_cycles(cfg, insn)
-                    module = report.modules[stage.name.lower()]
-                    module.stall += start - ready[stage]
-                    module.busy += end - start
-                    module.insns += 1
-                    ready[stage] = end
-                    for flag, q in _PUSHES[stage]:
-                        if getattr(insn, flag):
-                            tokens[q].append(end)
-                    self._account(report, insn)
-                    if self.record_timeline:
-                        report.timeline.append((stage.name.lower(), start, end, _kind(insn)))
-                    heads[stage] += 1
+                    start = ready[si] if ready[si] > token_time else token_time
+                    end = start + duration[i]
+                    stall[si] += start - ready[si]
+                    busy[si] += end - start
+                    count[si] += 1
+                    ready[si] = end
+                    for q in pushes[i]:
+                        tokens[q].append(end)
+                    if timeline is not None:
+                        timeline.append((stages[si].name.lower(), start, end, _kind(insns[i])))
+                    head += 1
                     remaining -= 1
                     progressed = True
+                heads[si] = head
             if not progressed:
-                stuck = [f"{s.name.lower()} at instruction {queues[s][heads[s]]} ({insns[queues[s][heads[s]]]})"
-                         for s in Stage if heads[s] < len(queues[s])]
+                stuck = [f"{s.name.lower()} at instruction {queues[k][heads[k]]} "
+                         f"({insns[queues[k][heads[k]]]})"
+                         for k, s in enumerate(stages) if heads[k] < len(queues[k])]
                 raise DeadlockError("dependency tokens can never be satisfied; waiting: " + "; ".join(stuck))
-        report.total_cycles = max(ready.values())
-        for stage in Stage:
+        for insn in insns:
+            self._account(report, insn)
+        report.total_cycles = max(ready)
+        for k, stage in enumerate(stages):
             module = report.modules[stage.name.lower()]
+            module.busy, module.stall, module.insns = busy[k], stall[k], count[k]
             module.idle = report.total_cycles - module.busy - module.stall
         return report
 
