@@ -25,14 +25,15 @@ import vta_ext
 from tvm_csp_embed import strategy as S
 
 REPO = Path(__file__).resolve().parents[1]
-SHAPE = dict(n=1, c=16, o=32, hw=10, k=3, stride=1, padding=1)
+#: a thin-channel conv whose chosen plan is an embedding (stencil-unrolled) under the default objective
+SHAPE = dict(n=1, c=3, o=16, hw=12, k=3, stride=1, padding=1)
 
 
 def _inputs(seed=0):
     rng = np.random.default_rng(seed)
-    x = rng.integers(-128, 128, (1, 16, 10, 10)).astype(np.int8)
-    w = rng.integers(-128, 128, (32, 16, 3, 3)).astype(np.int8)
-    b = rng.integers(-3000, 3000, (1, 32, 1, 1)).astype(np.int32)
+    x = rng.integers(-128, 128, (1, 3, 12, 12)).astype(np.int8)
+    w = rng.integers(-128, 128, (16, 3, 3, 3)).astype(np.int8)
+    b = rng.integers(-3000, 3000, (1, 16, 1, 1)).astype(np.int32)
     return x, w, b
 
 
@@ -77,13 +78,24 @@ def test_warm_build_plans_nothing(cache, monkeypatch):
     entries = _entries(cache)
     assert len(entries) == 1
     data = json.loads(entries[0].read_text())
-    assert data["key"] == entries[0].stem and data["plan"] in ("embedding", "stock")
+    assert data["key"] == entries[0].stem and data["plan"] == "embedding"
+    # the entry holds the chosen embedding and its TPS point: the exhaustive search's best
+    from tvm_csp_embed.codegen import knobs as K
+    from vta_ext.config import load_config
+
+    cfg = load_config("default")
+    pg = S.packed_of(S.CspWorkload(**data["workload"]), cfg)
+    epilogue = (("bias",), ("shr", 8), ("clip", 0, 127))
+    best = min((r for _, r in K.enumerate_points(cfg, pg, epilogue) if isinstance(r, K.KnobPoint)),
+               key=K._rank)
+    assert data["knobs"] == best.knobs
     _forget_in_memory()
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a warm build must not plan again")
     monkeypatch.setattr(S, "candidates", forbidden)
     monkeypatch.setattr(S.CspGemmTemplate, "_choose", forbidden)
+    monkeypatch.setattr(K, "search", forbidden)
     warm = _build_and_run()
     assert warm.placements == cold.placements
 

@@ -55,7 +55,8 @@ from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, Strategy
 
 from .cache import SolveRequest, _write, cache_dir, cached_embeddings, solve_concurrently
 from .codegen.build import build_gemm
-from .codegen.knobs import KnobPoint, Pruned, fallback_point, knob_grid, knob_names, tps_point
+from .codegen.knobs import (KnobPoint, Pruned, fallback_point, knob_grid, knob_names,
+                            seed_tps_point, tps_point)
 from .codegen.plan import PackedGemm, packed_gemm
 from .embedding import Embedding, decode
 from .instructions import gemm
@@ -493,8 +494,8 @@ class PlanCache:
     The key is the choice cache's (:func:`_choice_key`: configuration value, operator, constraint
     set, layouts, objective, epilogue, knobs option, the stock contender, the producer's layout) with
     :data:`PLAN_VERSION`. An entry records the chosen embedding's workload (from which the packed
-    program is rebuilt without the solver) or that the stock template was chosen or fallen back to,
-    with the sentence saying why. A warm build reads it instead of solving, building the candidates
+    program is rebuilt without the solver) and its TPS knob point (under the ``tps`` knobs option),
+    or that the stock template was chosen or fallen back to, with the sentence saying why. A warm build reads it instead of solving, building the candidates
     and timing them; only the chosen plan's code is generated.
 
     Files live in ``<cache_dir>/plans/<key>.json`` and are written atomically (a temporary file,
@@ -626,8 +627,12 @@ class CspGemmTemplate(OpTemplate):
                 cache.store({"plan": "stock", "why": why})
             return self._stock(op, config, why, chosen=True)
         if cache is not None:
+            point = (tps_point(config, best.packed, op.epilogue)
+                     if options.knobs_for(self.kind, self.strategy, best.workload, config)[0] == "tps"
+                     else None)
             cache.store({"plan": "embedding", "why": why, "workload": dataclasses.asdict(best.workload),
-                         "usable": len(usable), "notes": notes})
+                         "usable": len(usable), "notes": notes,
+                         "knobs": None if point is None else point.knobs})
         return self._plan_of(op, config, best, why, len(usable), notes)
 
     def prefetch(self, ops: Sequence[MatchedOp], config) -> None:
@@ -669,6 +674,8 @@ class CspGemmTemplate(OpTemplate):
             return self._stock(op, config, entry["why"], chosen=kind == "stock")
         cw = CspWorkload(**entry["workload"])
         pg = packed_of(cw, config)
+        if entry.get("knobs"):     # the TPS point found when the plan was made: no search again
+            seed_tps_point(config, pg, op.epilogue, entry["knobs"])
         cand = Candidate(cw, pg.embedding, pg)
         return self._plan_of(op, config, cand, entry["why"], int(entry["usable"]), list(entry["notes"]))
 

@@ -46,7 +46,7 @@ from .loops import ORDERS, loop_orders, tiled_loops, vt_loops
 from .plan import AXIS_PREFIX, PackedGemm
 
 __all__ = ["KnobPoint", "Pruned", "KnobGrid", "knob_names", "knob_domain", "knob_defaults",
-           "check_point", "evaluate", "enumerate_points", "knob_grid", "search", "tps_point",
+           "check_point", "evaluate", "enumerate_points", "knob_grid", "search", "tps_point", "seed_tps_point",
            "fallback_point", "BYTE_COUNTERS", "ORDER_KNOB"]
 
 #: the loop-order knob (values: :data:`~.loops.ORDERS`)
@@ -527,24 +527,47 @@ def search(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     return res
 
 
+def _tps_key(cfg, epilogue: Sequence[tuple], fixed: Mapping[str, int]) -> tuple:
+    """The memo key of a TPS search: it is deterministic in (program, configuration value,
+    epilogue, fixed knobs)."""
+    from vta_ext.executor import config_digest
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    return ("tps", config_digest(cfg), repr(normalize_epilogue(epilogue)), tuple(sorted(fixed.items())))
+
+
 def tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
               fixed: Optional[Mapping[str, int]] = None) -> Optional[KnobPoint]:
     """The Tiling Parameter Search point (fewest modelled DRAM bytes that fit), or None if no
     point fits. ``fixed`` restricts the search to the points with these knob values (e.g.
     ``{"order": 0}``: the stock loop order only); it is applied before any point is evaluated."""
-    from vta_ext.executor import config_digest
-    from vta_ext.templates.epilogue import normalize_epilogue
     from vta_ext.timing import phase
 
     fixed = dict(fixed or {})
-    # the search is deterministic in (program, configuration value, epilogue, fixed knobs): done
-    # once, as the chooser, the build and the tuner's knob space each ask for it
-    key = ("tps", config_digest(cfg), repr(normalize_epilogue(epilogue)), tuple(sorted(fixed.items())))
+
+    # searched once per key, as the chooser, the build and the tuner's knob space each ask for it
     def timed():
         with phase("knob search"):
             return search(cfg, pg, epilogue, fixed)
-    best = pg.memo(key, timed)
+    best = pg.memo(_tps_key(cfg, epilogue, fixed), timed)
     return None if best is None else dataclasses.replace(best, knobs=dict(best.knobs))
+
+
+def seed_tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str, int]) -> bool:
+    """Record ``knobs`` (a TPS point found earlier, e.g. kept in the plan cache) as the TPS point
+    of ``pg``, so that :func:`tps_point` does not search. The point is validated and modelled
+    again; False (nothing recorded) if it is not a valid point of this program."""
+    from vta_ext.templates.errors import KnobError
+
+    try:
+        point = check_point(pg, dict(knobs))
+    except KnobError:
+        return False
+    res = evaluate(cfg, pg, epilogue, point)
+    if not isinstance(res, KnobPoint):
+        return False
+    pg.memo(_tps_key(cfg, epilogue, {}), lambda: res)
+    return True
 
 
 def fallback_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple]):
