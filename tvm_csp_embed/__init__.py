@@ -19,6 +19,7 @@ from .solve import EmbeddingNotFound, SolveResult, SolverError, solve
 from .workload import (ConformabilityError, Workload, conv2d, dense, depthwise_conv2d, from_primfunc,
                        from_te, matmul)
 from . import strategy as _strategy  # registers csp-strict / csp-relaxed; csp-relaxed becomes the default  # noqa: E402,F401
+from . import summary as _summary  # the CSP plans' words in the build report  # noqa: E402,F401
 
 __all__ = ["Workload", "ConformabilityError", "from_te", "from_primfunc", "matmul", "dense", "conv2d",
            "depthwise_conv2d", "InstructionGraph", "gemm", "alu_muladd", "solve", "SolveResult",

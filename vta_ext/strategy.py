@@ -32,7 +32,8 @@ from .errors import TemplateRefusal, VTABuildError
 
 __all__ = ["MatchedOp", "OpPlan", "KnobSpace", "OpTemplate", "Strategy", "register_strategy",
            "register_template", "get_strategy", "get_template", "registered_strategies",
-           "registered_templates", "default_strategy", "set_default_strategy"]
+           "registered_templates", "default_strategy", "set_default_strategy",
+           "register_plan_summary"]
 
 
 @dataclass
@@ -203,6 +204,26 @@ class OpTemplate:
         """The workload object of a cache key's ``workload`` entry."""
         return self.workload_type(**values)
 
+    def plan_summary(self, plan: OpPlan, config) -> str:
+        """The strategy and embedding of ``plan`` in a few words, for the build report's line of
+        the operator (e.g. ``"stock"``, ``"csp-relaxed NHWC x=1 y=k16 z=c16"``).
+
+        Parameters
+        ----------
+        plan : OpPlan
+            What :meth:`plan` returned for the operator.
+        config : VTAConfig
+            The configuration it was planned for.
+
+        Returns
+        -------
+        str
+            What the function registered for the type of ``plan.workload``
+            (:func:`register_plan_summary`) returns, else the strategy's name.
+        """
+        summarise = _PLAN_SUMMARIES.get(type(plan.workload))
+        return summarise(self, plan, config) if summarise is not None else self.strategy
+
     def knob_space(self, config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
         """The tunable knobs of ``workload`` + ``epilogue`` on ``config`` (see :class:`KnobSpace`).
 
@@ -245,6 +266,7 @@ class Strategy:
 
 _STRATEGIES: Dict[str, Strategy] = {}
 _TEMPLATES: Dict[Tuple[str, str], Union[str, OpTemplate]] = {}
+_PLAN_SUMMARIES: Dict[type, Callable[[OpTemplate, OpPlan, Any], str]] = {}
 _DEFAULT: List[str] = ["stock"]
 
 
@@ -258,6 +280,21 @@ def register_template(kind: str, strategy: str, template: Union[str, OpTemplate]
     """Register the template of operator ``kind`` under ``strategy``: an :class:`OpTemplate` or
     the lazy path ``"package.module:attribute"`` of one (imported on first use)."""
     _TEMPLATES[(kind, strategy)] = template
+
+
+def register_plan_summary(workload_type: type,
+                          summarise: Callable[[OpTemplate, OpPlan, Any], str]) -> None:
+    """Make :meth:`OpTemplate.plan_summary` of plans whose workload is a ``workload_type`` return
+    ``summarise(template, plan, config)`` (a template may also override the method).
+
+    Parameters
+    ----------
+    workload_type : type
+        The workload class of the plans (exact type, not its subclasses).
+    summarise : callable
+        ``(template, plan, config) -> str``: the strategy and embedding in a few words.
+    """
+    _PLAN_SUMMARIES[workload_type] = summarise
 
 
 def registered_strategies() -> List[str]:
