@@ -54,7 +54,7 @@ from .config import VTAConfig
 from .errors import TemplateRefusal, VTABuildError
 from .executor import compiled_op, op_key
 from .options import current_options
-from .report import CPU, LAYOUT_REASON, VTA, BuildReport, publish
+from .report import CPU, LAYOUT_REASON, VTA, BuildReport, config_label, publish
 from .packing import channel_shuffle_map, same_arrangement
 from .layout import IMM_MAX, IMM_MIN
 from .strategy import MatchedOp, get_template
@@ -97,7 +97,8 @@ class _Offloader(PyExprMutator):
         self.matched: List[MatchedOp] = []
         self.op_keys: List[str] = []  # the compiled-operator key of every VTA call, in order
         self.rejected: Dict[str, str] = {}  # var name of a candidate core op -> reason
-        self.offloaded: List[Tuple[str, str, str, str]] = []  # (relax op, what, detail, var)
+        # (relax op, what, detail, var, further OpPlacement fields), one per entry of op_keys
+        self.offloaded: List[Tuple[str, str, str, str, dict]] = []
         self.unpack_vars: set = set()  # variables now bound to the last unpacking step
         # NCHW result var of a concat / split / channel shuffle made in the packed layout ->
         # (relax op, what its packed version is, name of the bound packed tensor)
@@ -498,10 +499,20 @@ class _Offloader(PyExprMutator):
                        "(vta_ext.run_placed, no host slice)")
         if plan.padding:
             detail += f"; PADDED {plan.padding}"
-            logger.warning("%s %s: %s pads %s", m.kind, plan.description, template.report_text,
-                           plan.padding)
+            # the build logs one WARNING line for all padded operators (report.publish)
+            logger.info("%s %s: %s pads %s", m.kind, plan.description, template.report_text,
+                        plan.padding)
+        try:
+            summary = template.plan_summary(plan, self.config)
+        except Exception as err:  # noqa: BLE001 -- the report's words must not fail a build
+            logger.warning("no short plan text for %s %r: %s: %s", m.kind, m.name,
+                           type(err).__name__, err)
+            summary = template.strategy
+        fields = dict(kind=m.kind, plan=summary, padding=plan.padding, macs=_core_macs(m.core),
+                      elements=_size(_shape(m.core)), packed_elements=_size(plan.out_layout.shape),
+                      call=len(self.op_keys))
         self.offloaded.append((_op_name(m.core), f"{m.kind} ({template.report_text})", detail,
-                               m.name))
+                               m.name, fields))
         self.op_keys.append(key)
         return out
 
@@ -725,6 +736,22 @@ class _Offloader(PyExprMutator):
         self.packed_ops[binding.var.name] = ("relax.reshape", text, shuffled.name)
 
 
+def _size(shape) -> int:
+    return int(np.prod([int(d) for d in shape], dtype=np.int64))
+
+
+def _core_macs(core) -> int:
+    """Multiply-accumulates of a conv2d / conv1d / matmul core call as written (output elements
+    times the reduction; :func:`vta_ext.quantize.op_macs` counts conv2d and matmul the same way),
+    0 for other operators."""
+    name = _op_name(core)
+    if name in ("relax.nn.conv2d", "relax.nn.conv1d"):
+        return _size(_shape(core)) * _size(_shape(core.args[1])[1:])
+    if name == "relax.matmul":
+        return _size(_shape(core.args[0])) * _shape(core.args[1])[-1]
+    return 0
+
+
 def _tiling_text(compiled) -> str:
     """", tiling tile_h=7 oc_nthread=2" for a compiled GEMM operator (knobs that are not 1)."""
     knobs = getattr(compiled, "knobs", None)
@@ -842,10 +869,10 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
                     rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
             new_mod = relax.transform.DeadCodeElimination()(rewriter.builder_.get())
             layers, frontend_reasons = _source_notes(mod)
-            report = BuildReport(config.name, current_options().strategy_name,
+            report = BuildReport(config_label(config), current_options().strategy_name,
                                  host=current_options().host, vta_keys=list(rewriter.op_keys))
-            for op, what, detail, var in rewriter.offloaded:
-                report.add(op, VTA, what, detail, var, layers.get(var, ""))
+            for op, what, detail, var, fields in rewriter.offloaded:
+                report.add(op, VTA, what, detail, var, layers.get(var, ""), **fields)
             remaining = {var for func in new_mod.functions.values() if isinstance(func, relax.Function)
                          for _, var in _cpu_ops(func)}
             # the packed concat / split / shuffle entries go where their source stood in the input
