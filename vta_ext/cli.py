@@ -337,11 +337,13 @@ def _jsonable(value: Any) -> Any:
 
 
 def report_to_json(report, **extra: Any) -> Dict[str, Any]:
-    """A :class:`vta_ext.BuildReport` as a JSON-able dict: its fields (every placement with
-    device, operator, reason, detail, variable and source layer), its text, and ``extra``
-    (what ``compile`` adds: model, library, configuration, input, ...)."""
+    """A :class:`vta_ext.BuildReport` as a JSON-able dict: the report's own export
+    (``build_report``: :meth:`~vta_ext.BuildReport.to_json`, every placement with device,
+    operator, reason, detail, variable, source layer, cycles and padding, the summary figures and
+    the timings), its summary line and text, and ``extra`` (what ``compile`` adds: model, library,
+    configuration, input, ...)."""
     return {"vta_ext_report": REPORT_FORMAT, **_jsonable(extra),
-            "build_report": _jsonable(report), "summary": report.summary(),
+            "build_report": json.loads(report.to_json()), "summary": report.summary(),
             "host_relayouts": report.host_relayouts, "text": str(report)}
 
 
