@@ -162,7 +162,7 @@ def test_padding_is_the_extra_work_padding_adds(chain_build):
     _, _, report, _, _ = chain_build
     conv1, conv2, add, pool = report.on_vta
     assert conv1.padding == "in channels 3->16, out channels 24->32"
-    # MACs the GEMM core executes over the operator's: (32 x 16) / (24 x 3) and (32 x 32) / (24 x 24)
+    # MACs the GEMM core executes over the operator's: (32 x 16) / (24 x 3), (32 x 32) / (24 x 24)
     assert conv1.macs == 24 * 8 * 8 * 3 * 3 * 3 and conv2.macs == 24 * 8 * 8 * 24 * 3 * 3
     assert report.padding_overhead(conv1) == (pytest.approx(32 * 16 / (24 * 3) - 1), "MACs")
     assert report.padding_overhead(conv2) == (pytest.approx(32 * 32 / (24 * 24) - 1), "MACs")
@@ -371,7 +371,7 @@ def test_resnet18_32_report():
     assert macs["consistent"] and report.vta_macs == macs["vta"] and report.cpu_macs == macs["cpu"]
     stem, fc = report.on_vta[0], report.on_vta[-1]
     assert report.padded == [stem, fc]
-    assert report.padding_overhead(stem) == (pytest.approx(16 / 3 - 1), "MACs")  # 3 -> 16 in channels
+    assert report.padding_overhead(stem) == (pytest.approx(16 / 3 - 1), "MACs")  # 3 -> 16 in
     assert report.padding_overhead(fc) == (pytest.approx(1008 / 1000 - 1), "MACs")  # 1000 -> 1008
     assert report.explain("conv1") == stem.detail and report.explain("fc") == fc.detail
     assert "padding: 2 of 31 VTA operators pad their operands (max 433 % extra MACs)" in text

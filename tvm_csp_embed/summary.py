@@ -5,7 +5,8 @@ template (:class:`~tvm_csp_embed.strategy.CspGemmTemplate`) the strategy column 
 ``"csp-relaxed NHWC x=1 y=k16 z=c16"`` (strategy, layout of the free dims, the embedding's mapping
 of the GEMM axes), or ``"stock (csp-relaxed chose it)"`` / ``"stock (csp-relaxed fell back)"``
 when the template used the stock template's plan. The full rationale stays in the report's
-``explain(i)``. Importing :mod:`tvm_csp_embed` registers this (:func:`vta_ext.strategy.register_plan_summary`).
+``explain(i)``. Importing :mod:`tvm_csp_embed` registers this
+(:func:`vta_ext.strategy.register_plan_summary`).
 """
 from __future__ import annotations
 

@@ -297,7 +297,8 @@ class BuildReport:
 
     @property
     def padded(self) -> List[OpPlacement]:
-        """The VTA placements whose packed layouts pad the operands (:attr:`OpPlacement.padding`)."""
+        """The VTA placements whose packed layouts pad the operands
+        (:attr:`OpPlacement.padding`)."""
         return [p for p in self.on_vta if p.padding]
 
     def padding_text(self) -> str:
