@@ -401,7 +401,7 @@ def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, e
     layout the input comes in from a previous VTA operator (layout agreement)."""
     from vta_ext.executor import config_digest
 
-    text = json.dumps({"v": 4, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
+    text = json.dumps({"v": 5, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
                        "agree": [AGREEMENT_SLACK, _layout_key(producer)],
                        "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
                        "objective": objective, "epilogue": [list(s) for s in epilogue],
@@ -483,9 +483,36 @@ def plan_host_bytes(op: MatchedOp, in_layout, out_layout, stock_out) -> int:
     return cost
 
 
+def blocked_output(op: MatchedOp, config):
+    """The stock blocked arrangement of ``op``'s output (what the neighbouring VTA operators
+    take over), or None for an output that is not 2-D or 4-D."""
+    from vta_ext.packing import BlockedActivation, BlockedMatrix
+
+    shape = _shape(op.core)
+    if len(shape) == 4:
+        return BlockedActivation(*shape, config.BATCH, config.BLOCK_OUT)
+    if len(shape) == 2:
+        return BlockedMatrix(shape[0], shape[1], config.BATCH, config.BLOCK_OUT)
+    return None
+
+
+def cpu_host_bytes(op: MatchedOp, out_layout) -> int:
+    """Host layout bytes per inference when ``op`` stays on the CPU between VTA operators:
+    unpacking its input from the producing VTA operator, if any, and packing its output into
+    ``out_layout`` (the stock blocked arrangement) for the next one."""
+    from vta_ext.host import layout_traffic
+
+    return layout_traffic(op.input_layout) + layout_traffic(out_layout)
+
+
+#: what :meth:`CspGemmTemplate._choose` returns when running the operator on the CPU is cheaper
+#: end to end than every plan for VTA (only where the stock template refuses the operator)
+CPU = "cpu"
+
+
 # ------------------------------------------------------------------------------------ plan cache
 #: the plan cache's format: bump it when the choice rule changes what a key means
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 
 
 class PlanCache:
@@ -523,7 +550,7 @@ class PlanCache:
             data = json.loads(text)
             ok = (isinstance(data, dict) and data.get("key") == self.key
                   and data.get("version") == PLAN_VERSION
-                  and data.get("plan") in ("embedding", "stock", "fallback") and "why" in data
+                  and data.get("plan") in ("embedding", "stock", "fallback", "cpu") and "why" in data
                   and (data["plan"] != "embedding"
                        or {"workload", "usable", "notes"} <= set(data)))
         except ValueError:
@@ -626,6 +653,10 @@ class CspGemmTemplate(OpTemplate):
             if cache is not None:
                 cache.store({"plan": "stock", "why": why})
             return self._stock(op, config, why, chosen=True)
+        if best is CPU:
+            if cache is not None:
+                cache.store({"plan": "cpu", "why": why})
+            raise TemplateRefusal(f"{self.strategy}: {why}")
         if cache is not None:
             point = (tps_point(config, best.packed, op.epilogue)
                      if options.knobs_for(self.kind, self.strategy, best.workload, config)[0] == "tps"
@@ -670,6 +701,8 @@ class CspGemmTemplate(OpTemplate):
     def _cached_plan(self, op: MatchedOp, config, entry: Dict[str, Any]) -> OpPlan:
         """The plan a :class:`PlanCache` entry records, rebuilt without solving or timing."""
         kind = entry["plan"]
+        if kind == "cpu":
+            raise TemplateRefusal(f"{self.strategy}: {entry['why']}")
         if kind in ("stock", "fallback"):
             return self._stock(op, config, entry["why"], chosen=kind == "stock")
         cw = CspWorkload(**entry["workload"])
@@ -678,6 +711,15 @@ class CspGemmTemplate(OpTemplate):
             seed_tps_point(config, pg, op.epilogue, entry["knobs"])
         cand = Candidate(cw, pg.embedding, pg)
         return self._plan_of(op, config, cand, entry["why"], int(entry["usable"]), list(entry["notes"]))
+
+    def _stock_refuses(self, op: MatchedOp, config) -> bool:
+        """Whether the stock template refuses ``op`` (or there is none for its kind): then the
+        end-to-end objective weighs leaving the operator on the CPU against running it on VTA."""
+        try:
+            get_template(self.kind, "stock").plan(op, config)
+        except TemplateRefusal:
+            return True
+        return False
 
     def _stock_contender(self, op: MatchedOp, config, options):
         """``(plan, workload, knobs)`` of the stock template for ``op`` when the objective compares
@@ -719,6 +761,8 @@ class CspGemmTemplate(OpTemplate):
                 data = json.loads(path.read_text())
                 if data.get("stock") and contender is not None:
                     return STOCK, data["why"]
+                if data.get("cpu"):
+                    return CPU, data["why"]
                 chosen = CspWorkload(**data["workload"])
                 for c in usable:
                     if c.workload == chosen:
@@ -734,7 +778,7 @@ class CspGemmTemplate(OpTemplate):
             from vta_ext.executor import compiled_op, cycle_report, op_key
 
             timed, dropped, knob_errors = [], [], []
-            stock_out = contender[0].out_layout if contender is not None else None
+            stock_out = contender[0].out_layout if contender is not None else blocked_output(op, config)
             first = min(c.estimate for c in usable)
             for c in sorted(usable, key=lambda c: c.estimate):
                 if len(timed) == CYCLE_RANKED or (timed and c.estimate > RANK_FACTOR * first):
@@ -786,6 +830,19 @@ class CspGemmTemplate(OpTemplate):
             timed_text = (f"{len(timed)} of {len(usable)} embedding(s) timed by the cycle model "
                           f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)")
             stock = self._time_stock(config, op, contender, objective, dropped)
+            if objective == "end-to-end" and self._stock_refuses(op, config):
+                from vta_ext.quantize import call_macs
+
+                macs = call_macs(op.core)
+                layout = cpu_host_bytes(op, stock_out)
+                on_cpu = host.cpu_cycles(macs) + host.layout_cycles(layout)
+                if macs and on_cpu < score(best):
+                    why = (f"end to end cheaper on the CPU: {on_cpu:,.0f} cycles ({macs:,} MACs and "
+                           f"{layout:,} B host layout, host model {host.name}) against "
+                           f"{unit(best)} for the best embedding {best.label} on VTA; the stock "
+                           f"template refuses it too")
+                    _write(path, {"cpu": True, "why": why})
+                    return CPU, why
             agreed, agree_text = self._agree(op, ranked, stock, contender, score, unit)
             if agreed is STOCK or (agreed is None and stock is not None
                                    and score(stock) <= score(best)):

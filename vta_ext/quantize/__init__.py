@@ -121,7 +121,7 @@ from .scales import calibrate, choose_scales
 from .torch_import import (equalize_cross_layer, fold_batchnorm, import_exported_program,
                            import_torch, normalise, source_layers)
 
-__all__ = ["QuantizationError", "QNode", "CpuFloatOp", "QuantizedModel", "fold_batchnorm",
+__all__ = ["call_macs", "QuantizationError", "QNode", "CpuFloatOp", "QuantizedModel", "fold_batchnorm",
            "equalize_cross_layer", "import_torch", "import_exported_program", "calibrate",
            "quantize_relax", "quantize_torch", "op_macs", "fixed_point_multiplier",
            "source_layers", "QMIN", "QMAX", "import_pt2e", "import_onnx", "quantize_pt2e",
@@ -196,6 +196,21 @@ def quantize_torch(model, calibration: Union[np.ndarray, Sequence[np.ndarray]],
     return quantize_relax(import_torch(model, calibration[0], equalize), calibration)
 
 
+def call_macs(call) -> int:
+    """Multiply-accumulates of one conv1d / conv2d / matmul call (0 for any other call): every
+    output element times the reduction it sums (a grouped conv reduces over its group's channels).
+    The one rule the build report and the end-to-end objective count MACs by."""
+    op = op_name(call)
+    out = shape_of(call)
+    if op in ("relax.nn.conv2d", "relax.nn.conv1d"):
+        _, cg, *kernel = shape_of(call.args[1])
+        return int(np.prod(out, dtype=np.int64)) * cg * int(np.prod(kernel, dtype=np.int64))
+    if op == "relax.matmul":
+        lhs = shape_of(call.args[0])
+        return int(np.prod(out, dtype=np.int64)) * lhs[-1]
+    return 0
+
+
 def op_macs(mod: tvm.IRModule) -> Dict[str, Tuple[str, int]]:
     """Multiply-accumulates of every conv2d and matmul binding of ``main`` (int8 or float).
 
@@ -208,13 +223,8 @@ def op_macs(mod: tvm.IRModule) -> Dict[str, Tuple[str, int]]:
     for block in mod["main"].body.blocks:
         for b in block.bindings:
             op = op_name(b.value)
-            if op == "relax.nn.conv2d":
-                o, cg, kh, kw = shape_of(b.value.args[1])
-                n, _, oh, ow = shape_of(b.var)
-                result[b.var.name] = (op, n * o * oh * ow * cg * kh * kw)
-            elif op == "relax.matmul":
-                lhs, rhs = shape_of(b.value.args[0]), shape_of(b.value.args[1])
-                result[b.var.name] = (op, int(np.prod(lhs)) * rhs[-1])
+            if op in ("relax.nn.conv2d", "relax.matmul"):
+                result[b.var.name] = (op, call_macs(b.value))
     return result
 
 
