@@ -15,7 +15,7 @@ from tvm import relax
 import tvm_csp_embed  # noqa: F401
 import vta_ext
 from vta_ext.host import PYNQ_Z1, HostModel, layout_traffic
-from vta_ext.packing import BlockedActivation
+from vta_ext.packing import BlockedActivation, BlockedMatrix, FlatActivation
 
 
 @pytest.mark.parametrize("field", ["layout_bytes_per_cycle", "cpu_macs_per_cycle"])
@@ -43,6 +43,9 @@ def test_layout_traffic_counts_copies_not_views():
     assert layout_traffic(BlockedActivation(1, 3, 4, 4, 1, 16)) == 2 * 16 * 16
     # 32 channels: no padding step, one transpose of 512 elements (the reshape is a view)
     assert layout_traffic(BlockedActivation(1, 32, 4, 4, 1, 16)) == 32 * 16
+    # a classifier's (1, 1000) features: 1000 -> 1008 channels, padded then transposed
+    assert layout_traffic(FlatActivation(1, 1000, 1, 16)) == 2 * 1008
+    assert layout_traffic(BlockedMatrix(1, 1024, 1, 16)) == 1024
     assert layout_traffic(None) == 0
 
 

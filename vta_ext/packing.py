@@ -319,6 +319,12 @@ class FlatActivation:
         np_, cp = self.padded
         return [("batch", self.n, np_), (channels, self.c, cp)]
 
+    @property
+    def copied(self) -> int:
+        """Elements the host writes to pack (or unpack) one activation: the matrix packing's (the
+        unit axes are a reshape, a view; :func:`vta_ext.host.layout_traffic`)."""
+        return self.matrix.copied
+
     def steps(self, name: str = "data") -> List[Step]:
         """The matrix packing, then the unit H and W axes."""
         return self.matrix.steps(f"matrix_{name}") + [("reshape", self.shape, name)]
