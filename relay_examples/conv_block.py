@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     print(f"  total: {total_cycles:,} cycles = {total_cycles / (1e3 * runs[0].cycles.config.CLOCK_MHZ):.3f} ms "
           f"at {runs[0].cycles.config.CLOCK_MHZ} MHz (cycle model, config {args.config!r})")
     print(f"\n== Total VTA cycles per strategy (cycle model, config {args.config!r})")
-    print(strategy_table(all_runs, outputs))
+    print(strategy_table(all_runs, outputs, reports))
     print("\n== Wall time (this machine)")
     for name, (build_s, run_s) in timings.items():
         print(f"  {name:<20} build {build_s:6.2f} s   run {run_s * 1e3:8.1f} ms")
@@ -119,15 +119,19 @@ def main(argv=None) -> int:
     return 0 if equal else 1
 
 
-def strategy_table(all_runs, outputs) -> str:
-    """Total cycles of each ``ext_vta/<strategy>`` build side by side, with bit-exactness vs llvm."""
+def strategy_table(all_runs, outputs, reports=None) -> str:
+    """Total cycles of each ``ext_vta/<strategy>`` build side by side, with the build report's
+    end-to-end estimate (VTA cycles plus host work by the host model) when ``reports`` is given,
+    and bit-exactness vs llvm."""
     stock = sum(r.cycles.total_cycles for r in all_runs.get("ext_vta/stock", []))
-    lines = ["  | strategy | VTA calls | total cycles | vs stock | equal to llvm |",
-             "  |---|---|---|---|---|"]
+    e2e = {name: r.end_to_end_cycles for name, r in (reports or {}).items()}
+    lines = ["  | strategy | VTA calls | total cycles | vs stock | end to end (host model) "
+             "| equal to llvm |", "  |---|---|---|---|---|---|"]
     for name, runs in all_runs.items():
         total = sum(r.cycles.total_cycles for r in runs)
         lines.append(f"  | {name.split('/', 1)[1]} | {len(runs)} | {total:,} | "
                      f"{f'x{stock / total:.2f}' if stock and total else '-'} | "
+                     f"{f'{e2e[name]:,.0f}' if name in e2e else '-'} | "
                      f"{'yes' if np.array_equal(outputs[name], outputs['llvm']) else 'NO'} |")
     return "\n".join(lines)
 
