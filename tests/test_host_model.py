@@ -4,8 +4,6 @@
 Layout traffic and MACs are checked against hand counts; VTA cycles against the cycle model of
 the executed program; outputs against numpy.
 """
-import math
-
 import numpy as np
 import pytest
 import tvm
@@ -128,4 +126,3 @@ def test_end_to_end_objective_weighs_host_traffic(tmp_path, monkeypatch, rate):
     assert e2e["end-to-end"] <= min(e2e["cycles"], e2e["stock"]), e2e
     if rate < 1:
         assert reports["end-to-end"].layout_bytes <= reports["cycles"].layout_bytes
-    assert not math.isnan(e2e["end-to-end"])

@@ -410,6 +410,11 @@ def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, e
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def _contender_key(contender) -> Any:
+    """The stock contender as the caches key it: its workload and knobs (None: no contender)."""
+    return None if contender is None else [dataclasses.asdict(contender[1]), contender[2]]
+
+
 class _Layout:
     """A stock layout whose ``pack`` takes a name, under the one-argument packing protocol of
     :func:`~tvm_csp_embed.hosttime.relayout_seconds`."""
@@ -625,7 +630,8 @@ class CspGemmTemplate(OpTemplate):
         options = current_options()
         base = self._base(op)
         layouts = self._layouts(options.layout, base, config)
-        cache = self._plan_cache(config, base, layouts, op, options)
+        contender = self._stock_contender(op, config, options)
+        cache = self._plan_cache(config, base, layouts, op, options, contender)
         if cache is not None:
             hit = cache.load()
             if hit is not None:
@@ -644,7 +650,7 @@ class CspGemmTemplate(OpTemplate):
                 cache.store({"plan": "fallback", "why": why})
             return self._stock(op, config, why)
         with phase("choice"):
-            best, why = self._choose(config, base, layouts, usable, op, options)
+            best, why = self._choose(config, base, layouts, usable, op, options, contender)
         if best is None:
             if cache is not None:
                 cache.store({"plan": "fallback", "why": why})
@@ -684,18 +690,15 @@ class CspGemmTemplate(OpTemplate):
                 continue
         solve_concurrently(requests)
 
-    def _plan_cache(self, config, base: CspWorkload, layouts, op: MatchedOp, options
+    def _plan_cache(self, config, base: CspWorkload, layouts, op: MatchedOp, options, contender
                     ) -> Optional[PlanCache]:
         """The persistent plan cache entry of this operator (None with tuned records: a record
         is looked up per candidate, after the candidates are known)."""
         if options.records is not None:
             return None
-        contender = self._stock_contender(op, config, options)
         knobs = options.knobs_for(self.kind, self.strategy, base, config)[0]
         key = _choice_key(config, base, self.mode, layouts, objective_key(options), op.epilogue,
-                          ["plan", PLAN_VERSION, knobs],
-                          None if contender is None else
-                          [dataclasses.asdict(contender[1]), contender[2]], op.input_layout)
+                          ["plan", PLAN_VERSION, knobs], _contender_key(contender), op.input_layout)
         return PlanCache(key)
 
     def _cached_plan(self, op: MatchedOp, config, entry: Dict[str, Any]) -> OpPlan:
@@ -734,8 +737,8 @@ class CspGemmTemplate(OpTemplate):
         scw = self._stock_workload(plan)
         return plan, scw, options.knobs_for(self.kind, self.strategy, scw, config)[0]
 
-    def _choose(self, config, base, layouts, usable: List[Candidate], op: MatchedOp, options
-                ) -> Tuple[Any, str]:
+    def _choose(self, config, base, layouts, usable: List[Candidate], op: MatchedOp, options,
+                contender) -> Tuple[Any, str]:
         """The candidate the objective prefers (or :data:`STOCK`), and the sentence saying why
         (cached on disk).
 
@@ -744,17 +747,16 @@ class CspGemmTemplate(OpTemplate):
         candidate accepts raise the first candidate's :class:`KnobError`. Under ``csp-relaxed``
         (objective cycles or combined) the stock template's plan is timed with the same knobs
         option and returned as :data:`STOCK` when it is at least as good as the best candidate.
+        ``contender`` is :meth:`_stock_contender`'s answer for ``op``.
         """
         from vta_ext.templates.errors import KnobError
 
         objective = options.objective
         knobs = {c.workload: options.knobs_for(self.kind, self.strategy, c.workload, config)[0]
                  for c in usable}
-        contender = self._stock_contender(op, config, options)
         key = _choice_key(config, base, self.mode, layouts, objective_key(options), op.epilogue,
-                          [knobs[c.workload] for c in usable],
-                          None if contender is None else
-                          [dataclasses.asdict(contender[1]), contender[2]], op.input_layout)
+                          [knobs[c.workload] for c in usable], _contender_key(contender),
+                          op.input_layout)
         path = cache_dir() / "choices" / f"{key}.json"
         if path.exists():
             try:
@@ -830,7 +832,7 @@ class CspGemmTemplate(OpTemplate):
             timed_text = (f"{len(timed)} of {len(usable)} embedding(s) timed by the cycle model "
                           f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)")
             stock = self._time_stock(config, op, contender, objective, dropped)
-            if objective == "end-to-end" and self._stock_refuses(op, config):
+            if objective == "end-to-end" and contender is None and self._stock_refuses(op, config):
                 from vta_ext.quantize import call_macs
 
                 macs = call_macs(op.core)

@@ -260,11 +260,6 @@ def _free_dims(op):
     return [d for d in op.dims if not d.terms[0][0].startswith(AXIS_PREFIX)]
 
 
-def kernel_loops(pg: PackedGemm, k: Mapping[str, int]) -> List[int]:
-    """Extents of the non-unit loops of one load step's GEMM kernel, outermost first."""
-    return [e for e in _kernel_extents(pg, k) if e > 1]
-
-
 def _kernel_extents(pg: PackedGemm, k: Mapping[str, Any]) -> list:
     ext = {lp.name: lp.extent for lp in pg.loops}
     return [ext[n] if pg.roles[n] == "reduce" else k[f"tile_{n}"] for n in loop_orders(pg).kernel]
