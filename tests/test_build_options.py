@@ -27,7 +27,7 @@ ORIGINAL_C2 = {"inp_load_nbytes": 7_054_336, "wgt_load_nbytes": 115_605_504,
 def test_unknown_names_list_the_valid_ones():
     with pytest.raises(ValueError, match=r"unknown VTA strategy 'nope'.*'stock'"):
         vta_ext.build_options(strategy="nope")
-    with pytest.raises(ValueError, match=r"unknown knob policy 'fast'.*\['tps', 'fallback'\]"):
+    with pytest.raises(ValueError, match=r"unknown knob policy 'fast'.*\['cycles', 'tps', 'fallback'\]"):
         vta_ext.build_options(knobs="fast")
     with pytest.raises(ValueError, match="knobs must be one of"):
         vta_ext.build_options(knobs=3)
@@ -42,13 +42,13 @@ def test_unknown_names_list_the_valid_ones():
 def test_options_nest_and_restore():
     from vta_ext.options import current_options
 
-    assert current_options().knobs == "tps"
+    assert current_options().knobs == "cycles"
     with vta_ext.build_options(strategy="stock", knobs="fallback") as outer:
         assert current_options() is outer
         with vta_ext.build_options(knobs={"tile_h": 2}):
             assert current_options().knobs == {"tile_h": 2}
         assert current_options() is outer
-    assert current_options().knobs == "tps"
+    assert current_options().knobs == "cycles"
     assert repr(outer) == "build_options(strategy='stock', knobs='fallback')"
 
 

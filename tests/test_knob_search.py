@@ -60,12 +60,13 @@ def _programs(cfg, base: CspWorkload, mode: str):
     return [c.packed for c in cands]
 
 
-def _exhaustive_best(cfg, pg, epilogue, fixed):
+def _exhaustive_best(cfg, pg, epilogue, fixed, objective="bytes"):
     best = None
     for point, res in K.enumerate_points(cfg, pg, epilogue):
         if any(point[n] != v for n, v in fixed.items()):
             continue
-        if isinstance(res, K.KnobPoint) and (best is None or K._rank(res) < K._rank(best)):
+        if isinstance(res, K.KnobPoint) and (best is None or K._rank(res, objective)
+                                              < K._rank(best, objective)):
             best = res
     return best
 
@@ -75,9 +76,10 @@ def _check_search(cfg, name):
         for pg in _programs(cfg, LAYERS[name], mode):
             for ep in EPILOGUES:
                 for fixed in ({}, {"order": 0}):
-                    got = K.search(cfg, pg, ep, fixed)
-                    assert got == _exhaustive_best(cfg, pg, ep, fixed), \
-                        (name, mode, pg.embedding.mapping_str(), ep, fixed)
+                    for objective in K.OBJECTIVES:
+                        got = K.search(cfg, pg, ep, fixed, objective)
+                        assert got == _exhaustive_best(cfg, pg, ep, fixed, objective), \
+                            (name, mode, pg.embedding.mapping_str(), ep, fixed, objective)
 
 
 def _check_grid(cfg, pg, ep):
@@ -91,6 +93,7 @@ def _check_grid(cfg, pg, ep):
     assert [grid.why(i) for i in pi] == [r.reason for r in pruned]
     assert grid.total_bytes[vi].tolist() == [r.total_bytes for _, r in valid]
     assert grid.insns[vi].tolist() == [r.insns for _, r in valid]
+    assert grid.cycles[vi].tolist() == [r.cycles for _, r in valid]
 
 
 @pytest.mark.parametrize("config,name", SAMPLE)

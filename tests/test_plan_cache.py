@@ -79,7 +79,8 @@ def test_warm_build_plans_nothing(cache, monkeypatch):
     assert len(entries) == 1
     data = json.loads(entries[0].read_text())
     assert data["key"] == entries[0].stem and data["plan"] == "embedding"
-    # the entry holds the chosen embedding and its TPS point: the exhaustive search's best
+    # the entry holds the chosen embedding and the default policy's point (fewest estimated
+    # cycles): the exhaustive search's best
     from tvm_csp_embed.codegen import knobs as K
     from vta_ext.config import load_config
 
@@ -87,8 +88,8 @@ def test_warm_build_plans_nothing(cache, monkeypatch):
     pg = S.packed_of(S.CspWorkload(**data["workload"]), cfg)
     epilogue = (("bias",), ("shr", 8), ("clip", 0, 127))
     best = min((r for _, r in K.enumerate_points(cfg, pg, epilogue) if isinstance(r, K.KnobPoint)),
-               key=K._rank)
-    assert data["knobs"] == best.knobs
+               key=lambda r: K._rank(r, "cycles"))
+    assert data["policy"] == "cycles" and data["knobs"] == best.knobs
     _forget_in_memory()
 
     def forbidden(*args, **kwargs):

@@ -55,8 +55,8 @@ from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, Strategy
 
 from .cache import SolveRequest, _write, cache_dir, cached_embeddings, solve_concurrently
 from .codegen.build import build_gemm
-from .codegen.knobs import (KnobPoint, Pruned, fallback_point, knob_grid, knob_names,
-                            seed_tps_point, tps_point)
+from .codegen.knobs import (KnobPoint, Pruned, cycle_point, fallback_point, knob_grid,
+                            knob_names, seed_tps_point, tps_point)
 from .codegen.plan import PackedGemm, packed_gemm
 from .embedding import Embedding, decode
 from .instructions import gemm
@@ -517,7 +517,10 @@ CPU = "cpu"
 
 # ------------------------------------------------------------------------------------ plan cache
 #: the plan cache's format: bump it when the choice rule changes what a key means
-PLAN_VERSION = 2
+PLAN_VERSION = 3
+
+#: the knob search behind each searching knob policy (the point a plan cache entry keeps)
+_SEARCHES = {"tps": tps_point, "cycles": cycle_point}
 
 
 class PlanCache:
@@ -664,11 +667,11 @@ class CspGemmTemplate(OpTemplate):
                 cache.store({"plan": "cpu", "why": why})
             raise TemplateRefusal(f"{self.strategy}: {why}")
         if cache is not None:
-            point = (tps_point(config, best.packed, op.epilogue)
-                     if options.knobs_for(self.kind, self.strategy, best.workload, config)[0] == "tps"
-                     else None)
+            policy = options.knobs_for(self.kind, self.strategy, best.workload, config)[0]
+            point = (_SEARCHES[policy](config, best.packed, op.epilogue)
+                     if isinstance(policy, str) and policy in _SEARCHES else None)
             cache.store({"plan": "embedding", "why": why, "workload": dataclasses.asdict(best.workload),
-                         "usable": len(usable), "notes": notes,
+                         "usable": len(usable), "notes": notes, "policy": policy if point else None,
                          "knobs": None if point is None else point.knobs})
         return self._plan_of(op, config, best, why, len(usable), notes)
 
@@ -710,8 +713,9 @@ class CspGemmTemplate(OpTemplate):
             return self._stock(op, config, entry["why"], chosen=kind == "stock")
         cw = CspWorkload(**entry["workload"])
         pg = packed_of(cw, config)
-        if entry.get("knobs"):     # the TPS point found when the plan was made: no search again
-            seed_tps_point(config, pg, op.epilogue, entry["knobs"])
+        if entry.get("knobs"):     # the knob point found when the plan was made: no search again
+            seed_tps_point(config, pg, op.epilogue, entry["knobs"],
+                           "cycles" if entry.get("policy") == "cycles" else "bytes")
         cand = Candidate(cw, pg.embedding, pg)
         return self._plan_of(op, config, cand, entry["why"], int(entry["usable"]), list(entry["notes"]))
 
@@ -979,9 +983,11 @@ class CspGemmTemplate(OpTemplate):
         pruned = [(p, grid.why(i)) for p, i in zip(grid.points(bad), bad)]
         tps = tps_point(config, pg, epilogue)
         fb = fallback_point(config, pg, epilogue)
+        fast = cycle_point(config, pg, epilogue)
         return KnobSpace(knob_names(pg), tuple(points), tuple(pruned),
                          dict(tps.knobs) if tps else None,
-                         dict(fb.knobs) if isinstance(fb, KnobPoint) else None)
+                         dict(fb.knobs) if isinstance(fb, KnobPoint) else None,
+                         dict(fast.knobs) if fast else None)
 
 
 def _op_text(cw: CspWorkload) -> str:

@@ -7,10 +7,13 @@
 
 * ``strategy``: a registered strategy (:func:`vta_ext.strategy.registered_strategies`); by default
   :func:`vta_ext.strategy.default_strategy`.
-* ``knobs``: ``"tps"`` (default: the Tiling Parameter Search, fewest DRAM bytes that fit),
-  ``"fallback"`` (the original stack's fallback schedule) or an explicit knob dict, either flat
-  (applied to every operator; each template validates it) or keyed by operator kind
-  (``{"conv2d": {...}, "dense": {...}}``; kinds not named get ``"tps"``).
+* ``knobs``: ``"cycles"`` (default: the point of fewest estimated cycles that fits, ties broken by
+  DRAM bytes, for templates with a cycle estimate of their knob points, the CSP templates; the
+  stock templates build their TPS point for it, see :mod:`vta_ext.templates.knobs`), ``"tps"``
+  (the Tiling Parameter Search, fewest DRAM bytes that fit), ``"fallback"`` (the original stack's
+  fallback schedule) or an explicit knob dict, either flat (applied to every operator; each
+  template validates it) or keyed by operator kind (``{"conv2d": {...}, "dense": {...}}``; kinds
+  not named get ``"cycles"``).
 * ``layout`` (``"NCHW"``, ``"NHWC"`` or ``"auto"``) and ``objective`` (``"end-to-end"``,
   ``"cycles"``, ``"combined"`` or ``"footprint"``): how strategies that choose a data layout and an
   embedding (the CSP strategies of :mod:`tvm_csp_embed`) order the free dimensions and rank their
@@ -34,11 +37,13 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 from .host import PYNQ_Z1, HostModel, host_model
 from .strategy import default_strategy, get_strategy
 
-__all__ = ["BuildOptions", "build_options", "current_options", "KNOB_POLICIES", "LAYOUTS",
+__all__ = ["BuildOptions", "build_options", "current_options", "KNOB_POLICIES", "DEFAULT_KNOBS", "LAYOUTS",
            "OBJECTIVES"]
 
 #: the named knob policies every template understands
-KNOB_POLICIES = ("tps", "fallback")
+KNOB_POLICIES = ("cycles", "tps", "fallback")
+#: the knob policy of a build that names none
+DEFAULT_KNOBS = "cycles"
 #: data layouts of the free dimensions a layout-choosing strategy may use
 LAYOUTS = ("auto", "NCHW", "NHWC")
 #: how a strategy with several candidate embeddings ranks them: VTA cycles plus the host layout
@@ -54,7 +59,7 @@ class BuildOptions:
     """The choices in effect for one ``relax.build`` (see :func:`build_options`)."""
 
     strategy: Optional[str] = None
-    knobs: Knobs = "tps"
+    knobs: Knobs = DEFAULT_KNOBS
     records: Any = None
     layout: str = "auto"
     objective: str = "end-to-end"
@@ -80,7 +85,7 @@ class BuildOptions:
             return knobs, f"{knobs} knobs"
         if knobs and all(isinstance(v, Mapping) for v in knobs.values()):
             if kind not in knobs:
-                return "tps", "tps knobs"
+                return DEFAULT_KNOBS, f"{DEFAULT_KNOBS} knobs"
             return dict(knobs[kind]), "explicit knobs"
         return dict(knobs), "explicit knobs"
 
@@ -101,7 +106,7 @@ class BuildOptions:
         return f"build_options(strategy={self.strategy_name!r}, knobs={self.knobs!r}{extra})"
 
 
-def build_options(strategy: Optional[str] = None, knobs: Knobs = "tps", records: Any = None,
+def build_options(strategy: Optional[str] = None, knobs: Knobs = DEFAULT_KNOBS, records: Any = None,
                   layout: str = "auto", objective: str = "end-to-end",
                   host: Union[None, HostModel, Mapping[str, Any]] = None) -> BuildOptions:
     """Choose the strategy, knobs and tuned records of the ``relax.build`` calls in a ``with``.
@@ -111,7 +116,7 @@ def build_options(strategy: Optional[str] = None, knobs: Knobs = "tps", records:
     strategy : str, optional
         A registered strategy name (``"stock"``, and ``"csp-strict"`` / ``"csp-relaxed"`` once
         :mod:`tvm_csp_embed` is imported). Default: the registered default strategy.
-    knobs : {"tps", "fallback"} or dict
+    knobs : {"cycles", "tps", "fallback"} or dict
         The knob policy, or explicit knob values (flat, or keyed by operator kind).
     records : object, optional
         Tuned records with a ``best_knobs(kind, strategy, workload, config)`` method, e.g.

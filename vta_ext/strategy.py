@@ -144,6 +144,9 @@ class KnobSpace:
         The default point (the Tiling Parameter Search: fewest modelled DRAM bytes that fit).
     fallback : dict or None
         The original stack's point without tuned records (every inner tile 1, one thread).
+    default : dict or None
+        The point the default knob policy (``"cycles"``) builds, where it differs from TPS (the
+        CSP templates: fewest estimated cycles that fit); None means :attr:`tps`.
     """
 
     names: Tuple[str, ...] = ()
@@ -151,6 +154,13 @@ class KnobSpace:
     pruned: Tuple[Tuple[Point, str], ...] = ()
     tps: Optional[Point] = None
     fallback: Optional[Point] = None
+    default: Optional[Point] = None
+
+    @property
+    def seed(self) -> Optional[Point]:
+        """The point a tuner starts from: the default knob policy's point (:attr:`default`, the
+        fewest estimated cycles for the CSP templates), else :attr:`tps`."""
+        return self.default if self.default is not None else self.tps
 
     def __len__(self) -> int:
         return len(self.points)

@@ -1,6 +1,6 @@
 """Compile a packed GEMM (:class:`~.plan.PackedGemm`) with knobs into one VTA program.
 
-:func:`build_gemm` resolves the knobs (``"tps"``, ``"fallback"`` or an explicit dict, see
+:func:`build_gemm` resolves the knobs (``"cycles"``, ``"tps"``, ``"fallback"`` or an explicit dict, see
 :mod:`.knobs`), schedules (:mod:`.schedule`), lowers with :mod:`vta_ext.lower` exactly as the stock
 templates do, and emits the instruction stream into a :class:`vta_ext.runtime.CommandQueue` whose
 DRAM buffers are allocated in the order A, B, output, bias. The result, :class:`CompiledGemm`, has
@@ -17,7 +17,8 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
-from .knobs import KnobPoint, Pruned, check_point, fallback_point, knob_names, tps_point
+from .knobs import (KnobPoint, Pruned, check_point, cycle_point, fallback_point, knob_names,
+                    tps_point)
 from .plan import PackedGemm
 from .schedule import bias_shape, schedule_gemm
 
@@ -40,7 +41,7 @@ def resolve_knobs(cfg, pg: PackedGemm, epilogue, knobs: Any) -> Tuple[Dict[str, 
     Raises
     ------
     vta_ext.templates.errors.Conv2dRefusal
-        If a preset (``"tps"``, ``"fallback"``) finds no point that fits.
+        If a preset (``"cycles"``, ``"tps"``, ``"fallback"``) finds no point that fits.
     vta_ext.templates.errors.KnobError
         For an unknown preset or invalid explicit knobs.
     """
@@ -49,8 +50,8 @@ def resolve_knobs(cfg, pg: PackedGemm, epilogue, knobs: Any) -> Tuple[Dict[str, 
     if knobs is None:
         knobs = "tps"
     if isinstance(knobs, str):
-        if knobs == "tps":
-            best = tps_point(cfg, pg, epilogue)
+        if knobs in ("tps", "cycles"):
+            best = (tps_point if knobs == "tps" else cycle_point)(cfg, pg, epilogue)
             if best is None:
                 fb = fallback_point(cfg, pg, epilogue)
                 raise Conv2dRefusal(f"no tiling of the embedding {pg.embedding.mapping_str()} fits "
@@ -63,12 +64,12 @@ def resolve_knobs(cfg, pg: PackedGemm, epilogue, knobs: Any) -> Tuple[Dict[str, 
                 raise Conv2dRefusal(f"the fallback tiling of {pg.embedding.mapping_str()} does not "
                                     f"fit on {cfg.name!r}: {fb.reason}")
             return dict(fb.knobs), False
-        raise KnobError(f"unknown knobs {knobs!r}; valid names: fallback, tps (or a dict of "
+        raise KnobError(f"unknown knobs {knobs!r}; valid names: cycles, fallback, tps (or a dict of "
                         f"{', '.join(knob_names(pg))})")
     if dataclasses.is_dataclass(knobs):
         knobs = dataclasses.asdict(knobs)
     if not isinstance(knobs, dict):
-        raise KnobError(f"knobs must be 'tps', 'fallback' or a dict of {', '.join(knob_names(pg))}, "
+        raise KnobError(f"knobs must be 'cycles', 'tps', 'fallback' or a dict of {', '.join(knob_names(pg))}, "
                         f"got {type(knobs).__name__}")
     return check_point(pg, knobs), True
 

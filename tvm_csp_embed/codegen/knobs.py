@@ -46,7 +46,7 @@ from .loops import ORDERS, loop_orders, tiled_loops, vt_loops
 from .plan import AXIS_PREFIX, PackedGemm
 
 __all__ = ["KnobPoint", "Pruned", "KnobGrid", "knob_names", "knob_domain", "knob_defaults",
-           "check_point", "evaluate", "enumerate_points", "knob_grid", "search", "tps_point", "seed_tps_point",
+           "check_point", "evaluate", "enumerate_points", "knob_grid", "search", "tps_point", "cycle_point", "seed_tps_point",
            "fallback_point", "BYTE_COUNTERS", "ORDER_KNOB"]
 
 #: the loop-order knob (values: :data:`~.loops.ORDERS`)
@@ -72,6 +72,9 @@ class KnobPoint:
         Micro-ops of the GEMM kernel of one load step.
     insns : int
         Estimated instruction count (tie-breaker only).
+    cycles : int
+        Estimated cycles of the program (:func:`_module_busy`, :func:`_pipeline`): the cycle
+        model's instruction durations summed per module and combined by the schedule's overlap.
     """
 
     knobs: Dict[str, int]
@@ -79,6 +82,7 @@ class KnobPoint:
     sram: Dict[str, int]
     uops: int
     insns: int
+    cycles: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -332,7 +336,73 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
                      and len(a_free) > 2 else 1)
         iters = math.prod(at_res[n][0] for n in orders.outer[:orders.outer.index(orders.resident_at) + 1])
         insns += iters * res_loads - stores * batch * steps * moved
-    return {"sram": sram, "uops": uops, "folded": folded, "bytes": nbytes, "insns": insns}
+    busy = _module_busy(cfg, pg, ep, k, inside, at_res, res, nbytes, stores, batch * steps)
+    return {"sram": sram, "uops": uops, "folded": folded, "bytes": nbytes, "insns": insns,
+            "busy": busy, "cycles": _pipeline(busy, stores, batch * steps, threads)}
+
+
+def _dma_rows(dims, inside):
+    """DRAM rows (the ``y_size`` of the 2-D DMAs, summed over the instructions) of one load of the
+    region ``inside`` selects in ``dims`` (outer to inner): the innermost dims the region covers
+    whole form one contiguous row with the first dim it does not; every dim outside that run
+    multiplies the rows."""
+    rows, inner_whole = 1, True
+    for d in reversed(dims):
+        r = _region(d, inside)
+        rows = rows * np.where(inner_whole, 1, r)
+        inner_whole = inner_whole & (r == d.extent)
+    return rows
+
+
+def _module_busy(cfg, pg: PackedGemm, ep, k, inside, at_res, res, nbytes, stores, steps):
+    """Busy cycles of the program per part, as the cycle model's instruction durations
+    (:func:`vta_ext.sim.cycles.insn_cycles`) sum over the schedule: ``load`` (input and weight
+    loads: issue, a DMA overhead per row, the bytes at ``MEM_BYTES_PER_CYCLE``, a cycle per padding
+    element), ``gemm`` (every GEMM micro-op execution, an issue per load step), ``reset`` (one
+    micro-op per accumulator entry), ``epilogue`` (the ALU passes of
+    :func:`~vta_ext.templates.epilogue.alu_cycles` per accumulator entry and the bias loads, both on
+    the compute module) and ``store``."""
+    from vta_ext.templates.epilogue import alu_count, alu_cycles, has_bias
+
+    issue, dma, bpc = cfg.INSN_ISSUE_CYCLES, cfg.DMA_OVERHEAD_CYCLES, cfg.MEM_BYTES_PER_CYCLE
+    A, B, C = (pg.operands[r] for r in "ABC")
+    load = 0
+    for role, op, counter, elem in (("A", A, "inp_load_nbytes", cfg.inp_elem_bytes),
+                                    ("B", B, "wgt_load_nbytes", cfg.wgt_elem_bytes)):
+        ins = at_res if role == res else inside
+        free = _free_dims(op)
+        loads = math.prod(ins[lp.name][0] for lp in pg.loops)      # load instructions issued
+        box = loads * math.prod(_region(d, ins) for d in free)      # entries incl. DMA padding
+        load = (load + nbytes[counter] / bpc + loads * (issue + dma * _dma_rows(free, ins))
+                + (box - nbytes[counter] // elem))
+    blocks = math.prod(d.extent for d in _free_dims(C))                # accumulator entries
+    ctile = {n: (lp.extent // k[f"tile_{n}"], k[f"tile_{n}"]) for lp in pg.loops
+             for n in [lp.name] if n in pg.c_loops()}
+    store_rows = _dma_rows(_free_dims(C), ctile)
+    return {"load": load,
+            "gemm": pg.embedding.instruction_count * cfg.GEMM_CYCLES_PER_UOP + stores * steps * issue,
+            "reset": blocks * cfg.GEMM_CYCLES_PER_UOP + stores * issue,
+            "epilogue": (blocks * alu_cycles(cfg, ep) + stores * alu_count(cfg, ep) * issue
+                         + (nbytes["acc_load_nbytes"] / bpc + stores * (issue + dma)
+                            if has_bias(ep) else 0)),
+            "store": nbytes["out_store_nbytes"] / bpc + stores * (issue + dma * store_rows)}
+
+
+def _pipeline(busy, stores, steps, threads):
+    """Estimated cycles of the program from the busy cycles of its parts (:func:`_module_busy`).
+
+    One thread runs every instruction after the other (a load waits for the GEMM that frees its
+    buffer, the next reset for the store): the sum. With ``t`` virtual threads, the store points
+    go in groups of ``t``: the resets, then the ``t * steps`` load steps pipelined (one load, then
+    the slower of load and GEMM per step, then the last GEMM) with the epilogues on the compute
+    module, then the last store."""
+    serial = sum(busy.values())
+    t = threads
+    per = stores * steps
+    l, g = busy["load"] / per, busy["gemm"] / per
+    r, e, s = busy["reset"] / stores, busy["epilogue"] / stores, busy["store"] / stores
+    group = t * r + np.maximum(t * steps * l + g + e, l + t * steps * g + t * e) + s
+    return np.where(np.asarray(t) == 1, serial, stores / t * group)
 
 
 def _fit_checks(cfg, m: Mapping[str, Any]) -> List[tuple]:
@@ -372,7 +442,8 @@ def evaluate(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str,
         if violated:
             return Pruned(k, why(_scalar))
     return KnobPoint(k, {c: int(v) for c, v in m["bytes"].items()},
-                     {n: int(v) for n, v in m["sram"].items()}, int(m["uops"]), int(m["insns"]))
+                     {n: int(v) for n, v in m["sram"].items()}, int(m["uops"]), int(m["insns"]),
+                     _cycles_int(m["cycles"]))
 
 
 def enumerate_points(cfg, pg: PackedGemm, epilogue: Sequence[tuple]
@@ -386,9 +457,23 @@ def enumerate_points(cfg, pg: PackedGemm, epilogue: Sequence[tuple]
         yield point, evaluate(cfg, pg, epilogue, point)
 
 
-def _rank(p: KnobPoint) -> Tuple:
+def _cycles_int(c):
+    """Estimated cycles as integers (the rank compares these)."""
+    return np.rint(c).astype(np.int64) if isinstance(c, np.ndarray) else int(round(float(c)))
+
+
+def _rank(p: KnobPoint, objective: str = "bytes") -> Tuple:
+    """The exhaustive search's order of valid points (smallest first) under ``objective``:
+    ``"bytes"`` (TPS) fewest modelled DRAM bytes, then fewest estimated instructions, two threads
+    before one before four, then the enumeration order; ``"cycles"`` fewest estimated cycles first,
+    then the same."""
     threads = math.prod(v for n, v in p.knobs.items() if n.startswith("vt_"))
-    return (p.total_bytes, p.insns, {2: 0, 1: 1}.get(threads, 2), tuple(p.knobs.values()))
+    rank = (p.total_bytes, p.insns, {2: 0, 1: 1}.get(threads, 2), tuple(p.knobs.values()))
+    return rank if objective == "bytes" else (p.cycles,) + rank
+
+
+#: what a knob search minimises (:func:`search`)
+OBJECTIVES = ("bytes", "cycles")
 
 
 # ------------------------------------------------------------------------------------ the search
@@ -410,8 +495,9 @@ class KnobGrid:
         Bool: the point is structurally valid and fits.
     reason : numpy.ndarray
         Index into ``checks`` of the first violated condition (-1 if valid).
-    total_bytes, insns, threads : numpy.ndarray
-        Modelled DRAM bytes (all counters), estimated instructions, virtual threads.
+    total_bytes, insns, threads, cycles : numpy.ndarray
+        Modelled DRAM bytes (all counters), estimated instructions, virtual threads, estimated
+        cycles.
     """
 
     names: Tuple[str, ...]
@@ -421,6 +507,7 @@ class KnobGrid:
     total_bytes: Any
     insns: Any
     threads: Any
+    cycles: Any = None
     checks: Tuple[Any, ...] = dataclasses.field(repr=False, default=())
 
     def __len__(self) -> int:
@@ -473,7 +560,7 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     size = math.prod(shape)
     threads = np.broadcast_to(math.prod([k[f"vt_{n}"] for n in vt_loops(pg)] + [np.int64(1)]),
                               shape).reshape(-1)
-    cols = {"valid": [], "reason": [], "bytes": [], "insns": []}
+    cols = {"valid": [], "reason": [], "bytes": [], "insns": [], "cycles": []}
     checks = []
     for order in dom[ORDER_KNOB]:
         conds = _structural_checks(pg, k, order)
@@ -492,22 +579,27 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
             zeros = np.zeros(size, dtype=np.int64)
             cols["bytes"].append(zeros)
             cols["insns"].append(zeros)
+            cols["cycles"].append(zeros)
         else:
             total = sum(np.broadcast_to(np.asarray(v, dtype=np.int64), shape) for v in m["bytes"].values())
             cols["bytes"].append(np.asarray(total, dtype=np.int64).reshape(-1))
             cols["insns"].append(np.broadcast_to(np.asarray(m["insns"], dtype=np.int64), shape).reshape(-1))
+            cols["cycles"].append(np.broadcast_to(_cycles_int(np.asarray(m["cycles"], dtype=np.float64)),
+                                                  shape).reshape(-1))
     # ``order`` as the last (fastest) axis: the flat index is the enumeration order
     stack = {key: np.stack(v, axis=-1).reshape(-1) for key, v in cols.items()}
     return KnobGrid(tuple(names), tuple(tuple(dom[n]) for n in names), stack["valid"],
                     stack["reason"], stack["bytes"], stack["insns"],
-                    np.repeat(threads, len(dom[ORDER_KNOB])), tuple(checks))
+                    np.repeat(threads, len(dom[ORDER_KNOB])), stack["cycles"], tuple(checks))
 
 
 def search(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
-           fixed: Optional[Mapping[str, int]] = None) -> Optional[KnobPoint]:
-    """The TPS point (:func:`_rank`: fewest modelled DRAM bytes, then fewest estimated
-    instructions, two threads before one before four, then the enumeration order) from
+           fixed: Optional[Mapping[str, int]] = None, objective: str = "bytes") -> Optional[KnobPoint]:
+    """The best valid point by :func:`_rank` under ``objective`` (``"bytes"``: the TPS point,
+    fewest modelled DRAM bytes; ``"cycles"``: fewest estimated cycles, ties by bytes) from
     :func:`knob_grid`, or None if no point fits; equal to the best of :func:`enumerate_points`."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown knob search objective {objective!r}; use one of {OBJECTIVES}")
     dom = knob_domain(pg)
     if any(n not in dom or v not in dom[n] for n, v in (fixed or {}).items()):
         return None                 # no point of the domain has these values
@@ -516,19 +608,24 @@ def search(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     if not idx.size:
         return None
     thr = np.where(grid.threads[idx] == 2, 0, np.where(grid.threads[idx] == 1, 1, 2))
-    best = idx[np.lexsort((idx, thr, grid.insns[idx], grid.total_bytes[idx]))[0]]
+    keys = (idx, thr, grid.insns[idx], grid.total_bytes[idx])
+    if objective == "cycles":
+        keys += (grid.cycles[idx],)
+    best = idx[np.lexsort(keys)[0]]
     res = evaluate(cfg, pg, epilogue, grid.point(best))
     assert isinstance(res, KnobPoint), res       # the grid and the point model are one model
     return res
 
 
-def _tps_key(cfg, epilogue: Sequence[tuple], fixed: Mapping[str, int]) -> tuple:
-    """The memo key of a TPS search: it is deterministic in (program, configuration value,
-    epilogue, fixed knobs)."""
+def _tps_key(cfg, epilogue: Sequence[tuple], fixed: Mapping[str, int], objective: str = "bytes"
+             ) -> tuple:
+    """The memo key of a knob search: it is deterministic in (program, configuration value,
+    epilogue, fixed knobs, objective)."""
     from vta_ext.executor import config_digest
     from vta_ext.templates.epilogue import normalize_epilogue
 
-    return ("tps", config_digest(cfg), repr(normalize_epilogue(epilogue)), tuple(sorted(fixed.items())))
+    return ("tps" if objective == "bytes" else objective, config_digest(cfg),
+            repr(normalize_epilogue(epilogue)), tuple(sorted(fixed.items())))
 
 
 def tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
@@ -536,6 +633,18 @@ def tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     """The Tiling Parameter Search point (fewest modelled DRAM bytes that fit), or None if no
     point fits. ``fixed`` restricts the search to the points with these knob values (e.g.
     ``{"order": 0}``: the stock loop order only); it is applied before any point is evaluated."""
+
+    return _searched(cfg, pg, epilogue, fixed, "bytes")
+
+
+def cycle_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
+                fixed: Optional[Mapping[str, int]] = None) -> Optional[KnobPoint]:
+    """The point of fewest estimated cycles that fits (ties: fewer modelled DRAM bytes, then the
+    TPS order), or None if no point fits; ``fixed`` as for :func:`tps_point`."""
+    return _searched(cfg, pg, epilogue, fixed, "cycles")
+
+
+def _searched(cfg, pg: PackedGemm, epilogue, fixed, objective: str) -> Optional[KnobPoint]:
     from vta_ext.timing import phase
 
     fixed = dict(fixed or {})
@@ -543,15 +652,17 @@ def tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     # searched once per key, as the chooser, the build and the tuner's knob space each ask for it
     def timed():
         with phase("knob search"):
-            return search(cfg, pg, epilogue, fixed)
-    best = pg.memo(_tps_key(cfg, epilogue, fixed), timed)
+            return search(cfg, pg, epilogue, fixed, objective)
+    best = pg.memo(_tps_key(cfg, epilogue, fixed, objective), timed)
     return None if best is None else dataclasses.replace(best, knobs=dict(best.knobs))
 
 
-def seed_tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str, int]) -> bool:
-    """Record ``knobs`` (a TPS point found earlier, e.g. kept in the plan cache) as the TPS point
-    of ``pg``, so that :func:`tps_point` does not search. The point is validated and modelled
-    again; False (nothing recorded) if it is not a valid point of this program."""
+def seed_tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str, int],
+                   objective: str = "bytes") -> bool:
+    """Record ``knobs`` (a point found earlier, e.g. kept in the plan cache) as the search result
+    of ``pg`` under ``objective`` (``"bytes"``: :func:`tps_point`, ``"cycles"``:
+    :func:`cycle_point`), so that it does not search. The point is validated and modelled again;
+    False (nothing recorded) if it is not a valid point of this program."""
     from vta_ext.templates.errors import KnobError
 
     try:
@@ -561,7 +672,7 @@ def seed_tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mappin
     res = evaluate(cfg, pg, epilogue, point)
     if not isinstance(res, KnobPoint):
         return False
-    pg.memo(_tps_key(cfg, epilogue, {}), lambda: res)
+    pg.memo(_tps_key(cfg, epilogue, {}, objective), lambda: res)
     return True
 
 

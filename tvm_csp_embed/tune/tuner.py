@@ -321,7 +321,7 @@ class XGBTuner(Tuner):
             return []
         if self._model is None:
             chosen: List[int] = []
-            tps = self.index_of(self.space.tps) if self.space.tps is not None else None
+            tps = self.index_of(self.space.seed) if self.space.seed is not None else None
             if tps is not None and tps not in self.visited:
                 chosen.append(tps)
             rest = [i for i in free if i not in chosen]
@@ -391,9 +391,9 @@ class NeighbourhoodTuner(Tuner):
     """Hill-climbing grid search over a pruned subset: the valid points near the best one.
 
     The search starts from a centre: the best point already measured (resumed from a
-    ``log_to_file`` callback's records) or, if there is none, the TPS point
-    (``task.knob_space.tps``; the fallback point, then the first valid point, if the TPS point is
-    not a valid point). It measures every valid, not yet measured point within Hamming distance
+    ``log_to_file`` callback's records) or, if there is none, the default point
+    (``task.knob_space.seed``: the default knob policy's point; the TPS point, the fallback point,
+    then the first valid point, if that is not a valid point). It measures every valid, not yet measured point within Hamming distance
     ``radius`` of the centre (the number of knobs whose values differ), in index order. When that
     neighbourhood is exhausted and the best point is better than the centre, it re-centres on the
     best point and goes on, at most ``rounds`` times. Tuning stops at a local optimum (no valid
@@ -471,7 +471,7 @@ class NeighbourhoodTuner(Tuner):
     def _start(self) -> int:
         if self.best_index is not None:
             return self.best_index
-        for point in (self.space.tps, self.space.fallback):
+        for point in (self.space.seed, self.space.tps, self.space.fallback):
             index = None if point is None else self.index_of(point)
             if index is not None:
                 return index

@@ -48,7 +48,7 @@ from .errors import EpilogueError, EpilogueRefusal
 
 __all__ = ["Stage", "Epilogue", "EPILOGUE_ORIGINAL", "EPILOGUE_PIPELINE", "STAGE_ARITY",
            "MAX_SHIFT", "VECTOR_STAGES", "normalize_epilogue", "has_bias", "has_multiplier",
-           "vector_stages", "alu_ops", "alu_count", "te_stage", "emit_epilogue", "epilogue_range",
+           "vector_stages", "alu_ops", "alu_count", "alu_cycles", "te_stage", "emit_epilogue", "epilogue_range",
            "has_multiply", "fit_immediates"]
 
 Stage = Tuple[Any, ...]
@@ -161,6 +161,14 @@ def alu_ops(cfg: VTAConfig, stage: Stage) -> List[Tuple[AluOp, int]]:
 def alu_count(cfg: VTAConfig, epilogue: Epilogue) -> int:
     """ALU instructions the epilogue costs per tile (a vector ADD / MUL counted as one)."""
     return sum(1 if st[0] in VECTOR_STAGES else len(alu_ops(cfg, st)) for st in epilogue)
+
+
+def alu_cycles(cfg: VTAConfig, epilogue: Epilogue) -> int:
+    """ALU cycles the epilogue costs per accumulator entry: every instruction of
+    :func:`alu_count` at its cycles per micro-op (a vector stage ``ALU_CYCLES_PER_UOP_VEC``, an
+    immediate one ``ALU_CYCLES_PER_UOP_IMM``), as the cycle model times them."""
+    return sum(cfg.ALU_CYCLES_PER_UOP_VEC if st[0] in VECTOR_STAGES
+               else cfg.ALU_CYCLES_PER_UOP_IMM * len(alu_ops(cfg, st)) for st in epilogue)
 
 
 def te_stage(stage: Stage, value, bias_value=None):

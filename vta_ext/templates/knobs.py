@@ -4,6 +4,10 @@ Every template's ``build_<op>(cfg, workload, epilogue=(), knobs=None)`` takes ``
 
 * ``None`` or ``"tps"`` -- the template's default point (for the GEMM templates the Tiling
   Parameter Search, :func:`vta_ext.templates.tiling.tps_knobs`);
+* ``"cycles"`` -- the default knob policy of a build (:mod:`vta_ext.options`): a template with a
+  cycle estimate of its knob points (the CSP templates) builds its point of fewest estimated
+  cycles; the stock templates have none and build their ``"tps"`` point, as the original stack
+  does (the baseline stays the original's);
 * ``"fallback"`` -- the original stack's schedule without tuned records (GEMM templates: every
   inner tile 1, one thread, :func:`vta_ext.templates.tiling.fallback_knobs`);
 * the template's knob dataclass (:class:`Conv2dKnobs`, :class:`DenseKnobs`, ``PoolKnobs``, ...);
@@ -111,7 +115,7 @@ def knobs_from(knobs: Any, knob_type: Type[K], presets: Mapping[str, Callable[[]
         For an unknown preset name (the message lists the valid ones), a dict with fields the
         dataclass does not have (the message lists its fields), or any other type.
     """
-    if knobs is None:
+    if knobs is None or (knobs == "cycles" and "cycles" not in presets):
         knobs = "tps"
     if isinstance(knobs, knob_type):
         return knobs
