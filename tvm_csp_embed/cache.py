@@ -19,7 +19,8 @@ import hashlib
 import json
 import os
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -122,6 +123,16 @@ def cached_embeddings(wl: Workload, instr: InstructionGraph, mode: str = "relaxe
         If MiniZinc itself fails (not cached).
     """
     key = cache_key(wl, instr, mode, solutions, max_cost)
+    pending = _INFLIGHT.get(key) if use_cache else None
+    if pending is not None:     # solving in the background pool (solve_concurrently): wait for it
+        with phase("solve"):
+            pending.result()
+    return _cached_or_solved(key, wl, instr, mode, solutions, timeout, cfg, max_cost, use_cache)
+
+
+def _cached_or_solved(key: str, wl: Workload, instr: InstructionGraph, mode: str, solutions: int,
+                      timeout: float, cfg: Any, max_cost: Optional[int], use_cache: bool
+                      ) -> CachedSolve:
     path = cache_dir() / f"{key}.json"
     if use_cache and path.exists():
         try:
@@ -177,33 +188,59 @@ def solver_pool_size() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def solve_concurrently(requests: Sequence[SolveRequest], workers: Optional[int] = None) -> int:
-    """Solve the distinct requests that the disk cache does not hold yet, ``workers`` MiniZinc
-    processes at a time (default :func:`solver_pool_size`), and store the outcomes. A request that
-    fails is left for the caller's own :func:`cached_embeddings` call to report.
+#: solves running or queued in the background pool, by cache key (:func:`solve_concurrently`)
+_INFLIGHT: Dict[str, Future] = {}
+_POOL: Dict[int, ThreadPoolExecutor] = {}
+_POOL_LOCK = threading.Lock()
 
-    Returns the number of solves run.
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The process-wide pool of ``workers`` solver threads (each runs one MiniZinc process)."""
+    with _POOL_LOCK:
+        if workers not in _POOL:
+            _POOL[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="minizinc")
+        return _POOL[workers]
+
+
+def solve_concurrently(requests: Sequence[SolveRequest], workers: Optional[int] = None,
+                       wait: bool = True) -> int:
+    """Solve the distinct requests that the disk cache does not hold yet (and that no earlier call
+    is solving), ``workers`` MiniZinc processes at a time (default :func:`solver_pool_size`), in
+    the order given, and store the outcomes. A request that fails is left for the caller's own
+    :func:`cached_embeddings` call to report.
+
+    With ``wait=False`` the solves run in the background: a :func:`cached_embeddings` call for one
+    of them waits for that solve only, so the caller can work on the operators whose solves are
+    done while the others run (a build plans its first operator as soon as its layouts are solved).
+
+    Returns the number of solves started.
     """
     todo: Dict[str, SolveRequest] = {}
     for r in requests:
-        if r.key not in todo and not (cache_dir() / f"{r.key}.json").exists():
+        if (r.key not in todo and r.key not in _INFLIGHT
+                and not (cache_dir() / f"{r.key}.json").exists()):
             todo[r.key] = r
     if not todo:
         return 0
 
     def one(r: SolveRequest) -> None:
         try:
-            cached_embeddings(r.wl, r.instr, r.mode, solutions=r.solutions, timeout=r.timeout,
-                              cfg=r.cfg, max_cost=r.max_cost)
+            _cached_or_solved(r.key, r.wl, r.instr, r.mode, r.solutions, r.timeout, r.cfg,
+                              r.max_cost, True)
         except Exception:  # noqa: BLE001 -- reported by the caller's own call, in context
             pass
-    n = min(workers or solver_pool_size(), len(todo))
-    if n == 1:
-        for r in todo.values():
-            one(r)
-    else:
-        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="minizinc") as pool:
-            list(pool.map(one, todo.values()))
+    pool = _pool(workers or solver_pool_size())
+    futures = []
+    for key, r in todo.items():
+        fut = pool.submit(one, r)
+        _INFLIGHT[key] = fut
+        fut.add_done_callback(lambda _f, key=key: _INFLIGHT.pop(key, None))
+        if fut.done():                       # finished before it was registered
+            _INFLIGHT.pop(key, None)
+        futures.append(fut)
+    if wait:
+        for fut in futures:
+            fut.result()
     return len(todo)
 
 

@@ -676,9 +676,10 @@ class CspGemmTemplate(OpTemplate):
         return self._plan_of(op, config, best, why, len(usable), notes)
 
     def prefetch(self, ops: Sequence[MatchedOp], config) -> None:
-        """Solve the distinct workloads of ``ops`` (every candidate layout) concurrently, as a
-        bounded pool of MiniZinc processes (:func:`~tvm_csp_embed.cache.solve_concurrently`), so
-        that :meth:`plan` finds them on disk."""
+        """Start solving the distinct workloads of ``ops`` (every candidate layout) concurrently,
+        in the order of ``ops``, as a bounded pool of MiniZinc processes in the background
+        (:func:`~tvm_csp_embed.cache.solve_concurrently`): :meth:`plan` waits only for its own
+        operator's solves, so planning the first operators overlaps solving the later ones."""
         from vta_ext.options import current_options
 
         options = current_options()
@@ -691,7 +692,7 @@ class CspGemmTemplate(OpTemplate):
                     requests.append(solve_request(config, cw))
             except Exception:  # noqa: BLE001 -- plan() meets the same error and reports it
                 continue
-        solve_concurrently(requests)
+        solve_concurrently(requests, wait=False)
 
     def _plan_cache(self, config, base: CspWorkload, layouts, op: MatchedOp, options, contender
                     ) -> Optional[PlanCache]:
