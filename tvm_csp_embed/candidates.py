@@ -1,0 +1,315 @@
+"""The candidates of an operator under a CSP strategy: the operator as a :class:`CspWorkload` in
+each candidate layout of its free dims (and, under ``csp-relaxed``, the fused conv2d variants), the
+solver's embeddings of the GEMM into each (:func:`candidates`, through the disk cache), each as a
+packed GEMM program (:func:`packed_of`) with its static figures (:class:`Candidate`).
+
+Choosing among them is :mod:`.choice`; the template that plans and builds an operator is
+:mod:`.strategy`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from vta_ext.errors import TemplateRefusal
+from vta_ext.strategy import MatchedOp
+
+from .cache import SolveRequest, cached_embeddings
+from .codegen.knobs import KnobPoint, Pruned, fallback_point, tps_point
+from .codegen.plan import PackedGemm, packed_gemm
+from .embedding import Embedding, decode
+from .instructions import gemm
+from .operators import OPERATOR_KINDS, mapping_extents
+from .operators import operator_workload as _new_operator_workload
+from .solve import RawSolution, padding_cost
+from .workload import FUSED_CONV_VARIANTS, conv2d, conv2d_fused, dense, group_conv2d
+
+__all__ = ["MODES", "STRATEGY_NAMES", "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "CONV_LAYOUTS",
+           "CspWorkload", "Candidate", "operator_workload", "fused_variants", "packed_of",
+           "stock_mapping_cost", "solve_request", "candidates"]
+
+#: strategy name -> constraint set of the solver
+MODES = {"csp-strict": "strict", "csp-relaxed": "relaxed"}
+STRATEGY_NAMES = tuple(MODES)
+#: embeddings the solver returns per layer and layout
+DEFAULT_SOLUTIONS = 4
+#: seconds the solver may take per layer and layout
+DEFAULT_TIMEOUT = 30.0
+#: the layouts of a conv2d's free dims, with the permutations from NCHW/OIHW (``permute_dims`` axes)
+CONV_LAYOUTS = {"NCHW": {"data": (0, 1, 2, 3), "weight": (0, 1, 2, 3), "out": (0, 1, 2, 3)},
+                "NHWC": {"data": (0, 2, 3, 1), "weight": (2, 3, 1, 0), "out": (0, 2, 3, 1)}}
+
+
+
+
+def _tuples(v):
+    return tuple(_tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+@dataclass(frozen=True)
+class CspWorkload:
+    """What a compiled CSP operator is rebuilt from: the operator and the embedding's structure.
+
+    Attributes
+    ----------
+    op : str
+        ``"conv2d"``, ``"group_conv2d"`` or ``"dense"``.
+    params : tuple of (str, int)
+        Operator parameters (conv2d: ``n c h w k kh kw pt pl pb pr sh sw``, plus ``g`` for a group
+        conv2d; dense: ``n k m``).
+    layout : str
+        Layout of the free dims (``"NCHW"`` or ``"NHWC"``; dense: ``"NCHW"``).
+    mode : str
+        Constraint set (``"strict"`` or ``"relaxed"``).
+    binding, bit_dims, bit_steps, pad
+        The solver's structural solution (:class:`~tvm_csp_embed.solve.RawSolution`).
+    stock : tuple of (str, int)
+        Non-empty when the operator fell back to the stock template: its workload's fields.
+    """
+
+    op: str
+    params: Tuple[Tuple[str, int], ...]
+    layout: str = "NCHW"
+    mode: str = "relaxed"
+    binding: int = 1
+    bit_dims: Tuple[int, ...] = ()
+    bit_steps: Tuple[int, ...] = ()
+    pad: Tuple[int, ...] = ()
+    stock: Tuple[Tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _tuples(getattr(self, f.name)))
+
+    @property
+    def p(self) -> Dict[str, int]:
+        """The operator parameters as a dict."""
+        return dict(self.params)
+
+
+# ------------------------------------------------------------------------------------ operators
+def _shape(expr) -> Tuple[int, ...]:
+    return tuple(int(d) for d in expr.ty.shape)
+
+
+def _conv_params(op: MatchedOp) -> Tuple[Tuple[str, int], ...]:
+    a = op.core.attrs
+    if any(int(d) != 1 for d in a.dilation):
+        raise TemplateRefusal(f"dilation {tuple(int(d) for d in a.dilation)} is not supported by "
+                              "the CSP conv2d workload")
+    n, c, h, w = _shape(op.operands[0])
+    k, _, kh, kw = _shape(op.operands[1])
+    pt, pl, pb, pr = (int(v) for v in a.padding)
+    params = (("n", n), ("c", c), ("h", h), ("w", w), ("k", k), ("kh", kh), ("kw", kw), ("pt", pt),
+              ("pl", pl), ("pb", pb), ("pr", pr), ("sh", int(a.strides[0])), ("sw", int(a.strides[1])))
+    groups = int(a.groups)
+    return params + ((("g", groups),) if groups > 1 else ())
+
+
+def operator_workload(cw: CspWorkload):
+    """``(workload, operator shapes, source steps, input pads)`` of ``cw``'s operator in its layout
+    (the arguments of :func:`~tvm_csp_embed.codegen.plan.packed_gemm`)."""
+    if cw.op in OPERATOR_KINDS:  # batched matmul, conv1d, dilated conv2d: tvm_csp_embed.operators
+        return _new_operator_workload(cw)
+    p = cw.p
+    if cw.op in ("conv2d", "group_conv2d"):
+        n, c, k, g = p["n"], p["c"], p["k"], p.get("g", 1)
+        h, w = p["h"] + p["pt"] + p["pb"], p["w"] + p["pl"] + p["pr"]
+        name = f"{cw.op}_{cw.layout}_" + "_".join(f"{key}{v}" for key, v in cw.params)
+        if cw.op == "conv2d" and cw.layout in FUSED_CONV_VARIANTS:
+            return _fused_conv(cw, name)
+        if cw.op == "conv2d":
+            wl = conv2d(n, c, h, w, k, p["kh"], p["kw"], stride=(p["sh"], p["sw"]), layout=cw.layout,
+                        name=name)
+            steps = CONV_LAYOUTS[cw.layout]
+        else:
+            wl = group_conv2d(n, c, h, w, k, p["kh"], p["kw"], g, stride=(p["sh"], p["sw"]),
+                              layout=cw.layout, name=name)
+            steps = _group_steps(cw)
+        oh = (h - p["kh"]) // p["sh"] + 1
+        ow = (w - p["kw"]) // p["sw"] + 1
+        shapes = {"data": (n, c, p["h"], p["w"]), "weight": (k, c // g, p["kh"], p["kw"]),
+                  "out": (n, k, oh, ow)}
+        dpad = {"n": (0, 0), "g": (0, 0), "c": (0, 0), "h": (p["pt"], p["pb"]), "w": (p["pl"], p["pr"])}
+        pads = {"data": tuple(dpad[d] for d in wl.inputs[0].dim_names)}
+        return wl, shapes, steps, pads
+    if cw.op == "dense":
+        wl = dense(p["n"], p["k"], p["m"], name=f"dense_n{p['n']}_k{p['k']}_m{p['m']}")
+        return wl, {"data": (p["n"], p["k"]), "weight": (p["m"], p["k"]), "out": (p["n"], p["m"])}, {}, {}
+    raise ValueError(f"no CSP workload for operator {cw.op!r}")
+
+
+def _fused_conv(cw: CspWorkload, name: str):
+    """:func:`operator_workload` of a conv2d in a fused-reduction variant
+    (:func:`~tvm_csp_embed.workload.conv2d_fused`): the source steps pad the input and unfold it
+    (stencil-unroll the columns, and for ``fused-crs`` the rows, then fuse the reduction dims);
+    the weights are a reshape of the OIHW filter."""
+    p = cw.p
+    n, c, k, R, S, sh, sw = p["n"], p["c"], p["k"], p["kh"], p["kw"], p["sh"], p["sw"]
+    h, w = p["h"] + p["pt"] + p["pb"], p["w"] + p["pl"] + p["pr"]
+    wl = conv2d_fused(n, c, h, w, k, R, S, stride=(sh, sw), variant=cw.layout, name=name)
+    oh, ow = (h - R) // sh + 1, (w - S) // sw + 1
+    pad = ("pad", ((0, 0), (0, 0), (p["pt"], p["pb"]), (p["pl"], p["pr"])))
+    cols = ("unroll", 3, (ow, S), (sw, 1), 0)           # (n, c, h, w) -> (n, c, h, ow, S)
+    if cw.layout == "fused-rs":
+        data = (pad, cols, ("permute", (0, 1, 3, 2, 4)), ("reshape", (n, c, ow, h * S)))
+        weight = (("reshape", (k, c, R * S)),)
+    else:
+        rows = ("unroll", 2, (oh, R), (sh, 1), 0)       # -> (n, c, oh, R, ow, S)
+        data = (pad, rows, ("unroll", 4, (ow, S), (sw, 1), 0), ("permute", (0, 2, 4, 1, 3, 5)),
+                ("reshape", (n, oh, ow, c * R * S)))
+        weight = (("reshape", (k, c * R * S)),)
+    shapes = {"data": (n, c, p["h"], p["w"]), "weight": (k, c, R, S), "out": (n, k, oh, ow)}
+    return wl, shapes, {"data": data, "weight": weight}, {}
+
+
+def fused_variants(cw: CspWorkload, config) -> List[str]:
+    """The fused-reduction variants (:data:`~tvm_csp_embed.workload.FUSED_CONV_VARIANTS`) offered
+    for ``cw``'s conv2d: those whose fused reduction, padded to the GEMM's reduction block, is
+    smaller than the stock mapping's (input channels padded to the block, times the filter); of
+    two equal ones the first (``fused-rs`` copies less input)."""
+    if cw.op != "conv2d":
+        return []
+    p = cw.p
+    c, rs, blk = p["c"], p["kh"] * p["kw"], config.BLOCK_IN
+    volume = {"fused-rs": c * -(-rs // blk) * blk, "fused-crs": -(-(c * rs) // blk) * blk}
+    best = -(-c // blk) * blk * rs
+    out = []
+    for v in FUSED_CONV_VARIANTS:
+        if volume[v] < best:
+            out.append(v)
+            best = volume[v]
+    return out
+
+
+def _group_steps(cw: CspWorkload) -> Dict[str, tuple]:
+    """Source steps of a group conv2d: NCHW/OIHW channels split into (group, channel)."""
+    p = cw.p
+    n, g = p["n"], p["g"]
+    cg, kg = p["c"] // g, p["k"] // g
+    oh = (p["h"] + p["pt"] + p["pb"] - p["kh"]) // p["sh"] + 1
+    ow = (p["w"] + p["pl"] + p["pr"] - p["kw"]) // p["sw"] + 1
+    wsplit = ("reshape", (g, kg, cg, p["kh"], p["kw"]))
+    if cw.layout == "NCHW":
+        return {"data": (("reshape", (n, g, cg, p["h"], p["w"])),), "weight": (wsplit,),
+                "out": (("reshape", (n, g, kg, oh, ow)),)}
+    return {"data": (("permute", (0, 2, 3, 1)), ("reshape", (n, p["h"], p["w"], g, cg))),
+            "weight": (wsplit, ("permute", (3, 4, 0, 2, 1))),
+            "out": (("permute", (0, 2, 3, 1)), ("reshape", (n, oh, ow, g, kg)))}
+
+
+@functools.lru_cache(maxsize=256)
+def _packed(cw: CspWorkload, instr_sizes: Tuple[int, int, int]) -> PackedGemm:
+    wl, shapes, perms, pads = operator_workload(cw)
+    raw = RawSolution(cw.binding, cw.bit_dims, cw.bit_steps, cw.pad, 0, True, [], {})
+    emb = decode(raw, wl, gemm(instr_sizes), cw.mode)
+    return packed_gemm(emb, shapes, perms, pads)
+
+
+def packed_of(cw: CspWorkload, config) -> PackedGemm:
+    """The packed GEMM program of ``cw`` on ``config`` (cached)."""
+    return _packed(cw, (config.BATCH, config.BLOCK_IN, config.BLOCK_OUT))
+
+
+def _record(base: CspWorkload, layout: str, emb: Embedding) -> CspWorkload:
+    r = emb.raw
+    return dataclasses.replace(base, layout=layout, mode=emb.mode, binding=r.binding,
+                               bit_dims=tuple(r.bit_dims), bit_steps=tuple(r.bit_steps), pad=tuple(r.pad))
+
+
+# ------------------------------------------------------------------------------------ candidates
+@dataclass
+class Candidate:
+    """One embedding considered for an operator, with its figures."""
+
+    workload: CspWorkload
+    embedding: Embedding
+    packed: PackedGemm
+    estimate: float = math.inf
+    cycles: Optional[int] = None
+    host_seconds: Optional[float] = None
+    host_bytes: int = 0
+    footprint: int = 0
+    refused: str = ""
+
+    @property
+    def label(self) -> str:
+        e = self.embedding
+        return (f"{self.workload.layout} {e.mapping_str()} (A<-{e.binding['A']}"
+                + (f", pad {' '.join(f'{d}+{v}' for d, v in e.padding.items())}" if e.padding else "")
+                + ")")
+
+
+def stock_mapping_cost(cw: CspWorkload, config) -> int:
+    """The solver's cost of the stock mapping (x = batch, y = output channels, z = input channels,
+    each padded to its block): the bound of the candidates, since the stock template is always
+    there to fall back to."""
+    if cw.op in OPERATOR_KINDS:
+        return sum(padding_cost(x, -(-x // b) * b - x) for x, b in
+                   zip(mapping_extents(cw), (config.BATCH, config.BLOCK_OUT, config.BLOCK_IN)))
+    p = cw.p
+    g = p.get("g", 1)
+    dims = ((p["n"], config.BATCH), (p["k"] // g, config.BLOCK_OUT), (p["c"] // g, config.BLOCK_IN)) \
+        if cw.op != "dense" else ((p["n"], config.BATCH), (p["m"], config.BLOCK_OUT),
+                                  (p["k"], config.BLOCK_IN))
+    return sum(padding_cost(x, -(-x // b) * b - x) for x, b in dims)
+
+
+def _footprint(pg: PackedGemm) -> int:
+    ops = pg.operands
+    return sum(math.prod(ops[r].stored_shape) for r in "ABC")
+
+
+def _estimate(config, pg: PackedGemm, point: KnobPoint) -> float:
+    """Static cycles: GEMM micro-op cycles plus modelled DRAM bytes at the memory bandwidth."""
+    return (pg.embedding.instruction_count * config.GEMM_CYCLES_PER_UOP
+            + point.total_bytes / config.MEM_BYTES_PER_CYCLE)
+
+
+def solve_request(config, cw: CspWorkload, solutions: Optional[int] = None,
+                  timeout: Optional[float] = None) -> SolveRequest:
+    """The solve behind ``cw``'s operator in ``cw``'s layout and constraint set: its workload, the
+    configuration's GEMM, and the stock mapping's cost as the bound (``solutions`` and
+    ``timeout`` default to :data:`DEFAULT_SOLUTIONS` and :data:`DEFAULT_TIMEOUT` as they are now)."""
+    solutions = DEFAULT_SOLUTIONS if solutions is None else solutions
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    return SolveRequest(operator_workload(cw)[0], gemm((config.BATCH, config.BLOCK_IN, config.BLOCK_OUT)),
+                        cw.mode, solutions, timeout, stock_mapping_cost(cw, config), config)
+
+
+def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epilogue,
+               solutions: int = DEFAULT_SOLUTIONS, timeout: float = DEFAULT_TIMEOUT,
+               statuses: Optional[Dict[str, str]] = None) -> Tuple[List[Candidate], List[str]]:
+    """The embeddings of ``base``'s operator in each layout, with their static figures.
+
+    Returns the candidates (best first by the solver within a layout) and the solver messages of
+    layouts without an embedding. ``statuses``, if given, receives the solver's status per layout
+    (``"ok"``, ``"infeasible"`` or ``"timeout"``).
+    """
+    out, notes = [], []
+    for layout in layouts:
+        cw0 = dataclasses.replace(base, layout=layout, mode=mode)
+        req = solve_request(config, cw0, solutions, timeout)
+        res = cached_embeddings(req.wl, req.instr, mode, solutions=solutions, timeout=timeout,
+                                cfg=config, max_cost=req.max_cost)
+        if statuses is not None:
+            statuses[layout] = res.status
+        if res.status != "ok":
+            notes.append(f"{layout}: {res.message}")
+            continue
+        for emb in res.embeddings:
+            cw = _record(cw0, layout, emb)
+            pg = packed_of(cw, config)
+            cand = Candidate(cw, emb, pg, footprint=_footprint(pg))
+            point = tps_point(config, pg, epilogue)
+            if point is None:
+                fb = fallback_point(config, pg, epilogue)
+                cand.refused = f"no tiling fits: {fb.reason if isinstance(fb, Pruned) else fb}"
+            else:
+                cand.estimate = _estimate(config, pg, point)
+            out.append(cand)
+    return out, notes
+

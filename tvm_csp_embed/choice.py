@@ -1,0 +1,393 @@
+"""Choosing among an operator's candidates (:mod:`.candidates`) by the build's objective.
+
+:func:`choose` times the best candidates by their static estimate on the cycle model (at most
+:data:`CYCLE_RANKED`, within :data:`RANK_FACTOR` of the best estimate), scores them by
+``build_options(objective=...)`` (VTA cycles, plus the host layout traffic priced by the host model
+for ``end-to-end``, or the measured host relayout time for ``combined``; ``footprint`` takes the
+smallest packed tensors), compares the stock template's own plan (:func:`time_stock`) and, where
+the stock template refuses the operator, leaving it on the CPU; :func:`agree` prefers a plan within
+:data:`AGREEMENT_SLACK` that hands its tensors over to the neighbouring VTA operators. The choice and
+the sentence saying why are cached on disk (``choices/``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple
+
+from vta_ext.errors import TemplateRefusal
+from vta_ext.strategy import MatchedOp, OpPlan, get_template
+
+from .cache import _write, cache_dir
+from .candidates import DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape
+from .codegen.plan import PackedGemm
+
+__all__ = ["CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK", "STOCK", "CPU",
+           "choose", "agree", "time_stock", "stock_refuses", "objective_key", "plan_host_bytes",
+           "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
+           "stock_host_relayout_seconds"]
+
+#: candidates built and timed by the cycle model: at most this many, best static estimate first,
+#: and only those within RANK_FACTOR of the best estimate
+CYCLE_RANKED = 8
+RANK_FACTOR = 4.0
+#: the constraint sets whose choice (objective cycles or combined) also times the stock template's
+#: plan and keeps it when it is at least as fast. ``strict`` is the stock mapping family itself (its
+#: NCHW program equals stock's), so only ``relaxed`` compares.
+STOCK_COMPARED = ("relaxed",)
+#: layout agreement: for an operator whose input is a previous VTA operator's packed output, a
+#: plan (embedding or the stock plan) that takes that tensor over and leaves its output in the
+#: stock blocked arrangement of the neighbouring VTA operators is preferred to a faster one that
+#: needs a host unpack/pack on either side, if its score is within this fraction of the fastest
+AGREEMENT_SLACK = 0.02
+#: what :func:`choose` returns when the stock template wins
+STOCK = "stock"
+
+
+def host_relayout_seconds(pg: PackedGemm, repeats: int = 5) -> float:
+    """Median wall time of the host relayout that runs per inference: packing the activation and
+    unpacking the output (constant weights are relayouted at build time)."""
+    from .hosttime import relayout_seconds
+
+    data = pg.embedding.workload.inputs[0].name
+    act = next(pg.operands[r] for r in "AB" if pg.operands[r].tensor == data)
+    return relayout_seconds(act.host, act.host.src_shape, pg.operands["C"].host, repeats)[1]
+
+
+def _layout_key(layout) -> Any:
+    """A JSON-able description of a packed layout (its class and fields), or None."""
+    if layout is None:
+        return None
+    fields = dataclasses.asdict(layout) if dataclasses.is_dataclass(layout) else repr(layout)
+    return [type(layout).__name__, fields]
+
+
+def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, epilogue, knobs,
+                stock=None, producer=None) -> str:
+    """The choice cache's key: the operator, the constraint set, the layouts, the objective, the
+    epilogue, the knobs of every candidate, the ranking parameters, the configuration's value,
+    the stock contender (its workload and knobs, or None when it is not compared) and the packed
+    layout the input comes in from a previous VTA operator (layout agreement)."""
+    from vta_ext.executor import config_digest
+
+    text = json.dumps({"v": 5, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
+                       "agree": [AGREEMENT_SLACK, _layout_key(producer)],
+                       "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
+                       "objective": objective, "epilogue": [list(s) for s in epilogue],
+                       "knobs": knobs, "stock": stock, "config": config_digest(config)},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _contender_key(contender) -> Any:
+    """The stock contender as the caches key it: its workload and knobs (None: no contender)."""
+    return None if contender is None else [dataclasses.asdict(contender[1]), contender[2]]
+
+
+class _Layout:
+    """A stock layout whose ``pack`` takes a name, under the one-argument packing protocol of
+    :func:`~tvm_csp_embed.hosttime.relayout_seconds`."""
+
+    def __init__(self, layout, name: str = "data") -> None:
+        self.layout, self.name = layout, name
+        self.shape = layout.shape
+
+    def pack(self, packer, expr):
+        return self.layout.pack(packer, expr, self.name)
+
+    def unpack(self, packer, expr):
+        return self.layout.unpack(packer, expr)
+
+
+def stock_host_relayout_seconds(kind: str, op: MatchedOp, config, plan: OpPlan,
+                                repeats: int = 5) -> float:
+    """Median wall time of the stock plan's per-inference host relayout (packing the activation
+    into the stock blocked layout and unpacking the output)."""
+    from vta_ext.packing import BlockedActivation, BlockedMatrix
+
+    from .hosttime import relayout_seconds
+
+    shape = _shape(op.operands[0])
+    if kind == "dense":
+        act = _Layout(BlockedMatrix(shape[0], shape[1], config.BATCH, config.BLOCK_IN))
+    else:
+        act = BlockedActivation(*shape, config.BATCH, config.BLOCK_IN)
+    return relayout_seconds(act, shape, plan.out_layout, repeats)[1]
+
+
+@dataclass
+class _StockTiming:
+    """The stock template's figures when it competes with the candidates."""
+
+    cycles: int
+    host_seconds: Optional[float] = None
+    host_bytes: int = 0
+
+
+def objective_key(options) -> str:
+    """The objective as the caches key it: ``end-to-end`` carries its host model's rates."""
+    if options.objective != "end-to-end":
+        return options.objective
+    h = options.host
+    return f"end-to-end@{h.layout_bytes_per_cycle!r},{h.cpu_macs_per_cycle!r}"
+
+
+def plan_host_bytes(op: MatchedOp, in_layout, out_layout, stock_out) -> int:
+    """Host layout bytes per inference that a plan adds around ``op``
+    (:func:`vta_ext.host.layout_traffic`):
+
+    * input: nothing if the producing VTA operator hands its output over in ``in_layout``'s
+      arrangement; else packing into ``in_layout``, after unpacking the producer's packed output
+      if there is one;
+    * output: nothing if ``out_layout`` is the stock blocked arrangement (``stock_out``) that the
+      neighbouring VTA operators take over; else unpacking it, and packing into the stock
+      arrangement again for the next operator.
+    """
+    from vta_ext.host import layout_traffic
+    from vta_ext.packing import same_arrangement
+
+    taken = (op.input_layout is not None and in_layout is not None
+             and same_arrangement(op.input_layout, in_layout))
+    kept = stock_out is not None and out_layout is not None and same_arrangement(out_layout, stock_out)
+    cost = 0
+    if not taken:
+        cost += layout_traffic(op.input_layout) + layout_traffic(in_layout)
+    if not kept:
+        cost += layout_traffic(out_layout) + layout_traffic(stock_out)
+    return cost
+
+
+def blocked_output(op: MatchedOp, config):
+    """The stock blocked arrangement of ``op``'s output (what the neighbouring VTA operators
+    take over), or None for an output that is not 2-D or 4-D."""
+    from vta_ext.packing import BlockedActivation, BlockedMatrix
+
+    shape = _shape(op.core)
+    if len(shape) == 4:
+        return BlockedActivation(*shape, config.BATCH, config.BLOCK_OUT)
+    if len(shape) == 2:
+        return BlockedMatrix(shape[0], shape[1], config.BATCH, config.BLOCK_OUT)
+    return None
+
+
+def cpu_host_bytes(op: MatchedOp, out_layout) -> int:
+    """Host layout bytes per inference when ``op`` stays on the CPU between VTA operators:
+    unpacking its input from the producing VTA operator, if any, and packing its output into
+    ``out_layout`` (the stock blocked arrangement) for the next one."""
+    from vta_ext.host import layout_traffic
+
+    return layout_traffic(op.input_layout) + layout_traffic(out_layout)
+
+
+#: what :func:`choose` returns when running the operator on the CPU is cheaper
+#: end to end than every plan for VTA (only where the stock template refuses the operator)
+CPU = "cpu"
+
+
+def stock_refuses(kind: str, op: MatchedOp, config) -> bool:
+    """Whether the stock template refuses ``op`` (or there is none for its kind): then the
+    end-to-end objective weighs leaving the operator on the CPU against running it on VTA."""
+    try:
+        get_template(kind, "stock").plan(op, config)
+    except TemplateRefusal:
+        return True
+    return False
+
+
+def choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: List[Candidate],
+           op: MatchedOp, options, contender) -> Tuple[Any, str]:
+    """The candidate the objective prefers (or :data:`STOCK`), and the sentence saying why
+    (cached on disk).
+
+    A candidate whose build is refused (no tiling fits) or rejects explicit knobs is dropped.
+    If none is left: None and the reasons when every one was refused; explicit knobs that no
+    candidate accepts raise the first candidate's :class:`KnobError`. Under ``csp-relaxed``
+    (objective cycles or combined) the stock template's plan is timed with the same knobs
+    option and returned as :data:`STOCK` when it is at least as good as the best candidate.
+    ``contender`` is :meth:`_stock_contender`'s answer for ``op``.
+    """
+    from vta_ext.templates.errors import KnobError
+
+    objective = options.objective
+    knobs = {c.workload: options.knobs_for(kind, strategy, c.workload, config)[0]
+             for c in usable}
+    key = _choice_key(config, base, mode, layouts, objective_key(options), op.epilogue,
+                      [knobs[c.workload] for c in usable], _contender_key(contender),
+                      op.input_layout)
+    path = cache_dir() / "choices" / f"{key}.json"
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("stock") and contender is not None:
+                return STOCK, data["why"]
+            if data.get("cpu"):
+                return CPU, data["why"]
+            chosen = CspWorkload(**data["workload"])
+            for c in usable:
+                if c.workload == chosen:
+                    return c, data["why"]
+        except (OSError, ValueError, KeyError):
+            pass
+    if objective == "footprint":
+        ranked = sorted(usable, key=lambda c: (c.footprint, c.estimate))
+        best = ranked[0]
+        why = (f"smallest packed footprint {best.footprint:,} B of {len(usable)} embedding(s)"
+               + (f" (next {ranked[1].footprint:,} B, {ranked[1].label})" if len(ranked) > 1 else ""))
+    else:
+        from vta_ext.executor import compiled_op, cycle_report, op_key
+
+        timed, dropped, knob_errors = [], [], []
+        stock_out = contender[0].out_layout if contender is not None else blocked_output(op, config)
+        first = min(c.estimate for c in usable)
+        for c in sorted(usable, key=lambda c: c.estimate):
+            if len(timed) == CYCLE_RANKED or (timed and c.estimate > RANK_FACTOR * first):
+                break
+            k = op_key(kind, strategy, config, c.workload, op.epilogue, knobs[c.workload])
+            try:
+                compiled_op(k, config=config)
+            except KnobError as err:
+                knob_errors.append(err)
+                dropped.append(f"{c.label}: {err}")
+                continue
+            except TemplateRefusal as err:
+                dropped.append(f"{c.label}: {err}")
+                continue
+            c.cycles = cycle_report(k).total_cycles
+            if objective == "combined":
+                c.host_seconds = host_relayout_seconds(c.packed)
+            data = c.embedding.workload.inputs[0].name
+            act = next(o.host for o in (c.packed.operands["A"], c.packed.operands["B"])
+                       if o.tensor == data)
+            c.host_bytes = plan_host_bytes(op, act, c.packed.operands["C"].host, stock_out)
+            timed.append(c)
+        if not timed:
+            if knob_errors:
+                raise knob_errors[0]
+            return None, "; ".join(dropped)
+        clock = config.CLOCK_MHZ * 1e6
+
+        host = options.host
+
+        def score(c):
+            if objective == "combined":
+                return c.cycles / clock + (c.host_seconds or 0.0)
+            if objective == "end-to-end":
+                return c.cycles + host.layout_cycles(c.host_bytes)
+            return c.cycles
+        ranked = sorted(timed, key=score)
+        best = ranked[0]
+        if objective == "combined":
+            unit = (lambda c: f"{score(c) * 1e3:.3f} ms (cycles {c.cycles:,}, host "
+                    f"{c.host_seconds * 1e3:.3f} ms)")
+        elif objective == "end-to-end":
+            unit = (lambda c: f"{score(c):,.0f} cycles end to end ({c.cycles:,} VTA + "
+                    f"{c.host_bytes:,} B host layout)")
+        else:
+            unit = lambda c: f"{c.cycles:,} cycles"  # noqa: E731
+        what = {"combined": "fastest combined", "end-to-end": "fewest cycles end to end"}.get(
+            objective, "fewest cycles")
+        timed_text = (f"{len(timed)} of {len(usable)} embedding(s) timed by the cycle model "
+                      f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)")
+        stock = time_stock(kind, strategy, config, op, contender, objective, dropped)
+        if objective == "end-to-end" and contender is None and stock_refuses(kind, op, config):
+            from vta_ext.quantize import call_macs
+
+            macs = call_macs(op.core)
+            layout = cpu_host_bytes(op, stock_out)
+            on_cpu = host.cpu_cycles(macs) + host.layout_cycles(layout)
+            if macs and on_cpu < score(best):
+                why = (f"end to end cheaper on the CPU: {on_cpu:,.0f} cycles ({macs:,} MACs and "
+                       f"{layout:,} B host layout, host model {host.name}) against "
+                       f"{unit(best)} for the best embedding {best.label} on VTA; the stock "
+                       f"template refuses it too")
+                _write(path, {"cpu": True, "why": why})
+                return CPU, why
+        agreed, agree_text = agree(op, ranked, stock, contender, score, unit)
+        if agreed is STOCK or (agreed is None and stock is not None
+                               and score(stock) <= score(best)):
+            why = (f"{what}: {unit(stock)} with the stock template's own plan, at least as good "
+                   f"as the best embedding {best.label}: {unit(best)}; {timed_text}"
+                   if agreed is None else f"{agree_text}; {timed_text}")
+            _write(path, {"stock": True, "why": why})
+            return STOCK, why
+        if agreed is not None:
+            why = (f"{agree_text}; {timed_text}"
+                   + (f"; stock template: {unit(stock)}" if stock is not None else ""))
+            best = agreed
+        else:
+            why = (f"{what}: {unit(best)}; {timed_text}"
+                   + (f"; next {ranked[1].label}: {unit(ranked[1])}" if len(ranked) > 1 else "")
+                   + (f"; stock template: {unit(stock)}" if stock is not None else ""))
+    _write(path, {"workload": dataclasses.asdict(best.workload), "why": why})
+    return best, why
+
+
+
+def agree(op: MatchedOp, ranked: List[Candidate], stock, contender, score, unit):
+    """Layout agreement (:data:`AGREEMENT_SLACK`) for an operator fed by a VTA operator.
+
+    Each plan scores one point for taking the producer's packed output over (its data layout
+    has the same arrangement, :func:`vta_ext.packing.same_arrangement`) and one for leaving its
+    output in the stock blocked arrangement the neighbouring VTA operators use. Returns the
+    plan to take instead of the fastest (a candidate or :data:`STOCK`) and the sentence saying
+    why, or ``(None, "")`` when the fastest plan agrees at least as well or no plan within the
+    slack agrees better (and always when the input comes from the host).
+    """
+    from vta_ext.packing import same_arrangement
+
+    if op.input_layout is None or not ranked:
+        return None, ""
+    stock_out = contender[0].out_layout if contender is not None else None
+
+    def points(in_layout, out_layout) -> int:
+        taken = in_layout is not None and same_arrangement(op.input_layout, in_layout)
+        kept = (stock_out is not None and out_layout is not None
+                and same_arrangement(out_layout, stock_out))
+        return int(taken) + int(kept)
+
+    entries = []  # (score, order, plan, label, points); the stock plan first on a tie
+    if stock is not None:
+        entries.append((score(stock), 0, STOCK, "the stock template's own plan",
+                        points(contender[0].in_layout, contender[0].out_layout), stock))
+    for i, c in enumerate(ranked):
+        pg = c.packed
+        data = c.embedding.workload.inputs[0].name
+        host = next(o.host for o in (pg.operands["A"], pg.operands["B"]) if o.tensor == data)
+        entries.append((score(c), i + 1, c, c.label, points(host, pg.operands["C"].host), c))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    fastest = entries[0]
+    close = [e for e in entries if e[0] <= fastest[0] * (1 + AGREEMENT_SLACK)]
+    chosen = max(close, key=lambda e: (e[4], -e[0], -e[1]))
+    if chosen[4] <= fastest[4]:
+        return None, ""
+    extra = 100.0 * (chosen[0] / fastest[0] - 1) if fastest[0] else 0.0
+    return chosen[2], (f"layout agreement: {chosen[3]} ({unit(chosen[5])}) hands over with "
+                       f"{chosen[4]} of its 2 neighbouring VTA operator side(s) against "
+                       f"{fastest[4]} for the fastest, {fastest[3]} ({unit(fastest[5])}), "
+                       f"+{extra:.2f} % (slack {100 * AGREEMENT_SLACK:g} %)")
+
+
+
+def time_stock(kind: str, strategy: str, config, op: MatchedOp, contender, objective: str,
+               dropped: List[str]):
+    """The stock contender timed like a candidate (an object with ``cycles`` and
+    ``host_seconds``), or None when there is none or it does not build with the knobs option
+    (then the reason joins ``dropped``)."""
+    from vta_ext.executor import compiled_op, cycle_report, op_key
+    from vta_ext.templates.errors import KnobError
+
+    if contender is None:
+        return None
+    plan, scw, knobs = contender
+    k = op_key(kind, strategy, config, scw, op.epilogue, knobs)
+    try:
+        compiled_op(k, config=config)
+    except (KnobError, TemplateRefusal) as err:
+        dropped.append(f"stock template: {err}")
+        return None
+    host = (stock_host_relayout_seconds(kind, op, config, plan)
+            if objective == "combined" else None)
+    return _StockTiming(cycle_report(k).total_cycles, host,
+                        plan_host_bytes(op, plan.in_layout, plan.out_layout, plan.out_layout))
