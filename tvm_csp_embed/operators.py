@@ -31,8 +31,8 @@ The free dims keep the operator's own layout (no NHWC variant): ``build_options(
 does not apply to these kinds.
 
 **Tuning.** The tasks of these kinds (``tvm_csp_embed.tune.extract_tasks``) tune like conv2d's;
-their numpy reference, against which the tuner verifies its best point, is :func:`reference`
-(registered here for both CSP strategies).
+their numpy reference, against which the tuner verifies its best point, is
+:func:`tvm_csp_embed.csp_reference.new_op_reference` (registered for both CSP strategies).
 """
 from __future__ import annotations
 
@@ -42,10 +42,11 @@ from typing import Any, Dict, Sequence, Tuple
 
 from vta_ext.errors import TemplateRefusal
 
+from .reference import conv_reference  # noqa: F401  (the definition the tests and references use)
 from .workload import Workload, from_primfunc
 
 __all__ = ["OPERATOR_KINDS", "LAYOUTS", "operator_params", "operator_workload",
-           "legalized_workload", "mapping_extents", "operator_text", "conv_reference", "reference"]
+           "legalized_workload", "mapping_extents", "operator_text", "conv_reference"]
 
 #: the operator kinds of this module (the offload pass's ``MatchedOp.kind``)
 OPERATOR_KINDS = ("batch_matmul", "conv1d", "dilated_conv2d")
@@ -223,71 +224,3 @@ def operator_text(cw) -> str:
                 f"p{p['pl']} d{p['dw']}")
     return (f"{p['n']}x{p['c']}x{p['h']}x{p['w']} * {p['k']}x{p['c']}x{p['kh']}x{p['kw']} "
             f"s{p['sh']} p{p['pt']} d{p['dh']}x{p['dw']}")
-
-
-# ------------------------------------------------------------------------------------ tuning
-def conv_reference(x, w, pads: Sequence[Tuple[int, int]], strides: Sequence[int],
-                   dilations: Sequence[int]):
-    """Direct 1-D or 2-D convolution (``N C spatial...`` x ``O C taps...``) in int64, the
-    definition: zero padding ``pads`` (lo, hi) per spatial dim, then per filter tap the strided,
-    dilated input window times the tap's weights."""
-    import numpy as np
-
-    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0)) + tuple(tuple(p) for p in pads))
-    taps = w.shape[2:]
-    out = [(xp.shape[2 + i] - d * (t - 1) - 1) // s + 1
-           for i, (t, s, d) in enumerate(zip(taps, strides, dilations))]
-    acc = np.zeros((x.shape[0], w.shape[0], *out), np.int64)
-    for tap in np.ndindex(*taps):
-        window = tuple(slice(j * d, j * d + s * (o - 1) + 1, s)
-                       for j, s, d, o in zip(tap, strides, dilations, out))
-        acc += np.einsum("nc...,oc->no...", xp[(slice(None), slice(None)) + window],
-                         w[(slice(None), slice(None)) + tap].astype(np.int64))
-    return acc
-
-
-def reference(config, cw, epilogue, rng):
-    """The tuner's numpy reference of a kind of :data:`OPERATOR_KINDS`
-    (:mod:`tvm_csp_embed.tune.reference`): random operator tensors packed by the embedding's host
-    layouts (the build's own), the expected output from the operator's definition (a batched
-    matrix product, :func:`conv_reference`) through the epilogue, in the operator's layout."""
-    import numpy as np
-
-    from .strategy import packed_of
-    from .tune.reference import _int8, _vectors, apply_epilogue
-
-    pg = packed_of(cw, config)
-    p = cw.p
-    if cw.op == "batch_matmul":
-        x = _int8(rng, (p["b"], p["n"], p["k"]))
-        w = _int8(rng, (p["b"], p["m"], p["k"]) if p["t"] else (p["b"], p["k"], p["m"]))
-        acc = np.matmul(x.astype(np.int64), (w.transpose(0, 2, 1) if p["t"] else w).astype(np.int64))
-        bias_shape = (p["b"], 1, p["m"])
-    elif cw.op == "conv1d":
-        x, w = _int8(rng, (p["n"], p["c"], p["w"])), _int8(rng, (p["k"], p["c"], p["kw"]))
-        acc = conv_reference(x, w, ((p["pl"], p["pr"]),), (p["sw"],), (p["dw"],))
-        bias_shape = (1, p["k"], 1)
-    else:
-        x = _int8(rng, (p["n"], p["c"], p["h"], p["w"]))
-        w = _int8(rng, (p["k"], p["c"], p["kh"], p["kw"]))
-        acc = conv_reference(x, w, ((p["pt"], p["pb"]), (p["pl"], p["pr"])), (p["sh"], p["sw"]),
-                             (p["dh"], p["dw"]))
-        bias_shape = (1, p["k"], 1, 1)
-    tensors = {"data": x, "weight": w}
-    inputs = [pg.operands[role].host.pack_numpy(tensors[pg.operands[role].tensor]) for role in "AB"]
-    vec = _vectors(epilogue, rng, lambda lo, hi: rng.integers(lo, hi, bias_shape).astype(np.int32))
-    inputs += [pg.bias_layout(bias_shape).pack_numpy(v) for v in vec.values()]
-    vec = {k: v.astype(np.int64) for k, v in vec.items()}
-    return (inputs, apply_epilogue(acc, epilogue, vec.get("bias"), vec.get("mulv")),
-            pg.operands["C"].host.unpack_numpy)
-
-
-def _register_references() -> None:
-    from .tune.reference import register_reference
-
-    for strategy in ("csp-strict", "csp-relaxed"):
-        for kind in OPERATOR_KINDS:
-            register_reference(kind, strategy, reference)
-
-
-_register_references()

@@ -54,7 +54,9 @@ from .config import VTAConfig
 from .errors import TemplateRefusal, VTABuildError
 from .executor import compiled_op, op_key
 from .options import current_options
-from .report import CPU, LAYOUT_REASON, VTA, BuildReport, config_label, publish
+from .quantize import op_macs
+from .report import (CPU, CPU_REASONS_ATTR, LAYERS_ATTR, LAYOUT_REASON, VTA, BuildReport, config_label,
+                     publish)
 from .packing import channel_shuffle_map, same_arrangement
 from .layout import IMM_MAX, IMM_MIN
 from .strategy import MatchedOp, get_template
@@ -787,8 +789,6 @@ def _binding_bytes(func: relax.Function) -> Dict[str, int]:
 
 def _cpu_macs(mod: tvm.IRModule, report: BuildReport) -> int:
     """MACs of the conv2d / matmul operators of ``mod`` that the report leaves on the CPU."""
-    from .quantize import op_macs
-
     try:
         macs = op_macs(mod)
     except Exception:  # noqa: BLE001 -- a module without a plain ``main``: nothing to attribute
@@ -816,12 +816,6 @@ def _cpu_ops(func: relax.Function) -> List[Tuple[str, str]]:
 
     visit(func.body)
     return found
-
-
-#: function attributes a frontend may set on a Relax function for the build report: variable name
-#: -> source layer (e.g. the torch module path), and variable name -> why it stays on the CPU
-LAYERS_ATTR = "vta_ext.layers"
-CPU_REASONS_ATTR = "vta_ext.cpu_reasons"
 
 
 def _source_notes(mod: tvm.IRModule) -> Tuple[Dict[str, str], Dict[str, str]]:

@@ -19,13 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-__all__ = ["OpPlacement", "BuildReport", "last_build_report", "config_label"]
+__all__ = ["OpPlacement", "BuildReport", "last_build_report", "config_label", "LAYERS_ATTR",
+           "CPU_REASONS_ATTR"]
 
 logger = logging.getLogger("vta_ext")
 
 VTA = "vta"
 CPU = "cpu"
 LAYOUT_REASON = "layout transform around a VTA operator"
+#: function attributes a frontend may set on a Relax function for the build report: variable name
+#: -> source layer (e.g. the torch module path), and variable name -> why it stays on the CPU
+LAYERS_ATTR = "vta_ext.layers"
+CPU_REASONS_ATTR = "vta_ext.cpu_reasons"
 #: the longest line :meth:`BuildReport.__str__` prints for an operator
 LINE_WIDTH = 150
 #: the columns of :meth:`BuildReport.to_csv`

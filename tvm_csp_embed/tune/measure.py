@@ -6,7 +6,7 @@
   :class:`MeasureResult` with ``error`` set (never a best point).
 * :func:`verify_point` runs the compiled point on the functional simulator with random inputs and
   compares the output with an independent numpy reference of the operator
-  (:mod:`tvm_csp_embed.tune.reference`), bit for bit.
+  (:mod:`tvm_csp_embed.reference`), bit for bit.
 
 Both are plain module-level functions of JSON-able arguments (a task's :meth:`~Task.spec` and a
 knob dict), so runners can execute them in worker processes or on a Dask cluster.
@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
 import numpy as np
+
+from ..reference import reference_for
 
 __all__ = ["MeasureResult", "measure_point", "verify_point"]
 
@@ -129,8 +131,6 @@ def verify_point(spec: Dict[str, Any], knobs: Dict[str, Any], seed: int = 0) -> 
         None if the output equals the reference; otherwise what differs (or what failed).
     """
     from vta_ext.sim import FunctionalSimulator
-
-    from .reference import reference_for
 
     try:
         task = _task(spec)

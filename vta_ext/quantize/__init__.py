@@ -111,7 +111,7 @@ from typing import Dict, Sequence, Tuple, Union
 import numpy as np
 import tvm
 
-from ..offload import CPU_REASONS_ATTR, LAYERS_ATTR
+from ..report import CPU_REASONS_ATTR, LAYERS_ATTR
 from .common import QMAX, QMIN, QuantizationError, fixed_point_multiplier, op_name, shape_of
 from .emit import emit_module
 from .graph import Analyser, CpuFloatOp, QNode, QuantizedModel
@@ -167,7 +167,7 @@ def quantize_relax(float_mod: tvm.IRModule,
         n.max_abs = ranges.get(n.name, 0.0) if n.kind != "float" else 0.0
     choose_scales(nodes)
     mod, cpu_float, layers = emit_module(nodes, outputs, func.params[0])
-    # for the build report (vta_ext.offload): each binding's source layer, and why the float32
+    # for the build report (vta_ext.report): each binding's source layer, and why the float32
     # operators stay on the CPU
     mod["main"] = mod["main"].with_attr(LAYERS_ATTR, layers).with_attr(
         CPU_REASONS_ATTR, {op.var: op.reason for op in cpu_float})
