@@ -19,7 +19,7 @@ This module sits below the strategies and the tuner: it imports neither.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 

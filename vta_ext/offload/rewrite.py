@@ -1,0 +1,216 @@
+"""The offload pass's rewriter: each matched operator becomes packing on the host, one call of its
+prebuilt VTA program, and unpacking.
+
+The strategy in effect (:func:`vta_ext.build_options`) gives the operator's template; the template
+plans the packed layouts and the rewriter emits them (it is the template's *packer*: ``emit``,
+``emit_unpack``, ``operand``, ``handover``, ``note_kept``). The instruction stream is built here, at
+build time (:mod:`vta_ext.executor`). Only a :class:`~vta_ext.errors.TemplateRefusal` keeps a
+matched operator on the CPU (the reason is recorded for the report); any other error fails the
+build with a :class:`~vta_ext.errors.VTABuildError` naming the operator and its shapes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from ..config import VTAConfig
+from ..errors import TemplateRefusal, VTABuildError
+from ..executor import compiled_op, op_key
+from ..options import current_options
+from ..quantize import call_macs
+from ..quantize.common import op_name as _op_name, shape_of as _shape
+from ..strategy import MatchedOp, get_template
+from ..timing import phase
+from .handover import PackedHandover
+from .match import PatternMatcher
+from .names import PACK_PREFIX, RUN_FUNC, RUN_PLACED_FUNC, UNPACK_PREFIX
+from .overflow import check_overflow
+
+__all__ = ["Offloader"]
+
+logger = logging.getLogger("vta_ext")
+
+
+@mutator
+class Offloader(PyExprMutator):
+    """Rewrites matched patterns; remembers why unmatched candidates stay on the CPU.
+
+    The matching is :class:`~vta_ext.offload.match.PatternMatcher`'s, the overflow proof
+    :func:`~vta_ext.offload.overflow.check_overflow`, the packed tensors and the layout work on
+    them :class:`~vta_ext.offload.handover.PackedHandover`'s; what each placement was is kept for
+    the report (:func:`~vta_ext.offload.placements.build_report`)."""
+
+    def __init__(self, mod: tvm.IRModule, config: VTAConfig, match_only: bool = False) -> None:
+        super().__init__(mod)
+        self.config = config
+        # match_only: record every matched operator in ``matched`` and rewrite nothing
+        self.match_only = match_only
+        self.matched: List[MatchedOp] = []
+        self.op_keys: List[str] = []  # the compiled-operator key of every VTA call, in order
+        self.rejected: Dict[str, str] = {}  # var name of a candidate core op -> reason
+        # (relax op, what, detail, var, further OpPlacement fields), one per entry of op_keys
+        self.offloaded: List[Tuple[str, str, str, str, dict]] = []
+        self.unpack_vars: set = set()  # variables now bound to the last unpacking step
+        self.matcher = PatternMatcher(self._producer)
+        self.packed = PackedHandover(self._emit, self._producer, self.rejected)
+        self._rewritten_binding = False
+        self._last_packed = None
+        self._current_binding = ""
+        self._kept = False
+
+    def __repr__(self) -> str:
+        return (f"Offloader(config {self.config.name!r}, {len(self.op_keys)} VTA calls, "
+                f"{len(self.rejected)} refused)")
+
+    # ---------------------------------------------------------------- helpers
+    def _producer(self, expr):
+        if isinstance(expr, relax.Var):
+            return self.lookup_binding(expr)
+        return None
+
+    def _emit(self, expr, name: str):
+        return self.builder_.emit(expr, name_hint=name)
+
+    # ---------------------------------------------------------------- packer (vta_ext.packing)
+    def emit(self, expr, name: str):
+        """Bind a packing step on the host."""
+        return self._emit(expr, f"{PACK_PREFIX}_{name}")
+
+    def emit_unpack(self, expr, name: str):
+        """Bind an unpacking step on the host."""
+        return self._emit(expr, f"{UNPACK_PREFIX}_{name}")
+
+    def operand(self, expr):
+        """The rewritten operand ``expr``."""
+        return self.visit_expr(expr)
+
+    def producer_layout(self, expr):
+        """The packed layout ``expr`` is available in as a previous VTA operator's output, or
+        None (:meth:`PackedHandover.producer_layout`)."""
+        return self.packed.producer_layout(expr)
+
+    def handover(self, expr, layout):
+        """The packed output of a previous VTA operator for ``expr`` in ``layout``, or None
+        (:meth:`PackedHandover.handover`)."""
+        return self.packed.handover(expr, layout)
+
+    def note_kept(self, kept: bool) -> None:
+        """Record whether the activation input was handed over in the packed layout."""
+        self._kept = kept
+
+    # ---------------------------------------------------------------- rewriting
+    def rewrite(self, m: MatchedOp) -> Optional[relax.Expr]:
+        """Replace ``m`` by packing + VTA call + unpacking, or return None if the strategy's
+        template refuses it (the reason is recorded for the report)."""
+        if self.match_only:
+            self.matched.append(m)
+            return None
+        options = current_options()
+        strategy = options.strategy_name
+        try:
+            template = get_template(m.kind, strategy)
+            check_overflow(m, self.matcher.source_tails.get(m.name))
+            if m.operands:
+                m = dataclasses.replace(m, input_layout=self.producer_layout(m.operands[0]))
+            with phase("plan"):
+                plan = template.plan(m, self.config)
+            knobs, origin = options.knobs_for(m.kind, template.strategy, plan.workload, self.config)
+            key = op_key(m.kind, template.strategy, self.config, plan.workload, m.epilogue, knobs)
+            with phase("codegen"):
+                compiled = compiled_op(key, config=self.config)  # the instruction stream, built now
+        except TemplateRefusal as err:
+            logger.info("%s %r (%s) stays on the CPU: %s", m.kind, m.name, m.shapes, err)
+            self.rejected[m.name] = str(err)
+            return None
+        except Exception as err:
+            raise VTABuildError(
+                f"building {m.kind} {m.name!r} ({m.shapes}, epilogue {list(m.epilogue)}) for VTA "
+                f"with strategy {strategy!r} on config {self.config.name!r} failed: "
+                f"{type(err).__name__}: {err}") from err
+        self._kept = False
+        args, parts = self.packed.place(plan.inputs(self), m.name)
+        func, extra = (RUN_FUNC, []) if parts is None else (
+            RUN_PLACED_FUNC, [tvm.ir.StringImm(parts)])
+        out_packed = self._emit(relax.call_dps_packed(
+            func, args + extra + [tvm.ir.StringImm(key)],
+            relax.TensorType(plan.out_layout.shape, "int8")), f"vta_{m.kind}")
+        out = plan.out_layout.unpack(self, out_packed)
+        self._rewritten_binding = True
+        self._last_packed = (out_packed, plan.out_layout)
+        detail = (f"{plan.description}, epilogue {'+'.join(s[0] for s in m.epilogue) or 'none'}, "
+                  f"{compiled.program.insn_count} insns, {origin}{_tiling_text(compiled)}")
+        if self._kept:
+            detail += "; input kept in the packed layout of the previous VTA operator"
+        if parts is not None and "+" in parts:
+            count = 1 + max(p.count("+") for p in parts.split(","))
+            detail += (f"; input concatenated in DRAM from {count} packed parts (placed by "
+                       "vta_ext.run_placed, no host copy)")
+        if parts is not None and ":" in parts:
+            detail += ("; split piece read in place from its source's channel blocks "
+                       "(vta_ext.run_placed, no host slice)")
+        if plan.padding:
+            detail += f"; PADDED {plan.padding}"
+            # the build logs one WARNING line for all padded operators (report.publish)
+            logger.info("%s %s: %s pads %s", m.kind, plan.description, template.report_text,
+                        plan.padding)
+        try:
+            summary = template.plan_summary(plan, self.config)
+        except Exception as err:  # noqa: BLE001 -- the report's words must not fail a build
+            logger.warning("no short plan text for %s %r: %s: %s", m.kind, m.name,
+                           type(err).__name__, err)
+            summary = template.strategy
+        fields = dict(kind=m.kind, plan=summary, padding=plan.padding, macs=call_macs(m.core),
+                      elements=_size(_shape(m.core)), packed_elements=_size(plan.out_layout.shape),
+                      call=len(self.op_keys))
+        self.offloaded.append((_op_name(m.core), f"{m.kind} ({template.report_text})", detail,
+                               m.name, fields))
+        self.op_keys.append(key)
+        return out
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        match, reason = self.matcher.match_call(call, self._current_binding)
+        if match is not None:
+            out = self.rewrite(match)
+            if out is not None:
+                return out
+        elif reason:
+            core = self.matcher.find_core(call)
+            if core:
+                self.rejected.setdefault(core, reason)
+        return super().visit_call_(call)
+
+    def visit_var_binding_(self, binding) -> None:
+        value = binding.value
+        self._current_binding = binding.var.name
+        if _op_name(value) in ("relax.nn.conv2d", "relax.nn.conv1d"):
+            _, reason = self.matcher.conv_kind(value)
+            if reason:
+                self.rejected[binding.var.name] = reason
+        self._rewritten_binding = False
+        super().visit_var_binding_(binding)
+        if self._rewritten_binding:
+            self.unpack_vars.add(binding.var.name)
+            if self._last_packed is not None:
+                self.packed.hold(binding.var, *self._last_packed)
+        else:
+            self.packed.track(binding)
+
+
+def _size(shape) -> int:
+    return int(np.prod([int(d) for d in shape], dtype=np.int64))
+
+
+def _tiling_text(compiled) -> str:
+    """", tiling tile_h=7 oc_nthread=2" for a compiled GEMM operator (knobs that are not 1)."""
+    knobs = getattr(compiled, "knobs", None)
+    if knobs is None or not hasattr(knobs, "__dataclass_fields__"):
+        return ""
+    chosen = [f"{name}={getattr(knobs, name)}" for name in knobs.__dataclass_fields__
+              if getattr(knobs, name) not in (1, False)]
+    return ", tiling " + (" ".join(chosen) if chosen else "all inner tiles 1")

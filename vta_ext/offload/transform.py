@@ -1,0 +1,58 @@
+"""The offload pass itself: :func:`OffloadToVTA`, run by the ``ext_vta`` pipeline."""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import tvm
+from tvm import relax
+
+from ..config import VTAConfig
+from ..errors import TemplateRefusal
+from ..options import current_options
+from ..report import publish
+from ..strategy import MatchedOp, get_template
+from ..timing import phase, timed_build
+from .placements import build_report
+from .rewrite import Offloader
+
+__all__ = ["OffloadToVTA"]
+
+
+def _prefetch(mod: tvm.IRModule, config: VTAConfig) -> None:
+    """Give each template all of the module's operators it will plan (``OpTemplate.prefetch``),
+    before they are planned one at a time."""
+    matcher = Offloader(mod, config, match_only=True)
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            matcher.visit_expr(func)
+    strategy = current_options().strategy_name
+    groups: Dict[int, Tuple[object, List[MatchedOp]]] = {}
+    for m in matcher.matched:
+        try:
+            template = get_template(m.kind, strategy)
+        except TemplateRefusal:
+            continue
+        groups.setdefault(id(template), (template, []))[1].append(m)
+    for template, ops in groups.values():
+        template.prefetch(ops, config)
+
+
+def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pass naming)
+    """The offload pass for ``config``; publishes a :class:`BuildReport` when it runs."""
+
+    @tvm.transform.module_pass(opt_level=0, name="VTAOffload")
+    def offload(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        with timed_build() as timer:
+            with phase("solve"):
+                _prefetch(mod, config)
+            rewriter = Offloader(mod, config)
+            for gvar, func in list(mod.functions.items()):
+                if isinstance(func, relax.Function):
+                    rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+            new_mod = relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+            report = build_report(mod, new_mod, rewriter, config)
+        report.timings = dict(timer.seconds)
+        publish(report)
+        return new_mod
+
+    return offload
