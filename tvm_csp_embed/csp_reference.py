@@ -8,8 +8,8 @@ simulator's packed output to it. An operator for which the strategy chose the st
 the stock reference. Importing the module registers them for ``csp-strict`` and ``csp-relaxed``
 (``import tvm_csp_embed`` does); the tuner verifies its best point against them.
 
-The module sits above :mod:`tvm_csp_embed.strategy` (it needs the strategy's packed programs);
-the strategy does not import it.
+The module sits above :mod:`tvm_csp_embed.candidates` (it needs the candidates' packed programs);
+neither the candidates nor the strategy import it.
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import numpy as np
 
 from vta_ext.strategy import get_template
 
+from .candidates import STRATEGY_NAMES, operator_workload, packed_of
 from .operators import OPERATOR_KINDS
 from .reference import (apply_epilogue, conv_reference, int8_tensor, reference_for, register_reference,
                         vector_tensors)
-from .strategy import STRATEGY_NAMES, operator_workload, packed_of
 
 __all__ = ["gemm_reference", "new_op_reference"]
 
