@@ -72,7 +72,7 @@ def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, e
     layout the input comes in from a previous VTA operator (layout agreement)."""
     from vta_ext.executor import config_digest
 
-    text = json.dumps({"v": 5, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
+    text = json.dumps({"v": 6, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
                        "agree": [AGREEMENT_SLACK, _layout_key(producer)],
                        "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
                        "objective": objective, "epilogue": [list(s) for s in epilogue],

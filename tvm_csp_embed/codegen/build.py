@@ -117,8 +117,10 @@ class CompiledGemm:
         return prog.read("out", np.int8, self.shapes["out"]), stats
 
 
-def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps") -> CompiledGemm:
-    """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``.
+def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps", acc_init: str = "fill"
+               ) -> CompiledGemm:
+    """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
+    ``"reset"``, :data:`~.schedule.ACC_INITS`) says how each output tile's accumulator is zeroed.
 
     Raises
     ------
@@ -138,7 +140,7 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps") -> Compiled
     point, explicit = resolve_knobs(cfg, pg, epilogue, knobs)
     timings = {}
     t0 = time.perf_counter()
-    sch, _ = schedule_gemm(cfg, pg, epilogue, point)
+    sch, _ = schedule_gemm(cfg, pg, epilogue, point, acc_init)
     t1 = time.perf_counter()
     lowered = lower_schedule(sch.mod)
     func = lowered["csp_gemm"] if "csp_gemm" in [g.name_hint for g in lowered.functions] else \

@@ -32,7 +32,13 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from .loops import loop_orders
 from .plan import AXIS_PREFIX, PackedDim, PackedGemm
 
-__all__ = ["gemm_compute", "schedule_gemm", "bias_shape"]
+__all__ = ["gemm_compute", "schedule_gemm", "bias_shape", "ACC_INITS"]
+
+#: how the accumulator of each output tile starts from zero (:func:`schedule_gemm`): ``"fill"``,
+#: LOADs of the accumulator made only of padding (one cycle per element written on the compute
+#: module, no micro-op, no DRAM byte); ``"reset"``, GEMM reset micro-ops (the stock templates'
+#: rule, ``GEMM_CYCLES_PER_UOP`` per element)
+ACC_INITS = ("fill", "reset")
 
 #: the TIR name of an instruction-axis variable
 _AXIS_NAMES = {"x": "x_i", "y": "y_i", "z": "z_i"}
@@ -132,13 +138,17 @@ def _stage_fn(stage, prev, bias, bshape):
     return lambda *i: te_stage(stage, prev(*i))
 
 
-def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int]):
+def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_init: str = "fill"):
     """Build the compute, schedule it with ``knobs`` (a full point, see
-    :func:`~.knobs.check_point`) and return ``(sch, info)``."""
+    :func:`~.knobs.check_point`) and return ``(sch, info)``; ``acc_init`` (:data:`ACC_INITS`) says
+    how each output tile's accumulator is zeroed."""
     from tvm import te
     from tvm.s_tir import Schedule
 
-    from vta_ext.lower.intrin import register_gemm_intrin
+    from vta_ext.lower.intrin import ACC_FILL_PRAGMA, register_gemm_intrin
+
+    if acc_init not in ACC_INITS:
+        raise ValueError(f"unknown acc_init {acc_init!r}; use one of {list(ACC_INITS)}")
     from vta_ext.memory import ACC_SCOPE, INP_SCOPE, WGT_SCOPE
 
     inputs, out, stage_names, pad_stage = gemm_compute(cfg, pg, epilogue)
@@ -216,10 +226,17 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int]):
     sch.compute_at(sch.cache_read(gemm, 1, WGT_SCOPE), at["B"])
     tens = lmap[AXIS_PREFIX + "x"] if pg.axes["x"] > 1 else lmap[AXIS_PREFIX + "y"]
     body = [lp for lp in order if not any(lp is b for b in batch if b is not None)]
-    init = sch.decompose_reduction(gemm, body[0] if body else tens)
+    # a reset zeroes the tile below the batch-like loops, one reset kernel per batch step (the
+    # stock rule); a fill zeroes the whole tile at once, above them (contiguous: one LOAD)
+    at = order[0] if acc_init == "fill" else (body[0] if body else tens)
+    parents = next(i for i, lp in enumerate(sch.get_loops(gemm)) if sch.get(lp).same_as(sch.get(at)))
+    init = sch.decompose_reduction(gemm, at)
     sch.tensorize(tens, gemm_name)
     iloops = sch.get_loops(init)
-    sch.tensorize(iloops[-2] if pg.axes["x"] > 1 else iloops[-1], reset_name)
+    if acc_init == "fill":
+        sch.annotate(iloops[parents], ACC_FILL_PRAGMA, 1)
+    else:
+        sch.tensorize(iloops[-2] if pg.axes["x"] > 1 else iloops[-1], reset_name)
     info = dict(stage_names=stage_names, pad_stage=pad_stage, inputs=[t.op.name for t in inputs],
                 vthreads=len(vthreads))
     return sch, info

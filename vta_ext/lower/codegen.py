@@ -161,6 +161,11 @@ class _Emitter:
         Y = d.y[1] if d.y else 1
         # DRAM row stride (a y loop with a simplified-away stride has a single valid row)
         ystride = d.y[3] if d.y and d.y[3] else X
+        if d.fill:
+            # one padding row of X elements: zeros on chip, y_size 0 reads nothing from DRAM
+            self.line(ind, f"load_2d({gbuf}, 0, {X}, 0, {X}, 0, 1, 0, 0, {soff.py()}, "
+                           f"{MemType(d.mem).name})")
+            return
         if d.kind == "store":
             self.line(ind, f"store_2d({soff.py()}, OUT, {gbuf}, {goff.py()}, {X}, {Y}, {ystride})")
             return

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 from ..config import VTAConfig
 from ..memory import SCOPES, scratchpad_of_scope
 from .affine import Aff
-from .intrin import GEMM_EXTERN, RESET_EXTERN
+from .intrin import ACC_FILL_PRAGMA, GEMM_EXTERN, RESET_EXTERN
 from .ir import Loop, LoweringError, SramBuf
 
 __all__ = ["TirConverter"]
@@ -42,7 +42,8 @@ class TirConverter:
     :meth:`stmts` returns a list of :class:`Loop` nodes and tuples, one per recognised statement:
     ``("load", inner, sram, sram_idx, global, global_idx, conds, pad_min)``,
     ``("store", inner, sram, sram_idx, global, global_idx)``, ``("alu", inner, sram, idx, value)``,
-    ``("gemm", acc, acc_idx, inp, inp_idx, wgt, wgt_idx)`` and ``("reset", acc, acc_idx)``, where
+    ``("gemm", acc, acc_idx, inp, inp_idx, wgt, wgt_idx)``, ``("reset", acc, acc_idx)`` and
+    ``("fill", inner, sram, sram_idx)`` (a zero initialisation under :data:`ACC_FILL_PRAGMA`), where
     ``inner`` lists the ``(variable, extent)`` of the perfect loop nest around the statement and
     indices are :class:`Aff` in scalars. :mod:`.patterns` analyses them.
     """
@@ -132,6 +133,8 @@ class TirConverter:
         if isinstance(s, t.For):
             if int(s.min) != 0:
                 raise LoweringError(f"loop {s.loop_var} does not start at 0")
+            if ACC_FILL_PRAGMA in s.annotations:
+                return [self._fill(s)]
             nest = self._perfect_nest(s)
             if nest is not None:
                 return [nest]
@@ -172,6 +175,24 @@ class TirConverter:
         for lp in loops:
             inner.append((self._uid(lp), int(lp.extent)))
         return self._store(inner, body)
+
+    def _fill(self, s):
+        """``("fill", inner, sram, idx)`` of a loop nest under :data:`ACC_FILL_PRAGMA`: a perfect
+        nest storing 0 into an on-chip buffer."""
+        t = self.tirx
+        loops, body = [], s
+        while isinstance(body, t.For):
+            if int(body.min) != 0 or "vta_vthread" in body.annotations:
+                raise LoweringError(f"{ACC_FILL_PRAGMA} loop nest: loop {body.loop_var} must be a "
+                                    "plain loop from 0")
+            loops.append(body)
+            body = body.body
+        if not (isinstance(body, t.BufferStore) and body.buffer.name in self.bufs
+                and isinstance(body.value, t.IntImm) and int(body.value.value) == 0):
+            raise LoweringError(f"{ACC_FILL_PRAGMA} loop nest must store 0 into an on-chip buffer, "
+                                f"got {body}")
+        inner = [(self._uid(lp), int(lp.extent)) for lp in loops]
+        return ("fill", inner, self.bufs[body.buffer.name], self.aff(body.indices[0]))
 
     def _call(self, c):
         name = str(c.args[0]).strip('"') if len(c.args) else ""

@@ -24,12 +24,16 @@ from tvm.script import tirx as T
 from ..config import VTAConfig
 from ..memory import ACC_SCOPE, INP_SCOPE, WGT_SCOPE
 
-__all__ = ["INP_SCOPE", "WGT_SCOPE", "ACC_SCOPE", "GEMM_EXTERN", "RESET_EXTERN",
+__all__ = ["INP_SCOPE", "WGT_SCOPE", "ACC_SCOPE", "GEMM_EXTERN", "RESET_EXTERN", "ACC_FILL_PRAGMA",
            "gemm_intrin_names", "register_gemm_intrin"]
 
 #: extern names of the markers left in the lowered TIR
 GEMM_EXTERN = "VTAUopGemm"
 RESET_EXTERN = "VTAUopReset"
+#: loop annotation of an accumulator zero-initialisation that the lowering emits as LOADs of the
+#: accumulator made only of padding (``y_size`` 0: zeros written on chip, no DRAM read) instead of
+#: GEMM reset micro-ops (the alternative to tensorizing with the reset intrinsic)
+ACC_FILL_PRAGMA = "vta_acc_fill"
 
 _REGISTERED = set()
 

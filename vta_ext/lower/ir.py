@@ -90,6 +90,7 @@ class Dma:
     guards: List[Aff] = field(default_factory=list)
     # conditions (aff >= 0) on outer vars only: when one fails the whole tile is padding
     pad_min: bool = False          # pad with the minimum value (extension EXT_PAD_MIN)
+    fill: bool = False             # a zero fill: padding only (y_size 0), nothing read from DRAM
 
     @property
     def stage(self) -> Stage:

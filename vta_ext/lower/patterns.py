@@ -217,6 +217,26 @@ def _alu_loops(inner, didx: Aff, other: Aff, elem: int, what: str):
     return d_out.div(elem), s_out.div(elem), merged
 
 
+def _analyse_fill(conv: TirConverter, inner, sbuf: SramBuf, sidx: Aff) -> Dma:
+    """A zero initialisation of accumulator elements as LOADs made only of padding: the innermost
+    contiguous run of elements is one padding row (``x_size`` elements, ``y_size`` 0, ``y_pad_0``
+    1), the other element loops are replayed. No DRAM byte is read; the DRAM buffer named is only
+    the base address the instruction must carry (the function's first global buffer)."""
+    what = f"zero fill of {sbuf.name}"
+    if sbuf.scope != ACC_SCOPE:
+        raise LoweringError(f"{what}: only {ACC_SCOPE} is zero-filled by a LOAD, not {sbuf.scope}")
+    if not conv.globals:
+        raise LoweringError(f"{what}: the function has no DRAM buffer to address")
+    d_out, _, loops = _alu_loops(inner, sidx, sidx, sbuf.elem, what)
+    x = None
+    if loops and loops[-1][2] == 1:
+        var, ext, _, _ = loops.pop()
+        x = (var, ext, 1, 0)
+    cpu = [(var, ext, ds, 0) for var, ext, ds, _ in loops]
+    return Dma("load", MemType.ACC, sbuf, sorted(conv.globals)[0], d_out, Aff(), x, None, cpu,
+               fill=True)
+
+
 def _alu_const(conv, inner, dbuf: SramBuf, didx: Aff, c: int, what: str):
     """``acc[...] = c``: VTA has no move-immediate; MIN c then MAX c (or CLIP [c, c]) sets any value
     to c (e.g. the initial value of a max-pooling reduction)."""
@@ -335,6 +355,11 @@ def analyse(conv: TirConverter, items: list, producers: Optional[Set[str]] = Non
             producers.add(ab.name)
             heads.pop(ab.root.name, None)
             out.append(GemmCall(False, (ab, acc), (ib, inp), (wb, wgt)))
+        elif kind == "fill":
+            _, inner, sbuf, sidx = it
+            heads.pop(sbuf.root.name, None)
+            producers.add(sbuf.name)
+            out.append(_analyse_fill(conv, inner, sbuf, sidx))
         elif kind == "reset":
             heads.pop(it[1].root.name, None)
             out.append(GemmCall(True, (it[1], it[2]), None, None))
