@@ -1,0 +1,119 @@
+"""The CSP code's accumulator initialisation (issue 18, item 3): padding-only ACC LOADs instead of
+GEMM reset micro-ops.
+
+* both initialisations give the numpy result bit for bit (stock family and a stencil-unrolled,
+  fused-z thin-channel embedding; bias + shift + clip);
+* the fill program has no reset micro-op, the same GEMM and ALU micro-ops, one LOAD per output
+  tile that reads no DRAM byte and writes the tile's elements as padding (counted by hand);
+* the knob model's DRAM bytes still equal the simulator's counters;
+* the compute module is busy less by the hand-counted difference on ``default``, and the total
+  is not higher on ``pipelined``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import conv2d_nchw, requantize
+
+from tvm_csp_embed import conv2d, embed_all, gemm
+from tvm_csp_embed.codegen import build_gemm, packed_gemm
+from tvm_csp_embed.codegen.knobs import evaluate
+from vta_ext.config import load_config
+from vta_ext.isa import GemmInsn, MemInsn, MemType, Opcode
+from vta_ext.sim.cycles import CycleModel
+
+EPILOGUE = (("bias",), ("shr", 5), ("clip", -128, 127))
+PERMS = {"data": (0, 1, 2, 3), "weight": (0, 1, 2, 3), "out": (0, 1, 2, 3)}
+
+
+def _case(c, hw, k, r, pad, stride, mode):
+    cfg = load_config("default")
+    wl = conv2d(1, c, hw + 2 * pad, hw + 2 * pad, k, r, r, stride=(stride, stride))
+    ohw = (hw + 2 * pad - r) // stride + 1
+    shapes = {"data": (1, c, hw, hw), "weight": (k, c, r, r), "out": (1, k, ohw, ohw)}
+    dpad = {"n": (0, 0), "c": (0, 0), "h": (pad, pad), "w": (pad, pad)}
+    pads = {"data": tuple(dpad[d] for d in wl.inputs[0].dim_names)}
+    rng = np.random.default_rng(18)
+    x = rng.integers(-128, 128, shapes["data"]).astype(np.int8)
+    w = rng.integers(-128, 128, shapes["weight"]).astype(np.int8)
+    b = rng.integers(-(1 << 14), 1 << 14, (1, k, 1, 1)).astype(np.int32)
+    ref = requantize(conv2d_nchw(x, w, stride, pad), b, 5, (-128, 127))
+    emb = embed_all(wl, gemm(cfg), mode)[0][0]
+    return cfg, packed_gemm(emb, shapes, PERMS, pads), {"data": x, "weight": w}, b, ref
+
+
+def _run(cfg, pg, arrays, bias, knobs, acc_init):
+    compiled = build_gemm(cfg, pg, EPILOGUE, knobs, acc_init=acc_init)
+    a = pg.operands["A"].host.pack_numpy(arrays[pg.operands["A"].tensor])
+    b = pg.operands["B"].host.pack_numpy(arrays[pg.operands["B"].tensor])
+    out, stats = compiled.run(a, b, pg.bias_layout(bias.shape).pack_numpy(bias))
+    return compiled, pg.operands["C"].host.unpack_numpy(out), stats
+
+
+def _counts(program):
+    """GEMM and reset uop-iterations, and the ACC loads as (x_size, y_size, pad rows)."""
+    gemm_uops = resets = 0
+    acc = []
+    for insn in program.insns:
+        if isinstance(insn, GemmInsn):
+            n = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+            if insn.reset_reg:
+                resets += n
+            else:
+                gemm_uops += n
+        elif (isinstance(insn, MemInsn) and insn.opcode == Opcode.LOAD and insn.x_size
+              and insn.memory_type == MemType.ACC):
+            acc.append((insn.x_size, insn.y_size, insn.y_pad_0 + insn.y_pad_1))
+    return gemm_uops, resets, acc
+
+
+def test_fill_instead_of_reset_counted_by_hand():
+    """1x32x14x14 * 32x32x3x3 pad 1 (stock family), tiles of 16 channels x 7 rows x 14 columns:
+    4 output tiles of 98 accumulator elements. Reset: 4 x 98 reset micro-ops. Fill: 4 LOADs of
+    one padding row of 98 elements, y_size 0. GEMM micro-ops: 4 tiles x 98 x 2 channel blocks x 9
+    taps = 7056 either way; the bias is one 16-channel element per tile (1 x 1 LOAD)."""
+    cfg, pg, arrays, bias, ref = _case(32, 14, 32, 3, 1, 1, "strict")
+    knobs = {"tile_n": 1, "tile_k": 1, "tile_oh": 7, "tile_ow": 14, "tile_c": 2, "vt_k": 1,
+             "vt_oh": 1}
+    runs = {m: _run(cfg, pg, arrays, bias, knobs, m) for m in ("reset", "fill")}
+    for compiled, got, stats in runs.values():
+        np.testing.assert_array_equal(got, ref)
+        assert stats.gemm_counter == 7056 and stats.alu_counter == 3 * 4 * 98
+        assert evaluate(cfg, pg, EPILOGUE, knobs).bytes == {
+            c: getattr(stats, c) for c in ("inp_load_nbytes", "wgt_load_nbytes",
+                                           "acc_load_nbytes", "out_store_nbytes")}
+    assert _counts(runs["reset"][0].program) == (7056, 4 * 98, [(1, 1, 0)] * 4)
+    assert sorted(_counts(runs["fill"][0].program)[2]) == sorted([(98, 0, 1)] * 4 + [(1, 1, 0)] * 4)
+    assert _counts(runs["fill"][0].program)[:2] == (7056, 0)
+    # compute module: a reset costs GEMM_CYCLES_PER_UOP per element, a fill one cycle per element
+    # (plus the reset kernel's micro-op load, which the fill does not need)
+    busy = {m: CycleModel(cfg).run_program(r[0].program).modules["compute"].busy
+            for m, r in runs.items()}
+    assert busy["reset"] - busy["fill"] >= 4 * 98 * (cfg.GEMM_CYCLES_PER_UOP - 1)
+    piped = load_config("pipelined")
+    total = {m: CycleModel(piped).run_program(r[0].program).total_cycles for m, r in runs.items()}
+    assert total["fill"] <= total["reset"]
+
+
+def test_fill_on_a_thin_fused_z_embedding_is_bit_exact_without_resets():
+    """3 input channels, 3x3, stride 2, relaxed (z fuses channels and filter rows, data
+    stencil-unrolled): the TPS point, both initialisations equal numpy; the fill has no reset and
+    one padding-only LOAD per output tile."""
+    cfg, pg, arrays, bias, ref = _case(3, 14, 32, 3, 1, 2, "relaxed")
+    assert len(pg.embedding.dims_of("z")) >= 2 and pg.embedding.unrolled
+    runs = {m: _run(cfg, pg, arrays, bias, "tps", m) for m in ("reset", "fill")}
+    for _, got, _ in runs.values():
+        np.testing.assert_array_equal(got, ref)
+    g_reset, r_reset, _ = _counts(runs["reset"][0].program)
+    g_fill, r_fill, acc = _counts(runs["fill"][0].program)
+    assert g_fill == g_reset and r_fill == 0 and r_reset > 0
+    fills = [a for a in acc if a[1] == 0]
+    # every accumulator element zeroed exactly once per output tile: as many as the resets
+    assert sum(x for x, _, _ in fills) == r_reset
+    assert runs["fill"][2].acc_load_nbytes == runs["reset"][2].acc_load_nbytes
+
+
+def test_unknown_acc_init_is_refused():
+    cfg, pg, *_ = _case(32, 14, 32, 3, 1, 1, "strict")
+    with pytest.raises(ValueError, match="unknown acc_init 'zero'; use one of"):
+        build_gemm(cfg, pg, EPILOGUE, "tps", acc_init="zero")
