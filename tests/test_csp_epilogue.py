@@ -117,3 +117,52 @@ def test_unknown_acc_init_is_refused():
     cfg, pg, *_ = _case(32, 14, 32, 3, 1, 1, "strict")
     with pytest.raises(ValueError, match="unknown acc_init 'zero'; use one of"):
         build_gemm(cfg, pg, EPILOGUE, "tps", acc_init="zero")
+
+
+# ------------------------------------------------------------------------------ fewest ALU passes
+_STAGES = [("shr", 0), ("shr", 3), ("shr", 20), ("shr", 31), ("add", 0),
+           ("clip", -128, 127), ("clip", 0, 127), ("clip", 50, 60), ("min", 127), ("min", -200),
+           ("max", 0), ("max", -128), ("max", 90)]
+
+
+def test_simplified_epilogue_is_the_same_function():
+    """Random chains of shifts, identities and bounds: the simplified epilogue gives the numpy
+    reference's result on random int32 accumulators, and never has more stages."""
+    from conftest import apply_epilogue
+
+    from vta_ext.templates.epilogue import simplify_epilogue
+
+    rng = np.random.default_rng(3)
+    acc = np.concatenate([rng.integers(-(1 << 31), 1 << 31, 4000),
+                          rng.integers(-300, 300, 2000), [-(1 << 31), (1 << 31) - 1, 0, -1]])
+    acc = acc.astype(np.int64)
+    for _ in range(400):
+        ep = tuple(_STAGES[i] for i in rng.integers(0, len(_STAGES), rng.integers(1, 6)))
+        simple = simplify_epilogue(ep)
+        assert len(simple) <= len(ep)
+        np.testing.assert_array_equal(apply_epilogue(acc, simple), apply_epilogue(acc, ep),
+                                      err_msg=f"{ep} -> {simple}")
+    # by hand
+    assert simplify_epilogue((("shr", 0), ("min", 127), ("max", 0))) == (("clip", 0, 127),)
+    assert simplify_epilogue((("shr", 20), ("shr", 20))) == (("shr", 31),)
+    assert simplify_epilogue((("clip", 0, 127), ("clip", -128, 60))) == (("clip", 0, 60),)
+    # disjoint bounds (a constant result) and vector stages stay as they are
+    assert simplify_epilogue((("min", -200), ("max", 0))) == (("min", -200), ("max", 0))
+    assert simplify_epilogue((("bias",), ("mul", 1), ("bias",))) == (("bias",), ("bias",))
+
+
+def test_csp_build_runs_min_max_as_one_clip():
+    """``shr 0, min 127, max 0`` (the original tests' two-stage clip after a no-op shift) runs as
+    one CLIP pass on the CSP path: a third of the ALU micro-ops, bit-exact."""
+    from conftest import apply_epilogue
+
+    cfg, pg, arrays, bias, _ = _case(32, 14, 32, 3, 1, 1, "strict")
+    ep = (("shr", 0), ("min", 127), ("max", 0))
+    compiled = build_gemm(cfg, pg, ep, "tps")
+    a = pg.operands["A"].host.pack_numpy(arrays[pg.operands["A"].tensor])
+    b = pg.operands["B"].host.pack_numpy(arrays[pg.operands["B"].tensor])
+    out, stats = compiled.run(a, b)
+    got = pg.operands["C"].host.unpack_numpy(out)
+    ref = apply_epilogue(conv2d_nchw(arrays["data"], arrays["weight"], 1, 1), ep)
+    np.testing.assert_array_equal(got, ref)
+    assert stats.alu_counter == 32 * 14 * 14 // 16    # one pass over the 392 output elements

@@ -121,6 +121,8 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps", acc_init: s
                ) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
     ``"reset"``, :data:`~.schedule.ACC_INITS`) says how each output tile's accumulator is zeroed.
+    The epilogue runs in its fewest ALU passes
+    (:func:`vta_ext.templates.epilogue.simplify_epilogue`).
 
     Raises
     ------
@@ -133,14 +135,14 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps", acc_init: s
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule
     from vta_ext.runtime import CommandQueue
-    from vta_ext.templates.epilogue import has_bias, normalize_epilogue
+    from vta_ext.templates.epilogue import has_bias, normalize_epilogue, simplify_epilogue
     from vta_ext.templates.errors import Conv2dRefusal, KnobError
 
     epilogue = normalize_epilogue(epilogue)
     point, explicit = resolve_knobs(cfg, pg, epilogue, knobs)
     timings = {}
     t0 = time.perf_counter()
-    sch, _ = schedule_gemm(cfg, pg, epilogue, point, acc_init)
+    sch, _ = schedule_gemm(cfg, pg, simplify_epilogue(epilogue), point, acc_init)
     t1 = time.perf_counter()
     lowered = lower_schedule(sch.mod)
     func = lowered["csp_gemm"] if "csp_gemm" in [g.name_hint for g in lowered.functions] else \

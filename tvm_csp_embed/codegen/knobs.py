@@ -286,7 +286,7 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
     """The modelled figures of the points ``k`` under loop order ``order`` (a structurally valid
     order): ``sram`` (entries per scratchpad), ``uops``, ``folded``, ``bytes`` (per counter) and
     ``insns``."""
-    from vta_ext.templates.epilogue import alu_count, has_bias
+    from vta_ext.templates.epilogue import alu_count, has_bias, simplify_epilogue
 
     inside = _inside(pg, k)
     orders = loop_orders(pg, order)
@@ -328,7 +328,8 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
     a_loads = math.prod(_region(d, inside) for d in a_free[:-2]) if len(a_free) > 2 else 1
     c_free = _free_dims(C)
     per_tile_stores = math.prod(k[f"tile_{n}"] for n in c_loops[:-2]) if len(c_free) > 2 else 1
-    insns = stores * (batch * steps * (a_loads + 2) + 2 + alu_count(cfg, ep) + per_tile_stores)
+    insns = stores * (batch * steps * (a_loads + 2) + 2 + alu_count(cfg, simplify_epilogue(ep))
+                      + per_tile_stores)
     if res is not None:
         # the resident operand's loads leave the load steps: one per iteration of its loop
         moved = a_loads if res == "A" else 1

@@ -48,8 +48,8 @@ from .errors import EpilogueError, EpilogueRefusal
 
 __all__ = ["Stage", "Epilogue", "EPILOGUE_ORIGINAL", "EPILOGUE_PIPELINE", "STAGE_ARITY",
            "MAX_SHIFT", "VECTOR_STAGES", "normalize_epilogue", "has_bias", "has_multiplier",
-           "vector_stages", "alu_ops", "alu_count", "alu_cycles", "te_stage", "emit_epilogue", "epilogue_range",
-           "has_multiply", "fit_immediates"]
+           "vector_stages", "alu_ops", "alu_count", "alu_cycles", "te_stage", "emit_epilogue",
+           "epilogue_range", "has_multiply", "fit_immediates", "simplify_epilogue"]
 
 Stage = Tuple[Any, ...]
 #: a normalised epilogue: a tuple of stages (tuples whose first item is the kind)
@@ -344,4 +344,49 @@ def fit_immediates(epilogue: Epilogue) -> Epilogue:
                 continue
         out.append(st)
         i += 1
+    return tuple(out)
+
+
+#: the interval of a bounding stage: (lower bound or None, upper bound or None)
+_BOUNDS = {"clip": lambda st: (st[1], st[2]), "min": lambda st: (None, st[1]),
+           "max": lambda st: (st[1], None)}
+
+
+def _bounding_stage(lo: Optional[int], hi: Optional[int]) -> Stage:
+    if lo is not None and hi is not None:
+        return ("clip", lo, hi)
+    return ("min", hi) if lo is None else ("max", lo)
+
+
+def simplify_epilogue(epilogue: Epilogue) -> Epilogue:
+    """The same function of the int32 accumulator with fewer ALU passes, by exact rewrites only:
+
+    * identities are dropped: ``("shr", 0)``, ``("add", 0)``, ``("mul", 1)``;
+    * consecutive shifts merge, ``("shr", a), ("shr", b)`` -> ``("shr", min(a + b, 31))``
+      (``floor(floor(x / 2**a) / 2**b) = floor(x / 2**(a+b))``, and an int32 shifted right by 31
+      is already 0 or -1, which further shifts keep);
+    * consecutive bounds (``clip``, ``min``, ``max``) whose intervals overlap merge into one bound
+      on the intersection (clamping to ``I`` then to ``J`` is clamping to ``I & J`` when that is
+      not empty), e.g. ``("min", 127), ("max", 0)`` -> ``("clip", 0, 127)``, one CLIP.
+
+    Vector stages, adds and multiplies are kept as they are (their int32 range proof,
+    :func:`epilogue_range`, is about the stages as given).
+    """
+    out: List[Stage] = []
+    for st in epilogue:
+        st = tuple(st)
+        if st in (("shr", 0), ("add", 0), ("mul", 1)):
+            continue
+        prev = out[-1] if out else None
+        if prev is not None and prev[0] == "shr" and st[0] == "shr":
+            out[-1] = ("shr", min(prev[1] + st[1], MAX_SHIFT))
+            continue
+        if prev is not None and prev[0] in _BOUNDS and st[0] in _BOUNDS:
+            (l1, h1), (l2, h2) = _BOUNDS[prev[0]](prev), _BOUNDS[st[0]](st)
+            lo = l2 if l1 is None else (l1 if l2 is None else max(l1, l2))
+            hi = h2 if h1 is None else (h1 if h2 is None else min(h1, h2))
+            if lo is None or hi is None or lo <= hi:
+                out[-1] = _bounding_stage(lo, hi)
+                continue
+        out.append(st)
     return tuple(out)
