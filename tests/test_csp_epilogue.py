@@ -166,3 +166,61 @@ def test_csp_build_runs_min_max_as_one_clip():
     ref = apply_epilogue(conv2d_nchw(arrays["data"], arrays["weight"], 1, 1), ep)
     np.testing.assert_array_equal(got, ref)
     assert stats.alu_counter == 32 * 14 * 14 // 16    # one pass over the 392 output elements
+
+
+# ------------------------------------------------------------------------------ the lowering
+@pytest.mark.parametrize("strided", [False, True])
+def test_fill_pragma_lowering_contiguous_and_strided(strided):
+    """``r[i, j] = sum_k a[i, j, k]`` in the accumulator (ALU ADD reduction), 4 x 3 elements,
+    zeroed under ``ACC_FILL_PRAGMA``: above both loops, one LOAD of one padding row of 12
+    elements; under the j loop (i strides by 3 elements), one LOAD per element (12). Equal to
+    numpy on two runs of one simulator (the accumulator holds the first run's sums when the second
+    starts); no DRAM byte is read by the fills; no GEMM reset."""
+    from tvm import te
+    from tvm.s_tir import Schedule
+
+    from vta_ext.lower.codegen import lower_to_runtime
+    from vta_ext.lower.intrin import ACC_FILL_PRAGMA
+    from vta_ext.lower.passes import lower_schedule
+    from vta_ext.lower.racecheck import check_races
+    from vta_ext.runtime import CommandQueue
+
+    cfg = load_config("default")
+    L, K = cfg.BATCH * cfg.BLOCK_OUT, 5
+    a = te.placeholder((4, 3, K, L), "int32", name="a")
+    k = te.reduce_axis((0, K), "k")
+    r = te.compute((4, 3, L), lambda i, j, c: te.sum(a[i, j, k, c], axis=k), name="r")
+    out = te.compute((4, 3, L), lambda *i: r(*i).astype("int8"), name="out")
+    sch = Schedule(te.create_prim_func([a, out]))
+    rb = sch.get_sblock("r")
+    sch.set_scope(rb, 0, "local.acc_buffer")
+    sch.cache_read(rb, 0, "local.acc_buffer")
+    i, j, c, kk = sch.get_loops(rb)
+    if strided:
+        sch.reorder(j, i, kk, c)
+        init = sch.decompose_reduction(rb, i)
+        sch.annotate(sch.get_loops(init)[1], ACC_FILL_PRAGMA, 1)
+    else:
+        sch.reorder(i, j, kk, c)
+        init = sch.decompose_reduction(rb, i)
+        sch.annotate(sch.get_loops(init)[0], ACC_FILL_PRAGMA, 1)
+    gen = lower_to_runtime(cfg, lower_schedule(sch.mod)["main"])
+    q = CommandQueue(cfg)
+    av = np.random.default_rng(5).integers(-1000, 1000, (4, 3, K, L)).astype(np.int32)
+    bufs = {"a": q.alloc(av.nbytes, "a"), "out": q.alloc(4 * 3 * L, "out")}
+    gen.emit(q, bufs)
+    prog = q.synchronize()
+    check_races(prog)
+    prog.write("a", av)
+    from vta_ext.sim import FunctionalSimulator
+
+    sim = FunctionalSimulator(cfg)
+    for _ in range(2):   # the scratchpads persist: the second run starts from the first's sums
+        stats = prog.run(sim)
+        np.testing.assert_array_equal(prog.read("out", np.int8, (4, 3, L)),
+                                      av.astype(np.int64).sum(axis=2).astype(np.int8))
+    fills = [(x.x_size, x.y_pad_0) for x in prog.insns if isinstance(x, MemInsn)
+             and x.opcode == Opcode.LOAD and x.x_size and x.y_size == 0]
+    assert fills == ([(1, 1)] * 12 if strided else [(12, 1)])
+    assert stats.acc_load_nbytes == av.nbytes          # the operand only
+    assert not any(isinstance(x, GemmInsn) for x in prog.insns)
