@@ -20,8 +20,11 @@ Schedule (the rule of the stock ``conv2d_packed``, stated on loop roles, :func:`
 * the GEMM stage and the epilogue in the accumulator at the store point, the bias loaded there;
 * GEMM stage: batch | z-tile outer loops (the load point of the input and weight caches) | z-tile
   inner loops, last image row, the other reductions innermost-first, output channels, other image
-  rows | lanes; the reset before the first loop after the batch, the GEMM intrinsic tensorized at
-  the lanes (the batch lane with ``BATCH > 1``, else the ``BLOCK_OUT`` lane).
+  rows | lanes; the GEMM intrinsic tensorized at the lanes (the batch lane with ``BATCH > 1``, else
+  the ``BLOCK_OUT`` lane); the accumulator zeroed (:data:`ACC_INITS`) either for the whole tile
+  before the GEMM loops by padding-only LOADs (``"fill"``, marked with
+  :data:`vta_ext.lower.intrin.ACC_FILL_PRAGMA`) or by the reset intrinsic before the first loop
+  after the batch (``"reset"``, the stock rule).
 
 The lowering is :mod:`vta_ext.lower` (``lower_schedule`` then ``lower_to_runtime``).
 """
