@@ -20,6 +20,7 @@ from tvm_csp_embed.codegen import build_gemm, packed_gemm
 from tvm_csp_embed.codegen.knobs import evaluate
 from vta_ext.config import load_config
 from vta_ext.isa import GemmInsn, MemInsn, MemType, Opcode
+from vta_ext.lower.racecheck import check_races
 from vta_ext.sim.cycles import CycleModel
 
 EPILOGUE = (("bias",), ("shr", 5), ("clip", -128, 127))
@@ -78,6 +79,7 @@ def test_fill_instead_of_reset_counted_by_hand():
     runs = {m: _run(cfg, pg, arrays, bias, knobs, m) for m in ("reset", "fill")}
     for compiled, got, stats in runs.values():
         np.testing.assert_array_equal(got, ref)
+        check_races(compiled.program)   # the fill waits for the previous tile's store, as resets do
         assert stats.gemm_counter == 7056 and stats.alu_counter == 3 * 4 * 98
         assert evaluate(cfg, pg, EPILOGUE, knobs).bytes == {
             c: getattr(stats, c) for c in ("inp_load_nbytes", "wgt_load_nbytes",
@@ -182,7 +184,6 @@ def test_fill_pragma_lowering_contiguous_and_strided(strided):
     from vta_ext.lower.codegen import lower_to_runtime
     from vta_ext.lower.intrin import ACC_FILL_PRAGMA
     from vta_ext.lower.passes import lower_schedule
-    from vta_ext.lower.racecheck import check_races
     from vta_ext.runtime import CommandQueue
 
     cfg = load_config("default")
