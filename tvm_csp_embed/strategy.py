@@ -286,10 +286,7 @@ class CspGemmTemplate(OpTemplate):
         if workload.stock:
             stock = get_template(self.kind, "stock")
             return stock.build(config, stock.workload_from_dict(dict(workload.stock)), epilogue, knobs)
-        # csp-strict is the stock mapping family with the stock code (GEMM resets: its programs
-        # equal the stock template's); csp-relaxed zeroes accumulators by padding-only LOADs
-        acc_init = "reset" if workload.mode == "strict" else "fill"
-        return build_gemm(config, packed_of(workload, config), epilogue, knobs, acc_init=acc_init)
+        return build_gemm(config, packed_of(workload, config), epilogue, knobs)
 
     def knob_space(self, config, workload: CspWorkload, epilogue: Sequence[tuple]) -> KnobSpace:
         if workload.stock:

@@ -13,14 +13,14 @@ import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
 from .knobs import (KnobPoint, Pruned, check_point, cycle_point, fallback_point, knob_names,
                     tps_point)
 from .plan import PackedGemm
-from .schedule import bias_shape, schedule_gemm
+from .schedule import acc_init_of, bias_shape, schedule_gemm
 
 __all__ = ["CompiledGemm", "resolve_knobs", "build_gemm", "knob_record"]
 
@@ -117,10 +117,11 @@ class CompiledGemm:
         return prog.read("out", np.int8, self.shapes["out"]), stats
 
 
-def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps", acc_init: str = "fill"
-               ) -> CompiledGemm:
+def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
+               acc_init: Optional[str] = None) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
-    ``"reset"``, :data:`~.schedule.ACC_INITS`) says how each output tile's accumulator is zeroed.
+    ``"reset"``, :data:`~.schedule.ACC_INITS`; None: :func:`~.schedule.acc_init_of`) says how each
+    output tile's accumulator is zeroed.
     The epilogue runs in its fewest ALU passes
     (:func:`vta_ext.templates.epilogue.simplify_epilogue`).
 
@@ -142,7 +143,8 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps", acc_init: s
     point, explicit = resolve_knobs(cfg, pg, epilogue, knobs)
     timings = {}
     t0 = time.perf_counter()
-    sch, _ = schedule_gemm(cfg, pg, simplify_epilogue(epilogue), point, acc_init)
+    sch, _ = schedule_gemm(cfg, pg, simplify_epilogue(epilogue), point,
+                           acc_init_of(pg) if acc_init is None else acc_init)
     t1 = time.perf_counter()
     lowered = lower_schedule(sch.mod)
     func = lowered["csp_gemm"] if "csp_gemm" in [g.name_hint for g in lowered.functions] else \

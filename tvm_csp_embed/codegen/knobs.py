@@ -44,6 +44,7 @@ import numpy as np
 
 from .loops import ORDERS, loop_orders, tiled_loops, vt_loops
 from .plan import AXIS_PREFIX, PackedGemm
+from .schedule import acc_init_of
 
 __all__ = ["KnobPoint", "Pruned", "KnobGrid", "knob_names", "knob_domain", "knob_defaults",
            "check_point", "evaluate", "enumerate_points", "knob_grid", "search", "tps_point", "cycle_point", "seed_tps_point",
@@ -288,6 +289,7 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
     ``insns``."""
     from vta_ext.templates.epilogue import alu_count, has_bias, simplify_epilogue
 
+    ep = simplify_epilogue(ep)      # the ALU passes the build runs (build_gemm)
     inside = _inside(pg, k)
     orders = loop_orders(pg, order)
     res = orders.resident
@@ -328,8 +330,7 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
     a_loads = math.prod(_region(d, inside) for d in a_free[:-2]) if len(a_free) > 2 else 1
     c_free = _free_dims(C)
     per_tile_stores = math.prod(k[f"tile_{n}"] for n in c_loops[:-2]) if len(c_free) > 2 else 1
-    insns = stores * (batch * steps * (a_loads + 2) + 2 + alu_count(cfg, simplify_epilogue(ep))
-                      + per_tile_stores)
+    insns = stores * (batch * steps * (a_loads + 2) + 2 + alu_count(cfg, ep) + per_tile_stores)
     if res is not None:
         # the resident operand's loads leave the load steps: one per iteration of its loop
         moved = a_loads if res == "A" else 1
@@ -382,7 +383,9 @@ def _module_busy(cfg, pg: PackedGemm, ep, k, inside, at_res, res, nbytes, stores
     store_rows = _dma_rows(_free_dims(C), ctile)
     return {"load": load,
             "gemm": pg.embedding.instruction_count * cfg.GEMM_CYCLES_PER_UOP + stores * steps * issue,
-            "reset": blocks * cfg.GEMM_CYCLES_PER_UOP + stores * issue,
+            # GEMM resets, or padding-only LOADs at a cycle per element (codegen.schedule)
+            "reset": blocks * (cfg.GEMM_CYCLES_PER_UOP if acc_init_of(pg) == "reset" else 1)
+                     + stores * issue,
             "epilogue": (blocks * alu_cycles(cfg, ep) + stores * alu_count(cfg, ep) * issue
                          + (nbytes["acc_load_nbytes"] / bpc + stores * (issue + dma)
                             if has_bias(ep) else 0)),

@@ -35,13 +35,20 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from .loops import loop_orders
 from .plan import AXIS_PREFIX, PackedDim, PackedGemm
 
-__all__ = ["gemm_compute", "schedule_gemm", "bias_shape", "ACC_INITS"]
+__all__ = ["gemm_compute", "schedule_gemm", "bias_shape", "ACC_INITS", "acc_init_of"]
 
 #: how the accumulator of each output tile starts from zero (:func:`schedule_gemm`): ``"fill"``,
 #: LOADs of the accumulator made only of padding (one cycle per element written on the compute
 #: module, no micro-op, no DRAM byte); ``"reset"``, GEMM reset micro-ops (the stock templates'
 #: rule, ``GEMM_CYCLES_PER_UOP`` per element)
 ACC_INITS = ("fill", "reset")
+
+
+def acc_init_of(pg: PackedGemm) -> str:
+    """The initialisation a build of ``pg`` uses by default: ``"reset"`` for a strict embedding
+    (``csp-strict`` is the stock mapping family with the stock code: its programs equal the stock
+    template's), else ``"fill"``."""
+    return "reset" if pg.embedding.mode == "strict" else "fill"
 
 #: the TIR name of an instruction-axis variable
 _AXIS_NAMES = {"x": "x_i", "y": "y_i", "z": "z_i"}
