@@ -2,8 +2,8 @@
 """The epilogue off the GEMM path (issue 18, item 3): instruction counts and cycles, before/after.
 
 **Per layer** (one run, both programs built from the same plan): each layer is planned as
-``csp-relaxed`` with ``objective="cycles"`` would plan it (the chosen embedding and its TPS knob
-point), then compiled twice with :func:`tvm_csp_embed.codegen.build_gemm`:
+``csp-relaxed`` with ``objective="cycles"`` would plan it (the chosen embedding and the default
+``"cycles"`` knob point), then compiled twice with :func:`tvm_csp_embed.codegen.build_gemm`:
 
 * ``reset`` (before): every output tile's accumulator zeroed by GEMM reset micro-ops (the stock
   templates' rule, what the CSP code did before);
@@ -121,6 +121,7 @@ def layer_rows(name, shape) -> list:
     import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
     import vta_ext
     from tvm_csp_embed.codegen import build_gemm
+    from tvm_csp_embed.codegen.build import resolve_knobs
     from tvm_csp_embed.strategy import packed_of
     from vta_ext.config import load_config
     from vta_ext.sim.cycles import CycleModel
@@ -146,8 +147,9 @@ def layer_rows(name, shape) -> list:
         a = pg.operands["A"].host.pack_numpy(arrays[pg.operands["A"].tensor])
         bb = pg.operands["B"].host.pack_numpy(arrays[pg.operands["B"].tensor])
         bias = pg.bias_layout(b.shape).pack_numpy(b)
+        point, _ = resolve_knobs(cfg, pg, EPILOGUE, "cycles")   # one point for both programs
         for mode in MODES:
-            compiled = build_gemm(cfg, pg, EPILOGUE, "tps", acc_init=mode)
+            compiled = build_gemm(cfg, pg, EPILOGUE, point, acc_init=mode)
             out, _ = compiled.run(a, bb, bias)
             got = pg.operands["C"].host.unpack_numpy(out)
             rep = CycleModel(cfg).run_program(compiled.program)
