@@ -950,7 +950,8 @@ def run_example(model_name: str, description: str, argv=None) -> int:
             mhz = runs[0].cycles.config.CLOCK_MHZ
             print(f"\n== VTA cycles (cycle model, config {config!r}, strategy {strategy!r}): "
                   f"{cycles:,} cycles = "
-                  f"{cycles / (1e3 * mhz):.2f} ms at {mhz} MHz, {len(runs)} VTA calls")
+                  f"{cycles / (1e3 * mhz):.2f} ms at {mhz} MHz, {len(runs)} VTA calls; "
+                  f"{report.floor_text()} (vta_ext.floor)")
             for op, (n, c) in sorted(by_op.items()):
                 print(f"  {op:<18} {n:>3} calls {c:>14,} cycles")
         else:

@@ -121,6 +121,9 @@ def check_against_python_api(ran, out, report, reference):
     assert len(calls) == len(api_report.on_vta)
     cycles = sum(c.cycles.total_cycles for c in calls)
     assert f"VTA: {len(calls)} operator call(s), {cycles:,} cycles" in ran.stdout
+    # the run log's efficiency: the floors of the Python API's report over the same cycles
+    assert (f"cycles (cycle model, one inference); floor {api_report.vta_floor:,.0f} cycles, "
+            f"efficiency {api_report.vta_floor / cycles:.2f}") in ran.stdout
     assert re.search(r"wall time over 2 runs: min [\d.]+ ms, median [\d.]+ ms", ran.stdout)
     assert report["summary"] == api_report.summary()
     assert report["strategy"] == api_report.strategy

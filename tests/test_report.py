@@ -131,8 +131,10 @@ def _check_lines(report):
             continue
         key = report.vta_keys[p.call]
         assert json.loads(key)["op"] == p.kind
-        printed = int(m.group(4).split()[-1].replace(",", ""))
+        printed = int(m.group(4).split()[-2].replace(",", ""))
         assert printed == cycle_report(key).total_cycles == report.cycles(p)
+        # the last column: the floor over those cycles
+        assert float(m.group(4).split()[-1]) == round(report.floor(p).total / printed, 2)
     assert sum(report.cycles(p) for p in report.on_vta) == report.vta_cycles
     return text, lines
 
@@ -170,7 +172,7 @@ def test_padding_is_the_extra_work_padding_adds(chain_build):
     for p in (add, pool):
         assert report.padding_overhead(p) == (pytest.approx(32 / 24 - 1), "elements")
     assert report.padding_overhead(report.on_cpu[0]) == (None, "")
-    pads = [m.group(4).split()[-2] for m in _operator_lines(str(report))[:4]]
+    pads = [m.group(4).split()[-3] for m in _operator_lines(str(report))[:4]]
     assert pads == ["611%", "78%", "33%", "33%"]
     assert report.vta_macs == conv1.macs + conv2.macs and report.cpu_macs == 0
     assert f"MACs: {report.vta_macs:,} on VTA (100.0 %), 0 on the CPU" in str(report)
@@ -223,14 +225,20 @@ def test_explain_gives_the_full_rationale(chain_build):
     _, layers, report, _, _ = chain_build
     ops = report.operators
     for i, p in enumerate(ops):
-        expected = p.detail if p.device == "vta" else p.reason
+        expected = p.reason
+        if p.device == "vta":  # the rationale, then the floor and the efficiency
+            expected = report.explain(i)
+            floor = report.floor(p)
+            assert expected.startswith(p.detail + f"; floor {floor.total:,.0f} cycles ")
+            assert expected.endswith(f"{report.cycles(p):,} modelled cycles, efficiency "
+                                     f"{floor.total / report.cycles(p):.2f}")
         assert report.explain(i) == expected
         assert report.explain(p.name) == expected
         if p.layer:
             assert report.explain(p.layer) == expected
     assert report.explain(-1) == "sigmoid: no LUT instruction"
     # the layer without the frontend's "(aten....)" suffix
-    assert report.explain("stem.conv") == ops[0].detail
+    assert report.explain("stem.conv") == report.explain(0)
     assert "PADDED in channels 3->16, out channels 24->32" in report.explain("stem.conv")
     assert len(report.explain(0)) > len(_operator_lines(str(report))[0].group(0))
 
@@ -373,6 +381,11 @@ def test_resnet18_32_report():
     assert report.padded == [stem, fc]
     assert report.padding_overhead(stem) == (pytest.approx(16 / 3 - 1), "MACs")  # 3 -> 16 in
     assert report.padding_overhead(fc) == (pytest.approx(1008 / 1000 - 1), "MACs")  # 1000 -> 1008
-    assert report.explain("conv1") == stem.detail and report.explain("fc") == fc.detail
+    assert report.explain("conv1").startswith(stem.detail + "; floor ")
+    assert report.explain("fc").startswith(fc.detail + "; floor ")
+    # no operator (conv, dense, pools, adds) beats its floor; the totals are the sums
+    assert all(0 < report.efficiency(p) <= 1 for p in report.on_vta)
+    assert report.vta_floor == pytest.approx(sum(report.floor(p).total for p in report.on_vta))
+    assert f"({report.floor_text()})" in text and 0 < report.vta_efficiency <= 1
     assert "padding: 2 of 31 VTA operators pad their operands (max 433 % extra MACs)" in text
     assert time.perf_counter() - start < 120

@@ -1,7 +1,8 @@
 """The build report: which operators run on VTA, which on the CPU, and why.
 
 ``print(report)`` gives one line per operator (device, operator, source layer, strategy and
-embedding, padding, cycles) and a summary (operators per device, MACs, cycles, host layout
+embedding, padding, cycles, efficiency: the floor over the cycles, :mod:`vta_ext.floor`) and a
+summary (operators per device, MACs, cycles, the floor and efficiency of all VTA calls, host layout
 operations, the end-to-end estimate). :meth:`BuildReport.explain` gives an operator's full
 rationale (candidates, figures, tiling); :meth:`BuildReport.to_json` and
 :meth:`BuildReport.to_csv` export the report.
@@ -35,7 +36,8 @@ CPU_REASONS_ATTR = "vta_ext.cpu_reasons"
 LINE_WIDTH = 150
 #: the columns of :meth:`BuildReport.to_csv`
 CSV_COLUMNS = ("index", "device", "op", "kind", "layer", "name", "plan", "padding_pct",
-               "padding_of", "padding", "cycles", "macs", "reason", "detail")
+               "padding_of", "padding", "cycles", "floor", "floor_bound", "efficiency", "macs",
+               "reason", "detail")
 
 
 @dataclass(frozen=True)
@@ -248,9 +250,51 @@ class BuildReport:
         return [p for p in self.placements if p.reason != LAYOUT_REASON]
 
     # ---------------------------------------------------------------- per operator figures
+    def floor(self, p: OpPlacement):
+        """The floor of VTA placement ``p`` (:func:`vta_ext.floor.key_floor` of its call's key,
+        the operator's MACs and output elements as written; computed on first use); None on the
+        CPU."""
+        key = self.key_of(p)
+        if key is None:
+            return None
+        floors = self.__dict__.setdefault("_floors", {})
+        if key not in floors:
+            from .floor import key_floor
+
+            floors[key] = key_floor(key, p.macs, p.elements)
+        return floors[key]
+
+    def efficiency(self, p: OpPlacement) -> Optional[float]:
+        """Floor over modelled cycles of VTA placement ``p`` (1 is the best any plan can do);
+        None on the CPU."""
+        floor, cycles = self.floor(p), self.cycles(p)
+        if floor is None or not cycles:
+            return None
+        from .floor import efficiency
+
+        return efficiency(floor, cycles)
+
+    @property
+    def vta_floor(self) -> float:
+        """Sum of the floors of all VTA calls of one inference (cycles)."""
+        return sum(self.floor(p).total for p in self.on_vta if p.call is not None)
+
+    @property
+    def vta_efficiency(self) -> Optional[float]:
+        """:attr:`vta_floor` over :attr:`vta_cycles` (None without VTA calls)."""
+        cycles = self.vta_cycles
+        return self.vta_floor / cycles if cycles else None
+
+    def floor_text(self) -> str:
+        """``"floor 1,931,776 cycles, efficiency 0.91"`` for the VTA calls, or ``""`` without."""
+        if not self.vta_keys:
+            return ""
+        return f"floor {self.vta_floor:,.0f} cycles, efficiency {self.vta_efficiency:.2f}"
+
     def key_of(self, p: OpPlacement) -> Optional[str]:
-        """The compiled-operator key of VTA placement ``p`` (None on the CPU)."""
-        if p.device != VTA or p.call is None:
+        """The compiled-operator key of VTA placement ``p`` (None on the CPU, or when the report
+        holds no key for its call, as in a report put together by hand)."""
+        if p.device != VTA or p.call is None or p.call >= len(self.vta_keys):
             return None
         return self.vta_keys[p.call]
 
@@ -338,10 +382,11 @@ class BuildReport:
         rows = []
         for i, p in enumerate(self.operators):
             if p.device == VTA:
-                cycles = self.cycles(p)
+                cycles, eff = self.cycles(p), self.efficiency(p)
                 rows.append([str(i), "VTA", p.short_op, p.source, p.plan or p.reason,
                              _percent(self.padding_overhead(p)[0]),
-                             "-" if cycles is None else f"{cycles:,}"])
+                             "-" if cycles is None else f"{cycles:,}",
+                             "-" if eff is None else f"{eff:.2f}"])
             else:
                 rows.append([str(i), "CPU", p.short_op, p.source, p.reason])
         return rows
@@ -350,11 +395,12 @@ class BuildReport:
         """The per-operator lines of :meth:`__str__` (a header, then one line per operator of
         :attr:`operators`, each at most :data:`LINE_WIDTH` characters)."""
         rows = self._rows()
-        head = ["#", "on", "operator", "layer / variable", "strategy / embedding", "pad", "cycles"]
-        caps = [6, 3, 18, 40, 40, 7, 13]
+        head = ["#", "on", "operator", "layer / variable", "strategy / embedding", "pad", "cycles",
+                "eff"]
+        caps = [6, 3, 18, 38, 38, 7, 13, 4]
         widths = [min(cap, max([len(head[c])] + [len(r[c]) for r in rows if len(r) > c]))
                   for c, cap in enumerate(caps)]
-        right = {0, 5, 6}
+        right = {0, 5, 6, 7}
 
         def line(cells: List[str]) -> str:
             out = []
@@ -385,8 +431,9 @@ class BuildReport:
         lines = [f"ext_vta build ({self.config}, strategy {self.strategy}): {vta} operator(s) on "
                  f"VTA, {cpu} on the CPU"]
         lines += self.lines()
+        floor = f" ({self.floor_text()})" if self.vta_keys else ""
         lines.append(f"  MACs: {self.vta_macs:,} on VTA{share}, {self.cpu_macs:,} on the CPU; "
-                     f"VTA cycles: {self.vta_cycles:,} in {len(self.vta_keys)} call(s)")
+                     f"VTA cycles: {self.vta_cycles:,} in {len(self.vta_keys)} call(s){floor}")
         padding = self.padding_text()
         if padding:
             lines.append(f"  padding: {padding}")
@@ -463,14 +510,26 @@ class BuildReport:
             For an index or name that is not in the report; the message names the valid ones.
         """
         p = self.operators[self.find(which)]
-        return p.detail if p.device == VTA else p.reason
+        if p.device != VTA:
+            return p.reason
+        floor, eff = self.floor(p), self.efficiency(p)
+        if floor is None:
+            return p.detail
+        return (f"{p.detail}; floor {floor.total:,.0f} cycles ({floor.bound} bound: GEMM "
+                f"{floor.compute_gemm:,.0f} + ALU {floor.compute_alu:,.0f} compute, memory "
+                f"{floor.memory:,.0f}), {self.cycles(p):,} modelled cycles, efficiency {eff:.2f}")
 
     # ---------------------------------------------------------------- export
     def _placement_dict(self, p: OpPlacement, index: Optional[int]) -> Dict[str, Any]:
         fraction, unit = self.padding_overhead(p)
+        floor = self.floor(p)
         return {**dataclasses.asdict(p), "index": index, "cycles": self.cycles(p),
                 "padding_pct": None if fraction is None else 100 * fraction,
-                "padding_of": unit or None}
+                "padding_of": unit or None,
+                "floor": None if floor is None else floor.total,
+                "floor_parts": None if floor is None else floor.as_dict(),
+                "floor_bound": None if floor is None else floor.bound,
+                "efficiency": self.efficiency(p)}
 
     def to_dict(self) -> Dict[str, Any]:
         """The report as JSON-able values (what :meth:`to_json` writes).
@@ -480,7 +539,9 @@ class BuildReport:
         dict
             ``config``, ``strategy``, ``placements`` (every :class:`OpPlacement` field, plus
             ``index`` in :attr:`operators` or None for a layout transform, ``cycles``,
-            ``padding_pct`` and ``padding_of`` (:meth:`padding_overhead`)), ``timings``, ``host``
+            ``padding_pct`` and ``padding_of`` (:meth:`padding_overhead`), ``floor`` (cycles),
+            ``floor_parts`` (:meth:`vta_ext.floor.Floor.as_dict`), ``floor_bound`` and
+            ``efficiency`` (:meth:`floor`, :meth:`efficiency`)), ``timings``, ``host``
             (the host model's fields, or None for the default), ``vta_keys``, ``layout_bytes``,
             ``cpu_macs`` and ``summary`` (the figures of the summary lines).
         """
@@ -496,7 +557,8 @@ class BuildReport:
                 "operators_on_vta": len(self.on_vta),
                 "operators_on_cpu": len(self.operators) - len(self.on_vta),
                 "vta_macs": self.vta_macs, "cpu_macs": self.cpu_macs,
-                "vta_cycles": self.vta_cycles, "host_relayouts": self.host_relayouts,
+                "vta_cycles": self.vta_cycles, "vta_floor": self.vta_floor,
+                "vta_efficiency": self.vta_efficiency, "host_relayouts": self.host_relayouts,
                 "layout_bytes": self.layout_bytes, "host_cycles": self.host_cycles,
                 "end_to_end_cycles": self.end_to_end_cycles, "host_model": self.host_model.name,
                 "padded_operators": len(padded), "padding": self.padding_text(),

@@ -1,0 +1,358 @@
+"""The floor of a VTA operator: the fewest cycles any plan of it can take on a configuration.
+
+The floor is ``max(compute, memory)`` of the operator *as written* (no padding):
+
+* **compute** = GEMM part + ALU part:
+
+  - GEMM: the operator's MACs (:func:`vta_ext.quantize.call_macs`, no padding)
+    ``/ (BATCH * BLOCK_IN * BLOCK_OUT) * GEMM_CYCLES_PER_UOP``;
+  - ALU: output elements ``/ (BATCH * BLOCK_OUT)`` times the cycles of the ALU passes the
+    operator needs per output block. Each pass costs its own cycles per micro-op: an immediate
+    op (SHR, CLIP, MIN/MAX/ADD/MUL imm) ``ALU_CYCLES_PER_UOP_IMM``, a vector-vector op (the bias
+    or multiplier ADD / MUL, the taps of a depthwise convolution, the MAX / ADD of a pooling
+    window) ``ALU_CYCLES_PER_UOP_VEC``: the cycle model (:mod:`vta_ext.sim.cycles`) charges them
+    so, and a floor must not charge a vector pass less than the hardware can do it in.
+
+* **memory** = every byte the operator must move once, ``/ MEM_BYTES_PER_CYCLE``: the input
+  elements it reads (a window that skips rows or columns, e.g. a 1x1 convolution of stride 2,
+  reads only the ones it touches), the weights, one int32 per output channel for each vector
+  epilogue stage (bias, multiplier), and the output.
+
+The ALU passes per output block, by operator:
+
+* GEMM operators (conv2d, group / dilated conv2d, conv1d, dense, batched matmul): the epilogue's
+  ALU instructions (:func:`~vta_ext.templates.epilogue.alu_ops`; shift + clip is two passes, a clip
+  without ``EXT_CLIP`` or outside int8 two more). A bias that is the first stage is not counted: it
+  can be the accumulator's initial value.
+* depthwise conv2d: ``2 * taps - 1`` vector passes (every tap a MUL, every tap but the first an
+  ADD into the sum), plus the epilogue with a leading bias counted (the sum already starts from
+  the first tap's product, so the bias is one more ADD).
+* max pooling: ``taps - 1`` vector MAX passes (the first window element is the initial value).
+* average pooling: ``taps - 1`` vector ADD passes plus the division by a constant: at least a
+  multiply and a shift (one shift for a power-of-two window): a lower bound, the exact
+  truncating division takes more.
+* add: one vector ADD; hardswish ``x * clip(x + offset, lo, hi)``: the ADD imm and the clip, then a
+  vector MUL; clip: the epilogue alone. Each then runs its epilogue.
+
+Efficiency is floor / modelled cycles (:func:`efficiency`); it is at most 1 unless the floor or
+the cycle model is wrong.
+
+The build report knows an operator by its compiled key (:func:`vta_ext.executor.op_key`: kind,
+the template's workload, epilogue, configuration) and the MACs and output elements of the
+operator as written; :func:`key_floor` takes those. The stock templates' workloads are padded to
+whole blocks, so for them the unpadded channels come from the MACs and output elements. Only
+with ``BATCH > 1`` can the split of batch and channels be ambiguous; then the smallest floor of
+the possible splits is taken, so the floor stays a lower bound.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .config import VTAConfig
+from .templates.epilogue import VECTOR_STAGES, Epilogue, alu_ops, normalize_epilogue
+from .templates.workload import out_size
+
+__all__ = ["Floor", "OperatorSize", "operator_floor", "key_floor", "efficiency", "GEMM_KINDS",
+           "ALU_KINDS"]
+
+#: operator kinds that run on the GEMM core
+GEMM_KINDS = ("conv2d", "group_conv2d", "dilated_conv2d", "conv1d", "dense", "batch_matmul")
+#: operator kinds that run on the ALU only
+ALU_KINDS = ("depthwise_conv2d", "max_pool2d", "avg_pool2d", "add", "hswish", "clip")
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The floor of one operator (or the sum over several) on a configuration, in cycles.
+
+    Attributes
+    ----------
+    compute_gemm : float
+        GEMM micro-ops of the unpadded MACs times ``GEMM_CYCLES_PER_UOP``.
+    compute_alu : float
+        ALU micro-ops of the passes the operator needs times their cycles per micro-op.
+    memory : float
+        Bytes moved once over ``MEM_BYTES_PER_CYCLE``.
+    """
+
+    compute_gemm: float
+    compute_alu: float
+    memory: float
+
+    @property
+    def compute(self) -> float:
+        """GEMM plus ALU cycles."""
+        return self.compute_gemm + self.compute_alu
+
+    @property
+    def total(self) -> float:
+        """``max(compute, memory)``: no plan on the configuration takes fewer cycles."""
+        return max(self.compute, self.memory)
+
+    @property
+    def bound(self) -> str:
+        """``"compute"`` or ``"memory"``: which term sets :attr:`total`."""
+        return "compute" if self.compute >= self.memory else "memory"
+
+    def __add__(self, other: "Floor") -> "Floor":
+        """The parts summed (the total of a sum is the max of the summed parts, which is at most
+        the sum of the totals: operators of a network do not overlap on VTA)."""
+        return Floor(self.compute_gemm + other.compute_gemm, self.compute_alu + other.compute_alu,
+                     self.memory + other.memory)
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The parts, :attr:`total` and :attr:`bound` as JSON-able values."""
+        return {"compute_gemm": self.compute_gemm, "compute_alu": self.compute_alu,
+                "memory": self.memory, "total": self.total, "bound": self.bound}
+
+    def __repr__(self) -> str:
+        return (f"Floor({self.total:,.0f} cycles, {self.bound} bound: GEMM {self.compute_gemm:,.0f}"
+                f" + ALU {self.compute_alu:,.0f}, memory {self.memory:,.0f})")
+
+
+@dataclass(frozen=True)
+class OperatorSize:
+    """An operator as written (no padding), in the terms of the floor.
+
+    Attributes
+    ----------
+    kind : str
+        The operator kind (:data:`GEMM_KINDS`, :data:`ALU_KINDS`).
+    macs : int
+        Multiply-accumulates (GEMM kinds; 0 for the others).
+    out_elements : int
+        Elements of the output.
+    in_elements : int
+        Elements of the activation inputs the operator reads (both of an add).
+    weight_elements : int
+        Elements of the weights (0 for pooling and element-wise operators).
+    channels : int
+        Output channels: the lanes of a per-channel bias or multiplier.
+    taps : int
+        Window elements per output (depthwise convolution and pooling; else 0).
+    epilogue : tuple
+        The normalised epilogue (:func:`~vta_ext.templates.epilogue.normalize_epilogue`).
+    body : tuple
+        Immediate stages the operator itself runs before its epilogue (hardswish: the add and
+        clip of ``clip(x + offset, lo, hi)``).
+    """
+
+    kind: str
+    macs: int
+    out_elements: int
+    in_elements: int
+    weight_elements: int = 0
+    channels: int = 0
+    taps: int = 0
+    epilogue: Epilogue = ()
+    body: Epilogue = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in GEMM_KINDS + ALU_KINDS:
+            raise ValueError(f"OperatorSize.kind {self.kind!r}: no floor for this operator kind; "
+                             f"known: {', '.join(GEMM_KINDS + ALU_KINDS)}")
+        if self.kind in GEMM_KINDS and self.macs <= 0:
+            raise ValueError(f"OperatorSize.macs {self.macs} of a {self.kind}: give the MACs of "
+                             "the operator as written (vta_ext.quantize.call_macs)")
+
+
+def _stage_passes(config: VTAConfig, stages: Sequence[tuple]) -> Tuple[int, int]:
+    """(immediate, vector) ALU passes of epilogue ``stages``."""
+    imm = vec = 0
+    for st in stages:
+        if st[0] in VECTOR_STAGES:
+            vec += 1
+        else:
+            imm += len(alu_ops(config, st))
+    return imm, vec
+
+
+def alu_passes(config: VTAConfig, size: OperatorSize) -> Tuple[int, int]:
+    """``(immediate, vector)``: the ALU passes per output block ``size`` needs at the least (see
+    the module docstring)."""
+    epilogue = size.epilogue
+    if size.kind in GEMM_KINDS and epilogue and epilogue[0][0] == "bias":
+        epilogue = epilogue[1:]  # the accumulator's initial value
+    imm, vec = _stage_passes(config, size.body + epilogue)
+    if size.kind == "depthwise_conv2d":
+        vec += 2 * size.taps - 1
+    elif size.kind == "max_pool2d":
+        vec += size.taps - 1
+    elif size.kind == "avg_pool2d":
+        vec += size.taps - 1
+        imm += 1 if size.taps & (size.taps - 1) == 0 else 2
+    elif size.kind == "add":
+        vec += 1
+    elif size.kind == "hswish":
+        vec += 1
+    return imm, vec
+
+
+def operator_floor(config: VTAConfig, size: OperatorSize) -> Floor:
+    """The floor of the operator ``size`` on ``config``.
+
+    Parameters
+    ----------
+    config : VTAConfig
+        Supplies the block shape, the cycles per micro-op and the bytes per cycle.
+    size : OperatorSize
+        The operator as written.
+
+    Returns
+    -------
+    Floor
+    """
+    cfg = config
+    gemm = size.macs / (cfg.BATCH * cfg.BLOCK_IN * cfg.BLOCK_OUT) * cfg.GEMM_CYCLES_PER_UOP
+    imm, vec = alu_passes(cfg, size)
+    alu = (size.out_elements / (cfg.BATCH * cfg.BLOCK_OUT)
+           * (imm * cfg.ALU_CYCLES_PER_UOP_IMM + vec * cfg.ALU_CYCLES_PER_UOP_VEC))
+    vectors = sum(st[0] in VECTOR_STAGES for st in size.epilogue)
+    moved = (size.in_elements * cfg.INP_WIDTH + size.weight_elements * cfg.WGT_WIDTH
+             + vectors * size.channels * cfg.ACC_WIDTH + size.out_elements * cfg.OUT_WIDTH) / 8
+    return Floor(gemm, alu, moved / cfg.MEM_BYTES_PER_CYCLE)
+
+
+def efficiency(floor: Floor, cycles: float) -> float:
+    """``floor.total / cycles``: 1 is the best any plan can do.
+
+    Raises
+    ------
+    ValueError
+        For ``cycles <= 0``.
+    """
+    if cycles <= 0:
+        raise ValueError(f"efficiency: cycles {cycles} must be positive (the modelled cycles of "
+                         "the operator's program)")
+    return floor.total / cycles
+
+
+# ------------------------------------------------------------------------------ from a build key
+def touched(size: int, window: int, pad: int, stride: int, outputs: int, dilation: int = 1) -> int:
+    """Input positions along one axis that ``outputs`` windows read: ``o * stride + t * dilation -
+    pad`` for ``o < outputs``, ``t < window``, inside ``[0, size)``."""
+    if stride <= window * dilation and dilation == 1:
+        first, last = -pad, (outputs - 1) * stride + window - 1 - pad
+        return max(0, min(last, size - 1) - max(first, 0) + 1)
+    return len({o * stride + t * dilation - pad for o in range(outputs) for t in range(window)}
+               & set(range(size)))
+
+
+def _splits(product: int, padded_batch: int, padded_channels: int, config: VTAConfig,
+            block: int) -> List[Tuple[int, int]]:
+    """The ``(batch, channels)`` pairs whose product is ``product`` that pad to the workload's
+    ``padded_batch`` and ``padded_channels`` (one pair unless ``BATCH > 1``)."""
+    out = []
+    for n in range(max(1, padded_batch - config.BATCH + 1), padded_batch + 1):
+        if product % n == 0 and padded_channels - block < product // n <= padded_channels:
+            out.append((n, product // n))
+    if not out:
+        raise ValueError(f"key_floor: {product} output batch x channels do not pad to batch "
+                         f"{padded_batch} and channels {padded_channels} on {config.name}: the "
+                         "placement's output elements do not belong to this key")
+    return out
+
+
+def _stock_sizes(kind: str, wl: Dict[str, Any], macs: int, elements: int, config: VTAConfig,
+                 epilogue: Epilogue) -> List[OperatorSize]:
+    """The possible unpadded operators of a stock workload (padded to blocks)."""
+    sizes = []
+    if kind == "dense":
+        k = macs // elements
+        for n, m in _splits(elements, wl["batch"], wl["out_features"], config, config.BLOCK_OUT):
+            sizes.append(OperatorSize(kind, macs, elements, n * k, m * k, m, epilogue=epilogue))
+        return sizes
+    h, w = wl["height"], wl["width"]
+    if kind in ("add", "hswish", "clip"):
+        inputs = 2 * elements if kind == "add" else elements
+        body = ((("add", wl["offset"]), ("clip", wl["lo"], wl["hi"])) if kind == "hswish" else ())
+        return [OperatorSize(kind, 0, elements, inputs, epilogue=epilogue, body=body)]
+    kh, kw = (wl["pool_h"], wl["pool_w"]) if kind.endswith("pool2d") else (wl["kernel_h"],
+                                                                            wl["kernel_w"])
+    oh = out_size(h, kh, wl["pad_h"], wl["stride_h"])
+    ow = out_size(w, kw, wl["pad_w"], wl["stride_w"])
+    plane = (touched(h, kh, wl["pad_h"], wl["stride_h"], oh)
+             * touched(w, kw, wl["pad_w"], wl["stride_w"], ow))
+    if elements % (oh * ow):
+        raise ValueError(f"key_floor: {elements} output elements are not a whole number of "
+                         f"{oh}x{ow} output planes of this {kind} key")
+    if kind in ("conv2d", "group_conv2d"):
+        groups = wl.get("groups", 1)
+        per_group = macs // (elements * kh * kw)  # input channels of one group
+        for n, o in _splits(elements // (oh * ow), wl["batch"], wl["out_channels"], config,
+                            config.BLOCK_OUT):
+            sizes.append(OperatorSize(kind, macs, elements, n * per_group * groups * plane,
+                                      o * per_group * kh * kw, o, epilogue=epilogue))
+        return sizes
+    for n, c in _splits(elements // (oh * ow), wl["batch"], wl["channels"], config,
+                        config.BLOCK_OUT):
+        weights = c * kh * kw if kind == "depthwise_conv2d" else 0
+        sizes.append(OperatorSize(kind, 0, elements, n * c * plane, weights, c, kh * kw,
+                                  epilogue=epilogue))
+    return sizes
+
+
+def _csp_size(kind: str, p: Dict[str, int], macs: int, elements: int,
+              epilogue: Epilogue) -> OperatorSize:
+    """The operator of a CSP workload's parameters (which are the unpadded operator's)."""
+    if kind == "dense":
+        return OperatorSize(kind, macs, elements, p["n"] * p["k"], p["m"] * p["k"], p["m"],
+                            epilogue=epilogue)
+    if kind == "batch_matmul":
+        return OperatorSize(kind, macs, elements, p["b"] * p["n"] * p["k"],
+                            p["b"] * p["k"] * p["m"], p["m"], epilogue=epilogue)
+    if kind == "conv1d":
+        ow = out_size(p["w"] + p["pl"] + p["pr"], (p["kw"] - 1) * p["dw"] + 1, 0, p["sw"])
+        cols = touched(p["w"], p["kw"], p["pl"], p["sw"], ow, p["dw"])
+        return OperatorSize(kind, macs, elements, p["n"] * p["c"] * cols,
+                            p["k"] * p["c"] * p["kw"], p["k"], epilogue=epilogue)
+    groups, dh, dw = p.get("g", 1), p.get("dh", 1), p.get("dw", 1)
+    oh = out_size(p["h"] + p["pt"] + p["pb"], (p["kh"] - 1) * dh + 1, 0, p["sh"])
+    ow = out_size(p["w"] + p["pl"] + p["pr"], (p["kw"] - 1) * dw + 1, 0, p["sw"])
+    plane = (touched(p["h"], p["kh"], p["pt"], p["sh"], oh, dh)
+             * touched(p["w"], p["kw"], p["pl"], p["sw"], ow, dw))
+    return OperatorSize(kind, macs, elements, p["n"] * p["c"] * plane,
+                        p["k"] * (p["c"] // groups) * p["kh"] * p["kw"], p["k"], epilogue=epilogue)
+
+
+def key_floor(key: str, macs: int, elements: int, config: Optional[VTAConfig] = None) -> Floor:
+    """The floor of a compiled VTA operator of the build.
+
+    Parameters
+    ----------
+    key : str
+        Its key (:func:`vta_ext.executor.op_key`): kind, workload, epilogue and configuration.
+    macs : int
+        MACs of the operator as written (:attr:`vta_ext.report.OpPlacement.macs`; 0 for ALU
+        operators).
+    elements : int
+        Elements of its output as written (:attr:`vta_ext.report.OpPlacement.elements`).
+    config : VTAConfig, optional
+        The configuration, if the caller has it (else rebuilt from the key's value).
+
+    Returns
+    -------
+    Floor
+
+    Raises
+    ------
+    ValueError
+        For a key of an operator kind without a floor, or figures that do not fit the key.
+    """
+    spec = json.loads(key)
+    if config is None or config.to_dict() != spec["config_value"]:
+        config = VTAConfig.from_dict(spec["config_value"], name=spec["config"])
+    kind, wl = spec["op"], spec["workload"]
+    epilogue = normalize_epilogue(spec["epilogue"])
+    if elements <= 0:
+        raise ValueError(f"key_floor: {elements} output elements for a {kind}; give the "
+                         "operator's output elements as written")
+    stock = wl.get("stock") if "params" in wl else wl
+    if stock:
+        sizes = _stock_sizes(kind, dict(stock), macs, elements, config, epilogue)
+    else:
+        sizes = [_csp_size(kind, dict(wl["params"]), macs, elements, epilogue)]
+    return min((operator_floor(config, s) for s in sizes), key=lambda f: f.total)
