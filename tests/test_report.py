@@ -280,6 +280,9 @@ def test_json_round_trips_the_placements(chain_build):
     for d, p in zip(data["placements"], report.placements):
         assert d["index"] == index.get(id(p))
         assert d["cycles"] == report.cycles(p)
+        assert d["efficiency"] == report.efficiency(p)
+        if p.device == "vta":
+            assert d["floor_parts"] == report.floor(p).as_dict() and d["floor"] > 0
         fraction, unit = report.padding_overhead(p)
         assert d["padding_of"] == (unit or None)
         assert d["padding_pct"] == (None if fraction is None else pytest.approx(100 * fraction))
@@ -289,6 +292,8 @@ def test_json_round_trips_the_placements(chain_build):
     summary = data["summary"]
     assert summary["operators_on_vta"] == 4 and summary["operators_on_cpu"] == 2
     assert summary["vta_cycles"] == report.vta_cycles
+    assert summary["vta_floor"] == report.vta_floor and summary["vta_floor"] > 0
+    assert summary["vta_efficiency"] == report.vta_floor / report.vta_cycles
     assert summary["vta_macs"] == report.vta_macs
     assert summary["host_relayouts"] == report.host_relayouts
     assert summary["end_to_end_cycles"] == pytest.approx(report.end_to_end_cycles)
@@ -307,6 +312,8 @@ def test_csv_has_one_row_per_operator(chain_build, tmp_path):
         assert (row["device"], row["op"], row["name"], row["layer"]) == (p.device, p.op, p.name,
                                                                           p.layer)
         assert row["cycles"] == ("" if p.device == "cpu" else str(report.cycles(p)))
+        assert row["efficiency"] == ("" if p.device == "cpu" else str(report.efficiency(p)))
+        assert row["floor"] == ("" if p.device == "cpu" else str(report.floor(p).total))
         assert row["detail"] == p.detail
     assert report.to_csv() == text
 

@@ -1,0 +1,299 @@
+"""The floor of a VTA operator (vta_ext.floor) and its efficiency in the build report.
+
+Every expected floor is computed here by hand from the definition (issue 18, docs of
+vta_ext.floor) with the configuration constants written out:
+
+* ``default``:   BATCH 1, BLOCK 16x16, GEMM 4, ALU imm 5 / vec 6 cycles per micro-op, 8 B/cycle;
+* ``pipelined``: BATCH 1, BLOCK 16x16, GEMM 1, ALU imm 1 / vec 2 cycles per micro-op, 8 B/cycle;
+* ``2x16x16``:   BATCH 2, BLOCK 16x16, GEMM 4, ALU imm 5 / vec 6 cycles per micro-op, 8 B/cycle.
+
+Each operator is built through ``relax.build`` (the stock template pads channels to the block,
+the CSP strategy does not), so the floors also check that the report recovers the unpadded
+operator from what the build knows.
+"""
+import pytest
+from tvm import relax
+
+import vta_ext
+import tvm_csp_embed  # noqa: F401 -- registers the CSP strategies
+from vta_ext.floor import Floor, OperatorSize, efficiency, operator_floor
+
+CONSTANTS = {"default": (4, 5, 6), "pipelined": (1, 1, 2)}  # GEMM, ALU imm, ALU vec
+
+
+def test_constants_are_the_presets():
+    for name, (gemm, imm, vec) in CONSTANTS.items():
+        cfg = vta_ext.load_config(name)
+        assert (cfg.GEMM_CYCLES_PER_UOP, cfg.ALU_CYCLES_PER_UOP_IMM, cfg.ALU_CYCLES_PER_UOP_VEC,
+                cfg.MEM_BYTES_PER_CYCLE, cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT) == \
+            (gemm, imm, vec, 8, 1, 16, 16)
+
+
+# ------------------------------------------------------------------------------ modules
+def _tail(bb, y, tail, channels):
+    """Apply the requantisation ``tail`` ("bias-shift-clip", "shift-bias-clip", "shift-clip",
+    "none") to the int32 ``y``; returns (int8 output, extra params)."""
+    params = []
+    for step in tail.split("-") if tail != "none" else []:
+        if step == "bias":
+            b = relax.Var("b", relax.TensorType((1, channels, 1, 1) if len(y.ty.shape) == 4
+                                                else (channels,), "int32"))
+            params.append(b)
+            y = bb.emit(relax.op.add(y, b))
+        elif step == "shift":
+            y = bb.emit(relax.op.right_shift(y, relax.const(6, "int32")))
+        elif step == "clip":
+            y = bb.emit(relax.op.clip(y, -128, 127))
+    return bb.emit(relax.op.astype(y, "int8")), params
+
+
+def conv_module(n, c, hw, k, kernel, stride, pad, tail, groups=1):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, c, hw, hw), "int8"))
+    w = relax.Var("w", relax.TensorType((k, c // groups, kernel, kernel), "int8"))
+    with bb.function("main"):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad, groups=groups,
+                                           out_dtype="int32"))
+            out, extra = _tail(bb, y, tail, k)
+            out = bb.emit_output(out)
+        bb.emit_func_output(out, params=[x, w] + extra)
+    return bb.get()
+
+
+def dense_module(n, k, m, tail):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, k), "int8"))
+    w = relax.Var("w", relax.TensorType((m, k), "int8"))
+    with bb.function("main"):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"))
+            out, extra = _tail(bb, y, tail, m)
+            out = bb.emit_output(out)
+        bb.emit_func_output(out, params=[x, w] + extra)
+    return bb.get()
+
+
+def max_pool_module(c, hw, pool, stride, pad):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, hw, hw), "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.max_pool2d(x, pool, stride, pad)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def avg_pool_module(c, hw):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, hw, hw), "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.avg_pool2d(relax.op.astype(x, "int32"), (hw, hw)))
+            y = bb.emit(relax.op.clip(y, -128, 127))
+            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def add_module(c, hw):
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((1, c, hw, hw), "int8"))
+    b = relax.Var("b", relax.TensorType((1, c, hw, hw), "int8"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(relax.op.astype(a, "int32"), relax.op.astype(b, "int32")))
+            y = bb.emit(relax.op.right_shift(y, relax.const(1, "int32")))
+            y = bb.emit(relax.op.clip(y, -128, 127))
+            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def built(mod, config, strategy="stock"):
+    """The one VTA placement of ``mod`` built for ``config``, and the report."""
+    with vta_ext.build_options(strategy=strategy):
+        relax.build(mod, target=vta_ext.vta_target(config))
+    report = vta_ext.last_build_report()
+    assert len(report.on_vta) == 1, str(report)
+    return report.on_vta[0], report
+
+
+def check(report, p, gemm, alu, memory):
+    floor = report.floor(p)
+    assert (floor.compute_gemm, floor.compute_alu, floor.memory) == \
+        (pytest.approx(gemm), pytest.approx(alu), pytest.approx(memory))
+    total = max(gemm + alu, memory)
+    assert floor.total == pytest.approx(total)
+    assert floor.bound == ("compute" if gemm + alu >= memory else "memory")
+    # no plan beats the floor: the cycle model agrees
+    cycles = report.cycles(p)
+    assert cycles >= floor.total and report.efficiency(p) == pytest.approx(total / cycles)
+    return floor
+
+
+# ------------------------------------------------------------------------------ GEMM operators
+# conv 1x24x14x14 * 40x24x3x3 s1 p1 (the stock template pads 24 -> 32 and 40 -> 48 channels):
+# out 40*14*14 = 7840 elements = 490 blocks of 16; MACs 7840 * 24 * 9 = 1,693,440
+# memory: input 24*196 = 4704 B + weights 40*24*9 = 8640 B + output 7840 B (+ bias 40*4 = 160 B)
+CONV_MACS = 7840 * 24 * 9
+CONV_BLOCKS = 7840 // 16
+CONV_BYTES = 4704 + 8640 + 7840
+
+
+def conv_expected(config, tail):
+    gemm, imm, vec = CONSTANTS[config]
+    passes = {"bias-shift-clip": 2 * imm,       # the leading bias is the accumulator's start
+              "shift-clip": 2 * imm,
+              "shift-bias-clip": imm + vec + imm,  # a bias after the shift is a vector ADD
+              "none": 0}[tail]
+    memory = (CONV_BYTES + (160 if "bias" in tail else 0)) / 8
+    return CONV_MACS / 256 * gemm, CONV_BLOCKS * passes, memory
+
+
+@pytest.mark.parametrize("config", ["default", "pipelined"])
+@pytest.mark.parametrize("tail", ["bias-shift-clip", "shift-bias-clip", "shift-clip", "none"])
+def test_conv2d_floor_by_epilogue_stock(config, tail):
+    p, report = built(conv_module(1, 24, 14, 40, 3, 1, 1, tail), config)
+    assert p.padding  # channels padded by the stock template; the floor is the unpadded one's
+    floor = check(report, p, *conv_expected(config, tail))
+    assert floor.bound == "compute"
+
+
+@pytest.mark.parametrize("config", ["default", "pipelined"])
+@pytest.mark.parametrize("tail", ["bias-shift-clip", "none"])
+def test_conv2d_floor_csp_equals_stock(config, tail):
+    p, report = built(conv_module(1, 24, 14, 40, 3, 1, 1, tail), config, "csp-relaxed")
+    check(report, p, *conv_expected(config, tail))
+
+
+def test_conv2d_floor_figures_on_default():
+    """The numbers themselves, once: 26,460 GEMM + 4,900 ALU cycles against 2,668 of memory."""
+    p, report = built(conv_module(1, 24, 14, 40, 3, 1, 1, "bias-shift-clip"), "default")
+    assert report.floor(p) == Floor(26460, 4900, 2668)
+
+
+@pytest.mark.parametrize("config,total,bound", [("default", 512, "compute"),
+                                                ("pipelined", 448, "memory")])
+def test_strided_1x1_conv_reads_only_the_rows_it_touches(config, total, bound):
+    """1x16x16x16 * 32x16x1x1 s2: out 32*8*8 = 2048, MACs 2048 * 16 = 32,768 (GEMM 512 cycles on
+    default, 128 pipelined); memory: the 16*8*8 = 1024 input elements the windows touch (not all
+    4096) + weights 512 + output 2048 = 3584 B = 448 cycles."""
+    p, report = built(conv_module(1, 16, 16, 32, 1, 2, 0, "none"), config)
+    gemm = CONSTANTS[config][0]
+    floor = check(report, p, 32768 / 256 * gemm, 0, 3584 / 8)
+    assert (floor.total, floor.bound) == (total, bound)
+
+
+@pytest.mark.parametrize("config,strategy", [("default", "stock"), ("pipelined", "stock"),
+                                             ("pipelined", "csp-relaxed")])
+def test_dense_floor_is_memory_bound(config, strategy):
+    """1x512 * 100x512 + bias, >> 6, clip: MACs 51,200 (GEMM 800 / 200 cycles); ALU 100 / 16 =
+    6.25 blocks x 2 imm passes; memory 512 + 51,200 + 400 (bias) + 100 B = 52,212 B = 6,526.5."""
+    p, report = built(dense_module(1, 512, 100, "bias-shift-clip"), config, strategy)
+    gemm, imm, _ = CONSTANTS[config]
+    floor = check(report, p, 51200 / 256 * gemm, 6.25 * 2 * imm, 52212 / 8)
+    assert floor.bound == "memory"
+
+
+def test_batch_of_two_blocks():
+    """2x16x16 (BATCH 2): dense 3x100 * 40x100 + bias, >> 6, clip (batch 3 -> 4, out 40 -> 48
+    padded): MACs 12,000 / (2*16*16) * 4 = 93.75; ALU 120 / 32 = 3.75 blocks x 2 x 5 = 37.5;
+    memory 300 + 4,000 + 160 + 120 = 4,580 B = 572.5 cycles."""
+    p, report = built(dense_module(3, 100, 40, "bias-shift-clip"), "2x16x16")
+    check(report, p, 93.75, 37.5, 572.5)
+
+
+# ------------------------------------------------------------------------------ ALU operators
+@pytest.mark.parametrize("config", ["default", "pipelined"])
+def test_depthwise_floor(config):
+    """1x32x8x8 depthwise 3x3 s1 p1 + bias, >> 6, clip: out 2048 = 128 blocks; per block 2*9-1 =
+    17 vector passes for the taps, 1 vector ADD for the bias, 2 immediate (shift, clip); memory
+    2048 + 32*9 + 32*4 + 2048 = 4,512 B."""
+    c, hw = 32, 8
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, hw, hw), "int8"))
+    w = relax.Var("w", relax.TensorType((c, 1, 3, 3), "int8"))
+    with bb.function("main"):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, groups=c, out_dtype="int32"))
+            out, extra = _tail(bb, y, "bias-shift-clip", c)
+            out = bb.emit_output(out)
+        bb.emit_func_output(out, params=[x, w] + extra)
+    p, report = built(bb.get(), config)
+    assert p.kind == "depthwise_conv2d"
+    _, imm, vec = CONSTANTS[config]
+    check(report, p, 0, 128 * (18 * vec + 2 * imm), 4512 / 8)
+
+
+@pytest.mark.parametrize("config", ["default", "pipelined"])
+def test_max_pool_floor(config):
+    """1x24x9x9 max pool 3x3 s2 p1 (channels padded 24 -> 32 by the template): out 24*5*5 = 600
+    = 37.5 blocks x 8 vector MAX passes; memory 24*81 + 600 = 2,544 B."""
+    p, report = built(max_pool_module(24, 9, 3, 2, 1), config)
+    assert p.kind == "max_pool2d" and p.padding
+    check(report, p, 0, 37.5 * 8 * CONSTANTS[config][2], 2544 / 8)
+
+
+@pytest.mark.parametrize("config,bound", [("default", "compute"), ("pipelined", "memory")])
+def test_global_avg_pool_floor(config, bound):
+    """1x32x7x7 global average pool, clip: out 32 = 2 blocks x (48 vector ADDs + the division's
+    multiply and shift + the clip); memory 32*49 + 32 = 1,600 B = 200 cycles."""
+    p, report = built(avg_pool_module(32, 7), config)
+    _, imm, vec = CONSTANTS[config]
+    floor = check(report, p, 0, 2 * (48 * vec + 3 * imm), 200)
+    assert floor.bound == bound
+
+
+@pytest.mark.parametrize("config", ["default", "pipelined"])
+def test_residual_add_floor(config):
+    """1x32x7x7 + 1x32x7x7, >> 1, clip: 98 blocks x (1 vector ADD + 2 immediate); memory
+    2 * 1568 + 1568 = 4,704 B = 588 cycles."""
+    p, report = built(add_module(32, 7), config)
+    _, imm, vec = CONSTANTS[config]
+    check(report, p, 0, 98 * (vec + 2 * imm), 588)
+
+
+# ------------------------------------------------------------------------------ never above
+@pytest.mark.parametrize("config", ["default", "pipelined"])
+@pytest.mark.parametrize("strategy", ["stock", "csp-relaxed"])
+def test_no_plan_beats_the_floor(config, strategy):
+    """A 3-channel 7x7 s2 stem, a 3x3, a 1x1 s2, a thin-channel and a grouped conv: every
+    efficiency in (0, 1]. A floor above the modelled cycles is a bug in one of them."""
+    layers = [conv_module(1, 3, 32, 16, 7, 2, 3, "bias-shift-clip"),
+              conv_module(1, 32, 14, 32, 3, 1, 1, "bias-shift-clip"),
+              conv_module(1, 32, 14, 64, 1, 2, 0, "bias-shift-clip"),
+              conv_module(1, 8, 20, 24, 3, 1, 1, "shift-clip"),
+              conv_module(1, 64, 8, 64, 3, 1, 1, "bias-shift-clip", groups=4)]
+    for mod in layers:
+        p, report = built(mod, config, strategy)
+        assert 0 < report.efficiency(p) <= 1, report.explain(0)
+
+
+# ------------------------------------------------------------------------------ the API
+def test_floor_parts_and_sums():
+    a, b = Floor(100, 20, 50), Floor(10, 0, 300)
+    assert (a.compute, a.total, a.bound) == (120, 120, "compute")
+    assert (b.total, b.bound) == (300, "memory")
+    s = a + b
+    assert (s.compute_gemm, s.compute_alu, s.memory, s.total) == (110, 20, 350, 350)
+    assert a.as_dict() == {"compute_gemm": 100, "compute_alu": 20, "memory": 50, "total": 120,
+                           "bound": "compute"}
+    assert "120 cycles, compute bound" in repr(a)
+    assert efficiency(a, 240) == 0.5
+    with pytest.raises(ValueError, match="cycles 0 must be positive"):
+        efficiency(a, 0)
+
+
+def test_operator_size_checks_its_fields():
+    with pytest.raises(ValueError, match="kind 'softmax': no floor"):
+        OperatorSize("softmax", 0, 16, 16)
+    with pytest.raises(ValueError, match="macs 0 of a conv2d"):
+        OperatorSize("conv2d", 0, 16, 16)
+    # a clip without EXT_CLIP is MIN + MAX: the apache preset counts two passes for it
+    size = OperatorSize("dense", 256 * 16, 16, 256, 256 * 16, 16,
+                        epilogue=(("shr", 6), ("clip", -128, 127)))
+    apache, default = vta_ext.load_config("apache"), vta_ext.load_config("default")
+    assert not apache.EXT_CLIP and default.EXT_CLIP
+    assert operator_floor(apache, size).compute_alu == 1 * 3 * apache.ALU_CYCLES_PER_UOP_IMM
+    assert operator_floor(default, size).compute_alu == 1 * 2 * 5
