@@ -8,10 +8,20 @@ Steps (every number is the cycle model's, every tuned point verified bit for bit
    ``get_module()`` / ``build_model()`` (random inputs then).
 2. ``tune.extract_tasks`` on the chosen configuration and strategy; each task is tuned with the
    chosen tuner for ``--trials`` measurements in ``--parallel`` worker processes, with a progress
-   bar, appending to ``--records`` (a restarted run skips what is measured).
-3. A table per task: trials, best cycles, TPS cycles, fallback cycles (``--no-fallback`` skips
+   bar, appending to ``--records`` (a restarted run skips what is measured, so a second run with
+   more ``--trials`` tunes on). A task whose whole space fits in ``--trials`` is searched
+   exhaustively (grid search).
+3. ``--refine N``: each task is then refined by ``tune.NeighbourhoodTuner``: a grid search over the
+   valid points within Hamming distance ``--radius`` of the best measured point, re-centred on
+   each new best, at most ``N`` neighbourhoods (one line per neighbourhood).
+4. ``--embeddings`` (CSP strategies): the operators the strategy kept on the stock plan (its
+   embeddings were not faster at their TPS points) get their CSP embeddings tuned too, each
+   usable candidate the strategy would time (``CYCLE_RANKED`` best static estimates within
+   ``RANK_FACTOR``) as a task of its own, for ``--trials`` (and ``--refine``); the build's choice
+   then times every embedding and the stock plan with their tuned knobs.
+5. A table per task: trials, best cycles, TPS cycles, fallback cycles (``--no-fallback`` skips
    these slow builds) and the speedups.
-4. The model is built with ``relax.build`` twice, with TPS and with ``tune.apply_history_best``
+6. The model is built with ``relax.build`` twice, with TPS and with ``tune.apply_history_best``
    (``--baseline-config`` adds a TPS build on another preset), run once on the functional
    simulator (outputs compared), and the total cycles are reported (sum over the VTA calls).
 
@@ -20,12 +30,18 @@ Usage::
     OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/tune_network.py --model resnet18 \
         --config pipelined --trials 64 --parallel 1 --records resnet18_pipelined.json \
         --baseline-config default --csv docs/figures/tune_resnet18_pipelined.csv
+    # the CSP strategy, XGB then two neighbourhoods per task, the stock-plan operators' embeddings
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/tune_network.py --model resnet18 \
+        --config pipelined --strategy csp-relaxed --trials 96 --refine 2 --embeddings \
+        --records resnet18_csp.json --no-fallback --baseline-config default \
+        --baseline-strategy stock csp-relaxed
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -61,11 +77,72 @@ def load_model(name: str, size: int, seed: int):
     return qmodel.mod, np.asarray(data)
 
 
-def make_tuner(kind: str, task, seed: int, objective: str = "cycles"):
+def make_tuner(kind: str, task, seed: int, objective: str = "cycles", trials: int = 0):
+    """The tuner ``kind`` of ``task``; a grid search when ``trials`` cover the whole space."""
     from tvm_csp_embed import tune
 
+    if trials >= len(task.knob_space):
+        kind = "grid"
     return {"xgb": tune.XGBTuner, "random": tune.RandomTuner,
             "grid": tune.GridSearchTuner}[kind](task, seed=seed, objective=objective)
+
+
+def refine(task, args, option, prefix: str):
+    """``--refine`` neighbourhoods of ``task`` around its best recorded point; one line each.
+
+    Returns the verified best (None if nothing was measured)."""
+    from tvm_csp_embed import tune
+
+    tuner = tune.NeighbourhoodTuner(task, radius=args.radius, rounds=args.refine - 1,
+                                    objective=args.objective)
+    best = tuner.tune(len(task.knob_space), option,
+                      callbacks=[tune.callback.log_to_file(args.records)])
+    for i, r in enumerate(tuner.history):
+        end = (tuner.results[tuner.history[i + 1].centre].cycles if i + 1 < len(tuner.history)
+               else (best.cycles if best else None))
+        print(f"  {prefix} refine {i + 1}/{args.refine}: {r.neighbours} points within radius "
+              f"{args.radius}, {r.new} new; best {r.best_before:,} -> {end:,} cycles"
+              if r.best_before is not None and end is not None else
+              f"  {prefix} refine {i + 1}/{args.refine}: {r.neighbours} points, {r.new} new")
+    print(f"  {prefix} refined: {tuner.stop_reason or 'trials spent'}")
+    return best
+
+
+def embedding_tasks(mod, tasks, args) -> List:
+    """The CSP embeddings of the operators the strategy kept on the stock plan, as tasks: each
+    usable candidate the strategy times (the best :data:`CYCLE_RANKED` static estimates within
+    :data:`RANK_FACTOR` of the best), with the stock-plan task's epilogue."""
+    import vta_ext
+    from tvm_csp_embed import tune
+    from tvm_csp_embed.strategy import (CYCLE_RANKED, MODES, RANK_FACTOR, CspWorkload,
+                                        candidates, fused_variants)
+
+    strategy = args.strategy or vta_ext.strategy.default_strategy()
+    if strategy not in MODES:
+        raise SystemExit(f"--embeddings: strategy {strategy!r} has no CSP embeddings; give "
+                         f"--strategy {' or '.join(MODES)}")
+    kept = [t for t in tasks if getattr(t.workload, "stock", ())]
+    if not kept:
+        return []
+    target = vta_ext.vta_target(args.config)
+    # the footprint objective plans every operator on an embedding: its operator parameters
+    with vta_ext.build_options(objective="footprint"):
+        planned = tune.extract_tasks(mod, target=target, strategy=strategy)
+    on_embeddings = {(t.kind, t.workload.params) for t in tasks if not t.workload.stock}
+    config, mode, out = kept[0].config, MODES[strategy], []
+    for t in planned:
+        if t.workload.stock or (t.kind, t.workload.params) in on_embeddings:
+            continue
+        base = CspWorkload(t.kind, t.workload.params)
+        layouts = (["NCHW"] if t.kind == "dense" else
+                   ["NCHW", "NHWC"] + (fused_variants(base, config) if mode == "relaxed" else []))
+        cands, _ = candidates(config, base, mode, layouts, t.epilogue)
+        usable = sorted((c for c in cands if not c.refused), key=lambda c: c.estimate)
+        for c in usable[:CYCLE_RANKED]:
+            if c.estimate > RANK_FACTOR * usable[0].estimate:
+                break
+            out.append(tune.Task(t.kind, c.workload, t.epilogue, strategy, config, t.count))
+    return out
 
 
 def random_arguments(mod, seed: int = 0) -> list:
@@ -122,6 +199,7 @@ def tune_tasks(tasks, args) -> List[Dict]:
     """Tune every task; one table row each."""
     from tvm_csp_embed import tune
     from tvm_csp_embed.tune.measure import measure_point
+    from tvm_csp_embed.tune.records import measured_points
 
     runner = tune.LocalRunner(args.parallel)
     option = tune.measure_option(runner=runner)
@@ -129,11 +207,19 @@ def tune_tasks(tasks, args) -> List[Dict]:
     try:
         for i, task in enumerate(tasks):
             space = task.knob_space
-            tuner = make_tuner(args.tuner, task, args.seed, args.objective)
+            tuner = make_tuner(args.tuner, task, args.seed, args.objective, args.trials)
             start = time.perf_counter()
+            prefix = f"[{i + 1}/{len(tasks)}] {task.name}"
             best = tuner.tune(args.trials, option, callbacks=[
-                tune.callback.progress_bar(args.trials, prefix=f"[{i + 1}/{len(tasks)}] {task.name}"),
+                tune.callback.progress_bar(args.trials, prefix=prefix),
                 tune.callback.log_to_file(args.records)])
+            trials = len(tuner.visited)
+            if args.refine:
+                refined = refine(task, args, option, prefix)
+                if refined is not None and (best is None or refined.cycles < best.cycles):
+                    best = refined
+                trials = len({json.dumps(r.knobs, sort_keys=True)
+                              for r in measured_points(args.records, task)})
             seconds = time.perf_counter() - start
             tps_index = space.index(space.tps)
             tps = tuner.results.get(tps_index) if tps_index is not None else None
@@ -144,7 +230,7 @@ def tune_tasks(tasks, args) -> List[Dict]:
                 fb = measure_point(task.spec(), space.fallback)
                 fallback = fb.cycles if fb.ok else None
             rows.append({"task": task.name, "count": task.count, "space": len(space),
-                         "pruned": len(space.pruned), "trials": len(tuner.visited),
+                         "pruned": len(space.pruned), "trials": trials,
                          "errors": sum(not r.ok for r in tuner.results.values()),
                          "best_cycles": best.cycles if best else None,
                          "tps_cycles": tps.cycles, "fallback_cycles": fallback,
@@ -183,6 +269,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--objective", choices=("cycles", "dram_bytes"), default="cycles",
                         help="what the tuner minimises (the best point per task); records are "
                              "applied by fewest cycles, so give a dram_bytes run its own records")
+    parser.add_argument("--refine", type=int, default=0, metavar="N",
+                        help="after the tuner, at most N neighbourhoods of NeighbourhoodTuner "
+                             "per task (0: none)")
+    parser.add_argument("--radius", type=int, default=2,
+                        help="Hamming radius of the --refine neighbourhoods")
+    parser.add_argument("--embeddings", action="store_true",
+                        help="CSP strategies: also tune the embeddings of the operators kept on "
+                             "the stock plan (the build then chooses with tuned knobs)")
     parser.add_argument("--parallel", type=int, default=1,
                         help="measurement worker processes (0: in this process)")
     parser.add_argument("--records", default="tune_records.json", help="records file (appended)")
@@ -196,6 +290,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--csv", default=None, help="write the per-task table here (and the "
                         "whole-model totals to <name>_totals.csv)")
     args = parser.parse_args(argv)
+    if args.refine < 0 or args.radius < 0:
+        parser.error(f"--refine {args.refine} --radius {args.radius}: give numbers >= 0")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     import numpy as np
@@ -213,6 +309,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not tasks:
         print("nothing to tune: the model has no VTA operator with tunable knobs")
         return 1
+    if args.embeddings:
+        extra = embedding_tasks(mod, tasks, args)
+        print(f"== {len(extra)} CSP embedding task(s) of the operators on the stock plan")
+        for task in extra:
+            print(f"  {task!r}: {task.knob_space!r}")
+        tasks = tasks + extra
     rows = tune_tasks(tasks, args)
     print_table(rows)
     if args.csv:

@@ -159,20 +159,49 @@ def test_bad_arguments():
         tune.NeighbourhoodTuner(dense_task(), rounds=-1)
 
 
-def test_local_py_refines_a_records_file(tmp_path):
-    """scripts/tune_refine/local.py: one LOCAL line per neighbourhood, the best verified."""
-    task = dense_task("pipelined")  # the scripts rebuild tasks on ``pipelined``
-    path = tmp_path / "records.json"
-    tune.GridSearchTuner(task).tune(1, NO_VERIFY, callbacks=[tune.callback.log_to_file(path)])
+DENSE_MODEL = """
+from tvm import relax
+bb = relax.BlockBuilder()
+x = relax.Var("x", relax.TensorType((1, 128), "int8"))
+w = relax.Var("w", relax.TensorType((64, 128), "int8"))
+b = relax.Var("b", relax.TensorType((64,), "int32"))
+with bb.function("main", [x, w, b]):
+    with bb.dataflow():
+        y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"))
+        y = bb.emit(relax.op.right_shift(relax.op.add(y, b), relax.const(8, "int32")))
+        y = bb.emit(relax.op.clip(y, 0, 127))
+        out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
+    bb.emit_func_output(out)
+mod = bb.get()
+"""
+
+
+def test_tune_network_refines_after_the_tuner(tmp_path):
+    """scripts/tune_network.py --refine: one grid-search trial (the first point), then
+    neighbourhoods of radius 1 around
+    the best recorded point; one line per neighbourhood, the refined best verified, recorded and
+    used by the whole-model build."""
+    model, path = tmp_path / "dense_model.py", tmp_path / "records.json"
+    model.write_text(DENSE_MODEL)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "scripts/tune_refine/local.py", str(path), "1", "2",
-                          task.name], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "scripts/tune_network.py", "--model", str(model),
+                          "--config", "pipelined", "--strategy", "stock", "--tuner", "grid",
+                          "--trials", "1",
+                          "--refine", "2", "--radius", "1", "--records", str(path),
+                          "--no-fallback", "--parallel", "0"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    lines = [line for line in out.stdout.splitlines() if line.startswith("LOCAL")]
-    assert len(lines) == 2  # ROUNDS=2 neighbourhoods (this one improves after the first)
-    assert all(line.startswith(f"LOCAL {task.name} round {i} neighbours ")
-               for i, line in enumerate(lines))
+    task = dense_task("pipelined")
+    rounds = [line for line in out.stdout.splitlines() if f"{task.name} refine " in line]
+    assert len(rounds) == 2  # --refine 2: at most two neighbourhoods; this one improves once
     records = [json.loads(line) for line in open(path)]
-    assert sum(r["verified"] for r in records) == 1 and records[-1]["verified"]
-    assert f"after {records[-1]['cycles']} " in lines[-1]
+    # the first neighbourhood: the valid points within Hamming distance 1 of the one XGB trial
+    first = records[0]["knobs"]
+    near = sum(hamming(p, first) <= 1 for p in task.knob_space.points)
+    assert f"refine 1/2: {near} points within radius 1, {near - 1} new; " in rounds[0]
+    measured = [r for r in records if not r["verified"]]
+    best = min(r["cycles"] for r in measured)
+    assert best < measured[0]["cycles"]  # the neighbourhood found a better point
+    assert records[-1]["verified"] and records[-1]["cycles"] == best
+    assert f"-> {best:,} cycles" in "\n".join(rounds)
+    assert "refined: " in out.stdout and "1 operators from records" in out.stdout
