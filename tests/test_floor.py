@@ -204,6 +204,24 @@ def test_batch_of_two_blocks():
     check(report, p, 93.75, 37.5, 572.5)
 
 
+@pytest.mark.parametrize("config", ["default", "pipelined"])
+def test_dilated_conv2d_floor_from_the_csp_parameters(config):
+    """A kind only the CSP strategies build: 1x16x12x12 * 16x16x3x3, dilation 2, pad 2: out
+    16*12*12 = 2304, MACs 2304 * 16 * 9 = 331,776 (GEMM 5,184 cycles on default, 1,296
+    pipelined); memory 2304 + 2304 + 2304 B = 864 cycles."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 12, 12), "int8"))
+    w = relax.Var("w", relax.TensorType((16, 16, 3, 3), "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=2, dilation=2, out_dtype="int32"))
+            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
+        bb.emit_func_output(out)
+    p, report = built(bb.get(), config, "csp-relaxed")
+    assert p.kind == "dilated_conv2d"
+    check(report, p, 331776 / 256 * CONSTANTS[config][0], 0, 864)
+
+
 # ------------------------------------------------------------------------------ ALU operators
 @pytest.mark.parametrize("config", ["default", "pipelined"])
 def test_depthwise_floor(config):

@@ -234,7 +234,7 @@ def efficiency(floor: Floor, cycles: float) -> float:
 def touched(size: int, window: int, pad: int, stride: int, outputs: int, dilation: int = 1) -> int:
     """Input positions along one axis that ``outputs`` windows read: ``o * stride + t * dilation -
     pad`` for ``o < outputs``, ``t < window``, inside ``[0, size)``."""
-    if stride <= window * dilation and dilation == 1:
+    if dilation == 1 and stride <= window:  # the windows leave no gap: one run of positions
         first, last = -pad, (outputs - 1) * stride + window - 1 - pad
         return max(0, min(last, size - 1) - max(first, 0) + 1)
     return len({o * stride + t * dilation - pad for o in range(outputs) for t in range(window)}
