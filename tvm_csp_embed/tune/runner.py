@@ -24,7 +24,7 @@ import os
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from .measure import MeasureResult, measure_point, verify_point
 
@@ -129,12 +129,22 @@ class LocalRunner:
 
     def run(self, spec: Dict[str, Any], batch: Batch) -> Iterator[Tuple[int, MeasureResult]]:
         """Measure every point of ``batch``; yields ``(index, result)`` as they finish."""
+        return self.map(measure_point, [(spec, knobs) for knobs in batch],
+                        lambda i, why: MeasureResult(dict(batch[i]), None, why))
+
+    def map(self, fn: Callable, jobs: Sequence[tuple], lost: Callable[[int, str], Any]
+            ) -> Iterator[Tuple[int, Any]]:
+        """``fn(*jobs[i])`` for every job in the workers; yields ``(i, result)`` as they finish.
+
+        ``fn`` must be a module-level function of picklable arguments. A job whose worker died
+        is run again, one at a time; one that kills its worker again yields ``lost(i, why)``.
+        """
         if self.n_parallel == 0:
-            for i, knobs in enumerate(batch):
-                yield i, measure_point(spec, knobs)
+            for i, args in enumerate(jobs):
+                yield i, fn(*args)
             return
-        lost: List[int] = []
-        futures = {self._submit(measure_point, spec, batch[i]): i for i in range(len(batch))}
+        lost_jobs: List[int] = []
+        futures = {self._submit(fn, *jobs[i]): i for i in range(len(jobs))}
         pending = set(futures)
         try:
             while pending:
@@ -143,23 +153,21 @@ class LocalRunner:
                     try:
                         yield futures[fut], fut.result()
                     except ChildProcessError:  # the worker died; the pool starts a new one
-                        lost.append(futures[fut])
+                        lost_jobs.append(futures[fut])
         finally:
             for fut in pending:  # the consumer stopped early (an error, Ctrl-C)
                 fut.cancel()
-        if lost:
-            # measure the lost points again one at a time, so that only a point that kills its
-            # worker again fails
-            logger.warning("a measurement worker process died; measuring %d unfinished point(s) "
-                           "again, one at a time", len(lost))
-        for i in sorted(lost):
+        if lost_jobs:
+            # run the lost jobs again one at a time, so that only a job that kills its worker
+            # again fails
+            logger.warning("a worker process died; running %d unfinished job(s) again, one at a "
+                           "time", len(lost_jobs))
+        for i in sorted(lost_jobs):
             try:
-                yield i, self._submit(measure_point, spec, batch[i]).result()
+                yield i, self._submit(fn, *jobs[i]).result()
             except ChildProcessError:
-                logger.warning("measuring %s kills the worker process; recorded as an error",
-                               batch[i])
-                yield i, MeasureResult(dict(batch[i]), None,
-                                       "the measurement worker process died")
+                logger.warning("job %d kills the worker process; recorded as an error", i)
+                yield i, lost(i, "the worker process died")
 
     def verify(self, spec: Dict[str, Any], knobs: Dict[str, Any], seed: int = 0) -> Optional[str]:
         """:func:`~.measure.verify_point` in a worker (or here with ``n_parallel=0``)."""
@@ -195,29 +203,47 @@ class DaskRunner:
         ``distributed.LocalCluster``).
     n_parallel : int, optional
         For display; the cluster decides how many points run at once.
+    timeout : float
+        Seconds to wait for the scheduler when connecting to an address; an unreachable one
+        raises :class:`ConnectionError` naming the address.
     """
 
-    def __init__(self, scheduler: Any, n_parallel: Optional[int] = None) -> None:
+    def __init__(self, scheduler: Any, n_parallel: Optional[int] = None,
+                 timeout: float = 10.0) -> None:
         from distributed import Client
 
         self._own = not isinstance(scheduler, Client)
-        self.client = scheduler if isinstance(scheduler, Client) else Client(scheduler)
+        if isinstance(scheduler, Client):
+            self.client = scheduler
+        else:
+            try:
+                self.client = Client(scheduler, timeout=timeout)
+            except OSError as err:  # refused, unknown host, or no answer within the timeout
+                raise ConnectionError(
+                    f"DaskRunner: no Dask scheduler answers at {scheduler} within {timeout:g} s "
+                    f"({type(err).__name__}: {err}); start one (`dask scheduler`) or give the "
+                    "address of a running one") from None
         self.n_parallel = n_parallel or max(1, sum(
             w.get("nthreads", 1) for w in self.client.scheduler_info()["workers"].values()))
 
     def run(self, spec: Dict[str, Any], batch: Batch) -> Iterator[Tuple[int, MeasureResult]]:
         """Measure every point of ``batch`` on the cluster; yields ``(index, result)``."""
+        return self.map(measure_point, [(spec, dict(knobs)) for knobs in batch],
+                        lambda i, why: MeasureResult(dict(batch[i]), None, why))
+
+    def map(self, fn: Callable, jobs: Sequence[tuple], lost: Callable[[int, str], Any]
+            ) -> Iterator[Tuple[int, Any]]:
+        """``fn(*jobs[i])`` for every job on the cluster; yields ``(i, result)`` as they finish
+        (a job lost with its worker for good yields ``lost(i, why)``)."""
         from distributed import as_completed
 
-        futures = {self.client.submit(measure_point, spec, dict(k), pure=False): i
-                   for i, k in enumerate(batch)}
+        futures = {self.client.submit(fn, *args, pure=False): i for i, args in enumerate(jobs)}
         for fut in as_completed(list(futures)):
             i = futures[fut]
             try:
                 yield i, fut.result()
             except Exception as err:  # a worker lost for good (KilledWorker), a comm error
-                yield i, MeasureResult(dict(batch[i]), None,
-                                       f"Dask worker failure: {type(err).__name__}: {err}")
+                yield i, lost(i, f"Dask worker failure: {type(err).__name__}: {err}")
 
     def verify(self, spec: Dict[str, Any], knobs: Dict[str, Any], seed: int = 0) -> Optional[str]:
         """:func:`~.measure.verify_point` on the cluster."""
