@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -99,6 +100,9 @@ def evaluate_config(module_path: str, config_value: Dict[str, Any], name: str, s
     from vta_ext.offload import OffloadToVTA
 
     start = time.perf_counter()
+    quiet = logging.getLogger("vta_ext")  # the build's per-build padding warning, once per config
+    level = quiet.level
+    quiet.setLevel(max(level, logging.ERROR))
     try:
         config = VTAConfig.from_dict(config_value, name=name)
         mod = _module(module_path)
@@ -116,6 +120,8 @@ def evaluate_config(module_path: str, config_value: Dict[str, Any], name: str, s
     except Exception as err:  # noqa: BLE001 -- recorded as an error evaluation, never on a front
         return {"error": f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=2)}",
                 "seconds": time.perf_counter() - start}
+    finally:
+        quiet.setLevel(level)
     return {"cycles": vta_cycles + cpu_cycles, "vta_cycles": vta_cycles, "dram_bytes": dram,
             "vta_ops": len(report.vta_keys), "cpu_ops": cpu_ops, "cpu_macs": int(report.cpu_macs),
             "seconds": time.perf_counter() - start, "error": None}
@@ -165,8 +171,13 @@ class Records:
         line = json.dumps({"module": module, "strategy": strategy, "config": key[2],
                            "name": config.name, "config_value": config.to_dict(),
                            "result": result}, sort_keys=True)
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
+        with open(self.path, "ab+") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell():  # after a line cut off by a killed run, start a new line
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    line = "\n" + line
+            f.write((line + "\n").encode())
             f.flush()
             os.fsync(f.fileno())
 

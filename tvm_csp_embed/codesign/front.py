@@ -184,7 +184,7 @@ class Front:
                      for p in self.baseline.presets]
         out = io.StringIO()
         if rows:
-            writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+            writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
             writer.writeheader()
             writer.writerows(rows)
         if path is not None:

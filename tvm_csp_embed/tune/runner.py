@@ -130,7 +130,8 @@ class LocalRunner:
     def run(self, spec: Dict[str, Any], batch: Batch) -> Iterator[Tuple[int, MeasureResult]]:
         """Measure every point of ``batch``; yields ``(index, result)`` as they finish."""
         return self.map(measure_point, [(spec, knobs) for knobs in batch],
-                        lambda i, why: MeasureResult(dict(batch[i]), None, why))
+                        lambda i, why: MeasureResult(dict(batch[i]), None,
+                                                     "the measurement worker process died"))
 
     def map(self, fn: Callable, jobs: Sequence[tuple], lost: Callable[[int, str], Any]
             ) -> Iterator[Tuple[int, Any]]:

@@ -1,0 +1,140 @@
+#!/usr/bin/env python
+"""Co-design figures: the front of VTA configurations x the CSP strategy's embeddings, against the
+front of the stock templates over the same space, budget and seed (issue 19).
+
+For one workload (``--model``: a quantised network of ``relay_examples/models.py`` at ``--size``,
+or ``deepbench-thin``, the 12 thin-channel DeepBench inference convolutions as one module),
+:func:`tvm_csp_embed.codesign.explore` searches the space (``--space``) with ``--budget``
+configurations per strategy on ``--parallel`` local worker processes (or ``--dask ADDRESS``).
+Cycles are the cycle model's (plus the host model's cycles of operators left on the CPU); area is
+the documented *proxy* of ``docs/codesign.md``, relative to ``default``; nothing is synthesised.
+
+Writes ``<out-dir>/codesign_<workload>.csv`` (every point, preset and stock point) and ``.png``
+(both fronts, the presets marked) and prints the table: the fronts, each preset with the CSP point
+that dominates it, how many stock front points the CSP front dominates, configurations evaluated
+per minute and the wall time.
+
+Example (the figure of docs/codesign.md)::
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/codesign.py --model resnet18 --size 112 \\
+        --budget 24 --parallel 2 --space small --out-dir docs/figures
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+for p in (REPO, REPO / "relay_examples", REPO / "scripts"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+#: named spaces: ``small`` keeps the GEMM shapes whose embeddings are solved once and varies the
+#: memory system and timing; ``default`` is ``codesign.Space()``
+SPACES = {
+    "small": dict(log_batch=(0,), log_block_in=(4, 5), log_block_out=(4, 5),
+                  log_inp_buff=(14, 15, 16), log_wgt_buff=(17, 18, 19, 20),
+                  log_acc_buff=(16, 17, 18), log_uop_buff=(15,), mem_bytes_per_cycle=(8, 16, 32),
+                  timing=("original", "pipelined")),
+    "default": {},
+}
+
+
+def deepbench_thin_module():
+    """The 12 thin-channel (C < 16) DeepBench inference convolutions as one Relax module: each its
+    own input, constant int8 weights and int32 bias, ``>> 8``, clip [0, 127], int8 out."""
+    import numpy as np
+    from tvm import relax
+
+    from deepbench import read_layers
+
+    rows = [r for r in read_layers() if r["c"] < 16]
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"x{r['id']}", relax.TensorType((r["n"], r["c"], r["h"], r["w"]), "int8"))
+              for r in rows]
+    with bb.function("main", params):
+        with bb.dataflow():
+            outs = []
+            for r, x in zip(rows, params):
+                w = relax.const(rng.integers(-128, 128, (r["k"], r["c"], r["filter_h"],
+                                                         r["filter_w"])).astype("int8"))
+                b = relax.const(rng.integers(-1000, 1000, (1, r["k"], 1, 1)).astype("int32"))
+                y = bb.emit(relax.op.nn.conv2d(x, w, strides=(r["hstride"], r["wstride"]),
+                                               padding=(r["pad_h"], r["pad_w"]), out_dtype="int32"))
+                y = bb.emit(relax.op.add(y, b))
+                y = bb.emit(relax.op.right_shift(y, relax.const(8, "int32")))
+                y = bb.emit(relax.op.clip(y, 0, 127))
+                outs.append(bb.emit(relax.op.astype(y, "int8")))
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    return bb.get(), len(rows)
+
+
+def workload(model: str, size: int):
+    """``(module, label)`` of the workload."""
+    if model == "deepbench-thin":
+        mod, n = deepbench_thin_module()
+        return mod, f"deepbench-thin ({n} layers)"
+    from models import quantized_example
+
+    _, qmodel, _, _ = quantized_example(model, size, 0)
+    return qmodel.mod, f"{model} {size}x{size}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="resnet18",
+                    help="a model of relay_examples/models.py (resnet18, mobilenet_v2, ...) or "
+                         "deepbench-thin")
+    ap.add_argument("--size", type=int, default=224, help="input height and width")
+    ap.add_argument("--budget", type=int, default=40, help="configurations per strategy")
+    ap.add_argument("--parallel", type=int, default=2, help="local worker processes")
+    ap.add_argument("--dask", default=None, help="a Dask scheduler address instead of local workers")
+    ap.add_argument("--strategy", default="csp-relaxed")
+    ap.add_argument("--baseline", default="stock", help="'none' for no baseline")
+    ap.add_argument("--space", default="small", choices=sorted(SPACES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--records", default=None, help="JSON-lines records (default: in the cache)")
+    ap.add_argument("--out-dir", default=str(REPO / "docs" / "figures"))
+    args = ap.parse_args(argv)
+
+    import tvm_csp_embed  # noqa: F401
+    from tvm_csp_embed import codesign, tune
+
+    start = time.perf_counter()
+    mod, label = workload(args.model, args.size)
+    runner = (tune.DaskRunner(args.dask) if args.dask
+              else tune.LocalRunner(n_parallel=args.parallel))
+    space = codesign.Space(**SPACES[args.space])
+    print(f"{label}: {space}; strategy {args.strategy}, baseline {args.baseline}, budget "
+          f"{args.budget}, {runner!r}", flush=True)
+    try:
+        front = codesign.explore(mod, space, budget=args.budget, strategy=args.strategy,
+                                 runner=runner, seed=args.seed,
+                                 baseline=None if args.baseline == "none" else args.baseline,
+                                 records=args.records)
+    finally:
+        runner.close()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"codesign_{args.model}" + ("" if args.model == "deepbench-thin" else f"_{args.size}")
+    front.to_csv(out / f"{stem}.csv")
+    front.plot(out / f"{stem}.png", title=f"{label}: {args.strategy} vs "
+               f"{args.baseline} over the same space (area is a proxy)")
+    print(front.table())
+    if front.baseline is not None:
+        print(front.baseline.counts() + f"  [{front.baseline.strategy}]")
+    wall = time.perf_counter() - start
+    print(f"wall time {wall:.0f} s on {runner!r} (workload preparation included); wrote "
+          f"{out / stem}.csv/.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
