@@ -228,6 +228,7 @@ def test_dask_cluster_gives_the_same_front(tiny_mod, tmp_path, stock_front):
         [(p.config, p.cycles, p.on_front) for p in stock_front.points]
 
 
+@pytest.mark.slow  # two fresh worker processes import TVM: ~25 s
 def test_local_workers_give_the_same_front(tiny_mod, tmp_path, stock_front):
     runner = tune.LocalRunner(n_parallel=2)
     try:

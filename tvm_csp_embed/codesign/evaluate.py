@@ -98,6 +98,7 @@ def evaluate_config(module_path: str, config_value: Dict[str, Any], name: str, s
     import tvm_csp_embed  # noqa: F401  (registers the CSP strategies in a fresh worker)
     from vta_ext.executor import cycle_report
     from vta_ext.offload import OffloadToVTA
+    from vta_ext.report import LAYOUT_REASON
 
     start = time.perf_counter()
     quiet = logging.getLogger("vta_ext")  # the build's per-build padding warning, once per config
@@ -114,9 +115,8 @@ def evaluate_config(module_path: str, config_value: Dict[str, Any], name: str, s
             cpu_cycles = report.host_model.cpu_cycles(report.cpu_macs)
         matched = {p.name for p in report.on_vta}
         cpu_ops = [f"{p.name}: {p.reason}" for p in report.on_cpu
-                   if p.name and p.name not in matched and p.reason != "layout transform around "
-                   "a VTA operator" and p.op in ("relax.nn.conv2d", "relax.matmul",
-                                                 "relax.nn.conv1d")]
+                   if p.name and p.name not in matched and p.reason != LAYOUT_REASON
+                   and p.op in ("relax.nn.conv2d", "relax.matmul", "relax.nn.conv1d")]
     except Exception as err:  # noqa: BLE001 -- recorded as an error evaluation, never on a front
         return {"error": f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=2)}",
                 "seconds": time.perf_counter() - start}
