@@ -83,6 +83,7 @@ class Space:
     Examples
     --------
     >>> Space(log_block_in=(4,), log_block_out=(4,), timing=("pipelined",)).size
+    432
     """
 
     log_batch: Tuple[int, ...] = (0, 1)
