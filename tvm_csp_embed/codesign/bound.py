@@ -71,12 +71,12 @@ def matched_operators(mod, config: VTAConfig) -> List[OperatorCost]:
     """
     from tvm import relax
 
-    from vta_ext.offload import _Offloader  # the pass's own matcher, as its prefetch uses it
+    from vta_ext.offload.rewrite import Offloader  # the pass's own matcher, as its prefetch uses it
     from vta_ext.options import current_options
     from vta_ext.host import host_model
     from vta_ext.quantize import call_macs, op_macs
 
-    matcher = _Offloader(mod, config, match_only=True)
+    matcher = Offloader(mod, config, match_only=True)
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
             matcher.visit_expr(func)
