@@ -13,8 +13,12 @@ is a floor of the cycle model (:mod:`vta_ext.sim.cycles`), per matched operator:
   for its MACs (the build report's ``cpu_macs``), so its bound is the smaller of the two;
 * an operator on the ALU (depthwise, pooling, add, ...) is bounded by 0.
 
-This is the compute/memory floor of issue 18 restricted to what holds for every plan; when
-``vta_ext.floor`` lands on main, :func:`operator_floor` is the one place to call it instead.
+It is not :func:`vta_ext.floor.operator_floor` (issue 18's floor, what efficiency is measured
+against): that floor charges every byte of an operator to one bus and the epilogue's ALU passes at
+their ideal count, a target rather than a proven bound of the cycle model, whose load and store
+modules run at once. Pruning must never drop a point an evaluation would put on the front, so the
+search keeps this weaker bound; the operator kinds on the GEMM unit are the floor's
+(:data:`vta_ext.floor.GEMM_KINDS`).
 """
 from __future__ import annotations
 
@@ -25,11 +29,10 @@ from typing import List, Sequence
 import numpy as np
 
 from vta_ext.config import VTAConfig
+from vta_ext.floor import GEMM_KINDS
 
 __all__ = ["OperatorCost", "GEMM_KINDS", "matched_operators", "operator_floor", "lower_bound"]
 
-#: matched operator kinds whose templates run on the GEMM unit (the others use the ALU)
-GEMM_KINDS = ("conv2d", "group_conv2d", "dense", "batch_matmul", "conv1d", "dilated_conv2d")
 
 
 @dataclass(frozen=True)
