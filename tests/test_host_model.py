@@ -12,7 +12,7 @@ from tvm import relax
 
 import tvm_csp_embed  # noqa: F401
 import vta_ext
-from vta_ext.host import PYNQ_Z1, HostModel, layout_traffic
+from vta_ext.host import PYNQ_Z1, VIEW_OPS, HostModel, layout_traffic
 from vta_ext.packing import BlockedActivation, BlockedMatrix, FlatActivation
 
 
@@ -126,3 +126,45 @@ def test_end_to_end_objective_weighs_host_traffic(tmp_path, monkeypatch, rate):
     assert e2e["end-to-end"] <= min(e2e["cycles"], e2e["stock"]), e2e
     if rate < 1:
         assert reports["end-to-end"].layout_bytes <= reports["cycles"].layout_bytes
+
+
+def test_copied_counts_what_the_pack_emits_for_a_stencil_unrolled_layout():
+    """The choice prices an input's packing by ``layout.copied``; the build report counts the
+    output of every non-view Relax op the packing emits. For a stencil-unrolled input (slices,
+    their stack, a transpose) the two must agree, or the end-to-end choice misjudges it."""
+    import tvm
+    from tvm import relax
+
+    from tvm_csp_embed.strategy import CspWorkload, candidates
+    from vta_ext.config import load_config
+
+    cfg = load_config("default")
+    p = (("n", 1), ("c", 8), ("h", 16), ("w", 16), ("k", 24), ("kh", 3), ("kw", 3), ("pt", 1),
+         ("pl", 1), ("pb", 1), ("pr", 1), ("sh", 1), ("sw", 1))
+    cands, _ = candidates(cfg, CspWorkload("conv2d", p), "relaxed", ["fused-rs"], ())
+    layouts = [o.host for c in cands for o in (c.packed.operands["A"], c.packed.operands["B"])
+               if o.tensor == c.embedding.workload.inputs[0].name and o.host.unrolled]
+    assert layouts, "no stencil-unrolled input among the fused-rs embeddings"
+
+    class Packer:                      # the offload pass's packer interface, on a BlockBuilder
+        def __init__(self, bb):
+            self.bb, self.written = bb, 0
+
+        def operand(self, expr):
+            return expr
+
+        def emit(self, expr, name):
+            var = self.bb.emit(expr, name)
+            if not isinstance(expr, relax.Call) or expr.op.name not in VIEW_OPS:
+                self.written += int(np.prod([int(d) for d in var.ty.shape]))
+            return var
+
+    for layout in layouts:
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType(layout.src_shape, "int8"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                packer = Packer(bb)
+                out = bb.emit_output(layout.pack(packer, x))
+            bb.emit_func_output(out)
+        assert packer.written == layout.copied == layout_traffic(layout), layout

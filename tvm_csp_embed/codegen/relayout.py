@@ -113,11 +113,12 @@ class HostLayout:
 
     @property
     def copied(self) -> int:
-        """Elements the host writes to pack (or unpack) one tensor: the output of every step that
-        copies (pad, transpose, slice, stencil unroll, broadcast; a reshape is a view)
+        """Elements the host writes to pack (or unpack) one tensor: the output of every Relax op
+        the steps emit that copies (pad, transpose, slice, broadcast; a stencil unroll is its
+        slices, their stack and a transpose, :func:`_step_copies`; a reshape is a view)
         (:func:`vta_ext.host.layout_traffic`)."""
         shapes = self.shapes
-        return sum(math.prod(shapes[i + 1]) for i, st in enumerate(self.steps)
+        return sum(_step_copies(st, shapes[i], shapes[i + 1]) for i, st in enumerate(self.steps)
                    if st[0] != "reshape" and not _is_identity(st, shapes[i]))
 
     @property
@@ -239,6 +240,19 @@ def _numpy_step(x: np.ndarray, st: Step) -> np.ndarray:
         lead, tail, order, perm = _unroll_layout(x.shape, axis, extents, j, others)
         return np.transpose(y.reshape(lead + [extents[i] for i in order] + tail), perm)
     raise ValueError(f"unknown relayout step {kind!r}")
+
+
+def _step_copies(st: Step, before: Sequence[int], after: Sequence[int]) -> int:
+    """Elements the Relax ops of one (non-view) step write (:func:`_relax_step`): its output; for
+    an unroll, the strided slices (together the output's size), their stack, and the permutation
+    back to the loops' order when it is not the identity."""
+    n = math.prod(after)
+    if st[0] != "unroll":
+        return n
+    _, axis, extents, coefs, const = st
+    j, others, _ = _unroll_plan(extents, coefs, const)
+    perm = _unroll_layout(before, axis, extents, j, others)[3]
+    return n * (2 + (perm != list(range(len(perm)))))
 
 
 def _unroll_layout(before, axis, extents, j, others):
