@@ -607,7 +607,11 @@ def search(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     dom = knob_domain(pg)
     if any(n not in dom or v not in dom[n] for n, v in (fixed or {}).items()):
         return None                 # no point of the domain has these values
-    grid = knob_grid(cfg, pg, epilogue, fixed)
+    # one grid serves both objectives (a build asks for the TPS point to rank its candidates and
+    # for the cycle point to build the chosen one)
+    fixed = dict(fixed or {})
+    grid = pg.memo(_tps_key(cfg, epilogue, fixed, "grid"),
+                   lambda: knob_grid(cfg, pg, epilogue, fixed))
     idx = np.flatnonzero(grid.valid)
     if not idx.size:
         return None
