@@ -204,7 +204,8 @@ def test_one_warning_line_with_caplog(caplog):
                if r.levelno == logging.INFO) == 4
 
 
-def test_no_padding_no_warning(caplog):
+def _unpadded_conv():
+    """One 16 -> 16 channel 3x3 conv on 8x8 with shift + clip: nothing padded."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "int8"))
     w = relax.Var("w", relax.TensorType((16, 16, 3, 3), "int8"))
@@ -212,8 +213,12 @@ def test_no_padding_no_warning(caplog):
         with bb.dataflow():
             out = bb.emit_output(conv_chain(bb, x, w, None, padding=1, shift=6, clip=(-128, 127)))
         bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_no_padding_no_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="vta_ext"):
-        relax.build(bb.get(), target="ext_vta")
+        relax.build(_unpadded_conv(), target="ext_vta")
     assert not caplog.records
     report = vta_ext.last_build_report()
     assert report.padded == [] and "padding:" not in str(report)
@@ -320,14 +325,7 @@ def test_csv_has_one_row_per_operator(chain_build, tmp_path):
 
 # ------------------------------------------------------------------------------ config
 def test_a_modified_preset_is_not_reported_as_the_preset():
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "int8"))
-    w = relax.Var("w", relax.TensorType((16, 16, 3, 3), "int8"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(conv_chain(bb, x, w, None, padding=1, shift=6, clip=(-128, 127)))
-        bb.emit_func_output(out)
-    mod = bb.get()
+    mod = _unpadded_conv()
     config = dataclasses.replace(load_config("default"), LOG_INP_BUFF_SIZE=12)
     relax.build(mod, target=vta_target(config))
     report = vta_ext.last_build_report()

@@ -378,8 +378,8 @@ def _module_busy(cfg, pg: PackedGemm, ep, k, inside, at_res, res, nbytes, stores
         load = (load + nbytes[counter] / bpc + loads * (issue + dma * _dma_rows(free, ins))
                 + (box - nbytes[counter] // elem))
     blocks = math.prod(d.extent for d in _free_dims(C))                # accumulator entries
-    ctile = {n: (lp.extent // k[f"tile_{n}"], k[f"tile_{n}"]) for lp in pg.loops
-             for n in [lp.name] if n in pg.c_loops()}
+    ext = {lp.name: lp.extent for lp in pg.loops}
+    ctile = {n: (ext[n] // k[f"tile_{n}"], k[f"tile_{n}"]) for n in pg.c_loops()}
     store_rows = _dma_rows(_free_dims(C), ctile)
     return {"load": load,
             "gemm": pg.embedding.instruction_count * cfg.GEMM_CYCLES_PER_UOP + stores * steps * issue,
