@@ -11,11 +11,13 @@ the sentence saying why are cached on disk (``choices/``).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 from vta_ext.errors import TemplateRefusal
 from vta_ext.strategy import MatchedOp, OpPlan, get_template
@@ -25,8 +27,8 @@ from .candidates import DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape
 from .codegen.plan import PackedGemm
 
 __all__ = ["CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK", "STOCK", "CPU",
-           "choose", "agree", "time_stock", "stock_refuses", "objective_key", "plan_host_bytes",
-           "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
+           "choose", "cycles_bound", "agree", "time_stock", "stock_refuses", "objective_key",
+           "plan_host_bytes", "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
            "stock_host_relayout_seconds"]
 
 #: candidates built and timed by the cycle model: at most this many, best static estimate first,
@@ -196,8 +198,58 @@ def stock_refuses(kind: str, op: MatchedOp, config) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the block (if it runs). Building and timing
+    the candidates allocates hundreds of thousands of long-lived instruction records and no
+    reference cycles; each full collection the allocations trigger meanwhile would walk every
+    object of the process. Garbage is collected as usual once the block ends."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def cycles_bound(config, kind: str, op: MatchedOp, pg: PackedGemm) -> float:
+    """A lower bound on the cycle model's count of any program of the packed GEMM ``pg`` for
+    ``op`` (an operator of ``kind``), known before it is built.
+
+    The compute module runs its instructions one after the other, so the program takes at least
+    their summed durations (:func:`vta_ext.sim.cycles.insn_cycles`), and those are at least the
+    micro-op cycles: every GEMM call of the embedding (``instruction_count``, one micro-op each)
+    at ``GEMM_CYCLES_PER_UOP``, plus the ALU passes the epilogue needs over every output block
+    (the floor's ALU part, :func:`vta_ext.floor.operator_floor`, of the epilogue the build
+    runs, :func:`~vta_ext.templates.epilogue.simplify_epilogue`).
+    """
+    import math
+
+    from vta_ext.floor import GEMM_KINDS, OperatorSize, operator_floor
+    from vta_ext.quantize import call_macs
+    from vta_ext.templates.epilogue import normalize_epilogue, simplify_epilogue
+
+    gemm = pg.embedding.instruction_count * config.GEMM_CYCLES_PER_UOP
+    macs = call_macs(op.core)
+    if kind not in GEMM_KINDS or macs <= 0:
+        return gemm
+    size = OperatorSize(kind, macs, math.prod(_shape(op.core)), 0,
+                        epilogue=simplify_epilogue(normalize_epilogue(op.epilogue)))
+    return gemm + operator_floor(config, size).compute_alu
+
+
 def choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: List[Candidate],
            op: MatchedOp, options, contender) -> Tuple[Any, str]:
+    """The candidate the objective prefers (or :data:`STOCK`), and the sentence saying why
+    (cached on disk). The parameters and the choice are :func:`_choose`'s; the cyclic garbage
+    collector pauses meanwhile (:func:`_gc_paused`)."""
+    with _gc_paused():
+        return _choose(kind, strategy, mode, config, base, layouts, usable, op, options, contender)
+
+
+def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: List[Candidate],
+            op: MatchedOp, options, contender) -> Tuple[Any, str]:
     """The candidate the objective prefers (or :data:`STOCK`), and the sentence saying why
     (cached on disk).
 
@@ -207,6 +259,13 @@ def choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: L
     (objective cycles or combined) the stock template's plan is timed with the same knobs
     option and returned as :data:`STOCK` when it is at least as good as the best candidate.
     ``contender`` is :meth:`_stock_contender`'s answer for ``op``.
+
+    Under the objectives ``cycles`` and ``end-to-end``, a candidate whose score has a lower bound
+    (:func:`cycles_bound`, plus its host layout cycles) above the best score timed so far (above
+    it plus :data:`AGREEMENT_SLACK` when layout agreement applies) is not built: it could be
+    neither the fastest nor a plan within the agreement slack. This needs the considered set not
+    to depend on which candidates build, so it applies when at most :data:`CYCLE_RANKED`
+    candidates are within :data:`RANK_FACTOR` of the best estimate.
     """
     from vta_ext.templates.errors import KnobError
 
@@ -238,12 +297,35 @@ def choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: L
     else:
         from vta_ext.executor import compiled_op, cycle_report, op_key
 
-        timed, dropped, knob_errors = [], [], []
+        timed, dropped, knob_errors, skipped = [], [], [], []
         stock_out = contender[0].out_layout if contender is not None else blocked_output(op, config)
         first = min(c.estimate for c in usable)
+        clock = config.CLOCK_MHZ * 1e6
+        host = options.host
+
+        def score(c):
+            if objective == "combined":
+                return c.cycles / clock + (c.host_seconds or 0.0)
+            if objective == "end-to-end":
+                return c.cycles + host.layout_cycles(c.host_bytes)
+            return c.cycles
+
+        prune = (objective in ("cycles", "end-to-end")
+                 and sum(c.estimate <= RANK_FACTOR * first for c in usable) <= CYCLE_RANKED)
+        slack = 1 + AGREEMENT_SLACK if op.input_layout is not None else 1
         for c in sorted(usable, key=lambda c: c.estimate):
             if len(timed) == CYCLE_RANKED or (timed and c.estimate > RANK_FACTOR * first):
                 break
+            data = c.embedding.workload.inputs[0].name
+            act = next(o.host for o in (c.packed.operands["A"], c.packed.operands["B"])
+                       if o.tensor == data)
+            c.host_bytes = plan_host_bytes(op, act, c.packed.operands["C"].host, stock_out)
+            if prune and timed:
+                bound = cycles_bound(config, kind, op, c.packed) + (
+                    host.layout_cycles(c.host_bytes) if objective == "end-to-end" else 0)
+                if bound > slack * min(map(score, timed)):
+                    skipped.append(c)
+                    continue
             k = op_key(kind, strategy, config, c.workload, op.epilogue, knobs[c.workload])
             try:
                 compiled_op(k, config=config)
@@ -257,25 +339,11 @@ def choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: L
             c.cycles = cycle_report(k).total_cycles
             if objective == "combined":
                 c.host_seconds = host_relayout_seconds(c.packed)
-            data = c.embedding.workload.inputs[0].name
-            act = next(o.host for o in (c.packed.operands["A"], c.packed.operands["B"])
-                       if o.tensor == data)
-            c.host_bytes = plan_host_bytes(op, act, c.packed.operands["C"].host, stock_out)
             timed.append(c)
         if not timed:
             if knob_errors:
                 raise knob_errors[0]
             return None, "; ".join(dropped)
-        clock = config.CLOCK_MHZ * 1e6
-
-        host = options.host
-
-        def score(c):
-            if objective == "combined":
-                return c.cycles / clock + (c.host_seconds or 0.0)
-            if objective == "end-to-end":
-                return c.cycles + host.layout_cycles(c.host_bytes)
-            return c.cycles
         ranked = sorted(timed, key=score)
         best = ranked[0]
         if objective == "combined":
@@ -289,7 +357,9 @@ def choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: L
         what = {"combined": "fastest combined", "end-to-end": "fewest cycles end to end"}.get(
             objective, "fewest cycles")
         timed_text = (f"{len(timed)} of {len(usable)} embedding(s) timed by the cycle model "
-                      f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)")
+                      f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)"
+                      + (f", {len(skipped)} more not built: a lower bound on their score exceeds "
+                         f"the best" if skipped else ""))
         stock = time_stock(kind, strategy, config, op, contender, objective, dropped)
         if objective == "end-to-end" and contender is None and stock_refuses(kind, op, config):
             from vta_ext.quantize import call_macs

@@ -18,6 +18,7 @@ implemented in :mod:`vta_ext.sim.fsim`; ``docs/isa.md`` states them in prose.
 """
 from __future__ import annotations
 
+import itertools
 import operator
 from collections import defaultdict
 from dataclasses import dataclass
@@ -432,15 +433,19 @@ def _encode_fields(layouts: Sequence[Tuple[Layout, type]], items: Sequence, word
                    what: str) -> np.ndarray:
     """Vectorised encoding: little-endian 64-bit words of ``items`` grouped by record type."""
     words = np.zeros((len(items), words_per_item), dtype="<u8")
-    groups: Dict[type, List[int]] = defaultdict(list)
-    for i, item in enumerate(items):
-        groups[type(item)].append(i)
+    kinds = list(map(type, items))
     layout_of = dict((cls, layout) for layout, cls in layouts)
-    for cls, index in groups.items():
+    for cls in dict.fromkeys(kinds):
         layout = layout_of[cls]
+        index = [i for i, k in enumerate(kinds) if k is cls] if len(layout_of) > 1 else \
+            list(range(len(items)))
         present = [f for f in layout.fields if f.name in cls.__dataclass_fields__]
         getter = operator.attrgetter(*(f.name for f in present))
-        rows = np.array([getter(items[i]) for i in index], dtype=np.int64).reshape(len(index), -1)
+        if len(present) == 1:
+            getter = (lambda item, get=getter: (get(item),))
+        rows = np.fromiter(itertools.chain.from_iterable(map(getter, map(items.__getitem__, index))),
+                           dtype=np.int64, count=len(index) * len(present))
+        rows = rows.reshape(len(index), len(present))
         index = np.asarray(index)
         for col, f in enumerate(present):
             values = rows[:, col]
@@ -489,9 +494,20 @@ def stage_of(opcode: int, memory_type: Optional[int] = None) -> Stage:
     return Stage.COMPUTE
 
 
+#: :func:`stage_of` of every (opcode, memory type or None) pair, looked up per instruction
+_STAGE_OF = {(op, mem): stage_of(op, mem) for op in Opcode for mem in (None, *MemType)}
+
+
+#: instruction records without a ``memory_type`` (saves a failing attribute lookup per call)
+_NO_MEMORY_TYPE = frozenset((GemmInsn, AluInsn, FinishInsn))
+
+
 def insn_stage(insn: Insn) -> Stage:
     """The module that executes ``insn`` (see :func:`stage_of`)."""
-    return stage_of(insn.opcode, getattr(insn, "memory_type", None))
+    key = (insn.opcode, None if type(insn) in _NO_MEMORY_TYPE else
+           getattr(insn, "memory_type", None))
+    stage = _STAGE_OF.get(key)
+    return stage if stage is not None else stage_of(*key)
 
 
 def disassemble(config: VTAConfig, stream: Union[bytes, Sequence[Insn]]) -> str:

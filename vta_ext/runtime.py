@@ -27,6 +27,13 @@ from .layout import IMM_MAX, IMM_MIN, LOOP_ITER_BITS, MAX_LOOP_EXTENT
 __all__ = ["CommandQueue", "UopKernel", "Program", "DramBuffer", "RuntimeError_",
            "MissingExtensionError", "Segment"]
 
+#: the memory types by value, and the stage a LOAD of each runs on (:func:`~vta_ext.isa.stage_of`)
+_MEM_TYPES = {int(m): m for m in MemType}
+_LOAD_STAGES = {m: stage_of(Opcode.LOAD, m) for m in MemType}
+#: the adjacent (from, to) stage pairs by value (the pairs :meth:`CommandQueue._check_pair` lets
+#: through)
+_PAIRS = {(int(a), int(b)): (a, b) for a in Stage for b in Stage if abs(a - b) == 1}
+
 
 class RuntimeError_(RuntimeError):
     """Invalid use of the runtime API (the message says which call and why)."""
@@ -241,6 +248,7 @@ class CommandQueue:
 
     def __init__(self, config: VTAConfig) -> None:
         self.config = config
+        self._insn_bytes = config.INS_ELEM_BYTES
         self.buffers: Dict[str, DramBuffer] = {}
         self._next_page = 1  # physical address 0 is never valid
         self.segments: List[Segment] = []
@@ -275,7 +283,7 @@ class CommandQueue:
         return insn
 
     def _check_overflow(self) -> None:
-        if (len(self._insns) + 6) * self.config.INS_ELEM_BYTES > MAX_XFER:
+        if (len(self._insns) + 6) * self._insn_bytes > MAX_XFER:
             self._close_segment()
 
     def _dram_base(self, buf: DramBuffer, elem_offset: int, mem: int, what: str) -> int:
@@ -289,13 +297,16 @@ class CommandQueue:
                 x_stride: int, x_pad_before: int, y_pad_before: int, x_pad_after: int,
                 y_pad_after: int, dst_sram_index: int, mem_type: int, pad_min: bool = False) -> None:
         """Append a 2-D LOAD of ``y_size`` rows of ``x_size`` elements into an on-chip buffer."""
-        mem = MemType(mem_type)
-        if mem in (MemType.OUT, MemType.UOP):
+        try:
+            mem = _MEM_TYPES[mem_type]
+        except (KeyError, TypeError):
+            mem = MemType(mem_type)
+        if mem is MemType.OUT or mem is MemType.UOP:
             raise RuntimeError_(f"load_2d into {mem.name} is not a data load")
         if pad_min and not self.config.EXT_PAD_MIN:
             raise MissingExtensionError(self.config.missing_extension(
                 "EXT_PAD_MIN", f"LOAD {mem.name} with pad_min=True (load_2d)"))
-        stage = stage_of(Opcode.LOAD, mem)
+        stage = _LOAD_STAGES[mem]
         insn = MemInsn(opcode=Opcode.LOAD, memory_type=mem, sram_base=dst_sram_index,
                        dram_base=self._dram_base(src, src_elem_offset, mem, "load_2d"),
                        pad_min=bool(pad_min), y_size=y_size, x_size=x_size, x_stride=x_stride,
@@ -372,7 +383,10 @@ class CommandQueue:
 
     def dep_push(self, from_stage: Stage, to_stage: Stage) -> None:
         """Signal a token from ``from_stage`` to the adjacent ``to_stage``."""
-        a, b = self._check_pair(from_stage, to_stage)
+        try:
+            a, b = _PAIRS[from_stage, to_stage]
+        except (KeyError, TypeError):
+            a, b = self._check_pair(from_stage, to_stage)
         self._commit_pending_pop(a)
         if self._insns:
             last = self._insns[-1]
@@ -387,7 +401,10 @@ class CommandQueue:
 
     def dep_pop(self, from_stage: Stage, to_stage: Stage) -> None:
         """Make the next instruction of ``to_stage`` wait for a token from ``from_stage``."""
-        a, b = self._check_pair(from_stage, to_stage)
+        try:
+            a, b = _PAIRS[from_stage, to_stage]
+        except (KeyError, TypeError):
+            a, b = self._check_pair(from_stage, to_stage)
         pending = self._pending_pop_prev if a < b else self._pending_pop_next
         if pending[b]:
             self._commit_pending_pop(b)

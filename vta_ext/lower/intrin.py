@@ -16,6 +16,7 @@ batch lane loop.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Tuple
 
 from tvm.s_tir import TensorIntrin
@@ -125,9 +126,13 @@ def register_gemm_intrin(cfg: VTAConfig) -> Tuple[str, str]:
     """Register (once per GEMM shape) the GEMM and reset intrinsics of ``cfg``; return their names."""
     gemm_name, reset_name = gemm_intrin_names(cfg)
     if gemm_name not in _REGISTERED:
-        desc, impl = _make_gemm(cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT)
+        # TVMScript's parser reads the source of every frame of the caller's stack
+        # (inspect.stack), which inside relax.build is deep: parse from a fresh thread instead
+        with ThreadPoolExecutor(1) as pool:
+            (desc, impl), (rdesc, rimpl) = pool.submit(
+                lambda: (_make_gemm(cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT),
+                         _make_reset(cfg.BATCH, cfg.BLOCK_OUT))).result()
         TensorIntrin.register(gemm_name, desc, impl, override=True)
-        rdesc, rimpl = _make_reset(cfg.BATCH, cfg.BLOCK_OUT)
         TensorIntrin.register(reset_name, rdesc, rimpl, override=True)
         _REGISTERED.add(gemm_name)
     return gemm_name, reset_name

@@ -18,7 +18,9 @@ constants come from.
 """
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -142,27 +144,55 @@ class CycleReport:
         plt.close(fig)
 
 
-def _dram_bytes(config: VTAConfig, insn: MemInsn) -> int:
-    elem = config.elem_bytes(insn.memory_type)
-    return insn.x_size * insn.y_size * elem
+class _Costs:
+    """The timing constants of one configuration, and what one instruction costs under them
+    (:meth:`of`): the one home of the durations of the module docstring."""
+
+    def __init__(self, config: VTAConfig) -> None:
+        self.issue = config.INSN_ISSUE_CYCLES
+        self.dma = config.DMA_OVERHEAD_CYCLES
+        self.bytes_per_cycle = config.MEM_BYTES_PER_CYCLE
+        self.gemm = config.GEMM_CYCLES_PER_UOP
+        self.alu_imm = config.ALU_CYCLES_PER_UOP_IMM
+        self.alu_vec = config.ALU_CYCLES_PER_UOP_VEC
+        self.macs_per_uop = config.BATCH * config.BLOCK_IN * config.BLOCK_OUT
+        self.ops_per_uop = config.BATCH * config.BLOCK_OUT
+        self.elem_bytes = config.elem_bytes
+
+    def of(self, insn: Insn) -> Tuple[int, Optional[str], int, int, int]:
+        """``(cycles, DRAM counter or None, DRAM bytes, MACs, ALU ops)`` of ``insn``: its duration
+        and what the report counts for it (the counter of a LOAD is its memory type, of a STORE
+        ``out``)."""
+        if isinstance(insn, MemInsn):
+            x, y = insn.x_size, insn.y_size
+            if x == 0:
+                return self.issue, None, 0, 0, 0
+            nbytes = x * y * self.elem_bytes(insn.memory_type)
+            pad_elems = (insn.x_pad_0 + x + insn.x_pad_1) * (insn.y_pad_0 + y + insn.y_pad_1) - x * y
+            cycles = (self.issue + y * self.dma + pad_elems
+                      + math.ceil(nbytes / self.bytes_per_cycle))
+            if insn.opcode == Opcode.STORE:
+                name = "out"
+            else:
+                name = _MEM_NAMES.get(insn.memory_type) or MemType(insn.memory_type).name.lower()
+            return cycles, name, nbytes, 0, 0
+        if isinstance(insn, GemmInsn):
+            uops = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+            return (self.issue + uops * self.gemm, None, 0,
+                    0 if insn.reset_reg else uops * self.macs_per_uop, 0)
+        if isinstance(insn, AluInsn):
+            uops = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+            per_uop = self.alu_imm if insn.use_imm else self.alu_vec
+            return self.issue + uops * per_uop, None, 0, 0, uops * self.ops_per_uop
+        return self.issue, None, 0, 0, 0
+
+
+_MEM_NAMES = {m: m.name.lower() for m in MemType}
 
 
 def insn_cycles(config: VTAConfig, insn: Insn) -> int:
     """Duration of one instruction under ``config`` (see the module docstring)."""
-    issue = config.INSN_ISSUE_CYCLES
-    if isinstance(insn, MemInsn):
-        if insn.x_size == 0:
-            return issue
-        pad_elems = ((insn.x_pad_0 + insn.x_size + insn.x_pad_1) * (insn.y_pad_0 + insn.y_size + insn.y_pad_1)
-                     - insn.x_size * insn.y_size)
-        return (issue + insn.y_size * config.DMA_OVERHEAD_CYCLES + pad_elems
-                + math.ceil(_dram_bytes(config, insn) / config.MEM_BYTES_PER_CYCLE))
-    if isinstance(insn, GemmInsn):
-        return issue + insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn) * config.GEMM_CYCLES_PER_UOP
-    if isinstance(insn, AluInsn):
-        per_uop = config.ALU_CYCLES_PER_UOP_IMM if insn.use_imm else config.ALU_CYCLES_PER_UOP_VEC
-        return issue + insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn) * per_uop
-    return issue
+    return _Costs(config).of(insn)[0]
 
 
 def _kind(insn: Insn) -> str:
@@ -179,9 +209,28 @@ def _kind(insn: Insn) -> str:
     return "finish"
 
 
-# per module: the (header flag, token queue) pairs it pops and pushes
-_POPS = {s: STAGE_QUEUES[s].pops() for s in Stage}
-_PUSHES = {s: STAGE_QUEUES[s].pushes() for s in Stage}
+#: the modules in the order :meth:`CycleModel.run` visits them, and each one's position
+_STAGES = tuple(Stage)
+_POSITION = {s: i for i, s in enumerate(_STAGES)}
+_QUEUE_INDEX = {q: i for i, q in enumerate(TOKEN_QUEUES)}
+_FLAGS = ("pop_prev_dep", "pop_next_dep", "push_prev_dep", "push_next_dep")
+_flags_of = operator.attrgetter(*_FLAGS)
+
+
+def _token_table(stage: Stage) -> Dict[Tuple[bool, ...], Tuple[Tuple[int, ...], Tuple[int, ...]]]:
+    """For each value of the four header flags: the token queues (indices into
+    :data:`TOKEN_QUEUES`) that an instruction of ``stage`` pops and pushes; a flag without a
+    queue on that side of the stage is ignored."""
+    sq = STAGE_QUEUES[stage]
+    table = {}
+    for flags in itertools.product((False, True), repeat=4):
+        on = dict(zip(_FLAGS, flags))
+        table[flags] = (tuple(_QUEUE_INDEX[q] for f, q in sq.pops() if on[f]),
+                        tuple(_QUEUE_INDEX[q] for f, q in sq.pushes() if on[f]))
+    return table
+
+
+_TOKENS = tuple(_token_table(s) for s in _STAGES)
 
 
 class CycleModel:
@@ -200,89 +249,108 @@ class CycleModel:
         self.record_timeline = record_timeline
 
     def run(self, insns: Sequence[Insn]) -> CycleReport:
-        """Time one stream (ending with FINISH); raises :class:`DeadlockError` if it cannot finish."""
-        cfg = self.config
-        stages = list(Stage)
-        queue_index = {q: i for i, q in enumerate(TOKEN_QUEUES)}
-        pop_flags = {s: [(flag, queue_index[q]) for flag, q in _POPS[s]] for s in Stage}
-        push_flags = {s: [(flag, queue_index[q]) for flag, q in _PUSHES[s]] for s in Stage}
-        # per instruction, once: its module, duration, and the token queues it pops and pushes
-        queues: List[List[int]] = [[] for _ in stages]
-        duration, pops, pushes = [], [], []
+        """Time one stream (ending with FINISH); raises :class:`DeadlockError` if it cannot finish.
+
+        Each module runs its queue in order and an instruction starts at
+        ``max(module free, every popped token's push time)``; its pushes happen when it ends. The
+        modules are visited in pipeline order, each as far as its tokens allow, until every
+        instruction ran. Without a timeline, a run of instructions that pops nothing after its
+        first and pushes nothing before its last is timed as one step (it runs back to back).
+        """
+        costs = _Costs(self.config)
+        timeline = self.record_timeline
+        # per module, in order, the steps: [first stream index, popped queues, cycles, pushed
+        # queues, DRAM counters first met in the step, instructions, (start, instruction)...]
+        queues: List[list] = [[] for _ in _STAGES]
+        open_step: List[Optional[list]] = [None] * len(_STAGES)
+        dram_total: Dict[str, int] = {}
+        macs = alu_ops = 0
         for i, insn in enumerate(insns):
-            stage = insn_stage(insn)
-            queues[stages.index(stage)].append(i)
-            duration.append(insn_cycles(cfg, insn))
-            pops.append([q for flag, q in pop_flags[stage] if getattr(insn, flag)])
-            pushes.append([q for flag, q in push_flags[stage] if getattr(insn, flag)])
-        heads = [0] * len(stages)
-        ready = [0] * len(stages)
-        busy, stall, count = [0] * len(stages), [0] * len(stages), [0] * len(stages)
+            pos = _POSITION[insn_stage(insn)]
+            flags = _flags_of(insn)
+            tokens = _TOKENS[pos].get(flags)
+            if tokens is None:   # flags that are not bools: by truth value
+                tokens = _TOKENS[pos][tuple(bool(f) for f in flags)]
+            needs, pushes = tokens
+            cycles, name, nbytes, m, a = costs.of(insn)
+            macs += m
+            alu_ops += a
+            step = open_step[pos]
+            if step is None or needs or timeline:
+                step = [i, needs, 0, (), (), 0, insn]
+                queues[pos].append(step)
+            step[2] += cycles
+            step[5] += 1
+            if name is not None:
+                if name not in step[4]:
+                    step[4] += (name,)
+                dram_total[name] = dram_total.get(name, 0) + nbytes
+            if pushes:
+                step[3] = pushes
+                open_step[pos] = None
+            else:
+                open_step[pos] = step
+        heads = [0] * len(_STAGES)
+        ready = [0] * len(_STAGES)
+        busy = [0] * len(_STAGES)
+        stall = [0] * len(_STAGES)
         tokens: List[List[int]] = [[] for _ in TOKEN_QUEUES]
         popped = [0] * len(TOKEN_QUEUES)
-        report = CycleReport(cfg)
-        timeline = report.timeline if self.record_timeline else None
-        remaining = len(insns)
+        report = CycleReport(self.config)
+        seen: List[str] = []
+        remaining = sum(map(len, queues))
         while remaining:
             progressed = False
-            for si in range(len(stages)):
-                queue = queues[si]
-                head = heads[si]
-                while head < len(queue):
-                    i = queue[head]
-                    needs = pops[i]
-                    token_time = 0
-                    blocked = False
-                    for q in needs:
-                        if popped[q] >= len(tokens[q]):
-                            blocked = True
+            for pos, queue in enumerate(queues):
+                head = h = heads[pos]
+                free = ready[pos]
+                waited = worked = 0
+                count = len(queue)
+                while h < count:
+                    _, needs, cycles, pushes, names, _, insn = queue[h]
+                    start = free
+                    if needs:
+                        if popped[needs[0]] >= len(tokens[needs[0]]) or (
+                                len(needs) > 1 and popped[needs[1]] >= len(tokens[needs[1]])):
                             break
-                        t = tokens[q][popped[q]]
-                        if t > token_time:
-                            token_time = t
-                    if blocked:
-                        break
-                    for q in needs:
-                        popped[q] += 1
-                    start = ready[si] if ready[si] > token_time else token_time
-                    end = start + duration[i]
-                    stall[si] += start - ready[si]
-                    busy[si] += end - start
-                    count[si] += 1
-                    ready[si] = end
-                    for q in pushes[i]:
-                        tokens[q].append(end)
-                    if timeline is not None:
-                        timeline.append((stages[si].name.lower(), start, end, _kind(insns[i])))
-                    head += 1
-                    remaining -= 1
+                        for q in needs:
+                            t = tokens[q][popped[q]]
+                            popped[q] += 1
+                            if t > start:
+                                start = t
+                        waited += start - free
+                    free = start + cycles
+                    worked += cycles
+                    for q in pushes:
+                        tokens[q].append(free)
+                    if names:
+                        seen += names
+                    if timeline:
+                        report.timeline.append((_STAGES[pos].name.lower(), start, free, _kind(insn)))
+                    h += 1
+                if h != head:
                     progressed = True
-                heads[si] = head
+                    remaining -= h - head
+                    heads[pos] = h
+                    ready[pos] = free
+                    stall[pos] += waited
+                    busy[pos] += worked
             if not progressed:
-                stuck = [f"{s.name.lower()} at instruction {queues[k][heads[k]]} "
-                         f"({insns[queues[k][heads[k]]]})"
-                         for k, s in enumerate(stages) if heads[k] < len(queues[k])]
+                stuck = [f"{s.name.lower()} at instruction {queues[p][heads[p]][0]} "
+                         f"({queues[p][heads[p]][6]})"
+                         for p, s in enumerate(_STAGES) if heads[p] < len(queues[p])]
                 raise DeadlockError("dependency tokens can never be satisfied; waiting: " + "; ".join(stuck))
-        for insn in insns:
-            self._account(report, insn)
+        for name in seen:   # the counters in the order the run met them
+            if name not in report.dram_bytes:
+                report.dram_bytes[name] = dram_total[name]
         report.total_cycles = max(ready)
-        for k, stage in enumerate(stages):
-            module = report.modules[stage.name.lower()]
-            module.busy, module.stall, module.insns = busy[k], stall[k], count[k]
-            module.idle = report.total_cycles - module.busy - module.stall
+        report.macs = macs
+        report.alu_ops = alu_ops
+        for pos, stage in enumerate(_STAGES):
+            report.modules[stage.name.lower()] = ModuleTime(
+                busy[pos], stall[pos], report.total_cycles - busy[pos] - stall[pos],
+                sum(step[5] for step in queues[pos]))
         return report
-
-    def _account(self, report: CycleReport, insn: Insn) -> None:
-        cfg = self.config
-        if isinstance(insn, MemInsn) and insn.x_size:
-            name = "out" if insn.opcode == Opcode.STORE else MemType(insn.memory_type).name.lower()
-            report.dram_bytes[name] += _dram_bytes(cfg, insn)
-        elif isinstance(insn, GemmInsn) and not insn.reset_reg:
-            report.macs += (insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
-                            * cfg.BATCH * cfg.BLOCK_IN * cfg.BLOCK_OUT)
-        elif isinstance(insn, AluInsn):
-            report.alu_ops += (insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
-                               * cfg.BATCH * cfg.BLOCK_OUT)
 
     def run_program(self, program) -> CycleReport:
         """Time every segment of a :class:`vta_ext.runtime.Program`, back to back."""
