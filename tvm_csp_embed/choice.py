@@ -27,6 +27,7 @@ from .candidates import DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape
 from .codegen.plan import PackedGemm
 
 __all__ = ["CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK", "STOCK", "CPU",
+           "PRUNE_BY_BOUND",
            "choose", "cycles_bound", "agree", "time_stock", "stock_refuses", "objective_key",
            "plan_host_bytes", "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
            "stock_host_relayout_seconds"]
@@ -46,6 +47,9 @@ STOCK_COMPARED = ("relaxed",)
 AGREEMENT_SLACK = 0.02
 #: what :func:`choose` returns when the stock template wins
 STOCK = "stock"
+#: skip building a candidate whose proven lower bound cannot beat the best timed one (see
+#: :func:`_choose`); False times every candidate the ranking admits (the exhaustive choice)
+PRUNE_BY_BOUND = True
 
 
 def host_relayout_seconds(pg: PackedGemm, repeats: int = 5) -> float:
@@ -310,7 +314,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                 return c.cycles + host.layout_cycles(c.host_bytes)
             return c.cycles
 
-        prune = (objective in ("cycles", "end-to-end")
+        prune = (PRUNE_BY_BOUND and objective in ("cycles", "end-to-end")
                  and sum(c.estimate <= RANK_FACTOR * first for c in usable) <= CYCLE_RANKED)
         slack = 1 + AGREEMENT_SLACK if op.input_layout is not None else 1
         for c in sorted(usable, key=lambda c: c.estimate):

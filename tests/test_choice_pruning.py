@@ -1,0 +1,109 @@
+"""Exact pruning of the choice (:mod:`tvm_csp_embed.choice`): a candidate whose proven lower bound
+(:func:`~tvm_csp_embed.choice.cycles_bound` plus its host layout cycles) cannot beat the best
+timed one is not built.
+
+For one-conv modules (int8 conv2d / group conv2d + bias, >> 8, clip) under ``csp-relaxed``, built
+with pruning and then exhaustively (``PRUNE_BY_BOUND = False``, with the choice and plan caches
+emptied in between and the solver's embeddings kept), under the objectives ``end-to-end`` and
+``cycles``:
+
+* both builds take the same plan: the same compiled operator (kind, embedding, epilogue, knobs),
+  the same VTA cycles and end-to-end estimate, the same report text but for the sentence saying
+  how many embeddings were timed and the runner-up it names;
+* the bound never exceeds the cycle model's count of any candidate the exhaustive build timed.
+
+The default run takes a sample; ``pytest -m slow`` runs ResNet-18 C1-C11, MobileNet D1-D9 and the
+12 thin DeepBench layers (1 or 3 input channels).
+"""
+import re
+import shutil
+
+import pytest
+from test_csp_correctness import DEEPBENCH, MOBILENET, RESNET_C1, _module
+from test_resnet_layers import RESNET18
+from tvm import relax
+
+import vta_ext
+from tvm_csp_embed import choice
+from tvm_csp_embed.cache import cache_dir
+
+pytestmark = pytest.mark.usefixtures("fresh_embedding_cache")
+
+
+def _layers():
+    out = {}
+    for name, (hw, cin, cout, k, pad, st) in {"C1": RESNET_C1, **RESNET18}.items():
+        out[name] = (1, cin, hw, hw, cout, k, k, (pad, pad), (st, st), 1)
+    for name, (hw, ch, g, k, pad, st) in MOBILENET.items():
+        out[name] = (1, ch, hw, hw, ch, k, k, (pad, pad), (st, st), g)
+    for i, r in DEEPBENCH.items():
+        if r["c"] in (1, 3):
+            out[f"DB{i}"] = (r["n"], r["c"], r["h"], r["w"], r["k"], r["filter_h"], r["filter_w"],
+                             (r["pad_h"], r["pad_w"]), (r["hstride"], r["wstride"]), 1)
+    return out
+
+
+LAYERS = _layers()
+SAMPLE = ("C11", "D9", "DB6")
+#: the sentence of the choice that depends on how many candidates were built, and the runner-up
+_TIMED = re.compile(r"\d+ of \d+ embedding\(s\) timed by the cycle model [^;]*")
+_NEXT = re.compile(r"; next [^;]*")
+
+
+def _build(mod, exhaustive: bool, objective: str, monkeypatch):
+    """Build ``mod`` under csp-relaxed with a fresh choice and plan cache; return the report and
+    every ``(config, kind, op, usable candidates)`` the choice saw."""
+    for sub in ("choices", "plans"):
+        shutil.rmtree(cache_dir() / sub, ignore_errors=True)
+    seen, inner = [], choice._choose
+
+    def spy(kind, strategy, mode, config, base, layouts, usable, op, options, contender):
+        out = inner(kind, strategy, mode, config, base, layouts, usable, op, options, contender)
+        seen.append((config, kind, op, list(usable)))
+        return out
+    with monkeypatch.context() as m:
+        m.setattr(choice, "PRUNE_BY_BOUND", not exhaustive)
+        m.setattr(choice, "_choose", spy)
+        with vta_ext.build_options(strategy="csp-relaxed", objective=objective):
+            relax.build(mod, target="ext_vta")
+    return vta_ext.last_build_report(), seen
+
+
+def _case(layer: str, objective: str, monkeypatch):
+    mod = _module(*LAYERS[layer])
+    pruned, seen_p = _build(mod, False, objective, monkeypatch)
+    full, seen_f = _build(mod, True, objective, monkeypatch)
+    assert seen_p and seen_f, f"{layer}: the choice did not run"
+    assert pruned.vta_keys == full.vta_keys
+    assert (pruned.vta_cycles, pruned.end_to_end_cycles) == (full.vta_cycles, full.end_to_end_cycles)
+    strip = lambda text: _NEXT.sub("", _TIMED.sub("", text))  # noqa: E731
+    assert [(p.op, p.device, strip(p.detail)) for p in pruned.placements] == \
+        [(p.op, p.device, strip(p.detail)) for p in full.placements]
+    timed = 0
+    for config, kind, op, usable in seen_f:
+        for c in usable:
+            if c.cycles is not None:
+                timed += 1
+                assert choice.cycles_bound(config, kind, op, c.packed) <= c.cycles, (layer, c.label)
+    assert timed, f"{layer}: no candidate was timed"
+    built = lambda seen: sum(c.cycles is not None for *_, usable in seen for c in usable)  # noqa: E731
+    return built(seen_p), built(seen_f)
+
+
+@pytest.mark.parametrize("layer", SAMPLE)
+def test_pruned_choice_is_exhaustive_choice(layer, monkeypatch):
+    _case(layer, "end-to-end", monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["end-to-end", "cycles"])
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_pruned_choice_is_exhaustive_choice_slow(layer, objective, monkeypatch):
+    _case(layer, objective, monkeypatch)
+
+
+def test_bound_prunes_something(monkeypatch):
+    """C11 (512 -> 512, 3x3 at 7x7): the NHWC embedding's host layout traffic puts its bound
+    above the NCHW embedding's score, so the pruned build times fewer candidates."""
+    built_pruned, built_full = _case("C11", "end-to-end", monkeypatch)
+    assert built_pruned < built_full
