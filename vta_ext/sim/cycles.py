@@ -260,27 +260,28 @@ class CycleModel:
         costs = _Costs(self.config)
         timeline = self.record_timeline
         # per module, in order, the steps: [first stream index, popped queues, cycles, pushed
-        # queues, DRAM counters first met in the step, instructions, (start, instruction)...]
+        # queues, DRAM counters first met in the step, first instruction]
         queues: List[list] = [[] for _ in _STAGES]
         open_step: List[Optional[list]] = [None] * len(_STAGES)
         dram_total: Dict[str, int] = {}
+        counts = [0] * len(_STAGES)
         macs = alu_ops = 0
         for i, insn in enumerate(insns):
             pos = _POSITION[insn_stage(insn)]
+            counts[pos] += 1
             flags = _flags_of(insn)
-            tokens = _TOKENS[pos].get(flags)
-            if tokens is None:   # flags that are not bools: by truth value
-                tokens = _TOKENS[pos][tuple(bool(f) for f in flags)]
-            needs, pushes = tokens
+            queues_of = _TOKENS[pos].get(flags)
+            if queues_of is None:   # flags that are not bools: by truth value
+                queues_of = _TOKENS[pos][tuple(bool(f) for f in flags)]
+            needs, pushes = queues_of
             cycles, name, nbytes, m, a = costs.of(insn)
             macs += m
             alu_ops += a
             step = open_step[pos]
             if step is None or needs or timeline:
-                step = [i, needs, 0, (), (), 0, insn]
+                step = [i, needs, 0, (), (), insn]
                 queues[pos].append(step)
             step[2] += cycles
-            step[5] += 1
             if name is not None:
                 if name not in step[4]:
                     step[4] += (name,)
@@ -307,7 +308,7 @@ class CycleModel:
                 waited = worked = 0
                 count = len(queue)
                 while h < count:
-                    _, needs, cycles, pushes, names, _, insn = queue[h]
+                    _, needs, cycles, pushes, names, insn = queue[h]
                     start = free
                     if needs:
                         if popped[needs[0]] >= len(tokens[needs[0]]) or (
@@ -337,7 +338,7 @@ class CycleModel:
                     busy[pos] += worked
             if not progressed:
                 stuck = [f"{s.name.lower()} at instruction {queues[p][heads[p]][0]} "
-                         f"({queues[p][heads[p]][6]})"
+                         f"({queues[p][heads[p]][5]})"
                          for p, s in enumerate(_STAGES) if heads[p] < len(queues[p])]
                 raise DeadlockError("dependency tokens can never be satisfied; waiting: " + "; ".join(stuck))
         for name in seen:   # the counters in the order the run met them
@@ -348,8 +349,7 @@ class CycleModel:
         report.alu_ops = alu_ops
         for pos, stage in enumerate(_STAGES):
             report.modules[stage.name.lower()] = ModuleTime(
-                busy[pos], stall[pos], report.total_cycles - busy[pos] - stall[pos],
-                sum(step[5] for step in queues[pos]))
+                busy[pos], stall[pos], report.total_cycles - busy[pos] - stall[pos], counts[pos])
         return report
 
     def run_program(self, program) -> CycleReport:
