@@ -75,7 +75,8 @@ def _case(layer: str, objective: str, monkeypatch):
     full, seen_f = _build(mod, True, objective, monkeypatch)
     assert seen_p and seen_f, f"{layer}: the choice did not run"
     assert pruned.vta_keys == full.vta_keys
-    assert (pruned.vta_cycles, pruned.end_to_end_cycles) == (full.vta_cycles, full.end_to_end_cycles)
+    assert pruned.vta_cycles == full.vta_cycles
+    assert pruned.end_to_end_cycles == full.end_to_end_cycles
     strip = lambda text: _NEXT.sub("", _TIMED.sub("", text))  # noqa: E731
     assert [(p.op, p.device, strip(p.detail)) for p in pruned.placements] == \
         [(p.op, p.device, strip(p.detail)) for p in full.placements]
@@ -86,7 +87,8 @@ def _case(layer: str, objective: str, monkeypatch):
                 timed += 1
                 assert choice.cycles_bound(config, kind, op, c.packed) <= c.cycles, (layer, c.label)
     assert timed, f"{layer}: no candidate was timed"
-    built = lambda seen: sum(c.cycles is not None for *_, usable in seen for c in usable)  # noqa: E731
+    def built(seen):
+        return sum(c.cycles is not None for *_, usable in seen for c in usable)
     return built(seen_p), built(seen_f)
 
 

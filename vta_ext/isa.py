@@ -443,8 +443,8 @@ def _encode_fields(layouts: Sequence[Tuple[Layout, type]], items: Sequence, word
         getter = operator.attrgetter(*(f.name for f in present))
         if len(present) == 1:
             getter = (lambda item, get=getter: (get(item),))
-        rows = np.fromiter(itertools.chain.from_iterable(map(getter, map(items.__getitem__, index))),
-                           dtype=np.int64, count=len(index) * len(present))
+        flat = itertools.chain.from_iterable(map(getter, map(items.__getitem__, index)))
+        rows = np.fromiter(flat, dtype=np.int64, count=len(index) * len(present))
         rows = rows.reshape(len(index), len(present))
         index = np.asarray(index)
         for col, f in enumerate(present):

@@ -168,7 +168,8 @@ class _Costs:
             if x == 0:
                 return self.issue, None, 0, 0, 0
             nbytes = x * y * self.elem_bytes(insn.memory_type)
-            pad_elems = (insn.x_pad_0 + x + insn.x_pad_1) * (insn.y_pad_0 + y + insn.y_pad_1) - x * y
+            pad_elems = ((insn.x_pad_0 + x + insn.x_pad_1) * (insn.y_pad_0 + y + insn.y_pad_1)
+                         - x * y)
             cycles = (self.issue + y * self.dma + pad_elems
                       + math.ceil(nbytes / self.bytes_per_cycle))
             if insn.opcode == Opcode.STORE:
@@ -327,7 +328,8 @@ class CycleModel:
                     if names:
                         seen += names
                     if timeline:
-                        report.timeline.append((_STAGES[pos].name.lower(), start, free, _kind(insn)))
+                        report.timeline.append((_STAGES[pos].name.lower(), start, free,
+                                                _kind(insn)))
                     h += 1
                 if h != head:
                     progressed = True
