@@ -130,8 +130,9 @@ def test_end_to_end_objective_weighs_host_traffic(tmp_path, monkeypatch, rate):
 
 def test_copied_counts_what_the_pack_emits_for_a_stencil_unrolled_layout():
     """The choice prices an input's packing by ``layout.copied``; the build report counts the
-    output of every non-view Relax op the packing emits. For a stencil-unrolled input (slices,
-    their stack, a transpose) the two must agree, or the end-to-end choice misjudges it."""
+    output of every non-view Relax op the packing emits. For a stencil-unrolled input the two
+    must agree, or the end-to-end choice misjudges it. Each unroll step is one gather (``take``),
+    not a slice per stencil point, and the compiled packing equals the numpy packing."""
     import tvm
     from tvm import relax
 
@@ -148,17 +149,19 @@ def test_copied_counts_what_the_pack_emits_for_a_stencil_unrolled_layout():
 
     class Packer:                      # the offload pass's packer interface, on a BlockBuilder
         def __init__(self, bb):
-            self.bb, self.written = bb, 0
+            self.bb, self.written, self.ops = bb, 0, []
 
         def operand(self, expr):
             return expr
 
         def emit(self, expr, name):
             var = self.bb.emit(expr, name)
+            self.ops.append(expr.op.name)
             if not isinstance(expr, relax.Call) or expr.op.name not in VIEW_OPS:
                 self.written += int(np.prod([int(d) for d in var.ty.shape]))
             return var
 
+    rng = np.random.default_rng(0)
     for layout in layouts:
         bb = relax.BlockBuilder()
         x = relax.Var("x", relax.TensorType(layout.src_shape, "int8"))
@@ -168,3 +171,10 @@ def test_copied_counts_what_the_pack_emits_for_a_stencil_unrolled_layout():
                 out = bb.emit_output(layout.pack(packer, x))
             bb.emit_func_output(out)
         assert packer.written == layout.copied == layout_traffic(layout), layout
+        unrolls = sum(st[0] == "unroll" for st in layout.steps)
+        assert packer.ops.count("relax.take") == unrolls, (layout, packer.ops)
+        assert "relax.strided_slice" not in packer.ops and "relax.stack" not in packer.ops
+        src = rng.integers(-128, 128, layout.src_shape).astype(np.int8)
+        ex = relax.build(bb.get(), target="llvm")
+        got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(src)).numpy()
+        np.testing.assert_array_equal(got, layout.pack_numpy(src))
