@@ -139,3 +139,57 @@ def test_consecutive_vta_convs_keep_packed_layout():
     y1 = _numpy_reference(arrays[0], arrays[1], None, 1, 1, 5, (3, 100))
     np.testing.assert_array_equal(got, _numpy_reference(y1, arrays[2], None, 2, 0, 4, (-128, 127)))
     np.testing.assert_array_equal(got, _run(mod, "llvm", arrays))
+
+
+def test_unused_prim_funcs_of_the_pipeline_are_dropped_before_codegen(monkeypatch):
+    """TVM's pipeline legalizes a reshape into a PrimFunc, rewrites the call into a view and leaves
+    the PrimFunc behind; the ext_vta pipeline drops such dead PrimFuncs before LLVM sees them, keeps
+    every PrimFunc the Relax code calls and the input module's own, and the build stays bit-exact."""
+    from tvm import te
+
+    import vta_ext.target as target_mod
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "int8"))
+    w = relax.Var("w", relax.TensorType((16, 16, 3, 3), "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = conv_chain(bb, x, w, None, stride=1, padding=1, shift=4, clip=(0, 127))
+            y = bb.emit(relax.op.reshape(y, (1, 16, 64)))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    src = te.placeholder((4,), "int8", name="src")          # a user PrimFunc that nothing calls
+    user = te.create_prim_func([src, te.compute((4,), lambda i: src[i], name="dst")])
+    bb.add_func(user.with_attr("global_symbol", "user_kernel"), "user_kernel")
+    mod = bb.get()
+
+    seen = {}
+    stamp = target_mod.stamp_host_target
+
+    @tvm.transform.module_pass(opt_level=0, name="Spy")
+    def spy(m, ctx):
+        seen["names"] = {gv.name_hint for gv, f in m.functions.items()
+                         if isinstance(f, tvm.tirx.PrimFunc)}
+        seen["called"] = {gv.name_hint for f in m.functions.values() if isinstance(f, relax.Function)
+                          for gv in relax.analysis.all_global_vars(f)}
+        return stamp(m)
+
+    monkeypatch.setattr(target_mod, "stamp_host_target", spy)
+    arrays = random_inputs(mod, 0)
+    with vta_ext.build_options(strategy="stock"):
+        got = run_module(mod, "ext_vta", arrays)
+    np.testing.assert_array_equal(got, run_module(mod, "llvm", arrays))
+    assert "user_kernel" in seen["names"]
+    assert not any("reshape" in n for n in seen["names"]), seen["names"]
+    assert seen["names"] - {"user_kernel"} <= seen["called"], seen
+
+    # the pass alone, on the legalized module where the reshape's PrimFunc is dead
+    legal = relax.transform.RewriteDataflowReshape()(relax.transform.LegalizeOps()(mod))
+    names = {gv.name_hint for gv, f in legal.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    reshapes = {n for n in names if "reshape" in n}
+    assert reshapes, names
+    kept = target_mod.drop_unused_prim_funcs(["user_kernel"])(legal)
+    left = {gv.name_hint for gv, f in kept.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert left == names - reshapes, (names, left)
+    assert "user_kernel" not in {gv.name_hint for gv in
+                                 target_mod.drop_unused_prim_funcs([])(legal).functions}
