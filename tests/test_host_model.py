@@ -7,7 +7,7 @@ the executed program; outputs against numpy.
 import numpy as np
 import pytest
 import tvm
-from conftest import conv2d_nchw, conv_chain, conv_module, requantize
+from conftest import REPO, conv2d_nchw, conv_chain, conv_module, requantize
 from tvm import relax
 
 import tvm_csp_embed  # noqa: F401
@@ -178,3 +178,56 @@ def test_copied_counts_what_the_pack_emits_for_a_stencil_unrolled_layout():
         ex = relax.build(bb.get(), target="llvm")
         got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(src)).numpy()
         np.testing.assert_array_equal(got, layout.pack_numpy(src))
+
+
+def test_operands_that_are_function_inputs_are_priced_as_the_report_counts_them(tmp_path,
+                                                                               monkeypatch):
+    """Weights and biases that are function inputs (the README example) are packed on the host
+    at every inference. The choice prices that packing (``choice.operand_pack_bytes``) for the
+    stock plan as the report counts it: the report's layout bytes with them as inputs, less with
+    them bound as constants (relayouted at build time). And the README example's plan costs no
+    more end to end than stock's."""
+    import sys
+
+    from tvm_csp_embed import choice
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    mod = conv_module(1, 8, 24, 16, 3)
+    rng = np.random.default_rng(0)
+    w = rng.integers(-128, 128, (24, 8, 3, 3)).astype(np.int8)
+    b = rng.integers(-1000, 1000, (1, 24, 1, 1)).astype(np.int32)
+    bound = relax.transform.BindParams("main", {"w": tvm.runtime.tensor(w),
+                                                "b": tvm.runtime.tensor(b)})(mod)
+    layout = {}
+    for name, m in (("inputs", mod), ("constants", bound)):
+        with vta_ext.build_options(strategy="stock"):
+            relax.build(m, target="ext_vta")
+        layout[name] = vta_ext.last_build_report().layout_bytes
+    priced = []
+    real = choice.operand_pack_bytes
+
+    def spy(op, inputs):
+        n = real(op, inputs)
+        if not inputs.__module__.startswith("tvm_csp_embed"):   # the stock template's plan
+            priced.append(n)
+        return n
+
+    monkeypatch.setattr(choice, "operand_pack_bytes", spy)
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        relax.build(mod, target="ext_vta")
+    assert priced and set(priced) == {layout["inputs"] - layout["constants"]} != {0}, \
+        (priced, layout)
+    monkeypatch.setattr(choice, "operand_pack_bytes", real)
+
+    sys.path.insert(0, str(REPO / "relay_examples"))
+    try:
+        from conv_block import build_model
+    finally:
+        sys.path.remove(str(REPO / "relay_examples"))
+    example = build_model()[0]
+    e2e = {}
+    for strategy in ("stock", "csp-relaxed"):
+        with vta_ext.build_options(strategy=strategy):
+            relax.build(example, target="ext_vta")
+        e2e[strategy] = vta_ext.last_build_report().end_to_end_cycles
+    assert e2e["csp-relaxed"] <= e2e["stock"], e2e

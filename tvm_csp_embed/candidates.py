@@ -313,3 +313,28 @@ def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epi
             out.append(cand)
     return out, notes
 
+
+def packed_inputs(op, cand: Candidate):
+    """``inputs(packer)`` of the plan of ``cand`` for the matched operator ``op``
+    (:class:`vta_ext.strategy.OpPlan`): packs the activation (or takes it over from the previous
+    VTA operator), the weight and the bias into the candidate's layouts and returns the VTA call's
+    packed arguments in the program's order (A, B, bias)."""
+    pg = cand.packed
+    A, B = pg.operands["A"], pg.operands["B"]
+    by_tensor = {A.tensor: A, B.tensor: B}
+    data_name, weight_name = (t.name for t in cand.embedding.workload.inputs)
+
+    def inputs(packer):
+        args = {}
+        for name, expr in ((data_name, op.operands[0]), (weight_name, op.operands[1])):
+            operand = by_tensor[name]
+            kept = packer.handover(expr, operand.host)
+            args[name] = kept if kept is not None else operand.host.pack(packer, expr)
+            if name == data_name:
+                packer.note_kept(kept is not None)
+        out = [args[A.tensor], args[B.tensor]]
+        if op.bias is not None:
+            out.append(pg.bias_layout(_shape(op.bias)).pack(packer, op.bias))
+        return out
+
+    return inputs

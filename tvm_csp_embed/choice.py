@@ -16,20 +16,23 @@ import dataclasses
 import gc
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Tuple
+
+import tvm
 
 from vta_ext.errors import TemplateRefusal
 from vta_ext.strategy import MatchedOp, OpPlan, get_template
 
 from .cache import _write, cache_dir
-from .candidates import DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape
+from .candidates import DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape, packed_inputs
 from .codegen.plan import PackedGemm
 
 __all__ = ["CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK", "STOCK", "CPU",
            "PRUNE_BY_BOUND",
            "choose", "cycles_bound", "agree", "time_stock", "stock_refuses", "objective_key",
-           "plan_host_bytes", "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
+           "plan_host_bytes", "operand_pack_bytes", "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
            "stock_host_relayout_seconds"]
 
 #: candidates built and timed by the cycle model: at most this many, best static estimate first,
@@ -78,7 +81,7 @@ def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, e
     layout the input comes in from a previous VTA operator (layout agreement)."""
     from vta_ext.executor import config_digest
 
-    text = json.dumps({"v": 6, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
+    text = json.dumps({"v": 7, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
                        "agree": [AGREEMENT_SLACK, _layout_key(producer)],
                        "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
                        "objective": objective, "epilogue": [list(s) for s in epilogue],
@@ -163,6 +166,62 @@ def plan_host_bytes(op: MatchedOp, in_layout, out_layout, stock_out) -> int:
     if not kept:
         cost += layout_traffic(out_layout) + layout_traffic(stock_out)
     return cost
+
+
+class _CountingPacker:
+    """The packer protocol of :mod:`vta_ext.packing`: emits nothing, and sums per operand the bytes
+    of the packing steps that copy (every op but :data:`vta_ext.host.VIEW_OPS`), as the build
+    report counts them (:mod:`vta_ext.offload.placements`). A constant operand is relayouted at
+    build time, so it adds nothing."""
+
+    def __init__(self) -> None:
+        from tvm import relax
+
+        self._bb = relax.BlockBuilder()
+        self._bb._begin_binding_block()       # a scope to normalise (type) the steps in
+        self.bytes: dict = {}
+        self._source = None
+
+    def operand(self, expr):
+        self._source = expr
+        return expr
+
+    def emit(self, expr, name: str):
+        from vta_ext.host import VIEW_OPS
+
+        out = self._bb.normalize(expr)
+        if expr.op.name not in VIEW_OPS:
+            ty = out.ty
+            n = math.prod(int(d) for d in ty.shape) * max(1, tvm.runtime.DataType(str(ty.dtype)).bits // 8)
+            self.bytes[self._source] = self.bytes.get(self._source, 0) + n
+        return out
+
+    emit_unpack = emit
+
+    def handover(self, expr, layout):
+        return None
+
+    def note_kept(self, kept: bool) -> None:
+        pass
+
+    def close(self) -> None:
+        self._bb._end_block()
+
+
+def operand_pack_bytes(op: MatchedOp, inputs) -> int:
+    """Host layout bytes per inference of packing ``op``'s weight, bias and multiplier when they
+    are not constants (function inputs, e.g. ``relay_examples/conv_block.py``): what ``inputs``
+    (an :class:`~vta_ext.strategy.OpPlan`'s ``inputs(packer)``) emits for every operand but the
+    activation, which :func:`plan_host_bytes` prices with the hand-over."""
+    if all(isinstance(e, tvm.ir.expr.Constant) for e in (*op.operands[1:], op.bias, op.multiplier)
+           if e is not None):
+        return 0
+    packer = _CountingPacker()
+    try:
+        inputs(packer)
+    finally:
+        packer.close()
+    return sum(n for src, n in packer.bytes.items() if src is not op.operands[0])
 
 
 def blocked_output(op: MatchedOp, config):
@@ -323,7 +382,8 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
             data = c.embedding.workload.inputs[0].name
             act = next(o.host for o in (c.packed.operands["A"], c.packed.operands["B"])
                        if o.tensor == data)
-            c.host_bytes = plan_host_bytes(op, act, c.packed.operands["C"].host, stock_out)
+            c.host_bytes = (plan_host_bytes(op, act, c.packed.operands["C"].host, stock_out)
+                            + operand_pack_bytes(op, packed_inputs(op, c)))
             if prune and timed:
                 bound = cycles_bound(config, kind, op, c.packed) + (
                     host.layout_cycles(c.host_bytes) if objective == "end-to-end" else 0)
@@ -464,4 +524,5 @@ def time_stock(kind: str, strategy: str, config, op: MatchedOp, contender, objec
     host = (stock_host_relayout_seconds(kind, op, config, plan)
             if objective == "combined" else None)
     return _StockTiming(cycle_report(k).total_cycles, host,
-                        plan_host_bytes(op, plan.in_layout, plan.out_layout, plan.out_layout))
+                        plan_host_bytes(op, plan.in_layout, plan.out_layout, plan.out_layout)
+                        + operand_pack_bytes(op, plan.inputs))

@@ -54,7 +54,7 @@ from vta_ext.timing import phase
 from .cache import solve_concurrently
 from .candidates import (CONV_LAYOUTS, DEFAULT_SOLUTIONS, DEFAULT_TIMEOUT, MODES, STRATEGY_NAMES,
                          Candidate, CspWorkload, _conv_params, _packed, _shape, candidates,  # noqa: F401
-                         fused_variants, operator_workload, packed_of, solve_request,
+                         fused_variants, operator_workload, packed_inputs, packed_of, solve_request,
                          stock_mapping_cost)
 from .choice import (AGREEMENT_SLACK, CPU, CYCLE_RANKED, RANK_FACTOR, STOCK, STOCK_COMPARED,
                      _choice_key, _contender_key, blocked_output, choose, host_relayout_seconds,
@@ -252,25 +252,8 @@ class CspGemmTemplate(OpTemplate):
     def _plan_of(self, op: MatchedOp, config, cand: Candidate, why: str, n_usable: int,
                  notes: List[str]) -> OpPlan:
         pg = cand.packed
-        emb = cand.embedding
-        A, B = pg.operands["A"], pg.operands["B"]
-        by_tensor = {A.tensor: A, B.tensor: B}
-        data_name, weight_name = (t.name for t in emb.workload.inputs)
-
-        def inputs(packer):
-            args = {}
-            for name, expr in ((data_name, op.operands[0]), (weight_name, op.operands[1])):
-                operand = by_tensor[name]
-                kept = packer.handover(expr, operand.host)
-                args[name] = kept if kept is not None else operand.host.pack(packer, expr)
-                if name == data_name:
-                    packer.note_kept(kept is not None)
-            out = [args[A.tensor], args[B.tensor]]
-            if op.bias is not None:
-                out.append(pg.bias_layout(_shape(op.bias)).pack(packer, op.bias))
-            return out
-
-        e = emb
+        inputs = packed_inputs(op, cand)
+        e = cand.embedding
         unrolled = ", ".join(f"{t} stencil-unrolled over {'/'.join(d)}" for t, d in e.unrolled.items())
         desc = (f"{_op_text(cand.workload)}; embedding {e.mapping_str()} in layout "
                 f"{cand.workload.layout} (A<-{e.binding['A']}, B<-{e.binding['B']}"
