@@ -7,14 +7,24 @@ Example::
     .venv/bin/python scripts/embed_deepbench.py --mode relaxed --solutions 3 --timeout 30
     .venv/bin/python scripts/embed_deepbench.py --mode relaxed --no-compat --check   # COMPAT off
     .venv/bin/python scripts/embed_deepbench.py --mode relaxed --compare-compat --out x.csv
+    .venv/bin/python scripts/embed_deepbench.py --network resnet18 --size 224   # a build's solves
 
 ``solve_seconds`` is end to end per layer (workload build, MiniZinc flattening, Gecode, for
-all requested solutions); ``flatten_seconds`` and ``nodes`` come from MiniZinc's statistics.
+all requested solutions); ``cpu_seconds`` is the CPU time (user + system) of the solver processes
+(MiniZinc and Gecode) of that solve, which machine load inflates far less than wall time;
+``flatten_seconds``, ``gecode_seconds`` and ``nodes`` come from MiniZinc's statistics. The summary
+gives the medians of all four.
+
+``--network NAME --size N`` solves, one after another and without the disk cache, the distinct
+solves a cold ``csp-relaxed`` build of ``relay_examples/models.py``'s network at N x N starts
+(``tvm_csp_embed.candidates.solve_request``: the 4 best embeddings below the stock mapping's cost,
+every layout), as the build's own prefetch lists them (the build is stopped there).
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import resource
 import statistics
 import sys
 import time
@@ -29,7 +39,8 @@ from tvm_csp_embed.solve import SolverError, solve  # noqa: E402
 from tvm_csp_embed.workload import conv2d  # noqa: E402
 
 DEFAULT_LAYERS = REPO / "data" / "deepbench_conv_inference.csv"
-FIELDS = ["id", "mode", "layout", "solution", "status", "solve_seconds", "flatten_seconds", "gecode_seconds",
+FIELDS = ["id", "mode", "layout", "solution", "status", "solve_seconds", "cpu_seconds", "flatten_seconds",
+          "gecode_seconds",
           "nodes", "failures", "x_dims", "y_dims", "z_dims", "binding", "padding", "padded_volume",
           "stock_padded_volume", "padding_saved", "footprint_bytes", "instruction_count", "cost", "asset", "message"]
 
@@ -59,6 +70,12 @@ def stock_volume(wl, instr) -> float:
     return v
 
 
+def _children_cpu() -> float:
+    """User + system seconds of this process's finished child processes (and theirs)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run(args) -> list:
     try:
         from tqdm import tqdm
@@ -71,7 +88,7 @@ def run(args) -> list:
         layers = [r for r in layers if int(r["id"]) in keep]
     rows = []
     for r in tqdm(layers, desc=f"DeepBench {args.mode}", unit="layer"):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _children_cpu()
         base = {"id": r["id"], "mode": args.mode, "layout": args.layout}
         try:
             wl = layer_workload(r, args.layout)
@@ -82,9 +99,10 @@ def run(args) -> list:
             rows.append({**base, "solution": 0, "status": "error", "solve_seconds": round(time.perf_counter() - t0, 4),
                          "message": str(e)[:300]})
             continue
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
         st = res.stats
-        common = {**base, "solve_seconds": round(wall, 4), "flatten_seconds": round(st.flatten_seconds, 4),
+        common = {**base, "solve_seconds": round(wall, 4), "cpu_seconds": round(cpu, 4),
+                  "flatten_seconds": round(st.flatten_seconds, 4),
                   "gecode_seconds": round(st.solve_seconds, 4), "nodes": st.nodes, "failures": st.failures,
                   "asset": st.asset, "stock_padded_volume": round(stock_volume(wl, instr), 4)}
         if res.status != "ok":
@@ -142,14 +160,80 @@ def compare_compat(args) -> list:
 
 
 def summarize(rows, mode: str) -> str:
-    """One-line summary: ok count, median and max end-to-end seconds per layer."""
+    """One-line summary: ok count, median and max end-to-end seconds per layer, and the medians of
+    the solver's CPU, flattening and Gecode seconds."""
     per_layer = {}
     for r in rows:
         per_layer.setdefault(r["id"], r)
     ok = sum(1 for r in per_layer.values() if r["status"] == "ok")
     t = [float(r["solve_seconds"]) for r in per_layer.values()]
+    med = lambda k: statistics.median(float(r.get(k) or 0.0) for r in per_layer.values())
     return (f"{mode}: {ok}/{len(per_layer)} layers ok; end-to-end per layer median {statistics.median(t):.3f} s, "
-            f"max {max(t):.3f} s, total {sum(t):.1f} s")
+            f"max {max(t):.3f} s, total {sum(t):.1f} s; median solver CPU {med('cpu_seconds'):.3f} s "
+            f"(flatten {med('flatten_seconds'):.3f} s, Gecode {med('gecode_seconds'):.3f} s)")
+
+
+class _Stop(Exception):
+    """Raised to stop a build once its solves are listed (:func:`network_requests`)."""
+
+
+def network_requests(name: str, size: int, config: str = "default") -> list:
+    """The distinct solve requests a cold ``csp-relaxed`` build of ``name`` at ``size`` starts.
+
+    The build runs until its planning asks for the first embedding: the strategy's prefetch has
+    listed every solve by then (captured in place of starting them)."""
+    sys.path.insert(0, str(REPO / "relay_examples"))
+    from models import quantized_example
+    from tvm import relax
+
+    import tvm_csp_embed.candidates as candidates
+    import tvm_csp_embed.strategy as strategy
+    import vta_ext
+
+    _, qmodel, _, _ = quantized_example(name, size, 0)
+    requests = []
+
+    def capture(reqs, workers=None, wait=True):
+        requests.extend(reqs)
+        return 0
+
+    def stop(*args, **kw):
+        raise _Stop()
+    saved = strategy.solve_concurrently, candidates.cached_embeddings
+    strategy.solve_concurrently, candidates.cached_embeddings = capture, stop
+    try:
+        with vta_ext.build_options(strategy="csp-relaxed"):
+            relax.build(qmodel.mod, target=vta_ext.vta_target(config))
+    except Exception as err:  # noqa: BLE001 -- ours, wrapped by the build's error
+        chain, e = [], err
+        while e is not None:
+            chain.append(e)
+            e = e.__cause__ or e.__context__
+        if not any(isinstance(x, _Stop) for x in chain):
+            raise
+    finally:
+        strategy.solve_concurrently, candidates.cached_embeddings = saved
+    if not requests:
+        raise SystemExit(f"embed_deepbench: the csp-relaxed build of {name} at {size} started no solve")
+    unique = {}
+    for r in requests:
+        unique.setdefault(r.key, r)
+    return list(unique.values())
+
+
+def run_network(args) -> list:
+    """Solve every request of :func:`network_requests`, one row per request."""
+    rows = []
+    for i, r in enumerate(network_requests(args.network, args.size)):
+        t0, c0 = time.perf_counter(), _children_cpu()
+        res = solve(r.wl, r.instr, r.mode, solutions=r.solutions, timeout=args.timeout, max_cost=r.max_cost)
+        st = res.stats
+        rows.append({"id": i, "mode": r.mode, "layout": r.wl.name, "solution": 0, "status": res.status,
+                     "solve_seconds": round(time.perf_counter() - t0, 4),
+                     "cpu_seconds": round(_children_cpu() - c0, 4),
+                     "flatten_seconds": round(st.flatten_seconds, 4), "gecode_seconds": round(st.solve_seconds, 4),
+                     "nodes": st.nodes, "failures": st.failures, "message": res.message})
+    return rows
 
 
 def main(argv=None) -> int:
@@ -171,6 +255,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--block-in", type=int, default=16)
     ap.add_argument("--block-out", type=int, default=16)
+    ap.add_argument("--network", default="", help="solve the solves of a cold build of this network "
+                    "(relay_examples/models.py) instead of the DeepBench layers")
+    ap.add_argument("--size", type=int, default=224, help="input size of --network")
     ap.add_argument("--compare-compat", action="store_true",
                     help="per layer, solve with and without COMPAT back to back (writes --out)")
     args = ap.parse_args(argv)
@@ -188,7 +275,7 @@ def main(argv=None) -> int:
               f"{med('nocompat_nodes'):.0f}; same solutions on {sum(r['same_solutions'] for r in rows)}; "
               f"{sum(r['checked'] for r in rows)} solutions without COMPAT checked by check_raw")
         return 0
-    rows = run(args)
+    rows = run_network(args) if args.network else run(args)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w", newline="") as f:
@@ -196,7 +283,7 @@ def main(argv=None) -> int:
             w.writeheader()
             for r in rows:
                 w.writerow({k: r.get(k, "") for k in FIELDS})
-    print(summarize(rows, args.mode))
+    print(summarize(rows, f"{args.network} {args.size}" if args.network else args.mode))
     return 0
 
 
