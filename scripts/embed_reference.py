@@ -15,7 +15,8 @@ The cases (:func:`cases`):
 * ``bnb``: one branch-and-bound solve (the single best embedding, no cost bound) per layer and
   mode in NCHW, as ``scripts/embed_deepbench.py`` runs them;
 * ``misc``: small workloads under the paper's node search order and custom constraint sets
-  (no rectangle, no symmetry breaking, no padding, the domain bound), other GEMM shapes.
+  (no rectangle, no symmetry breaking, no padding, the domain bound), other GEMM shapes, and two
+  infeasible solves.
 
 A case's record (:func:`record`) is its status and, per solution in order, the structure (binding,
 the dim and step of every bit, padding), the cost, the optimality flag and a digest of the scalar
@@ -68,6 +69,11 @@ def _misc() -> Dict[str, Dict[str, Any]]:
             out[f"{name}/relaxed-no-{off}"] = dict(
                 wl=wl, sizes=sizes, kw=dict(mode=tuple(x for x in CONSTRAINT_SETS["relaxed"] if x != off),
                                             solutions=6))
+    # infeasible: no padding for 3 input channels; a cost bound below every embedding
+    out["conv3/strict-no-pad"] = dict(wl=conv2d(1, 3, 6, 6, 16, 3, 3), sizes=(1, 4, 4),
+                                      kw=dict(mode=tuple(x for x in CONSTRAINT_SETS["strict"] if x != "pad")))
+    out["conv8/relaxed/below-every-cost"] = dict(wl=c, sizes=(1, 4, 4), kw=dict(mode="relaxed", solutions=4,
+                                                                              max_cost=-1))
     # without the rectangle: lattices (a larger enumeration takes minutes)
     no_rect = tuple(x for x in CONSTRAINT_SETS["relaxed"] if x != "rect")
     mm_t = matmul(4, 8, 8, transpose_b=True)
@@ -95,8 +101,9 @@ def cases(subset: str = "all") -> List[str]:
             out.append(f"bnb/{name}/{mode}")
     out += [f"misc/{k}" for k in _misc()]
     if subset == "sample":
-        keep = ("build/C11/relaxed/", "build/D9/", "build/DB6/", "bnb/C7/", "misc/conv8/strict/nodes",
-                "misc/conv8/relaxed/all", "misc/mm_t/relaxed-no-rect/best", "misc/mm/relaxed/bound")
+        keep = ("build/C11/relaxed/NHWC", "build/D9/strict/NCHW", "build/DB6/relaxed/", "bnb/C7/",
+                "misc/conv8/strict/nodes", "misc/conv8/relaxed/all", "misc/mm_t/relaxed-no-rect/best",
+                "misc/mm/relaxed/bound", "misc/conv3/strict-no-pad")
         out = [c for c in out if c.startswith(keep)]
     return out
 

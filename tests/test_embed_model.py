@@ -51,7 +51,8 @@ def test_reference_covers_every_case():
     assert sorted(REFERENCE) == sorted(ids)
     assert len([c for c in ids if c.startswith("build/")]) > 500
     # the frozen solves found embeddings (a table of failures would prove little)
-    assert sum(REFERENCE[c]["status"] == "ok" for c in ids) > 0.9 * len(ids)
+    statuses = [REFERENCE[c]["status"] for c in ids]
+    assert statuses.count("ok") > 0.9 * len(ids) and "infeasible" in statuses
 
 
 @pytest.mark.parametrize("case", SAMPLE)
