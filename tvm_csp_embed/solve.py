@@ -347,7 +347,10 @@ def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str
     # of its representative's bits. Without iso the data nodes are free: one entry each.
     iso = "iso" in constraints
     opbits = [[b for b in range(NBIT) if opax[t][bax[b]]] for t in range(3)]
-    tpk, tpt, tpe, tpprev, tpbit = [], [], [], [], []
+    ntp = 0
+    base: List[Tuple[int, int, int, int]] = []    # pool entry, binding, operand, tensor dim (1-based)
+    chain: List[Tuple[int, int, int]] = []        # pool entry, its entry without the lowest bit, step
+    steps: Dict[Tuple[int, int, int, int], int] = {}   # (binding, operand, tensor dim, bit) -> step
     tplo = [[[0] * EMAX for _ in range(3)] for _ in range(NB)]
     tphi = [[[0] * EMAX for _ in range(3)] for _ in range(NB)]
     tix = [[[[0] * EMAX for _ in range(nnmax)] for _ in range(3)] for _ in range(NB)]
@@ -358,25 +361,25 @@ def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str
                 # the output's tensor is the same under every binding: one pool
                 key = (binds[k][t], t, e) if iso else (k, t, e)
                 if key not in groups:
-                    first = len(tpk) + 1
+                    first = ntp + 1
                     if iso:
                         coef = [COEF[((k * 3 + t) * EMAX + e) * D + d] for d in range(D)]
                         rel = [b for b in opbits[t] if any(coef[d - 1] for d in bdom[b])]
                         index = {}
                         for m in range(2 ** len(rel)):
                             sub = tuple(b for i, b in enumerate(rel) if (m >> i) & 1)
-                            index[sub] = len(tpk) + 1
-                            tpk.append(k + 1), tpt.append(t + 1), tpe.append(e + 1)
-                            tpprev.append(index[sub[1:]] if sub else 0)
-                            tpbit.append(sub[0] + 1 if sub else 1)
+                            ntp += 1
+                            index[sub] = ntp
+                            if sub:
+                                step = steps.setdefault((k + 1, t + 1, e + 1, sub[0] + 1), len(steps) + 1)
+                                chain.append((ntp, index[sub[1:]], step))
+                            else:
+                                base.append((ntp, k + 1, t + 1, e + 1))
                         ids = [index[tuple(b for b in rel if b in qbits[rep[t][j]])] for j in range(nn[t])]
                     else:
-                        ids = []
-                        for j in range(nn[t]):
-                            ids.append(len(tpk) + 1)
-                            tpk.append(k + 1), tpt.append(t + 1), tpe.append(e + 1)
-                            tpprev.append(0), tpbit.append(1)
-                    groups[key] = (first, len(tpk), ids)
+                        ids = list(range(ntp + 1, ntp + nn[t] + 1))
+                        ntp += nn[t]
+                    groups[key] = (first, ntp, ids)
                 first, last, ids = groups[key]
                 tplo[k][t][e], tphi[k][t][e] = first, last
                 for j in range(nn[t]):
@@ -407,8 +410,12 @@ def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str
         f"ISRED = {_arr(list(wl.reduction))};",
         f"CHAINB = {_set(b for b in range(NBIT) if bax[b] in red_ax)};",
         f"NQP = {len(qbits_model)};", "QBITS = [" + ",".join(_set(bs) for bs in qbits_model) + "];",
-        f"NTP = {len(tpk)};", f"TPK = {_arr(tpk)};", f"TPT = {_arr(tpt)};", f"TPE = {_arr(tpe)};",
-        f"TPPREV = {_arr(tpprev)};", f"TPBIT = {_arr(tpbit)};",
+        f"NTP = {ntp};", f"NBASE = {len(base)};",
+        *(f"{name} = {_arr([x[i] for x in base])};" for i, name in enumerate(("BASEI", "BASEK", "BASET", "BASEE"))),
+        f"NCHAIN = {len(chain)};",
+        *(f"{name} = {_arr([x[i] for x in chain])};" for i, name in enumerate(("CHI", "CHPREV", "CHW"))),
+        f"NWS = {len(steps)};",
+        *(f"{name} = {_arr([x[i] for x in steps])};" for i, name in enumerate(("WSK", "WST", "WSE", "WSB"))),
         _nd("TPLO", ["1..NB", "1..3", "1..EMAX"], sum(sum(tplo, []), [])),
         _nd("TPHI", ["1..NB", "1..3", "1..EMAX"], sum(sum(tphi, []), [])),
         _nd("STAR", [f"1..{nn[2]}", "1..EMAX"], star),
