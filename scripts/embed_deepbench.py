@@ -231,7 +231,8 @@ def run_network(args) -> list:
         rows.append({"id": i, "mode": r.mode, "layout": r.wl.name, "solution": 0, "status": res.status,
                      "solve_seconds": round(time.perf_counter() - t0, 4),
                      "cpu_seconds": round(_children_cpu() - c0, 4),
-                     "flatten_seconds": round(st.flatten_seconds, 4), "gecode_seconds": round(st.solve_seconds, 4),
+                     "flatten_seconds": round(st.flatten_seconds, 4),
+                     "gecode_seconds": round(st.solve_seconds, 4),
                      "nodes": st.nodes, "failures": st.failures, "message": res.message})
     return rows
 

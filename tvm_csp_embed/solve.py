@@ -26,9 +26,9 @@ the same values in the same order as the model with one variable per node did (t
 nodes, the origin, in the node order the single-bit multiply nodes: every other scalar value is a
 function of these), so branch and bound and the enumeration meet the solutions in the same order.
 Against that model (``tests/data/embed_reference.json``, ``tests/test_embed_model.py``: the same
-solutions in the same order on 821 solves) one solve of a ResNet-18 or DeepBench conv2d takes
-about 3x fewer instructions (about 1.85e9 -> 0.66e9 relaxed, 1.64e9 -> 0.47e9 strict, of which
-0.34e9 are MiniZinc's own start-up).
+solutions in the same order on 823 solves) one solve of a ResNet-18 conv2d takes 3-3.7x fewer
+instructions (MiniZinc and Gecode, valgrind: about 1.85e9 -> 0.61e9 relaxed, 1.64e9 -> 0.45e9
+strict, of which 0.34e9 are MiniZinc's own start-up on an empty model).
 """
 from __future__ import annotations
 
@@ -411,7 +411,8 @@ def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str
         f"CHAINB = {_set(b for b in range(NBIT) if bax[b] in red_ax)};",
         f"NQP = {len(qbits_model)};", "QBITS = [" + ",".join(_set(bs) for bs in qbits_model) + "];",
         f"NTP = {ntp};", f"NBASE = {len(base)};",
-        *(f"{name} = {_arr([x[i] for x in base])};" for i, name in enumerate(("BASEI", "BASEK", "BASET", "BASEE"))),
+        *(f"{name} = {_arr([x[i] for x in base])};"
+          for i, name in enumerate(("BASEI", "BASEK", "BASET", "BASEE"))),
         f"NCHAIN = {len(chain)};",
         *(f"{name} = {_arr([x[i] for x in chain])};" for i, name in enumerate(("CHI", "CHPREV", "CHW"))),
         f"NWS = {len(steps)};",
