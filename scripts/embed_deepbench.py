@@ -191,25 +191,22 @@ def network_requests(name: str, size: int, config: str = "default") -> list:
     import vta_ext
 
     _, qmodel, _, _ = quantized_example(name, size, 0)
-    requests = []
+    requests, stopped = [], []
 
     def capture(reqs, workers=None, wait=True):
         requests.extend(reqs)
         return 0
 
     def stop(*args, **kw):
+        stopped.append(True)
         raise _Stop()
     saved = strategy.solve_concurrently, candidates.cached_embeddings
     strategy.solve_concurrently, candidates.cached_embeddings = capture, stop
     try:
         with vta_ext.build_options(strategy="csp-relaxed"):
             relax.build(qmodel.mod, target=vta_ext.vta_target(config))
-    except Exception as err:  # noqa: BLE001 -- ours, wrapped by the build's error
-        chain, e = [], err
-        while e is not None:
-            chain.append(e)
-            e = e.__cause__ or e.__context__
-        if not any(isinstance(x, _Stop) for x in chain):
+    except Exception:  # noqa: BLE001 -- ours (the build wraps it in its own error), else re-raised
+        if not stopped:
             raise
     finally:
         strategy.solve_concurrently, candidates.cached_embeddings = saved

@@ -24,7 +24,7 @@ def test_script_smoke(tmp_path):
     assert mod.main(["--mode", "relaxed", "--ids", "0,11", "--solutions", "2", "--out", str(out), "--check"]) == 0
     rows = list(csv.DictReader(open(out)))
     assert {r["id"] for r in rows} == {"0", "11"} and all(r["status"] == "ok" for r in rows)
-    for col in ("solve_seconds", "flatten_seconds", "nodes", "x_dims", "y_dims", "z_dims", "padding",
+    for col in ("solve_seconds", "cpu_seconds", "flatten_seconds", "nodes", "x_dims", "y_dims", "z_dims", "padding",
                 "footprint_bytes"):
         assert all(r[col] != "" for r in rows), col
     l0 = [r for r in rows if r["id"] == "0"]
