@@ -3,8 +3,10 @@
 
 Usage::
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/embed_reference.py --out tests/data/embed_reference.json
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/embed_reference.py --compare tests/data/embed_reference.json
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/embed_reference.py \
+        --out tests/data/embed_reference.json
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/embed_reference.py \
+        --compare tests/data/embed_reference.json
 
 The cases (:func:`cases`):
 
@@ -51,34 +53,42 @@ def _layers():
     return LAYERS
 
 
+def _without(mode: str, name: str) -> tuple:
+    """The constraint set ``mode`` without the constraint ``name``."""
+    return tuple(x for x in CONSTRAINT_SETS[mode] if x != name)
+
+
 def _misc() -> Dict[str, Dict[str, Any]]:
     """Small solves off the build's path: (workload, instruction sizes, solve keyword arguments)."""
     c = conv2d(1, 8, 6, 6, 8, 3, 3)
     cs = conv2d(1, 4, 9, 9, 8, 3, 3, stride=(2, 2))
     mm = matmul(6, 20, 12)
     out = {}
-    for name, wl, sizes in (("conv8", c, (1, 4, 4)), ("conv_s2", cs, (1, 4, 4)), ("mm", mm, (2, 4, 4)),
-                            ("conv8_b2", c, (2, 4, 4))):
+    for name, wl, sizes in (("conv8", c, (1, 4, 4)), ("conv_s2", cs, (1, 4, 4)),
+                            ("mm", mm, (2, 4, 4)), ("conv8_b2", c, (2, 4, 4))):
         for mode in ("strict", "relaxed"):
-            out[f"{name}/{mode}/nodes"] = dict(wl=wl, sizes=sizes, kw=dict(mode=mode, search="nodes"))
-            out[f"{name}/{mode}/all"] = dict(wl=wl, sizes=sizes, kw=dict(mode=mode, solutions=10_000))
+            out[f"{name}/{mode}/nodes"] = dict(wl=wl, sizes=sizes,
+                                               kw=dict(mode=mode, search="nodes"))
+            out[f"{name}/{mode}/all"] = dict(wl=wl, sizes=sizes,
+                                             kw=dict(mode=mode, solutions=10_000))
             out[f"{name}/{mode}/bound"] = dict(wl=wl, sizes=sizes, kw=dict(mode=mode, bound=True))
         # (the larger enumerations without symmetry breaking or the origin take minutes)
-        offs = {"mm": ("symmetry", "pad", "origin"), "conv8_b2": ("pad",)}.get(name, ("symmetry", "pad"))
+        offs = {"mm": ("symmetry", "pad", "origin"),
+                "conv8_b2": ("pad",)}.get(name, ("symmetry", "pad"))
         for off in offs:
             out[f"{name}/relaxed-no-{off}"] = dict(
-                wl=wl, sizes=sizes, kw=dict(mode=tuple(x for x in CONSTRAINT_SETS["relaxed"] if x != off),
-                                            solutions=6))
+                wl=wl, sizes=sizes, kw=dict(mode=_without("relaxed", off), solutions=6))
     # infeasible: no padding for 3 input channels; a cost bound below every embedding
     out["conv3/strict-no-pad"] = dict(wl=conv2d(1, 3, 6, 6, 16, 3, 3), sizes=(1, 4, 4),
-                                      kw=dict(mode=tuple(x for x in CONSTRAINT_SETS["strict"] if x != "pad")))
-    out["conv8/relaxed/below-every-cost"] = dict(wl=c, sizes=(1, 4, 4), kw=dict(mode="relaxed", solutions=4,
-                                                                              max_cost=-1))
+                                      kw=dict(mode=_without("strict", "pad")))
+    out["conv8/relaxed/below-every-cost"] = dict(wl=c, sizes=(1, 4, 4),
+                                                 kw=dict(mode="relaxed", solutions=4, max_cost=-1))
     # without the rectangle: lattices (a larger enumeration takes minutes)
-    no_rect = tuple(x for x in CONSTRAINT_SETS["relaxed"] if x != "rect")
+    no_rect = _without("relaxed", "rect")
     mm_t = matmul(4, 8, 8, transpose_b=True)
     out["mm_t/relaxed-no-rect/best"] = dict(wl=mm_t, sizes=(1, 4, 4), kw=dict(mode=no_rect))
-    out["mm_t/relaxed-no-rect/six"] = dict(wl=mm_t, sizes=(1, 2, 2), kw=dict(mode=no_rect, solutions=6))
+    out["mm_t/relaxed-no-rect/six"] = dict(wl=mm_t, sizes=(1, 2, 2),
+                                           kw=dict(mode=no_rect, solutions=6))
     return out
 
 
@@ -102,8 +112,9 @@ def cases(subset: str = "all") -> List[str]:
     out += [f"misc/{k}" for k in _misc()]
     if subset == "sample":
         keep = ("build/C11/relaxed/NHWC", "build/D9/strict/NCHW", "build/DB6/relaxed/", "bnb/C7/",
-                "misc/conv8/strict/nodes", "misc/conv8/relaxed/all", "misc/mm_t/relaxed-no-rect/best",
-                "misc/mm/relaxed/bound", "misc/conv3/strict-no-pad")
+                "misc/conv8/strict/nodes", "misc/conv8/relaxed/all",
+                "misc/mm_t/relaxed-no-rect/best", "misc/mm/relaxed/bound",
+                "misc/conv3/strict-no-pad")
         out = [c for c in out if c.startswith(keep)]
     return out
 
@@ -128,7 +139,8 @@ def _problem(case: str):
         return r.wl, r.instr, dict(mode=mode, solutions=r.solutions, max_cost=r.max_cost)
     if kind == "bnb":
         cw = dataclasses.replace(base, layout="NCHW", mode=mode)
-        return operator_workload(cw)[0], gemm((cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT)), dict(mode=mode)
+        instr = gemm((cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT))
+        return operator_workload(cw)[0], instr, dict(mode=mode)
     raise ValueError(f"case {case!r}: unknown kind {kind!r}; use build/, bnb/ or misc/")
 
 
@@ -147,7 +159,8 @@ def record(case: str, timeout: float = 120.0, result: Optional[list] = None) -> 
     sols = [{"binding": s.binding, "bit_dims": list(s.bit_dims), "bit_steps": list(s.bit_steps),
              "pad": list(s.pad), "cost": s.cost, "optimal": s.optimal,
              "nodes": _digest({"p": [list(x) for x in s.p],
-                               "data": {k: [list(x) for x in v] for k, v in sorted(s.data_nodes.items())}})}
+                               "data": {k: [list(x) for x in v]
+                                        for k, v in sorted(s.data_nodes.items())}})}
             for s in res.solutions]
     return {"status": res.status, "solutions": sols,
             "flatten_seconds": round(res.stats.flatten_seconds, 4)}
@@ -155,8 +168,10 @@ def record(case: str, timeout: float = 120.0, result: Optional[list] = None) -> 
 
 def write_table(records: Dict[str, Dict[str, Any]]) -> str:
     """The JSON table: the model's sha256, the configuration and one case per line."""
-    head = json.dumps({"model_sha256": hashlib.sha256(MODEL.read_bytes()).hexdigest(), "config": CONFIG})
-    body = ",\n".join(f"{json.dumps(c)}: {json.dumps(records[c], sort_keys=True)}" for c in sorted(records))
+    head = json.dumps({"model_sha256": hashlib.sha256(MODEL.read_bytes()).hexdigest(),
+                       "config": CONFIG})
+    body = ",\n".join(f"{json.dumps(c)}: {json.dumps(records[c], sort_keys=True)}"
+                       for c in sorted(records))
     return head[:-1] + ', "cases": {\n' + body + "\n}}\n"
 
 
@@ -192,7 +207,8 @@ def main(argv=None) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(write_table(got))
     print(f"{len(ids)} cases in {time.perf_counter() - t0:.0f} s"
-          + (f"; {len(bad)} differ from {args.compare}" if ref is not None else f"; written to {args.out}"))
+          + (f"; {len(bad)} differ from {args.compare}" if ref is not None
+             else f"; written to {args.out}"))
     return 1 if bad else 0
 
 

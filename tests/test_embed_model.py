@@ -23,7 +23,8 @@ TABLE = Path(__file__).resolve().parent / "data" / "embed_reference.json"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("embed_reference", REPO / "scripts" / "embed_reference.py")
+    path = REPO / "scripts" / "embed_reference.py"
+    spec = importlib.util.spec_from_file_location("embed_reference", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
