@@ -53,6 +53,14 @@ LOW = 0.6
 FIELDS = ["goal", "measured", "bar", "aim", "met", "detail"]
 
 
+def thin_layers() -> List[Dict]:
+    """The CSV rows of the thin-channel DeepBench layers of goal row 2: fewer input channels
+    than one ``BLOCK_IN`` of any configuration (1 or 3)."""
+    from deepbench import read_layers
+
+    return [r for r in read_layers() if int(r["c"]) < 16]
+
+
 def _geomean(values: List[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
@@ -90,8 +98,6 @@ def network(config: str, strategy: str) -> Dict[str, float]:
 
 
 def goals(rows: List[Dict], nets: Dict[Tuple[str, str], Dict]) -> List[Dict]:
-    from deepbench import read_layers
-
     out = []
     for cfg in ("default", "pipelined"):
         eff = [float(r["efficiency"]) for r in rows
@@ -100,7 +106,7 @@ def goals(rows: List[Dict], nets: Dict[Tuple[str, str], Dict]) -> List[Dict]:
         out.append({"goal": f"efficiency {cfg}", "measured": round(_geomean(eff), 3),
                     "detail": f"{len(eff)} layers, min {min(eff):.3f}, {low} below {LOW}",
                     "extra_ok": low == 0})
-    thin = {f"DB{r['id']}" for r in read_layers() if int(r["c"]) < 16}
+    thin = {f"DB{r['id']}" for r in thin_layers()}
     by = {(r["case"], r["config"], r["strategy"]): float(r["cycles"]) for r in rows}
     ratios = [by[(c, "default", "stock")] / by[(c, "default", "csp-relaxed")] for c in sorted(thin)]
     out.append({"goal": "thin deepbench csp-relaxed / stock", "measured": round(_geomean(ratios), 2),
