@@ -97,13 +97,14 @@ def network_module(name: str, size: str):
     return models.quantized_example(name, pixels, **kwargs)[1].mod
 
 
-def measure(mod, config: str, strategy: str) -> Dict:
-    """Build ``mod`` for ``config`` with ``strategy``; the floors and cycles of its VTA calls."""
+def measure(mod, config: str, strategy: str, **options) -> Dict:
+    """Build ``mod`` for ``config`` with ``strategy`` (and further ``vta_ext.build_options``
+    ``options``, default none); the floors and cycles of its VTA calls."""
     import tvm
     import vta_ext
 
     start = time.perf_counter()
-    with vta_ext.build_options(strategy=strategy):
+    with vta_ext.build_options(strategy=strategy, **options):
         tvm.relax.build(mod, target=vta_ext.vta_target(config))
     build_s = time.perf_counter() - start
     report = vta_ext.last_build_report()

@@ -10,6 +10,9 @@ accumulator LOADs (the padding-only fills and the bias tiles), micro-op LOADs), 
 the busy cycles of the load and store modules. Also printed: the geomean of stock / floor, the
 best ratio any plan can reach against this stock under the floor's definition.
 
+``--objective cycles`` ranks csp-relaxed's embeddings by VTA cycles alone instead of the default
+end-to-end estimate (which adds the host layout traffic).
+
 Writes ``--csv`` (one row per layer), a PNG next to it (the compute module's parts per layer,
 against the floor) and prints a markdown table.
 
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import os
 import sys
 from collections import Counter
@@ -65,8 +67,9 @@ def compute_parts(program) -> Dict[str, int]:
     return {p: parts.get(p, 0) for p in PARTS}
 
 
-def measure(row, config: str) -> Dict:
-    """The figures of one DeepBench layer (its CSV row) on ``config``: see the module docstring."""
+def measure(row, config: str, objective: str) -> Dict:
+    """The figures of one DeepBench layer (its CSV row) on ``config``: see the module docstring;
+    csp-relaxed ranks its embeddings by ``objective`` (``vta_ext.build_options``)."""
     import tune_figures as tf
     import vta_ext
     from efficiency import measure as build_measure
@@ -74,7 +77,8 @@ def measure(row, config: str) -> Dict:
 
     out = {"case": f"DB{row['id']}"}
     for strategy in ("stock", "csp-relaxed"):
-        m = build_measure(tf.deepbench_module(row, "bias-shift-clip"), config, strategy)
+        options = {"objective": objective} if strategy == "csp-relaxed" else {}
+        m = build_measure(tf.deepbench_module(row, "bias-shift-clip"), config, strategy, **options)
         out[strategy.replace("-", "_")] = m["cycles"]
         if strategy == "csp-relaxed":
             report = vta_ext.last_build_report()
@@ -119,6 +123,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="default")
     ap.add_argument("--csv", default=str(ROOT / "docs" / "figures" / "thin_breakdown.csv"))
+    ap.add_argument("--objective", default="end-to-end",
+                    help="csp-relaxed's embedding ranking (vta_ext.build_options; default the "
+                         "default build option, end-to-end; 'cycles' ranks by VTA cycles only)")
     ap.add_argument("--only", nargs="*", type=int, default=None, help="DeepBench ids (default: all 12)")
     args = ap.parse_args(argv)
     import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
@@ -126,7 +133,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     layers = [r for r in thin_layers() if not args.only or int(r["id"]) in args.only]
-    rows = [measure(r, args.config) for r in tqdm(layers, desc="thin layers", unit="layer")]
+    rows = [measure(r, args.config, args.objective) for r in tqdm(layers, desc="thin layers", unit="layer")]
     path = Path(args.csv)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
@@ -134,10 +141,10 @@ def main(argv=None) -> int:
         w.writeheader()
         w.writerows(rows)
     plot(rows, path.with_suffix(".png"))
-    geo = lambda v: math.exp(sum(math.log(x) for x in v) / len(v))  # noqa: E731
-    print(f"\n| layer | csp-relaxed embedding | stock | csp-relaxed | stock / csp | floor | efficiency |"
-          f" compute: GEMM | bias ADD (ALU vec) | shift+clip (ALU imm) | ACC LOADs | UOP LOADs |"
-          f" compute stall | load busy | store busy |\n|" + "---|" * 15)
+    from near_limit import _geomean as geo
+    print("\n| layer | csp-relaxed embedding | stock | csp-relaxed | stock / csp | floor | efficiency |"
+          " compute: GEMM | bias ADD (ALU vec) | shift+clip (ALU imm) | ACC LOADs | UOP LOADs |"
+          " compute stall | load busy | store busy |\n|" + "---|" * 15)
     for r in rows:
         print(f"| {r['case']} | {r['embedding']} | {r['stock']:,} | {r['csp_relaxed']:,} | "
               f"x{r['ratio']:.2f} | {r['floor']:,.0f} | {r['efficiency']:.2f} | "
