@@ -195,6 +195,24 @@ def conv_chain(bb, x, w, b, *, stride=1, padding=0, shift=None, clip=None, group
     return bb.emit(relax.op.astype(y, "int8"))
 
 
+def add_module(n, c, hw):
+    """A one-add Relax module ``main(a, b)``: a residual add of two int8 tensors ``(n, c, hw, hw)``
+    in int32, then ``>> 1``, clip to int8."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((n, c, hw, hw), "int8"))
+    b = relax.Var("b", relax.TensorType((n, c, hw, hw), "int8"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(relax.op.astype(a, "int32"), relax.op.astype(b, "int32")))
+            y = bb.emit(relax.op.right_shift(y, relax.const(1, "int32")))
+            y = bb.emit(relax.op.clip(y, -128, 127))
+            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def conv_module(n, c, o, hw, k, *, stride=1, padding=1, bias=True, shift=8, clip=(0, 127),
                 groups=1, dilation=1, order=("bias", "shr", "clip")):
     """A one-conv Relax module ``main(x, w[, b])`` with the requantisation tail."""

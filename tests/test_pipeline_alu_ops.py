@@ -5,7 +5,7 @@ import pytest
 from tvm import relax
 
 import vta_ext
-from conftest import random_inputs, run_module
+from conftest import add_module, random_inputs, run_module
 from vta_ext.target import vta_target
 
 
@@ -84,17 +84,7 @@ def test_avg_pool2d_padded_on_vta(count_include_pad):
 
 @pytest.mark.parametrize("preset,n,c", [("default", 1, 32), ("2x16x16", 3, 24)])
 def test_residual_add_on_vta(preset, n, c):
-    bb = relax.BlockBuilder()
-    a = relax.Var("a", relax.TensorType((n, c, 7, 7), "int8"))
-    b = relax.Var("b", relax.TensorType((n, c, 7, 7), "int8"))
-    with bb.function("main", [a, b]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.add(relax.op.astype(a, "int32"), relax.op.astype(b, "int32")))
-            y = bb.emit(relax.op.right_shift(y, relax.const(1, "int32")))
-            y = bb.emit(relax.op.clip(y, -128, 127))
-            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
-        bb.emit_func_output(out)
-    _check(bb.get(), "relax.add", "add", target=vta_target(preset))
+    _check(add_module(n, c, 7), "relax.add", "add", target=vta_target(preset))
 
 
 @pytest.mark.parametrize("c,hw,stride", [(32, 8, 1), (24, 9, 2)])
