@@ -118,10 +118,17 @@ def test_stencil_unrolled_fused_z_with_stride():
 
 
 def test_strided_factor():
-    """A factor with stride > 1 (symmetry breaking off, which otherwise removes strided variants)."""
+    """A factor with stride > 1 (symmetry breaking off, which otherwise removes strided variants).
+
+    Without symmetry breaking the enumeration of every structure does not finish within the
+    solver's timeout, and which solutions a timed-out run returns depends on the machine. The cost
+    bound keeps the enumeration complete: a 3-tap window split as 2/2 (stride 2) costs 1290 here,
+    just above the unstrided splits (870-1285), so the bound admits them and little else.
+    """
     cfg = load_config("default")
     wl, shapes, perms, pads, arrays, bias, ref = _conv_case(1, 3, 12, 12, 16, 3, 3, (1, 1), (1, 1))
-    embs, _ = embed_all(wl, gemm(cfg), "relaxed", solutions=30, disable=("symmetry",))
+    embs, res = embed_all(wl, gemm(cfg), "relaxed", solutions=30, disable=("symmetry",), max_cost=1290)
+    assert res.status == "ok", res.message
     emb = _pick(embs, lambda e: any(f.stride > 1 for a in e.axes for f in a.factors), "strided factor")
     check_scalar(emb)
     pg, _, got, _ = _run(cfg, emb, shapes, perms, pads, arrays, bias)
