@@ -62,6 +62,29 @@ def test_channel_concat_in_the_packed_layout(channels, packed):
         assert "input kept" not in consumer.detail and "concatenated in DRAM" not in consumer.detail
 
 
+def test_concat_of_csp_outputs_in_the_blocked_arrangement_is_made_packed():
+    """The parts are CSP embeddings (their output a CSP ``HostLayout``, not the stock class) whose
+    packed output puts every element where the stock blocked layout does: the concat is made on
+    the packed tensors and placed in DRAM like stock outputs, with no unpack/concat/pack on the
+    host (before, only the stock class counted: 12 host layout operations instead of 6)."""
+    import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
+    import vta_ext
+
+    mod = _module([16, 32])
+    x = np.random.default_rng(1).integers(-128, 128, (1, 16, 6, 6)).astype(np.int8)
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        got, ref, report = vta_and_llvm(mod, [x])
+    np.testing.assert_array_equal(got, ref)
+    parts = report.on_vta[:2]
+    assert all(p.plan.startswith("csp-relaxed NCHW") for p in parts), [p.plan for p in parts]
+    (cat,) = [p for p in report.on_cpu if p.name == "cat"]
+    assert "made in their packed layout" in cat.reason and "placed in DRAM" in cat.reason
+    layout_ops = [p.op for p in report.on_cpu if p.reason == LAYOUT]
+    assert "relax.concat" not in layout_ops and "relax.strided_slice" not in layout_ops
+    # pack the input once, unpack the output once, nothing around the concat
+    assert report.host_relayouts == 6
+
+
 def test_placed_concat_leaves_no_host_concat_in_the_module():
     """The offloaded module calls ``vta_ext.run_placed`` with the three parts as the consumer's
     first operand (spec "*+*+*,*": data of three whole parts, then the weight) and binds no

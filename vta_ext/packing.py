@@ -23,14 +23,14 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tvm
 from tvm import relax
 
 __all__ = ["BlockedActivation", "BlockedMatrix", "FlatActivation", "pack_conv_weight", "pack_depthwise_weight",
-           "pack_channel_bias", "ceil_to", "padding_text", "same_arrangement",
+           "pack_channel_bias", "ceil_to", "padding_text", "same_arrangement", "as_blocked",
            "channel_shuffle_map", "apply_steps_numpy"]
 
 
@@ -121,6 +121,27 @@ def same_arrangement(a, b) -> bool:
         return _same_arrangement(a, b)
     except TypeError:  # an unhashable layout: compare without the cache
         return _same_arrangement.__wrapped__(a, b)
+
+
+def as_blocked(layout) -> Optional["BlockedActivation"]:
+    """``layout`` as the stock :class:`BlockedActivation` when it is that arrangement, else None.
+
+    A CSP embedding's ``HostLayout`` of an NCHW tensor whose packed shape is
+    ``(N/b, C/k, H, W, b, k)`` may place every element where the blocked layout does; then the
+    packed tensor can take part in the work done on blocked tensors (channel concats, splits,
+    shuffles). Decided by :func:`same_arrangement`, never by the layout's class alone.
+
+    >>> as_blocked(BlockedActivation(1, 32, 4, 4, 1, 16))
+    BlockedActivation(n=1, c=32, h=4, w=4, batch_block=1, channel_block=16)
+    """
+    if isinstance(layout, BlockedActivation):
+        return layout
+    src, shape = getattr(layout, "src_shape", None), getattr(layout, "shape", None)
+    if src is None or shape is None or len(src) != 4 or len(shape) != 6:
+        return None
+    n, c, h, w = (int(v) for v in src)
+    blocked = BlockedActivation(n, c, h, w, int(shape[4]), int(shape[5]))
+    return blocked if same_arrangement(layout, blocked) else None
 
 
 @dataclass(frozen=True)

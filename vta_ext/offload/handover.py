@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from tvm import relax
 
-from ..packing import channel_shuffle_map, same_arrangement
+from ..packing import as_blocked, channel_shuffle_map, same_arrangement
 from ..quantize.common import op_name as _op_name, shape_of as _shape
 from .names import PACK_PREFIX
 
@@ -120,10 +120,10 @@ class PackedHandover:
         """``(packed tensor, BlockedActivation)`` if ``expr`` is held in the stock blocked packed
         layout (a VTA output, or a concat / split / shuffle made in it), else None."""
         entry = self._packed.get(expr.name) if isinstance(expr, relax.Var) else None
-        if entry is None or not entry[0].same_as(expr) \
-                or type(entry[2]).__name__ != "BlockedActivation":
+        if entry is None or not entry[0].same_as(expr):
             return None
-        return entry[1], entry[2]
+        layout = as_blocked(entry[2])
+        return None if layout is None else (entry[1], layout)
 
     def _concat(self, binding) -> None:
         """A channel concat of VTA outputs that share a packed layout (batch, height, width and
