@@ -239,6 +239,58 @@ def test_local_workers_give_the_same_front(tiny_mod, tmp_path, stock_front):
         [(p.config, p.cycles, p.on_front) for p in stock_front.points]
 
 
+# ------------------------------------------------------------------ the caller's build options
+ONE_POINT = dict(log_block_in=(4,), log_block_out=(4,), log_inp_buff=(15,), log_wgt_buff=(18,),
+                 mem_bytes_per_cycle=(8,), timing=("original",))
+
+
+def test_build_options_reach_every_evaluation(tiny_mod, tmp_path):
+    """The options around explore apply in this process and on a Dask worker thread (which does
+    not see the caller's context), and are part of the records key."""
+    from distributed import LocalCluster
+
+    run = dict(budget=1, space=tiny_space(**ONE_POINT), presets=False)
+    (plain,) = explore_tiny(tiny_mod, tmp_path, **run).points
+    with vta_ext.build_options(knobs="fallback"):
+        here = explore_tiny(tiny_mod, tmp_path, **run)
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                          dashboard_address=None) as cluster:
+            runner = tune.DaskRunner(cluster.scheduler_address)
+            try:
+                there = explore_tiny(tiny_mod, tmp_path, runner=runner, name="dask", **run)
+            finally:
+                runner.close()
+    assert here.evaluated == 1 and here.cached == 0  # the default options' evaluation not reused
+    assert there.evaluated == 1 and there.cached == 0
+    (point,), (remote,) = here.points, there.points
+    # the reference: a plain relax.build of the configuration under the same options
+    with vta_ext.build_options(strategy="stock", knobs="fallback"):
+        relax.build(tiny_mod, target=vta_ext.vta_target(point.config))
+    assert point.vta_cycles == vta_ext.last_build_report().vta_cycles
+    assert point.cycles != plain.cycles  # the fallback schedule is not the default knobs'
+    assert (remote.config, remote.cycles, remote.dram_bytes) == \
+        (point.config, point.cycles, point.dram_bytes)
+    lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [line["options_value"]["knobs"] for line in lines] == ["cycles", "fallback"]
+
+
+@pytest.mark.slow  # a fresh worker process imports TVM: ~15 s
+def test_worker_processes_get_the_build_options(tiny_mod, tmp_path):
+    run = dict(budget=1, space=tiny_space(**ONE_POINT), presets=False, strategy="csp-relaxed")
+    (plain,) = explore_tiny(tiny_mod, tmp_path, name="plain", **run).points
+    with vta_ext.build_options(objective="footprint", knobs="tps"):
+        (here,) = explore_tiny(tiny_mod, tmp_path, name="here", **run).points
+        runner = tune.LocalRunner(n_parallel=1)
+        try:
+            (there,) = explore_tiny(tiny_mod, tmp_path, runner=runner, name="there", **run).points
+        finally:
+            runner.close()
+        relax.build(tiny_mod, target=vta_ext.vta_target(here.config))
+    assert here.vta_cycles == vta_ext.last_build_report().vta_cycles
+    assert here.cycles != plain.cycles
+    assert (there.cycles, there.dram_bytes) == (here.cycles, here.dram_bytes)
+
+
 # ------------------------------------------------------------------ bad input
 def test_bad_input_gives_clear_errors(tiny_mod, tmp_path):
     with pytest.raises(ValueError, match="budget=0"):

@@ -13,9 +13,15 @@ It is a module-level function of picklable arguments (the module travels as a fi
 read once per worker process), so :class:`~tvm_csp_embed.tune.LocalRunner` workers and Dask
 workers run it. It never raises: a failure is an evaluation with ``error`` set.
 
+The caller's build options (``vta_ext.build_options(knobs=..., layout=..., objective=..., host=...,
+records=tune.apply_history_best(...))`` around the search) travel with each evaluation as plain
+data (:func:`options_payload`): a worker process, or a Dask worker thread, does not see the caller's
+context, so each evaluation re-enters them around the offload pass.
+
 :class:`Records` is the append-only JSON-lines store of evaluations, keyed by the module's
-digest, the strategy and the configuration's value: a resumed search, or another search over the
-same module and strategy, evaluates a configuration only once.
+digest, the strategy, the build options (:func:`options_digest`) and the configuration's value: a
+resumed search, or another search over the same module, strategy and options, evaluates a
+configuration only once.
 """
 from __future__ import annotations
 
@@ -27,16 +33,21 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from dataclasses import asdict
 from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 from vta_ext.config import VTAConfig
 from vta_ext.executor import config_digest
 
-__all__ = ["Evaluation", "evaluate_config", "module_digest", "Records", "save_module"]
+__all__ = ["Evaluation", "evaluate_config", "module_digest", "options_payload", "options_digest",
+           "Records", "save_module"]
 
 Evaluation = Dict[str, Any]
+#: the build options of an evaluation as plain data (:func:`options_payload`)
+Options = Dict[str, Any]
 
 _MODULES: Dict[str, Any] = {}
+_TUNED: Dict[Tuple[str, ...], Any] = {}
 _LOCK = threading.Lock()
 
 
@@ -71,8 +82,68 @@ def _module(path: str):
         return _MODULES[path]
 
 
-def evaluate_config(module_path: str, config_value: Dict[str, Any], name: str, strategy: str
-                    ) -> Evaluation:
+def options_payload(options=None) -> Options:
+    """The build options an evaluation runs under, as plain (picklable, JSON) data.
+
+    Parameters
+    ----------
+    options : vta_ext.BuildOptions, optional
+        Default: the options in effect (:func:`vta_ext.options.current_options`). Their strategy is
+        not part of it: each search names its own.
+
+    Raises
+    ------
+    ValueError
+        If the options carry tuned records other than ``tune.apply_history_best(...)`` (whose
+        files each worker reads again).
+    """
+    from vta_ext.options import current_options
+
+    from ..tune.records import ApplyHistoryBest
+
+    opts = current_options() if options is None else options
+    records = None
+    if opts.records is not None:
+        if not isinstance(opts.records, ApplyHistoryBest):
+            raise ValueError(f"codesign: build_options(records={opts.records!r}) cannot travel to "
+                             "the evaluations' workers; give tune.apply_history_best(paths)")
+        records = [str(Path(p).resolve()) for p in opts.records.paths]
+    return {"knobs": opts.knobs if isinstance(opts.knobs, str) else dict(opts.knobs),
+            "layout": opts.layout, "objective": opts.objective, "host": asdict(opts.host),
+            "records": records}
+
+
+def options_digest(options: Options) -> str:
+    """The key of build options in the records: a hash of :func:`options_payload`'s data and of
+    the contents of its tuned-records files (edited records are other options)."""
+    h = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode())
+    for path in options.get("records") or ():
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _build_options(strategy: str, options: Optional[Options]):
+    """``vta_ext.build_options`` of ``strategy`` and the payload ``options`` (None: defaults)."""
+    import vta_ext
+
+    if options is None:
+        return vta_ext.build_options(strategy=strategy)
+    records = None
+    if options.get("records"):
+        paths = tuple(options["records"])
+        with _LOCK:
+            if paths not in _TUNED:
+                from ..tune.records import apply_history_best
+
+                _TUNED[paths] = apply_history_best(list(paths))
+            records = _TUNED[paths]
+    return vta_ext.build_options(strategy=strategy, knobs=options["knobs"], records=records,
+                                 layout=options["layout"], objective=options["objective"],
+                                 host=dict(options["host"]))
+
+
+def evaluate_config(module_path: str, config_value: Dict[str, Any], name: str, strategy: str,
+                    options: Optional[Options] = None) -> Evaluation:
     """Plan, compile and time the module of ``module_path`` for one configuration.
 
     Parameters
@@ -85,6 +156,8 @@ def evaluate_config(module_path: str, config_value: Dict[str, Any], name: str, s
         Its name (reports only).
     strategy : str
         The strategy that plans the operators (``"stock"``, ``"csp-relaxed"``, ...).
+    options : dict, optional
+        The other build options (:func:`options_payload` of the caller's); None: the defaults.
 
     Returns
     -------
@@ -107,7 +180,7 @@ def evaluate_config(module_path: str, config_value: Dict[str, Any], name: str, s
     try:
         config = VTAConfig.from_dict(config_value, name=name)
         mod = _module(module_path)
-        with vta_ext.build_options(strategy=strategy):
+        with _build_options(strategy, options):
             OffloadToVTA(config)(mod)
             report = vta_ext.last_build_report()
             vta_cycles = int(report.vta_cycles)
@@ -128,8 +201,8 @@ def evaluate_config(module_path: str, config_value: Dict[str, Any], name: str, s
 
 
 class Records:
-    """The append-only store of evaluations (JSON lines), keyed by module, strategy and the
-    configuration's value.
+    """The append-only store of evaluations (JSON lines), keyed by module, strategy, build options
+    (:func:`options_digest`) and the configuration's value.
 
     Each line is written and flushed as its evaluation arrives, so a killed search keeps every
     evaluation it had received; a line cut off by the kill is skipped on reading.
@@ -147,28 +220,31 @@ class Records:
             for line in self.path.read_text().splitlines():
                 try:
                     entry = json.loads(line)
-                    key = (entry["module"], entry["strategy"], entry["config"])
+                    key = (entry["module"], entry["strategy"], entry["options"], entry["config"])
                     self._seen[key] = entry["result"]
                 except (ValueError, KeyError, TypeError):
-                    continue  # a line cut off by a killed run
+                    continue  # a line cut off by a killed run (or without options: older format)
 
     @staticmethod
-    def key(module: str, strategy: str, config: VTAConfig) -> tuple:
-        """``(module digest, strategy, configuration digest)``."""
-        return (module, strategy, config_digest(config))
+    def key(module: str, strategy: str, options: str, config: VTAConfig) -> tuple:
+        """``(module digest, strategy, options digest, configuration digest)``."""
+        return (module, strategy, options, config_digest(config))
 
-    def get(self, module: str, strategy: str, config: VTAConfig) -> Optional[Evaluation]:
+    def get(self, module: str, strategy: str, options: str, config: VTAConfig
+            ) -> Optional[Evaluation]:
         """The stored evaluation, or None."""
-        return self._seen.get(self.key(module, strategy, config))
+        return self._seen.get(self.key(module, strategy, options, config))
 
-    def add(self, module: str, strategy: str, config: VTAConfig, result: Evaluation) -> None:
+    def add(self, module: str, strategy: str, options: str, config: VTAConfig,
+            result: Evaluation, options_value: Optional[Options] = None) -> None:
         """Append one evaluation (errors are not stored: a later run tries again)."""
         if result.get("error"):
             return
-        key = self.key(module, strategy, config)
+        key = self.key(module, strategy, options, config)
         self._seen[key] = result
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"module": module, "strategy": strategy, "config": key[2],
+        line = json.dumps({"module": module, "strategy": strategy, "options": options,
+                           "options_value": options_value, "config": key[3],
                            "name": config.name, "config_value": config.to_dict(),
                            "result": result}, sort_keys=True)
         with open(self.path, "ab+") as f:

@@ -30,7 +30,8 @@ from vta_ext.config import VTAConfig, available_configs, load_config
 
 from .area import AREA_PROXY, AreaModel
 from .bound import OperatorCost, lower_bound, matched_operators
-from .evaluate import Records, default_records_path, evaluate_config, save_module
+from .evaluate import (Options, Records, default_records_path, evaluate_config, options_digest,
+                       options_payload, save_module)
 from .front import DesignPoint, Front, pareto
 from .space import Point, Space
 
@@ -51,8 +52,9 @@ class _Search:
 
     def __init__(self, mod_path: str, digest: str, ops: List[OperatorCost], space: Space,
                  valid: List[Point], strategy: str, runner, records: Records, area: AreaModel,
-                 seed: int, batch_size: int, progress: bool) -> None:
+                 seed: int, batch_size: int, progress: bool, options: Options) -> None:
         self.mod_path, self.digest, self.ops = mod_path, digest, ops
+        self.options, self.options_key = options, options_digest(options)
         self.space, self.strategy, self.runner, self.records = space, strategy, runner, records
         self.area_model, self.batch_size, self.progress = area, batch_size, progress
         self.rng = random.Random(seed)
@@ -71,7 +73,7 @@ class _Search:
         results: List[Optional[Dict[str, Any]]] = [None] * len(configs)
         todo = []
         for i, cfg in enumerate(configs):
-            hit = self.records.get(self.digest, self.strategy, cfg)
+            hit = self.records.get(self.digest, self.strategy, self.options_key, cfg)
             if hit is not None:
                 results[i] = hit
                 self.cached += 1
@@ -79,11 +81,13 @@ class _Search:
                     bar.update(1)
             else:
                 todo.append(i)
-        jobs = [(self.mod_path, configs[i].to_dict(), configs[i].name, self.strategy) for i in todo]
+        jobs = [(self.mod_path, configs[i].to_dict(), configs[i].name, self.strategy, self.options)
+                for i in todo]
         for j, result in self.runner.map(evaluate_config, jobs, _error):
             i = todo[j]
             results[i] = result
-            self.records.add(self.digest, self.strategy, configs[i], result)
+            self.records.add(self.digest, self.strategy, self.options_key, configs[i], result,
+                             self.options)
             self.evaluated += 1
             if bar is not None:
                 bar.update(1)
@@ -191,7 +195,9 @@ def explore(mod, space: Optional[Space] = None, budget: int = 200, strategy: str
         The strategy that plans every operator (``"csp-relaxed"``, ``"csp-strict"``, ``"stock"``).
     runner : tune.LocalRunner or tune.DaskRunner, optional
         Where evaluations run (default ``tune.LocalRunner(n_parallel=1)``). Evaluations use the
-        default build options with ``strategy``.
+        build options in effect around the call (``with vta_ext.build_options(knobs=...,
+        objective=..., host=...)``; tuned records as ``tune.apply_history_best(...)``) with
+        ``strategy`` in place of theirs, in this process and in every worker alike.
     seed : int
         Seed of the search's random choices: the same seed visits the same configurations.
     baseline : str or None
@@ -216,8 +222,9 @@ def explore(mod, space: Optional[Space] = None, budget: int = 200, strategy: str
     Raises
     ------
     ValueError
-        ``budget`` below 1, a space with no valid configuration, or a module with no operator the
-        offload pass matches.
+        ``budget`` below 1, a space with no valid configuration, a module with no operator the
+        offload pass matches, or tuned records in the build options that are not
+        ``tune.apply_history_best(...)``.
     """
     from ..tune.runner import LocalRunner
 
@@ -228,6 +235,7 @@ def explore(mod, space: Optional[Space] = None, budget: int = 200, strategy: str
     if not isinstance(space, Space):
         raise ValueError(f"explore: space must be a codesign.Space, got {type(space).__name__}")
     start = time.perf_counter()
+    options = options_payload()
     ops = matched_operators(mod, space.base)
     if not ops:
         raise ValueError("explore: the ext_vta offload pass matches no operator in this module "
@@ -251,7 +259,7 @@ def explore(mod, space: Optional[Space] = None, budget: int = 200, strategy: str
     def one(strat: str) -> Front:
         t0 = time.perf_counter()
         search = _Search(mod_path, digest, ops, space, valid, strat, runner, store, area_model,
-                         seed, batch_size, progress)
+                         seed, batch_size, progress, options)
         points, pruned = search.run(budget)
         preset_points = [p for p in search.evaluate(_presets(presets)) if p is not None]
         flagged = pareto(points + preset_points)
