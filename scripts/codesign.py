@@ -14,6 +14,11 @@ Writes ``<out-dir>/codesign_<workload>.csv`` (every point, preset and stock poin
 that dominates it, how many stock front points the CSP front dominates, configurations evaluated
 per minute and the wall time.
 
+Then (unless ``--no-verify``) every point of the CSP front is rebuilt with plain
+``relax.build(mod, target=vta_ext.vta_target(point.config))`` under the strategy, run on the
+functional simulator and compared bit for bit with the llvm build on the same seeded inputs; the
+cycles of the programs that ran must equal the point's VTA cycles. A mismatch exits with status 1.
+
 Example (the figure of docs/codesign.md)::
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/codesign.py --model resnet18 --size 112 \\
@@ -75,6 +80,60 @@ def deepbench_thin_module():
     return bb.get(), len(rows)
 
 
+def seeded_inputs(mod, seed: int = 0):
+    """Seeded arrays for ``mod["main"]``'s parameters: float32 standard normal (a quantised
+    network's image), int8 full range, int32 within +-2**14."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for p in mod["main"].params:
+        shape, dtype = tuple(int(d) for d in p.struct_info.shape), str(p.struct_info.dtype)
+        if dtype == "float32":
+            arrays.append(rng.standard_normal(shape).astype(np.float32))
+        elif dtype == "int8":
+            arrays.append(rng.integers(-128, 128, shape).astype(np.int8))
+        elif dtype == "int32":
+            arrays.append(rng.integers(-(1 << 14), 1 << 14, shape).astype(np.int32))
+        else:
+            raise SystemExit(f"codesign: no input generator for a {dtype} parameter {p.name_hint}")
+    return arrays
+
+
+def run_executable(executable, arrays):
+    """Run ``main`` once; its outputs as a list of numpy arrays."""
+    import tvm
+    from tvm import relax
+
+    out = relax.VirtualMachine(executable, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in arrays])
+    return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
+
+
+def verify_front(mod, points, strategy: str):
+    """Rebuild each point with plain ``relax.build`` on its target, run it on the functional
+    simulator and compare with llvm; ``[(point, bit-exact, run cycles == point's VTA cycles)]``."""
+    import numpy as np
+    from tqdm.auto import tqdm
+    from tvm import relax
+
+    import vta_ext
+
+    arrays = seeded_inputs(mod)
+    ref = run_executable(relax.build(mod, target="llvm"), arrays)
+    out = []
+    for point in tqdm(points, desc="verify front", unit="point"):
+        with vta_ext.build_options(strategy=strategy):
+            executable = relax.build(mod, target=vta_ext.vta_target(point.config))
+        report = vta_ext.last_build_report()
+        vta_ext.clear_run_log()
+        got = run_executable(executable, arrays)
+        ran = sum(r.cycles.total_cycles for r in vta_ext.run_log())
+        exact = len(got) == len(ref) and all(np.array_equal(g, r) for g, r in zip(got, ref))
+        out.append((point, exact, ran == point.vta_cycles == report.vta_cycles))
+    return out
+
+
 def workload(model: str, size: int):
     """``(module, label)`` of the workload."""
     if model == "deepbench-thin":
@@ -102,6 +161,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--records", default=None, help="JSON-lines records (default: in the cache)")
     ap.add_argument("--out-dir", default=str(REPO / "docs" / "figures"))
+    ap.add_argument("--no-verify", dest="verify", action="store_false",
+                    help="skip rebuilding every CSP front point through its target (bit-exact "
+                         "against llvm on the functional simulator)")
     args = ap.parse_args(argv)
 
     import tvm_csp_embed  # noqa: F401
@@ -133,7 +195,18 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - start
     print(f"wall time {wall:.0f} s on {runner!r} (workload preparation included); wrote "
           f"{out / stem}.csv/.png")
-    return 0
+    if not args.verify:
+        return 0
+    t0 = time.perf_counter()
+    checked = verify_front(mod, front.front, args.strategy)
+    for point, exact, cycles in checked:
+        print(f"  {point.config.name}: {'bit-exact' if exact else 'DIFFERS from llvm'}, run "
+              f"cycles {'=' if cycles else '!='} the search's {point.vta_cycles:,}")
+    good = sum(exact and cycles for _, exact, cycles in checked)
+    print(f"verified {good} of {len(checked)} {args.strategy} front points: plain relax.build on "
+          f"vta_target(point.config), functional simulator = llvm bit for bit, run cycles = the "
+          f"search's ({time.perf_counter() - t0:.0f} s)")
+    return 0 if good == len(checked) else 1
 
 
 if __name__ == "__main__":

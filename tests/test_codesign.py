@@ -239,6 +239,32 @@ def test_local_workers_give_the_same_front(tiny_mod, tmp_path, stock_front):
         [(p.config, p.cycles, p.on_front) for p in stock_front.points]
 
 
+class WaveRunner(tune.LocalRunner):
+    """In this process; records the GEMM shapes of each ``map`` call (one wave of jobs)."""
+
+    def __init__(self):
+        super().__init__(0)
+        self.waves = []
+
+    def map(self, fn, jobs, lost):
+        self.waves.append([VTAConfig.from_dict(job[1]).BLOCK_IN for job in jobs])
+        return super().map(fn, jobs, lost)
+
+
+def test_a_new_gemm_shape_is_evaluated_once_before_its_other_configurations(tiny_mod, tmp_path):
+    """Two workers on the same new GEMM shape at once would both solve its workloads: one
+    configuration per new shape runs first, the others of the batch after it."""
+    runner = WaveRunner()
+    front = explore_tiny(tiny_mod, tmp_path, runner=runner, budget=8)
+    first, *later = runner.waves
+    assert sorted(first) == [16, 32]  # the first batch spans both shapes: one scout each
+    assert sum(map(len, runner.waves)) == front.evaluated
+    seen = set(first)
+    for wave in later:  # after the scouts, no wave holds a shape not evaluated before
+        assert set(wave) <= seen
+        seen |= set(wave)
+
+
 # ------------------------------------------------------------------ the caller's build options
 ONE_POINT = dict(log_block_in=(4,), log_block_out=(4,), log_inp_buff=(15,), log_wgt_buff=(18,),
                  mem_bytes_per_cycle=(8,), timing=("original",))

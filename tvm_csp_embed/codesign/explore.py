@@ -47,6 +47,10 @@ def _error(i: int, why: str) -> Dict[str, Any]:
     return {"error": why, "seconds": 0.0}
 
 
+def _shape(config: VTAConfig) -> Tuple[int, int, int]:
+    return (config.BATCH, config.BLOCK_IN, config.BLOCK_OUT)
+
+
 class _Search:
     """One strategy's search over the valid points of a space (see the module docstring)."""
 
@@ -66,6 +70,7 @@ class _Search:
         self.errors: List[Tuple[str, str]] = []
         self.evaluated = 0
         self.cached = 0
+        self.shapes: set = set()  # GEMM shapes evaluated in this search (their solves are cached)
 
     # ---------------------------------------------------------------- evaluating
     def evaluate(self, configs: Sequence[VTAConfig], bar=None) -> List[Optional[DesignPoint]]:
@@ -81,16 +86,18 @@ class _Search:
                     bar.update(1)
             else:
                 todo.append(i)
-        jobs = [(self.mod_path, configs[i].to_dict(), configs[i].name, self.strategy, self.options)
-                for i in todo]
-        for j, result in self.runner.map(evaluate_config, jobs, _error):
-            i = todo[j]
-            results[i] = result
-            self.records.add(self.digest, self.strategy, self.options_key, configs[i], result,
-                             self.options)
-            self.evaluated += 1
-            if bar is not None:
-                bar.update(1)
+        # one scout per GEMM shape not evaluated yet runs first, alone with the other scouts: the
+        # strategy's solves depend on the GEMM shape, and two workers starting on the same new
+        # shape at once would both solve all its workloads (docs/codesign.md, "Solver work")
+        scouts: Dict[Tuple[int, int, int], int] = {}
+        for i in todo:
+            shape = _shape(configs[i])
+            if shape not in self.shapes and shape not in scouts:
+                scouts[shape] = i
+        first = sorted(scouts.values())
+        for wave in (first, [i for i in todo if i not in first]):
+            if wave:
+                self._run(configs, wave, results, bar)
         points = []
         for cfg, result in zip(configs, results):
             if result.get("error"):
@@ -108,6 +115,20 @@ class _Search:
                                       int(result["cpu_macs"]), tuple(result["cpu_ops"]), bound,
                                       float(result["seconds"])))
         return points
+
+    def _run(self, configs: Sequence[VTAConfig], todo: List[int],
+             results: List[Optional[Dict[str, Any]]], bar) -> None:
+        jobs = [(self.mod_path, configs[i].to_dict(), configs[i].name, self.strategy, self.options)
+                for i in todo]
+        for j, result in self.runner.map(evaluate_config, jobs, _error):
+            i = todo[j]
+            results[i] = result
+            self.records.add(self.digest, self.strategy, self.options_key, configs[i], result,
+                             self.options)
+            self.evaluated += 1
+            self.shapes.add(_shape(configs[i]))
+            if bar is not None:
+                bar.update(1)
 
     # ---------------------------------------------------------------- choosing
     def _measured(self) -> List[DesignPoint]:
