@@ -88,7 +88,7 @@ def seeded_inputs(mod, seed: int = 0):
     rng = np.random.default_rng(seed)
     arrays = []
     for p in mod["main"].params:
-        shape, dtype = tuple(int(d) for d in p.struct_info.shape), str(p.struct_info.dtype)
+        shape, dtype = tuple(int(d) for d in p.ty.shape), str(p.ty.dtype)
         if dtype == "float32":
             arrays.append(rng.standard_normal(shape).astype(np.float32))
         elif dtype == "int8":
