@@ -242,6 +242,9 @@ class Front:
                 text = (f"dominated by {best.config.name} (x{p.cycles / best.cycles:.2f} fewer "
                         f"cycles, area {best.area:.2f})" if best else "not dominated")
                 lines.append(f"  {p.config.name:<38} {p.area:>6.2f} {p.cycles:>14,.0f}  {text}")
+        if self.errors:
+            lines.append(f"failed under {self.strategy} (never a point):")
+            lines += [f"  {name:<38} {why}" for name, why in self.errors]
         if self.baseline is not None:
             b = self.baseline
             lines.append(f"{b.strategy} front ({len(b.front)} of {len(b.points)} points):")
