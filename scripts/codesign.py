@@ -19,10 +19,10 @@ Then (unless ``--no-verify``) every point of the CSP front is rebuilt with plain
 functional simulator and compared bit for bit with the llvm build on the same seeded inputs; the
 cycles of the programs that ran must equal the point's VTA cycles. A mismatch exits with status 1.
 
-Example (the figure of docs/codesign.md)::
+Example (a figure of docs/codesign.md)::
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/codesign.py --model resnet18 --size 112 \\
-        --budget 24 --parallel 2 --space small --out-dir docs/figures
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/codesign.py --model resnet18 --size 224 \\
+        --budget 40 --parallel 2 --space small --out-dir docs/figures
 """
 from __future__ import annotations
 
