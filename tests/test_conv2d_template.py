@@ -386,3 +386,17 @@ def test_random_workloads(case):
         (wl.out_height // knobs.tile_h) * (wl.out_width // knobs.tile_w)
     steps = wl.in_channels // cfg.BLOCK_IN // knobs.tile_ci
     assert sum(i.opcode == Opcode.GEMM for i in conv.program.insns) == tiles * (1 + steps)
+
+
+def test_dma_row_stride_over_the_16_bit_field_becomes_one_dma_per_row():
+    """A tile that covers whole image rows (tile_w = W) loads channel block after channel block;
+    the DRAM distance between them is H*W = 260*260 = 67,600 elements, over the 16-bit x_stride
+    field (65,535). The lowering then issues one DMA per channel block (a CPU loop) instead of
+    one 2-D DMA with that stride, whose encoding failed ("MEM.x_stride = 67600 ... does not fit");
+    the result is exact against numpy and no LOAD/STORE carries a stride over the field."""
+    cfg = load_config("default")
+    wl = wl_blocks(cfg, 260, 260, 2, 1, 1, 0, 1)
+    conv, _ = check(cfg, wl, NO_BIAS, Conv2dKnobs(tile_h=2, tile_w=260, tile_ci=2))
+    strides = [i.x_stride for i in conv.program.insns if i.opcode in (Opcode.LOAD, Opcode.STORE)]
+    assert strides and max(strides) <= 65535
+    assert 260 * 260 not in strides

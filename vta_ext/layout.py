@@ -8,7 +8,7 @@ original for every configuration, and reports fields that would overflow the 128
 or the 32-bit micro-op.
 
 It is also the one home of the values of the enumerated fields (:class:`Opcode`,
-:class:`MemType`, :class:`AluOp`; :mod:`vta_ext.isa` re-exports them) and of the limits that the fixed field widths imply: :data:`MAX_DMA_PAD`
+:class:`MemType`, :class:`AluOp`; :mod:`vta_ext.isa` re-exports them) and of the limits that the fixed field widths imply: :data:`MAX_DMA_PAD`, :data:`MAX_DMA_STRIDE`
 (4-bit pad fields), :data:`MAX_LOOP_EXTENT` (14-bit loop fields), :data:`IMM_MIN`/:data:`IMM_MAX`
 (signed 16-bit immediate), :data:`CLIP_MIN`/:data:`CLIP_MAX` (the int8 CLIP bounds) and
 :data:`MAX_SRAM_ENTRIES` (16-bit ``sram_base``). Import them from here rather than retyping them.
@@ -83,6 +83,8 @@ DEP_FLAGS = tuple(name for name, _ in HEADER_FIELDS[1:])
 # ------------------------------------------------------------------ limits implied by field widths
 #: most padding rows or elements one side of a LOAD can have (the 4-bit ``x_pad_*``/``y_pad_*``)
 MAX_DMA_PAD = (1 << MEMOP_PAD_BITS) - 1
+#: largest DRAM row stride of a LOAD/STORE, in elements (the 16-bit ``x_stride``)
+MAX_DMA_STRIDE = (1 << MEMOP_STRIDE_BITS) - 1
 #: most iterations of one GEMM/ALU loop level (the 14-bit ``iter_out``/``iter_in``)
 MAX_LOOP_EXTENT = (1 << LOOP_ITER_BITS) - 1
 #: range of the signed 16-bit ALU immediate ``imm``

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Set, Tuple
 
 from ..isa import AluOp, FieldRangeError, MemType, clip_alu_ops
-from ..layout import CLIP_MIN, IMM_MAX, IMM_MIN
+from ..layout import CLIP_MIN, IMM_MAX, IMM_MIN, MAX_DMA_STRIDE
 from ..memory import ACC_SCOPE, INP_SCOPE, WGT_SCOPE
 from .affine import Aff
 from .convert import TirConverter
@@ -106,7 +106,15 @@ def _analyse_dma(kind, inner, sbuf: SramBuf, sidx: Aff, gname: str, gidx: Aff, c
         x = rest.pop()
     xs = x[1] if x else 1
     if rest and rest[-1][2] == xs:
-        y = rest.pop()
+        var, _, _, dram_stride = rest[-1]
+        # a row stride over the 16-bit x_stride field: the rows become a CPU loop instead, one
+        # DMA per row (a padded loop cannot: its padding needs the DMA's own y dimension)
+        if dram_stride <= MAX_DMA_STRIDE or var in free:
+            y = rest.pop()
+        elif var in pads:
+            raise LoweringError(f"{what}: padded loop {var} strides {dram_stride} elements in "
+                                f"DRAM, more than the {MAX_DMA_STRIDE} of the 16-bit x_stride "
+                                "field; choose a tiling that keeps this loop out of the DMA")
     for lp in rest:
         if lp[0] in pads:
             raise LoweringError(f"{what}: padded loop {lp[0]} is not one of the two DMA dimensions")
