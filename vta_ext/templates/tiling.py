@@ -48,9 +48,12 @@ different groups), the weights with ``h_nthread = 2``.
 """
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from ..config import VTAConfig, load_config
 from ..isa import MemType
@@ -64,8 +67,9 @@ from .workload import (Conv2dWorkload, DenseWorkload, check_conv2d_workload, che
                        dense_as_conv2d, groups_of, window_size)
 
 __all__ = ["TilingChoice", "PrunedPoint", "BYTE_COUNTERS", "knob_domain", "knob_space",
-           "pruned_points", "tps_knobs", "fallback_knobs", "check_knobs", "resolve_knobs",
-           "evaluate", "dram_bytes", "sram_usage", "gemm_uops", "estimate_insns", "group_span"]
+           "pruned_points", "tps_knobs", "TilingGrid", "tiling_grid", "fallback_knobs",
+           "check_knobs", "resolve_knobs", "evaluate", "dram_bytes", "sram_usage", "gemm_uops",
+           "estimate_insns", "group_span"]
 
 #: the simulator counters the DRAM model predicts
 BYTE_COUNTERS = ("inp_load_nbytes", "wgt_load_nbytes", "acc_load_nbytes", "out_store_nbytes")
@@ -161,45 +165,96 @@ def _knobs_for(wl: GemmWorkload, knobs: Conv2dKnobs) -> GemmKnobs:
 
 
 # ------------------------------------------------------------------------------------------------
-# the model of one point
+# the model: one definition, evaluated on one point (ints) or on the whole domain (numpy arrays)
 # ------------------------------------------------------------------------------------------------
-def _group_span(geo: _Geometry, k: Conv2dKnobs) -> int:
-    return max(1, k.tile_co // geo.opg) if geo.groups > 1 else 1
+# Every formula below takes knobs whose fields are ints (one point, a Conv2dKnobs) or numpy arrays
+# broadcast over the knob domain (a _KnobArrays, :func:`tiling_grid`); a conditional is _where.
+class _KnobArrays(NamedTuple):
+    """The fields of :class:`Conv2dKnobs` as numpy arrays broadcast over a knob domain."""
+
+    tile_b: Any
+    tile_h: Any
+    tile_w: Any
+    tile_ci: Any
+    tile_co: Any
+    oc_nthread: Any
+    h_nthread: Any
+    reuse: Any
+
+
+def _where(cond, a, b):
+    """``a if cond else b``, element-wise when ``cond`` is an array."""
+    return np.where(cond, a, b) if isinstance(cond, np.ndarray) else (a if cond else b)
+
+
+def _max(a, b):
+    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
+
+
+def _group_span(geo: _Geometry, k) -> Any:
+    return _max(1, k.tile_co // geo.opg) if geo.groups > 1 else 1
 
 
 def group_span(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs) -> int:
     """Groups one output-channel tile of ``knobs`` spans (1 for a plain conv2d, or a tile inside
     one group)."""
-    return _group_span(_geometry(cfg, wl), knobs)
+    return int(_group_span(_geometry(cfg, wl), knobs))
 
 
-def _inp_blocks_per_step(geo: _Geometry, k: Conv2dKnobs) -> int:
+def _inp_blocks_per_step(geo: _Geometry, k) -> Any:
     """Input-channel blocks one reduction step loads: the interval from the first group's to the
     last group's ``tile_ci`` blocks of the output-channel tile."""
     return (_group_span(geo, k) - 1) * geo.cbg + k.tile_ci
 
 
-def _inp_shared(geo: _Geometry, k: Conv2dKnobs) -> bool:
+def _inp_shared(geo: _Geometry, k) -> Any:
     """Whether the two ``oc_nthread`` threads load the same input tile (same group)."""
-    return geo.groups == 1 or k.tile_co < geo.opg
+    return (geo.groups == 1) | (k.tile_co < geo.opg)
 
 
-def _reused(geo: _Geometry, k: Conv2dKnobs) -> Tuple[bool, bool]:
+def _reused(geo: _Geometry, k) -> Tuple[Any, Any]:
     """``(input, weight)``: which tile reuse-aware double buffering loads once."""
-    if not (k.reuse and k.oc_nthread * k.h_nthread == 2):
-        return False, False
-    return k.oc_nthread == 2 and _inp_shared(geo, k), k.h_nthread == 2
+    two = k.reuse & (k.oc_nthread * k.h_nthread == 2)
+    return two & (k.oc_nthread == 2) & _inp_shared(geo, k), two & (k.h_nthread == 2)
 
 
-def _clipped_sum(n_out: int, tile: int, stride: int, kernel: int, pad: int, size: int) -> int:
+def _clipped_sum(n_out: int, tile, stride: int, kernel: int, pad: int, size: int) -> Any:
     """Sum over the ``n_out / tile`` tiles of the input rows (or columns) a tile's window reads
-    inside the image ``[0, size)``."""
+    inside the image ``[0, size)``; for an array of tiles (divisors of ``n_out``), the sum of each,
+    looked up per distinct divisor."""
+    if isinstance(tile, np.ndarray):
+        divisors, at = np.unique(tile, return_inverse=True)
+        sums = np.array([_clipped_sum(n_out, int(t), stride, kernel, pad, size) for t in divisors],
+                        dtype=np.int64)
+        return sums[at].reshape(tile.shape)
     win = window_size(tile, kernel, stride)
     total = 0
     for t in range(n_out // tile):
         lo = t * tile * stride - pad
         total += max(0, min(lo + win, size) - max(lo, 0))
     return total
+
+
+def _dram(cfg: VTAConfig, geo: _Geometry, wl: Conv2dWorkload, k, with_bias) -> Dict[str, Any]:
+    """The DRAM model (:func:`dram_bytes`) of the points ``k``."""
+    k2 = wl.kernel_h * wl.kernel_w
+    rows = _clipped_sum(geo.oh, k.tile_h, wl.stride_h, wl.kernel_h, wl.pad_h, wl.height)
+    cols = _clipped_sum(geo.ow, k.tile_w, wl.stride_w, wl.kernel_w, wl.pad_w, wl.width)
+    steps = geo.cbg // k.tile_ci
+    inp = geo.nb * (geo.ob // k.tile_co) * steps * _inp_blocks_per_step(geo, k) * rows * cols \
+        * cfg.inp_elem_bytes
+    # the caches sit at the outer reduction loop, inside the tile's batch loop (weights reloaded
+    # per batch block) -- unless there is a single input-channel block: then they sit at the store
+    # point and the tile_b batch blocks share the weight tile
+    wgt_rounds = geo.nb // k.tile_b if geo.cbg == 1 else geo.nb
+    tiles_hw = (geo.oh // k.tile_h) * (geo.ow // k.tile_w)
+    wgt = wgt_rounds * tiles_hw * geo.ob * geo.cbg * k2 * cfg.wgt_elem_bytes
+    acc = geo.nb * geo.ob * tiles_hw * cfg.acc_elem_bytes * int(with_bias)
+    out = geo.nb * geo.ob * geo.oh * geo.ow * cfg.out_elem_bytes
+    inp_once, wgt_once = _reused(geo, k)
+    return {"inp_load_nbytes": _where(inp_once, inp // 2, inp),
+            "wgt_load_nbytes": _where(wgt_once, wgt // 2, wgt),
+            "acc_load_nbytes": acc, "out_store_nbytes": out}
 
 
 def dram_bytes(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs,
@@ -224,34 +279,10 @@ def dram_bytes(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs,
         Bytes per simulator counter (:data:`BYTE_COUNTERS`).
     """
     cfg = load_config(cfg)
-    geo = _geometry(cfg, wl)
-    k = knobs
-    k2 = wl.kernel_h * wl.kernel_w
-    rows = _clipped_sum(geo.oh, k.tile_h, wl.stride_h, wl.kernel_h, wl.pad_h, wl.height)
-    cols = _clipped_sum(geo.ow, k.tile_w, wl.stride_w, wl.kernel_w, wl.pad_w, wl.width)
-    steps = geo.cbg // k.tile_ci
-    inp = geo.nb * (geo.ob // k.tile_co) * steps * _inp_blocks_per_step(geo, k) * rows * cols \
-        * cfg.inp_elem_bytes
-    # the caches sit at the outer reduction loop, inside the tile's batch loop (weights reloaded
-    # per batch block) -- unless there is a single input-channel block: then they sit at the store
-    # point and the tile_b batch blocks share the weight tile
-    wgt_rounds = geo.nb // k.tile_b if geo.cbg == 1 else geo.nb
-    tiles_hw = (geo.oh // k.tile_h) * (geo.ow // k.tile_w)
-    wgt = wgt_rounds * tiles_hw * geo.ob * geo.cbg * k2 * cfg.wgt_elem_bytes
-    acc = geo.nb * geo.ob * tiles_hw * cfg.acc_elem_bytes * int(with_bias)
-    out = geo.nb * geo.ob * geo.oh * geo.ow * cfg.out_elem_bytes
-    inp_once, wgt_once = _reused(geo, k)
-    return {"inp_load_nbytes": inp // 2 if inp_once else inp,
-            "wgt_load_nbytes": wgt // 2 if wgt_once else wgt,
-            "acc_load_nbytes": acc, "out_store_nbytes": out}
+    return {c: int(v) for c, v in _dram(cfg, _geometry(cfg, wl), wl, knobs, with_bias).items()}
 
 
-def sram_usage(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs,
-               with_bias: bool = True) -> Dict[str, int]:
-    """On-chip entries the schedule allocates (all virtual threads), per scratchpad (``inp``,
-    ``wgt``, ``acc``), as the lowering allocates them."""
-    geo = _geometry(cfg, wl)
-    k = knobs
+def _sram(geo: _Geometry, wl: Conv2dWorkload, k, with_bias) -> Dict[str, Any]:
     threads = k.oc_nthread * k.h_nthread
     win = window_size(k.tile_h, wl.kernel_h, wl.stride_h) * \
         window_size(k.tile_w, wl.kernel_w, wl.stride_w)
@@ -261,12 +292,29 @@ def sram_usage(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs,
     return {"inp": inp * threads, "wgt": wgt * threads, "acc": acc * threads}
 
 
-def _gemm_loops(geo: _Geometry, wl: Conv2dWorkload, k: Conv2dKnobs) -> List[int]:
-    """Extents of the non-unit loops of one reduction step's GEMM kernel, outermost first."""
+def sram_usage(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs,
+               with_bias: bool = True) -> Dict[str, int]:
+    """On-chip entries the schedule allocates (all virtual threads), per scratchpad (``inp``,
+    ``wgt``, ``acc``), as the lowering allocates them."""
+    return {n: int(v) for n, v in _sram(_geometry(cfg, wl), wl, knobs, with_bias).items()}
+
+
+def _kernel(geo: _Geometry, wl: Conv2dWorkload, k) -> Tuple[Any, Any]:
+    """``(micro-ops, largest folded loop)`` of one reduction step's GEMM kernel: of its non-unit
+    loops ``(tile_ci, tile_w, KW, KH, tile_co, tile_h)``, outermost first (``tile_co`` as groups x
+    blocks per group when a group conv2d tile spans several groups), the two outermost fold into
+    the instruction, the others are unrolled (0: nothing folded)."""
     span = _group_span(geo, k)
-    co = [span, geo.opg] if span > 1 else [k.tile_co]
-    loops = [k.tile_ci, k.tile_w, wl.kernel_w, wl.kernel_h, *co, k.tile_h]
-    return [e for e in loops if e > 1]
+    several = span > 1
+    loops = [k.tile_ci, k.tile_w, wl.kernel_w, wl.kernel_h, _where(several, span, k.tile_co),
+             _where(several, geo.opg, 1), k.tile_h]
+    uops, folded, seen = 1, 0, 0
+    for e in loops:
+        big = e > 1
+        uops = uops * _where(big & (seen >= 2), e, 1)
+        folded = _where(big & (seen < 2), _max(folded, e), folded)
+        seen = seen + big
+    return uops, folded
 
 
 def gemm_uops(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs) -> int:
@@ -274,23 +322,109 @@ def gemm_uops(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs) -> int:
     tile_w, KW, KH, tile_co, tile_h)`` (``tile_co`` as groups x blocks per group when a group conv2d
     tile spans several groups) the two outermost are folded into the instruction, the others
     unrolled."""
-    n = 1
-    for e in _gemm_loops(_geometry(load_config(cfg), wl), wl, knobs)[2:]:
-        n *= e
-    return n
+    return int(_kernel(_geometry(load_config(cfg), wl), wl, knobs)[0])
+
+
+def _insns(geo: _Geometry, k, n_alu: int) -> Any:
+    tiles = (geo.nb // k.tile_b) * (geo.ob // k.tile_co) * (geo.oh // k.tile_h) * \
+        (geo.ow // k.tile_w)
+    inp_loads = _inp_blocks_per_step(geo, k) // _where(_reused(geo, k)[0], 2, 1)
+    return tiles * (k.tile_b * (geo.cbg // k.tile_ci) * (inp_loads + 2) + 2 + n_alu +
+                    k.tile_b * k.tile_co)
 
 
 def estimate_insns(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs, n_alu: int = 3) -> int:
     """A rough instruction count (tie-breaker): per output tile and batch block, per reduction step
     the input loads, a weight load and a GEMM; per tile a reset, a bias load, the ALU stages and
     ``tile_b * tile_co`` stores."""
-    geo = _geometry(cfg, wl)
-    k = knobs
-    tiles = (geo.nb // k.tile_b) * (geo.ob // k.tile_co) * (geo.oh // k.tile_h) * \
-        (geo.ow // k.tile_w)
-    inp_loads = _inp_blocks_per_step(geo, k) // (2 if _reused(geo, k)[0] else 1)
-    return tiles * (k.tile_b * (geo.cbg // k.tile_ci) * (inp_loads + 2) + 2 + n_alu +
-                    k.tile_b * k.tile_co)
+    return int(_insns(_geometry(cfg, wl), knobs, n_alu))
+
+
+def _model(cfg: VTAConfig, geo: _Geometry, wl: Conv2dWorkload, k, with_bias, n_alu: int
+           ) -> Dict[str, Any]:
+    """Every modelled figure of the points ``k``: ``sram``, ``uops``, ``folded``, ``bytes``,
+    ``insns``."""
+    uops, folded = _kernel(geo, wl, k)
+    return {"sram": _sram(geo, wl, k, with_bias), "uops": uops, "folded": folded,
+            "bytes": _dram(cfg, geo, wl, k, with_bias), "insns": _insns(geo, k, n_alu)}
+
+
+def _structural_checks(geo: _Geometry, k) -> List[Tuple[Any, Callable]]:
+    """``(violated, why)`` of each condition the template needs to realise the points ``k``, in the
+    order they are reported; ``why(at)`` is the reason text, ``at`` reading a value at the point."""
+    co_tiles, h_tiles = geo.ob // k.tile_co, geo.oh // k.tile_h
+    out = [(co_tiles % k.oc_nthread != 0, lambda at: (
+                f"oc_nthread={at(k.oc_nthread)} must divide (O/BLOCK_OUT)/tile_co = "
+                f"{at(co_tiles)}")),
+           (h_tiles % k.h_nthread != 0, lambda at: (
+               f"h_nthread={at(k.h_nthread)} must divide OH/tile_h = {at(h_tiles)}")),
+           (k.reuse & (k.oc_nthread * k.h_nthread != 2), lambda at: (
+               "reuse=True (reuse-aware double buffering) needs exactly two virtual threads "
+               f"(oc_nthread * h_nthread == 2), got oc_nthread={at(k.oc_nthread)}, "
+               f"h_nthread={at(k.h_nthread)}"))]
+    if geo.groups > 1:
+        per_group = geo.opg // k.tile_co
+        out += [((k.tile_co % geo.opg != 0) & (geo.opg % k.tile_co != 0), lambda at: (
+                    f"tile_co={at(k.tile_co)} with {geo.opg} output-channel blocks per group: an "
+                    f"output-channel tile must hold whole groups (tile_co a multiple of {geo.opg}) "
+                    f"or lie inside one group (tile_co a divisor of {geo.opg})")),
+                ((k.tile_co < geo.opg) & (per_group % k.oc_nthread != 0), lambda at: (
+                    f"oc_nthread={at(k.oc_nthread)} with tile_co={at(k.tile_co)}: the "
+                    f"{at(per_group)} output-channel tiles of a group must split evenly over the "
+                    "threads (a thread's tiles must stay inside one group)"))]
+    return out
+
+
+def _fit_checks(cfg: VTAConfig, m: Mapping[str, Any]) -> List[Tuple[Any, Callable]]:
+    """``(violated, why)`` of the limits the points of the model ``m`` (:func:`_model`) must fit
+    -- the scratchpads, the micro-op budget, the loop fields -- in the order they are reported."""
+    out = []
+    for name in ("inp", "wgt", "acc"):
+        depth, used = scratchpad(cfg, MemType[name.upper()]).depth, m["sram"][name]
+        out.append((used > depth, lambda at, name=name, used=used, depth=depth: (
+            f"the {name} tiles need {at(used)} entries (all virtual threads), more than the {name} "
+            f"scratchpad's {depth}")))
+    budget = cfg.uop_depth // 2
+    out.append((m["uops"] > budget, lambda at: (
+        f"the GEMM kernel of {at(m['uops'])} micro-ops exceeds half the micro-op buffer ({budget}; "
+        "the reset and GEMM kernels must fit together)")))
+    out.append((m["folded"] > MAX_LOOP_EXTENT, lambda at: (
+        f"a folded GEMM loop of {at(m['folded'])} iterations exceeds the 14-bit loop field "
+        f"(max {MAX_LOOP_EXTENT})")))
+    return out
+
+
+def _first_reason(checks: Sequence[Tuple[Any, Callable]]) -> Optional[str]:
+    """The reason of the first violated check of one point (None if none is)."""
+    for violated, why in checks:
+        if violated:
+            return why(int)
+    return None
+
+
+def _structural_reason(geo: _Geometry, k: Conv2dKnobs) -> Optional[str]:
+    """Why the template cannot realise the point ``k`` of the domain (None if it can)."""
+    return _first_reason(_structural_checks(geo, k))
+
+
+def _rank_key(total_bytes, insns, k) -> Tuple:
+    """TPS order (smallest first): fewest modelled bytes, then fewest estimated instructions, then
+    two virtual threads (load/compute overlap) before one before four, then the knob tuple."""
+    threads = k.oc_nthread * k.h_nthread
+    return (total_bytes, insns, _where(threads == 2, 0, _where(threads == 1, 1, 2)),
+            k.tile_b, k.tile_h, k.tile_w, k.tile_ci, k.tile_co, k.oc_nthread, k.h_nthread)
+
+
+def _rank(c: TilingChoice) -> Tuple:
+    """The TPS order of one valid point (:func:`_rank_key`)."""
+    return _rank_key(c.total_bytes, c.insns, _knobs_as_conv2d(c.knobs))
+
+
+def _choice(wl: GemmWorkload, k: Conv2dKnobs, m: Mapping[str, Any], candidates: int = 0
+            ) -> TilingChoice:
+    return TilingChoice(_knobs_for(wl, k), {c: int(v) for c, v in m["bytes"].items()},
+                        int(m["insns"]), {n: int(v) for n, v in m["sram"].items()}, int(m["uops"]),
+                        candidates)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -321,78 +455,205 @@ def _axis_text(geo: _Geometry, name: str) -> str:
             "tile_co": f"O/BLOCK_OUT = {geo.ob}"}[name]
 
 
-def _structural_reason(geo: _Geometry, k: Conv2dKnobs) -> Optional[str]:
-    """Why the template cannot realise the point ``k`` of the domain (None if it can)."""
-    if (geo.ob // k.tile_co) % k.oc_nthread:
-        return (f"oc_nthread={k.oc_nthread} must divide (O/BLOCK_OUT)/tile_co = "
-                f"{geo.ob // k.tile_co}")
-    if (geo.oh // k.tile_h) % k.h_nthread:
-        return f"h_nthread={k.h_nthread} must divide OH/tile_h = {geo.oh // k.tile_h}"
-    if k.reuse and k.oc_nthread * k.h_nthread != 2:
-        return ("reuse=True (reuse-aware double buffering) needs exactly two virtual threads "
-                f"(oc_nthread * h_nthread == 2), got oc_nthread={k.oc_nthread}, "
-                f"h_nthread={k.h_nthread}")
-    if geo.groups > 1:
-        if k.tile_co % geo.opg and geo.opg % k.tile_co:
-            return (f"tile_co={k.tile_co} with {geo.opg} output-channel blocks per group: an "
-                    f"output-channel tile must hold whole groups (tile_co a multiple of {geo.opg}) "
-                    f"or lie inside one group (tile_co a divisor of {geo.opg})")
-        per_group = geo.opg // k.tile_co
-        if k.tile_co < geo.opg and per_group % k.oc_nthread:
-            return (f"oc_nthread={k.oc_nthread} with tile_co={k.tile_co}: the {per_group} "
-                    "output-channel tiles of a group must split evenly over the threads (a "
-                    "thread's tiles must stay inside one group)")
-    return None
+#: the axes of the grid, in enumeration order (the flat index is C order over them; ``tile_co``
+#: before ``tile_ci``, the order of the original enumeration)
+_GRID_AXES = ("tile_b", "tile_h", "tile_w", "tile_co", "tile_ci", "oc_nthread", "h_nthread")
 
 
-def _fit_reason(cfg: VTAConfig, geo: _Geometry, wl: Conv2dWorkload, k: Conv2dKnobs,
-                use: Dict[str, int], uops: int) -> Optional[str]:
-    """Why the point ``k`` does not fit the scratchpads, the micro-op budget or the loop fields."""
-    for name in ("inp", "wgt", "acc"):
-        depth = scratchpad(cfg, MemType[name.upper()]).depth
-        if use[name] > depth:
-            return (f"the {name} tiles need {use[name]} entries (all virtual threads), more than "
-                    f"the {name} scratchpad's {depth}")
-    budget = cfg.uop_depth // 2
-    if uops > budget:
-        return (f"the GEMM kernel of {uops} micro-ops exceeds half the micro-op buffer ({budget}; "
-                "the reset and GEMM kernels must fit together)")
-    folded = _gemm_loops(geo, wl, k)[:2]
-    if any(e > MAX_LOOP_EXTENT for e in folded):
-        return (f"a folded GEMM loop of {max(folded)} iterations exceeds the 14-bit loop field "
-                f"(max {MAX_LOOP_EXTENT})")
-    return None
+@dataclass(frozen=True, eq=False)
+class TilingGrid:
+    """The model of every point of a GEMM template's knob space at once (:func:`tiling_grid`).
+
+    The points are the product of the knob values over :data:`_GRID_AXES` (a dense layer's
+    ``h_nthread`` only 1), ``reuse`` set on the two-thread points of a ``reuse`` space; a point's
+    flat index (C order) is its position in the enumeration :func:`knob_space` and
+    :func:`pruned_points` follow.
+
+    Attributes
+    ----------
+    workload : Conv2dWorkload, GroupConv2dWorkload or DenseWorkload
+        The layer (its knobs are given in its own terms).
+    values : tuple of tuple of int
+        The values of each axis of :data:`_GRID_AXES`.
+    reuse : bool
+        Whether the two-thread points have reuse-aware double buffering.
+    reason : numpy.ndarray
+        Per point, the index of the first violated check (-1: valid).
+    index : numpy.ndarray
+        The flat indices of the valid points, in enumeration order.
+    bytes, sram : dict of numpy.ndarray
+        Per valid point (aligned with ``index``): modelled DRAM bytes per counter, entries per
+        scratchpad.
+    total_bytes, insns, uops : numpy.ndarray
+        Per valid point: all modelled bytes, estimated instructions, GEMM micro-ops.
+    """
+
+    workload: GemmWorkload
+    values: Tuple[Tuple[int, ...], ...]
+    reuse: bool
+    reason: Any
+    index: Any
+    bytes: Dict[str, Any]
+    sram: Dict[str, Any]
+    total_bytes: Any
+    insns: Any
+    uops: Any
+    checks: Tuple[Tuple[Any, Callable], ...] = field(repr=False, default=())
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(len(v) for v in self.values)
+
+    def __len__(self) -> int:
+        return int(self.reason.size)
+
+    @property
+    def count(self) -> int:
+        """Number of valid points."""
+        return int(self.index.size)
+
+    def __repr__(self) -> str:
+        return (f"TilingGrid({self.workload}, {self.count} valid of {len(self)} points"
+                f"{', reuse' if self.reuse else ''})")
+
+    @property
+    def reused(self) -> Any:
+        """Per point: whether it has reuse-aware double buffering (a two-thread point of a
+        ``reuse`` space)."""
+        oc, h = (np.asarray(v, dtype=np.int64) for v in self.values[-2:])
+        return np.broadcast_to((oc[:, None] * h[None, :] == 2) & self.reuse, self.shape).reshape(-1)
+
+    def _columns(self, indices) -> Dict[str, List]:
+        """The knob values of the points at the flat ``indices``, per Conv2dKnobs field."""
+        at = np.unravel_index(np.asarray(indices, dtype=np.int64), self.shape)
+        cols = {a: np.asarray(v, dtype=np.int64)[i] for a, v, i in zip(_GRID_AXES, self.values, at)}
+        reuse = (cols["oc_nthread"] * cols["h_nthread"] == 2) & self.reuse
+        return {**{a: c.tolist() for a, c in cols.items()}, "reuse": reuse.tolist()}
+
+    def points(self, indices) -> List[Dict[str, Any]]:
+        """The knobs of the points at the flat ``indices`` as dicts of the workload's knob type's
+        fields (what a tuner records)."""
+        cols = self._columns(indices)
+        names = [f.name for f in fields(_knob_type(self.workload))]
+        return [dict(zip(names, row)) for row in zip(*[cols[n] for n in names])]
+
+    def knobs(self, indices) -> List[GemmKnobs]:
+        """The knobs of the points at the flat ``indices``, in the workload's own terms."""
+        cols = self._columns(indices)
+        knob_type = _knob_type(self.workload)
+        return [knob_type(*row) for row in zip(*[cols[f.name] for f in fields(knob_type)])]
+
+    def choices(self, valid=None, candidates: int = 0) -> List[TilingChoice]:
+        """The valid points at the positions ``valid`` of :attr:`index` (all by default) with their
+        modelled costs."""
+        j = np.arange(self.count) if valid is None else np.asarray(valid, dtype=np.int64)
+        nbytes = {c: v[j].tolist() for c, v in self.bytes.items()}
+        sram = {n: v[j].tolist() for n, v in self.sram.items()}
+        insns, uops = self.insns[j].tolist(), self.uops[j].tolist()
+        return [TilingChoice(k, {c: v[i] for c, v in nbytes.items()}, insns[i],
+                             {n: v[i] for n, v in sram.items()}, uops[i], candidates)
+                for i, k in enumerate(self.knobs(self.index[j]))]
+
+    def why(self, index: int) -> str:
+        """Why the point at flat ``index`` is pruned (the reason :func:`evaluate` gives)."""
+        check = int(self.reason[index])
+        if check < 0:
+            raise ValueError(f"point {index} of {self!r} is valid; it has no reason to be pruned")
+        local = np.unravel_index(int(index), self.shape)
+
+        def at(v) -> int:
+            if not isinstance(v, np.ndarray):
+                return int(v)
+            return int(v[tuple(i if n > 1 else 0 for i, n in zip(local, v.shape))])
+        return self.checks[check][1](at)
+
+    def tps(self) -> Optional[int]:
+        """The position in :attr:`index` of the TPS point (the first valid point in
+        :func:`_rank_key` order), or None if no point is valid."""
+        if not self.count:
+            return None
+        cols = {a: np.asarray(c, dtype=np.int64) for a, c in self._columns(self.index).items()
+                if a != "reuse"}
+        keys = _rank_key(self.total_bytes, self.insns, _KnobArrays(**cols, reuse=None))
+        return int(np.lexsort([np.broadcast_to(key, self.index.shape) for key in keys[::-1]])[0])
 
 
-def _points(cfg: VTAConfig, wl: Conv2dWorkload, reuse: bool, dense: bool
-            ) -> Iterator[Conv2dKnobs]:
-    """The domain's points in conv2d terms (a dense layer's have ``h_nthread = 1``)."""
-    geo = _geometry(cfg, wl)
-    for tb, th, tw, tco, tci, ocn, hn in itertools.product(
-            _divisors(geo.nb), _divisors(geo.oh), _divisors(geo.ow), _divisors(geo.ob),
-            _divisors(geo.cbg), _THREADS, (1,) if dense else _THREADS):
-        yield Conv2dKnobs(tb, th, tw, tci, tco, ocn, hn, reuse=bool(reuse and ocn * hn == 2))
+def _knob_type(wl: GemmWorkload) -> type:
+    return DenseKnobs if isinstance(wl, DenseWorkload) else Conv2dKnobs
 
 
-def _classify(cfg: VTAConfig, wl: GemmWorkload, epilogue, reuse: bool
-              ) -> Iterator[Tuple[Conv2dKnobs, Optional[TilingChoice], Optional[str]]]:
-    """Every point of the space as ``(knobs, choice, None)`` or ``(knobs, None, reason)``."""
+def _build_grid(cfg: VTAConfig, wl: GemmWorkload, with_bias: int, n_alu: int, reuse: bool
+                ) -> TilingGrid:
     cwl = _as_conv2d(cfg, wl)
-    ep = normalize_epilogue(epilogue)
-    with_bias = len(vector_stages(ep))
-    n_alu = alu_count(cfg, ep)
     geo = _geometry(cfg, cwl)
-    for k in _points(cfg, cwl, reuse, isinstance(wl, DenseWorkload)):
-        reason = _structural_reason(geo, k)
-        if reason is None:
-            use = sram_usage(cfg, cwl, k, with_bias)
-            uops = gemm_uops(cfg, cwl, k)
-            reason = _fit_reason(cfg, geo, cwl, k, use, uops)
-        if reason is not None:
-            yield k, None, reason
-            continue
-        yield k, TilingChoice(_knobs_for(wl, k), dram_bytes(cfg, cwl, k, with_bias),
-                              estimate_insns(cfg, cwl, k, n_alu), use, uops), None
+    dom = knob_domain(cfg, cwl)
+    if isinstance(wl, DenseWorkload):
+        dom["h_nthread"] = (1,)
+    values = tuple(tuple(dom[a]) for a in _GRID_AXES)
+    shape = tuple(len(v) for v in values)
+    axes = {}
+    for i, (a, v) in enumerate(zip(_GRID_AXES, values)):
+        axes[a] = np.asarray(v, dtype=np.int64).reshape([-1 if j == i else 1
+                                                         for j in range(len(shape))])
+    k = _KnobArrays(**axes, reuse=bool(reuse) & (axes["oc_nthread"] * axes["h_nthread"] == 2))
+    m = _model(cfg, geo, cwl, k, with_bias, n_alu)
+    checks = _structural_checks(geo, k) + _fit_checks(cfg, m)
+    reason = np.full(shape, -1, dtype=np.int8)
+    for i, (violated, _) in enumerate(checks):     # the first violated check of each point
+        reason[(reason < 0) & violated] = i
+    reason = reason.reshape(-1)
+    index = np.flatnonzero(reason < 0)
+
+    def flat(v):
+        return np.broadcast_to(np.asarray(v, dtype=np.int64), shape).reshape(-1)[index]
+    nbytes = {c: flat(v) for c, v in m["bytes"].items()}
+    return TilingGrid(wl, values, bool(reuse), reason, index, nbytes,
+                      {n: flat(v) for n, v in m["sram"].items()}, sum(nbytes.values()),
+                      flat(m["insns"]), flat(m["uops"]), tuple(checks))
+
+
+#: the grids of the last workloads (:func:`tiling_grid`), least recently used first
+_GRIDS: "OrderedDict[tuple, TilingGrid]" = OrderedDict()
+_GRIDS_SIZE = 256
+_GRIDS_LOCK = threading.Lock()
+
+
+def tiling_grid(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue=(), reuse: bool = False
+                ) -> TilingGrid:
+    """The model of every point of the knob space of ``wl`` on ``cfg``, computed with numpy over the
+    whole domain (the figures :func:`evaluate` gives per point, with no Python loop over the
+    points).
+
+    Grids are memoised per configuration value, workload, the epilogue's per-channel tensor and
+    ALU instruction counts (what the model sees of an epilogue), and ``reuse``, for the last
+    256 such keys. Parameters are those of :func:`knob_space`.
+
+    Raises
+    ------
+    Conv2dRefusal
+        If the template does not implement the workload.
+    """
+    cfg = load_config(cfg)
+    ep = normalize_epilogue(epilogue)
+    key = (tuple(cfg.to_dict().values()), wl, len(vector_stages(ep)), alu_count(cfg, ep),
+           bool(reuse))
+    with _GRIDS_LOCK:
+        grid = _GRIDS.get(key)
+        if grid is not None:
+            _GRIDS.move_to_end(key)
+            return grid
+    grid = _build_grid(cfg, wl, key[2], key[3], key[4])
+    with _GRIDS_LOCK:
+        _GRIDS[key] = grid
+        while len(_GRIDS) > _GRIDS_SIZE:
+            _GRIDS.popitem(last=False)
+    return grid
+
+
+def _grid_cache_clear() -> None:
+    """Forget every memoised grid (measurements of the grid's own cost)."""
+    with _GRIDS_LOCK:
+        _GRIDS.clear()
 
 
 def knob_space(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue=(),
@@ -420,25 +681,15 @@ def knob_space(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue=(),
     Conv2dRefusal
         If the template does not implement the workload.
     """
-    cfg = load_config(cfg)
-    return [c for _, c, _ in _classify(cfg, wl, epilogue, reuse) if c is not None]
+    return tiling_grid(cfg, wl, epilogue, reuse).choices()
 
 
 def pruned_points(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue=(),
                   reuse: bool = False) -> List[PrunedPoint]:
     """The points of the knob space that :func:`knob_space` leaves out, each with the reason."""
-    cfg = load_config(cfg)
-    return [PrunedPoint(_knobs_for(wl, k), r) for k, _, r in _classify(cfg, wl, epilogue, reuse)
-            if r is not None]
-
-
-def _rank(c: TilingChoice) -> Tuple:
-    """TPS order: fewest modelled bytes, then fewest estimated instructions, then two virtual
-    threads (load/compute overlap) before one before four, then the knob tuple."""
-    k = _knobs_as_conv2d(c.knobs)
-    threads = k.oc_nthread * k.h_nthread
-    return (c.total_bytes, c.insns, {2: 0, 1: 1}.get(threads, 2),
-            (k.tile_b, k.tile_h, k.tile_w, k.tile_ci, k.tile_co, k.oc_nthread, k.h_nthread))
+    grid = tiling_grid(cfg, wl, epilogue, reuse)
+    bad = np.flatnonzero(grid.reason >= 0)
+    return [PrunedPoint(k, grid.why(i)) for k, i in zip(grid.knobs(bad), bad.tolist())]
 
 
 def tps_knobs(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue=(),
@@ -461,12 +712,11 @@ def tps_knobs(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue=(),
         If no point fits (the workload is too large for the scratchpads) or the template does not
         implement the workload.
     """
-    cfg = load_config(cfg)
-    space = knob_space(cfg, wl, epilogue, reuse)
-    if not space:
+    grid = tiling_grid(cfg, wl, epilogue, reuse)
+    best = grid.tps()
+    if best is None:
         fallback_knobs(cfg, wl, epilogue)      # raises the refusal with the reason
-    best = min(space, key=_rank)
-    return TilingChoice(best.knobs, best.bytes, best.insns, best.sram, best.uops, len(space))
+    return grid.choices([best], candidates=grid.count)[0]
 
 
 def evaluate(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue, knobs: GemmKnobs
@@ -485,13 +735,11 @@ def evaluate(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue, knobs: Gemm
     geo = _geometry(cfg, cwl)
     reason = _structural_reason(geo, k)
     if reason is None:
-        use = sram_usage(cfg, cwl, k, len(vector_stages(ep)))
-        uops = gemm_uops(cfg, cwl, k)
-        reason = _fit_reason(cfg, geo, cwl, k, use, uops)
+        m = _model(cfg, geo, cwl, k, len(vector_stages(ep)), alu_count(cfg, ep))
+        reason = _first_reason(_fit_checks(cfg, m))
     if reason is not None:
         return PrunedPoint(_knobs_for(wl, k), reason)
-    return TilingChoice(_knobs_for(wl, k), dram_bytes(cfg, cwl, k, len(vector_stages(ep))),
-                        estimate_insns(cfg, cwl, k, alu_count(cfg, ep)), use, uops)
+    return _choice(wl, k, m)
 
 
 def fallback_knobs(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue=()) -> TilingChoice:
