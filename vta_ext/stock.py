@@ -53,23 +53,23 @@ class _Stock(OpTemplate):
 
 
 def _gemm_knob_space(config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
-    """The knob space of a GEMM template (conv2d, group conv2d, dense), from the templates' own
-    enumeration (:mod:`vta_ext.templates.tiling`): its valid and pruned points, without and with
-    reuse-aware double buffering of the two-thread points, its TPS and fallback points."""
+    """The knob space of a GEMM template (conv2d, group conv2d, dense), from the templates' model
+    of the whole domain (:func:`vta_ext.templates.tiling.tiling_grid`): its valid and pruned
+    points without reuse-aware double buffering, then the two-thread points with it (the points
+    the reuse space adds), its TPS and fallback points."""
+    import numpy as np
+
     from .templates import tiling
 
-    points, pruned, seen = [], [], set()
+    points, pruned = [], []
     for reuse in (False, True):
-        for choice in tiling.knob_space(config, workload, epilogue, reuse=reuse):
-            point = dataclasses.asdict(choice.knobs)
-            if tuple(point.items()) not in seen:
-                seen.add(tuple(point.items()))
-                points.append(point)
-        for bad in tiling.pruned_points(config, workload, epilogue, reuse=reuse):
-            point = dataclasses.asdict(bad.knobs)
-            if tuple(point.items()) not in seen:
-                seen.add(tuple(point.items()))
-                pruned.append((point, bad.reason))
+        grid = tiling.tiling_grid(config, workload, epilogue, reuse=reuse)
+        # with reuse, the points without it are those of the space without reuse
+        flat = np.flatnonzero(grid.reused) if reuse else np.arange(len(grid))
+        valid = grid.reason[flat] < 0
+        points += grid.points(flat[valid])
+        bad = flat[~valid]
+        pruned += [(p, grid.why(i)) for p, i in zip(grid.points(bad), bad.tolist())]
     tps = dataclasses.asdict(tiling.tps_knobs(config, workload, epilogue).knobs)
     fallback = dataclasses.asdict(tiling.fallback_knobs(config, workload, epilogue).knobs)
     return KnobSpace(tuple(tps), tuple(points), tuple(pruned), tps, fallback)
