@@ -14,10 +14,16 @@ Public API (a tuner enumerates the space, a strategy picks a default point):
 * :func:`knob_space` -- the valid points, each a :class:`TilingChoice` with its modelled cost;
 * :func:`pruned_points` -- the points of the space that were pruned, each with the reason;
 * :func:`tps_knobs` -- TPS: the valid point with the fewest modelled DRAM bytes;
+* :func:`tiling_grid` -- the model of every point at once (numpy arrays over the whole domain,
+  memoised), which the three above read;
 * :func:`fallback_knobs` -- the original's fallback (every inner tile 1, one thread);
 * :func:`check_knobs` -- validate explicit knobs (a :class:`~vta_ext.templates.errors.KnobError`
   naming the knob and its valid values);
 * :func:`resolve_knobs` -- the ``knobs`` argument of a ``build_<op>`` to explicit knobs.
+
+The model has one definition: each formula takes knobs whose fields are ints (one point,
+:func:`evaluate`, :func:`dram_bytes`, ...) or numpy arrays broadcast over the domain
+(:func:`tiling_grid`); a pruned point's reason text is made only when asked for.
 
 A point is **pruned** (with a reason) when the template cannot realise it -- a virtual-thread count
 that does not divide its axis, ``reuse`` without exactly two threads, a group conv2d output-channel
@@ -625,8 +631,8 @@ def tiling_grid(cfg: Union[VTAConfig, str], wl: GemmWorkload, epilogue=(), reuse
     points).
 
     Grids are memoised per configuration value, workload, the epilogue's per-channel tensor and
-    ALU instruction counts (what the model sees of an epilogue), and ``reuse``, for the last
-    256 such keys. Parameters are those of :func:`knob_space`.
+    ALU instruction counts (what the model sees of an epilogue), and ``reuse``; the least recently
+    used are dropped beyond ``_GRIDS_SIZE`` keys. Parameters are those of :func:`knob_space`.
 
     Raises
     ------
