@@ -57,6 +57,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -529,10 +530,14 @@ class TilingGrid:
         oc, h = (np.asarray(v, dtype=np.int64) for v in self.values[-2:])
         return np.broadcast_to((oc[:, None] * h[None, :] == 2) & self.reuse, self.shape).reshape(-1)
 
+    def _axis_values(self, indices) -> Dict[str, Any]:
+        """The values of the points at the flat ``indices`` on each axis (arrays)."""
+        at = np.unravel_index(np.asarray(indices, dtype=np.int64), self.shape)
+        return {a: np.asarray(v, dtype=np.int64)[i] for a, v, i in zip(_GRID_AXES, self.values, at)}
+
     def _columns(self, indices) -> Dict[str, List]:
         """The knob values of the points at the flat ``indices``, per Conv2dKnobs field."""
-        at = np.unravel_index(np.asarray(indices, dtype=np.int64), self.shape)
-        cols = {a: np.asarray(v, dtype=np.int64)[i] for a, v, i in zip(_GRID_AXES, self.values, at)}
+        cols = self._axis_values(indices)
         reuse = (cols["oc_nthread"] * cols["h_nthread"] == 2) & self.reuse
         return {**{a: c.tolist() for a, c in cols.items()}, "reuse": reuse.tolist()}
 
@@ -576,11 +581,14 @@ class TilingGrid:
     def tps(self) -> Optional[int]:
         """The position in :attr:`index` of the TPS point (the first valid point in
         :func:`_rank_key` order), or None if no point is valid."""
+        return self._tps
+
+    @cached_property
+    def _tps(self) -> Optional[int]:
         if not self.count:
             return None
-        cols = {a: np.asarray(c, dtype=np.int64) for a, c in self._columns(self.index).items()
-                if a != "reuse"}
-        keys = _rank_key(self.total_bytes, self.insns, _KnobArrays(**cols, reuse=None))
+        keys = _rank_key(self.total_bytes, self.insns,
+                         _KnobArrays(**self._axis_values(self.index), reuse=None))
         return int(np.lexsort([np.broadcast_to(key, self.index.shape) for key in keys[::-1]])[0])
 
 
