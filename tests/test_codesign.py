@@ -150,6 +150,21 @@ def test_lower_bound_is_the_floor_by_hand_and_below_the_cycles(tmp_path, tiny_mo
         assert lower_bound([op], cfg) <= result["cycles"] == result["vta_cycles"]
 
 
+def test_an_evaluation_leaves_no_program_of_its_configuration_behind(tmp_path, tiny_mod):
+    """A worker evaluates each configuration once: its compiled programs are released after, and
+    the same figures come back when it is evaluated again (everything is rebuilt from the keys)."""
+    from vta_ext import executor
+
+    path, _ = save_module(tiny_mod, tmp_path)
+    cfg = load_config("pipelined")
+    first = evaluate_config(str(path), cfg.to_dict(), cfg.name, "csp-relaxed")
+    held = [k for k in list(executor._COMPILED) + list(executor._CYCLES)
+            if json.loads(k)["config_value"] == cfg.to_dict()]
+    assert first["error"] is None and first["vta_ops"] == 1 and held == []
+    again = evaluate_config(str(path), cfg.to_dict(), cfg.name, "csp-relaxed")
+    assert (again["cycles"], again["dram_bytes"]) == (first["cycles"], first["dram_bytes"])
+
+
 def dataclasses_replace(cfg, **kw):
     import dataclasses
 

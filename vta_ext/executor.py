@@ -28,7 +28,7 @@ import tvm_ffi
 from .config import VTAConfig
 
 __all__ = ["op_key", "config_digest", "build_spec", "compiled_op", "OpRun", "run_log", "clear_run_log",
-           "simulator_for", "cycle_report"]
+           "simulator_for", "cycle_report", "release"]
 
 logger = logging.getLogger("vta_ext")
 
@@ -224,3 +224,21 @@ def cycle_report(key: str):
         op = compiled_op(key)
         _CYCLES[key] = CycleModel(op.program.config).run_program(op.program)
     return _CYCLES[key]
+
+
+def release(config: VTAConfig) -> int:
+    """Forget the compiled operators, cycle reports and simulator of ``config``'s value (a
+    configuration sweep is done with them); returns how many compiled operators were dropped.
+
+    Nothing is lost: a later :func:`compiled_op` or run of one of their keys builds it again."""
+    value = config.to_dict()
+    with _BUILD_LOCK:
+        keys = [k for k in list(_COMPILED) + list(_CYCLES)
+                if json.loads(k)["config_value"] == value]
+        dropped = sum(_COMPILED.pop(k, None) is not None for k in keys)
+        for k in keys:
+            _CYCLES.pop(k, None)
+        digest = config_digest(config)
+        _SIMULATORS.pop(digest, None)
+        _DEVICE_LOCKS.pop(digest, None)
+    return dropped

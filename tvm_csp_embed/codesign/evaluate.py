@@ -169,7 +169,7 @@ def evaluate_config(module_path: str, config_value: Dict[str, Any], name: str, s
     """
     import vta_ext
     import tvm_csp_embed  # noqa: F401  (registers the CSP strategies in a fresh worker)
-    from vta_ext.executor import cycle_report
+    from vta_ext.executor import cycle_report, release
     from vta_ext.offload import OffloadToVTA
     from vta_ext.report import LAYOUT_REASON
 
@@ -177,6 +177,7 @@ def evaluate_config(module_path: str, config_value: Dict[str, Any], name: str, s
     quiet = logging.getLogger("vta_ext")  # the build's per-build padding warning, once per config
     level = quiet.level
     quiet.setLevel(max(level, logging.ERROR))
+    config = None
     try:
         config = VTAConfig.from_dict(config_value, name=name)
         mod = _module(module_path)
@@ -195,6 +196,10 @@ def evaluate_config(module_path: str, config_value: Dict[str, Any], name: str, s
                 "seconds": time.perf_counter() - start}
     finally:
         quiet.setLevel(level)
+        # a configuration is evaluated once: its programs would only fill the worker's memory (a
+        # worker kept every configuration's candidates alive, and a DeepBench-thin search swapped)
+        if config is not None:
+            release(config)
     return {"cycles": vta_cycles + cpu_cycles, "vta_cycles": vta_cycles, "dram_bytes": dram,
             "vta_ops": len(report.vta_keys), "cpu_ops": cpu_ops, "cpu_macs": int(report.cpu_macs),
             "seconds": time.perf_counter() - start, "error": None}
