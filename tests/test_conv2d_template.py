@@ -400,3 +400,29 @@ def test_dma_row_stride_over_the_16_bit_field_becomes_one_dma_per_row():
     strides = [i.x_stride for i in conv.program.insns if i.opcode in (Opcode.LOAD, Opcode.STORE)]
     assert strides and max(strides) <= 65535
     assert 260 * 260 not in strides
+
+
+
+def test_the_unchecked_schedule_gives_the_checked_schedules_module(monkeypatch):
+    """The stock schedule built on :func:`vta_ext.lower.schedule.unchecked_schedule` is the module
+    that TVM's type-checked ``Schedule`` gives for the same knobs; a wrong argument still fails."""
+    import tvm
+    from tvm import te
+    import vta_ext.lower.schedule as unchecked
+    from vta_ext.templates.conv2d import schedule_conv2d
+
+    cfg = load_config("default")
+    wl, knobs = RESNET18["C5"], tps_knobs("default", RESNET18["C5"], EPILOGUE_ORIGINAL).knobs
+    fast, _ = schedule_conv2d(cfg, wl, EPILOGUE_ORIGINAL, knobs)
+    monkeypatch.setattr(unchecked, "unchecked_schedule", tvm.s_tir.Schedule)
+    checked, _ = schedule_conv2d(cfg, wl, EPILOGUE_ORIGINAL, knobs)
+    assert type(fast) is not type(checked)
+    tvm.ir.assert_structural_equal(fast.mod, checked.mod)
+    monkeypatch.undo()
+
+    a = te.placeholder((16,), name="a")
+    sch = unchecked.unchecked_schedule(te.create_prim_func([a, te.compute((16,), lambda i: a[i] + 1,
+                                                                          name="b")]))
+    (loop,) = sch.get_loops(sch.get_sblock("b"))
+    with pytest.raises(Exception, match="16"):          # 2 * 3 does not cover the extent 16
+        sch.split(loop, [2, 3])

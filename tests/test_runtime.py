@@ -198,3 +198,42 @@ def test_long_streams_are_split_into_segments(monkeypatch):
     adds_per_row = [len(range(row, 60, 8)) for row in range(8)]  # step % 8 == row
     expected = np.repeat(np.array(adds_per_row, np.int8)[:, None], lanes, axis=1)
     np.testing.assert_array_equal(program.read("out", np.int8, (8, lanes)), expected)
+
+
+def test_a_program_is_encoded_only_when_its_image_is_read(monkeypatch):
+    """Timing a program on the cycle model encodes nothing (a losing candidate never is); reading
+    the image encodes every segment once, and the words decode back to the program's
+    instructions."""
+    from vta_ext.isa import decode_stream
+    from vta_ext.sim.cycles import CycleModel
+
+    calls = []
+    real = runtime.encode_stream
+    monkeypatch.setattr(runtime, "encode_stream", lambda cfg, insns: calls.append(1) or real(cfg, insns))
+    monkeypatch.setattr(runtime, "MAX_XFER", 16 * 40)   # several segments
+    q = CommandQueue(CFG)
+    acc = q.alloc(CFG.acc_elem_bytes * 8, "acc")
+    out = q.alloc(CFG.out_elem_bytes * 8, "out")
+    q.load_2d(acc, 0, 8, 1, 8, 0, 0, 0, 0, 0, MemType.ACC)
+    for step in range(60):
+        q.push_alu(_add_kernel(step % 8, 1, 2))
+    q.dep_push(Stage.COMPUTE, Stage.STORE)
+    q.dep_pop(Stage.COMPUTE, Stage.STORE)
+    q.store_2d(0, MemType.OUT, out, 0, 8, 1, 8)
+    program = q.synchronize()
+    lanes = CFG.BATCH * CFG.BLOCK_OUT
+    program.write("acc", np.zeros((8, lanes), np.int32))
+    assert CycleModel(CFG).run_program(program).total_cycles > 0
+    assert calls == []
+    image, start = program.dram, 0
+    assert len(calls) == len(program.segments) > 1
+    for phys, count in program.segments:
+        offset = phys - program.dram_base
+        words = image[offset:offset + count * CFG.INS_ELEM_BYTES].tobytes()
+        assert decode_stream(CFG, words) == program.insns[start:start + count]
+        start += count
+    program.run(FunctionalSimulator(CFG))
+    assert len(calls) == len(program.segments)          # encoded once
+    expected = np.full((8, lanes), 2 * len(range(0, 60, 8)), np.int8)
+    expected[4:] = 2 * len(range(4, 60, 8))
+    np.testing.assert_array_equal(program.read("out", np.int8, (8, lanes)), expected)

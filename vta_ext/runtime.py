@@ -13,7 +13,7 @@ buffers, the encoded instruction stream(s) and the micro-op staging area, ready 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -443,29 +443,51 @@ class CommandQueue:
             placements.append(seg)
         dram = np.zeros((top_page - 1) * PAGE_BYTES, np.uint8)
         base = PAGE_BYTES
-        for seg in self.segments:
+        segments = list(self.segments)
+        for seg in segments:
             for load, offset in seg.uop_loads:
                 load.dram_base = seg.uop_phys // cfg.UOP_ELEM_BYTES + offset
-            stream = encode_stream(cfg, seg.insns)
-            dram[seg.insn_phys - base: seg.insn_phys - base + len(stream)] = np.frombuffer(stream, np.uint8)
-            uops = encode_uops(cfg, [u for k in seg.staging for u in k.uops])
-            dram[seg.uop_phys - base: seg.uop_phys - base + len(uops)] = np.frombuffer(uops, np.uint8)
-        return Program(cfg, dram, base, [(s.insn_phys, s.insn_count) for s in self.segments],
-                       dict(self.buffers), [i for s in self.segments for i in s.insns])
+
+        def encode(image: np.ndarray) -> None:
+            for seg in segments:
+                stream = encode_stream(cfg, seg.insns)
+                image[seg.insn_phys - base: seg.insn_phys - base + len(stream)] = \
+                    np.frombuffer(stream, np.uint8)
+                uops = encode_uops(cfg, [u for k in seg.staging for u in k.uops])
+                image[seg.uop_phys - base: seg.uop_phys - base + len(uops)] = \
+                    np.frombuffer(uops, np.uint8)
+
+        return Program(cfg, dram, base, [(s.insn_phys, s.insn_count) for s in segments],
+                       dict(self.buffers), [i for s in segments for i in s.insns], _encode=encode)
 
 
 @dataclass
 class Program:
-    """An executable VTA program: a DRAM image with data buffers, instructions and micro-ops."""
+    """An executable VTA program: a DRAM image with data buffers, instructions and micro-ops.
+
+    The instruction and micro-op words are written into the image when it is first read
+    (:attr:`dram`): a program that is only timed on the cycle model (a candidate that loses the
+    choice) is never encoded."""
 
     config: VTAConfig
-    dram: np.ndarray
+    _dram: np.ndarray
     dram_base: int
     segments: List[Tuple[int, int]]
     buffers: Dict[str, DramBuffer]
     insns: List[Insn] = field(repr=False)
     #: operands made of parts (:meth:`placed`): data address of the stand-in array -> the parts
     _placements: Dict[int, List[np.ndarray]] = field(default_factory=dict, repr=False)
+    #: writes the instruction and micro-op words into the image; None once done
+    _encode: Optional[Callable[[np.ndarray], None]] = field(default=None, repr=False)
+
+    @property
+    def dram(self) -> np.ndarray:
+        """The DRAM image (from physical address :attr:`dram_base`), instructions encoded."""
+        encode = self._encode
+        if encode is not None:
+            encode(self._dram)
+            self._encode = None
+        return self._dram
 
     def _view(self, name: str, nbytes: Optional[int] = None) -> np.ndarray:
         try:
@@ -476,7 +498,7 @@ class Program:
         if nbytes > buf.nbytes:
             raise ValueError(f"{nbytes} bytes do not fit DRAM buffer {buf!r}")
         start = buf.phys_addr - self.dram_base
-        return self.dram[start:start + nbytes]
+        return self._dram[start:start + nbytes]   # a data buffer: no need to encode
 
     def write(self, name: str, array: np.ndarray) -> None:
         """Copy the bytes of ``array`` (C order) into buffer ``name`` of the DRAM image.
@@ -562,5 +584,5 @@ class Program:
 
     def __repr__(self) -> str:
         return (f"Program({self.config.name}, {self.insn_count} instructions in "
-                f"{len(self.segments)} segment(s), {self.dram.size // 1024} KiB DRAM, "
+                f"{len(self.segments)} segment(s), {self._dram.size // 1024} KiB DRAM, "
                 f"buffers {sorted(self.buffers)})")

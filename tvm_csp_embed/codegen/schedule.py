@@ -153,7 +153,7 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
     :func:`~.knobs.check_point`) and return ``(sch, info)``; ``acc_init`` (:data:`ACC_INITS`) says
     how each output tile's accumulator is zeroed."""
     from tvm import te
-    from tvm.s_tir import Schedule
+    from vta_ext.lower.schedule import unchecked_schedule
 
     from vta_ext.lower.intrin import ACC_FILL_PRAGMA, register_gemm_intrin
 
@@ -164,7 +164,7 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
     inputs, out, stage_names, pad_stage = gemm_compute(cfg, pg, epilogue)
     func = te.create_prim_func(inputs + [out]).with_attr("global_symbol", "csp_gemm")
     gemm_name, reset_name = register_gemm_intrin(cfg)
-    sch = Schedule(func)
+    sch = unchecked_schedule(func)
     orders = loop_orders(pg, knobs.get("order", 0))
     ext = {lp.name: lp.extent for lp in pg.loops}
     C = pg.operands["C"]
