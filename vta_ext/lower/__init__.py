@@ -1,6 +1,7 @@
 """Lowering of scheduled TIR to VTA instruction streams, one concept per module.
 
 * :mod:`.intrin` -- the GEMM / reset tensor intrinsics (``tvm.s_tir.TensorIntrin``) per GEMM shape;
+* :mod:`.schedule` -- a ``tvm.s_tir.Schedule`` without the Python type check of each primitive;
 * :mod:`.passes` -- the s_tir/tirx lowering passes (scheduled TIR -> flat loops, affine indices);
 * :mod:`.affine` -- affine index expressions (:class:`~.affine.Aff`);
 * :mod:`.ir` -- the nodes of the lowering (buffers, loops, DMAs, ALU stages, GEMM kernels, regions);
