@@ -11,6 +11,8 @@ GEMM reset micro-ops.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import conv2d_nchw, requantize
@@ -19,7 +21,7 @@ from tvm_csp_embed import conv2d, embed_all, gemm
 from tvm_csp_embed.codegen import build_gemm, packed_gemm
 from tvm_csp_embed.codegen.knobs import evaluate
 from vta_ext.config import load_config
-from vta_ext.isa import GemmInsn, MemInsn, MemType, Opcode
+from vta_ext.isa import AluInsn, GemmInsn, MemInsn, MemType, Opcode
 from vta_ext.lower.racecheck import check_races
 from vta_ext.sim.cycles import CycleModel
 
@@ -225,3 +227,34 @@ def test_fill_pragma_lowering_contiguous_and_strided(strided):
     assert fills == ([(1, 1)] * 12 if strided else [(12, 1)])
     assert stats.acc_load_nbytes == av.nbytes          # the operand only
     assert not any(isinstance(x, GemmInsn) for x in prog.insns)
+
+
+# ------------------------------------------------------------------------------ epilogue shape
+def _alu_free(program):
+    """The instruction stream with the ALU immediates left out."""
+    return [dataclasses.replace(i, imm=0) if isinstance(i, AluInsn) else i for i in program.insns]
+
+
+def test_epilogues_of_one_shape_run_the_same_program_but_their_immediates():
+    """The choice is made once per epilogue shape (``epilogue_shape``), so two epilogues of one
+    shape must give programs that differ only in ALU immediates and time the same: a CSP
+    embedding and the stock template, shift 5 clip [-128, 127] against shift 7 clip [0, 127].
+    A clip beyond int8 (MIN + MAX, one more ALU pass) and a zero shift (no pass) change the shape."""
+    from vta_ext.templates.conv2d import build_conv2d
+    from vta_ext.templates.epilogue import epilogue_shape
+    from vta_ext.templates.workload import Conv2dWorkload
+
+    cfg, pg, *_ = _case(3, 14, 32, 3, 1, 2, "relaxed")
+    one, two = EPILOGUE, (("bias",), ("shr", 7), ("clip", 0, 127))
+    wide, unshifted = (("bias",), ("shr", 5), ("clip", -300, 300)), (("bias",), ("shr", 0),
+                                                                      ("clip", 0, 127))
+    assert epilogue_shape(cfg, one) == epilogue_shape(cfg, two)
+    assert len({epilogue_shape(cfg, e) for e in (one, wide, unshifted)}) == 3
+    wl = Conv2dWorkload(1, 14, 14, 32, 32, 3, 3, 1, 1, 1, 1)
+    for build in (lambda e: build_gemm(cfg, pg, e, "tps").program,
+                  lambda e: build_conv2d(cfg, wl, e, "tps").program):
+        a, b, c = (build(e) for e in (one, two, wide))
+        assert _alu_free(a) == _alu_free(b) and a.insns != b.insns
+        assert CycleModel(cfg).run_program(a) == CycleModel(cfg).run_program(b)
+        alu = [sum(isinstance(i, AluInsn) for i in p.insns) for p in (a, c)]
+        assert alu[1] > alu[0]          # the wide clip is MIN and MAX

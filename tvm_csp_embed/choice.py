@@ -78,13 +78,18 @@ def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, e
     """The choice cache's key: the operator, the constraint set, the layouts, the objective, the
     epilogue, the knobs of every candidate, the ranking parameters, the configuration's value,
     the stock contender (its workload and knobs, or None when it is not compared) and the packed
-    layout the input comes in from a previous VTA operator (layout agreement)."""
-    from vta_ext.executor import config_digest
+    layout the input comes in from a previous VTA operator (layout agreement).
 
-    text = json.dumps({"v": 7, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
+    The epilogue enters as its shape (:func:`~vta_ext.templates.epilogue.epilogue_shape`): the
+    programs of two epilogues of one shape time the same, so operators that differ only in their
+    shifts and clips (a network's repeated blocks) share one choice."""
+    from vta_ext.executor import config_digest
+    from vta_ext.templates.epilogue import epilogue_shape
+
+    text = json.dumps({"v": 8, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
                        "agree": [AGREEMENT_SLACK, _layout_key(producer)],
                        "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
-                       "objective": objective, "epilogue": [list(s) for s in epilogue],
+                       "objective": objective, "epilogue": epilogue_shape(config, epilogue),
                        "knobs": knobs, "stock": stock, "config": config_digest(config)},
                       sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -49,7 +49,8 @@ from .errors import EpilogueError, EpilogueRefusal
 __all__ = ["Stage", "Epilogue", "EPILOGUE_ORIGINAL", "EPILOGUE_PIPELINE", "STAGE_ARITY",
            "MAX_SHIFT", "VECTOR_STAGES", "normalize_epilogue", "has_bias", "has_multiplier",
            "vector_stages", "alu_ops", "alu_count", "alu_cycles", "te_stage", "emit_epilogue",
-           "epilogue_range", "has_multiply", "fit_immediates", "simplify_epilogue"]
+           "epilogue_range", "has_multiply", "fit_immediates", "simplify_epilogue",
+           "epilogue_shape"]
 
 Stage = Tuple[Any, ...]
 #: a normalised epilogue: a tuple of stages (tuples whose first item is the kind)
@@ -390,3 +391,22 @@ def simplify_epilogue(epilogue: Epilogue) -> Epilogue:
                 continue
         out.append(st)
     return tuple(out)
+
+
+def epilogue_shape(cfg: VTAConfig, epilogue) -> Tuple[Tuple[Tuple[str, ...], ...], ...]:
+    """What of ``epilogue`` a program's instructions and cycles depend on: per stage, its kind and
+    the ALU operations it runs (:func:`alu_ops`), immediates left out, as given and after
+    :func:`simplify_epilogue` (the scheduled templates run the simplified form).
+
+    Two epilogues of one shape run the same instruction stream, the immediates aside, under every
+    template, so they time the same on the cycle model and move the same bytes: e.g. the shifts
+    and clips of a network's repeated blocks. The choice between plans is made once per shape.
+    Whether an epilogue with a multiply may run at all (:func:`epilogue_range`) is decided before
+    any plan is made.
+    """
+    def shape(stages: Epilogue) -> Tuple[Tuple[str, ...], ...]:
+        return tuple((st[0],) if st[0] in VECTOR_STAGES else
+                     (st[0],) + tuple(op.name for op, _ in alu_ops(cfg, st)) for st in stages)
+
+    ep = normalize_epilogue(epilogue)
+    return shape(ep), shape(simplify_epilogue(ep))
