@@ -193,3 +193,32 @@ def test_unused_prim_funcs_of_the_pipeline_are_dropped_before_codegen(monkeypatc
     assert left == names - reshapes, (names, left)
     assert "user_kernel" not in {gv.name_hint for gv in
                                  target_mod.drop_unused_prim_funcs([])(legal).functions}
+
+
+def test_transposes_of_one_permutation_share_one_shape_generic_function():
+    """Three ``permute_dims`` (two with one permutation on different shapes, one with another
+    permutation and no axes given): after ``shape_generic_transposes`` two PrimFuncs, no
+    ``permute_dims`` left, and the llvm build gives numpy's transposes."""
+    import vta_ext.target as target_mod
+
+    shapes = [(1, 4, 3, 5, 16), (1, 8, 3, 5, 16), (2, 3, 4)]
+    bb = relax.BlockBuilder()
+    xs = [relax.Var(f"x{i}", relax.TensorType(s, "int8")) for i, s in enumerate(shapes)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            outs = [bb.emit(relax.op.permute_dims(xs[0], [0, 2, 3, 1, 4])),
+                    bb.emit(relax.op.permute_dims(xs[1], [0, 2, 3, 1, 4])),
+                    bb.emit(relax.op.permute_dims(xs[2]))]
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    mod = target_mod.shape_generic_transposes(bb.get())
+    prims = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(prims) == 2
+    assert "permute_dims" not in mod.script()
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(-128, 128, s).astype(np.int8) for s in shapes]
+    vm = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    want = [arrays[0].transpose(0, 2, 3, 1, 4), arrays[1].transpose(0, 2, 3, 1, 4), arrays[2].T]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w)
