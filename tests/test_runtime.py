@@ -177,18 +177,24 @@ def test_uop_cache_reuse_and_eviction_keep_programs_correct():
     np.testing.assert_array_equal(program.read("out", np.int8, (40, lanes)), expected.astype(np.int8))
 
 
-def test_long_streams_are_split_into_segments(monkeypatch):
-    monkeypatch.setattr(runtime, "MAX_XFER", 16 * 40)   # at most 34 instructions per segment
+def _sixty_adds(monkeypatch, value: int):
+    """A program of 60 one-row ALU adds of ``value`` (step ``i`` on accumulator row ``i % 8``)
+    between an ACC load and a store, in segments of at most 34 instructions."""
+    monkeypatch.setattr(runtime, "MAX_XFER", 16 * 40)
     q = CommandQueue(CFG)
     acc = q.alloc(CFG.acc_elem_bytes * 8, "acc")
     out = q.alloc(CFG.out_elem_bytes * 8, "out")
     q.load_2d(acc, 0, 8, 1, 8, 0, 0, 0, 0, 0, MemType.ACC)
     for step in range(60):
-        q.push_alu(_add_kernel(step % 8, 1, 1))
+        q.push_alu(_add_kernel(step % 8, 1, value))
     q.dep_push(Stage.COMPUTE, Stage.STORE)
     q.dep_pop(Stage.COMPUTE, Stage.STORE)
     q.store_2d(0, MemType.OUT, out, 0, 8, 1, 8)
-    program = q.synchronize()
+    return q.synchronize()
+
+
+def test_long_streams_are_split_into_segments(monkeypatch):
+    program = _sixty_adds(monkeypatch, 1)
     assert len(program.segments) > 1
     assert all(count * 16 <= 16 * 40 for _, count in program.segments)
     lanes = CFG.BATCH * CFG.BLOCK_OUT
@@ -210,17 +216,7 @@ def test_a_program_is_encoded_only_when_its_image_is_read(monkeypatch):
     calls = []
     real = runtime.encode_stream
     monkeypatch.setattr(runtime, "encode_stream", lambda cfg, insns: calls.append(1) or real(cfg, insns))
-    monkeypatch.setattr(runtime, "MAX_XFER", 16 * 40)   # several segments
-    q = CommandQueue(CFG)
-    acc = q.alloc(CFG.acc_elem_bytes * 8, "acc")
-    out = q.alloc(CFG.out_elem_bytes * 8, "out")
-    q.load_2d(acc, 0, 8, 1, 8, 0, 0, 0, 0, 0, MemType.ACC)
-    for step in range(60):
-        q.push_alu(_add_kernel(step % 8, 1, 2))
-    q.dep_push(Stage.COMPUTE, Stage.STORE)
-    q.dep_pop(Stage.COMPUTE, Stage.STORE)
-    q.store_2d(0, MemType.OUT, out, 0, 8, 1, 8)
-    program = q.synchronize()
+    program = _sixty_adds(monkeypatch, 2)
     lanes = CFG.BATCH * CFG.BLOCK_OUT
     program.write("acc", np.zeros((8, lanes), np.int32))
     assert CycleModel(CFG).run_program(program).total_cycles > 0
