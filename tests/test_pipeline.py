@@ -195,30 +195,44 @@ def test_unused_prim_funcs_of_the_pipeline_are_dropped_before_codegen(monkeypatc
                                  target_mod.drop_unused_prim_funcs([])(legal).functions}
 
 
-def test_transposes_of_one_permutation_share_one_shape_generic_function():
-    """Three ``permute_dims`` (two with one permutation on different shapes, one with another
-    permutation and no axes given): after ``shape_generic_transposes`` two PrimFuncs, no
-    ``permute_dims`` left, and the llvm build gives numpy's transposes."""
-    import vta_ext.target as target_mod
 
-    shapes = [(1, 4, 3, 5, 16), (1, 8, 3, 5, 16), (2, 3, 4)]
+def test_host_copies_of_one_kind_share_one_shape_generic_function():
+    """Transposes (two of one permutation on different shapes, one with no axes given) and
+    constant pads (two of one width on different shapes): after ``shape_generic_host_kernels``
+    one PrimFunc per kind and attributes, neither operator left, and the llvm build gives numpy's
+    results. A pad of another width gets a function of its own; concats stay as they are."""
+    from vta_ext.host_kernels import shape_generic_host_kernels
+
+    shapes = [(1, 4, 3, 5, 16), (1, 8, 3, 5, 16), (2, 3, 4), (1, 2, 3, 5, 16), (1, 3, 3, 5, 16)]
     bb = relax.BlockBuilder()
     xs = [relax.Var(f"x{i}", relax.TensorType(s, "int8")) for i, s in enumerate(shapes)]
+    widths = [0, 0, 0, 0, 1, 2, 0, 3, 0, 0]
     with bb.function("main", xs):
         with bb.dataflow():
             outs = [bb.emit(relax.op.permute_dims(xs[0], [0, 2, 3, 1, 4])),
                     bb.emit(relax.op.permute_dims(xs[1], [0, 2, 3, 1, 4])),
-                    bb.emit(relax.op.permute_dims(xs[2]))]
+                    bb.emit(relax.op.permute_dims(xs[2])),
+                    bb.emit(relax.op.concat([xs[0], xs[3], xs[1]], axis=1)),
+                    bb.emit(relax.op.concat([xs[4], xs[0], xs[3]], axis=1)),
+                    bb.emit(relax.op.nn.pad(xs[0], widths, pad_value=-5)),
+                    bb.emit(relax.op.nn.pad(xs[1], widths, pad_value=-5)),
+                    bb.emit(relax.op.nn.pad(xs[4], [0, 0, 1, 0, 0, 0, 0, 0, 0, 0]))]
             out = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(out)
-    mod = target_mod.shape_generic_transposes(bb.get())
+    mod = shape_generic_host_kernels(bb.get())
     prims = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
-    assert len(prims) == 2
-    assert "permute_dims" not in mod.script()
+    assert len(prims) == 4
+    text = mod.script()
+    assert not any(op in text for op in ("permute_dims", "R.nn.pad")) and "R.concat" in text
     rng = np.random.default_rng(0)
-    arrays = [rng.integers(-128, 128, s).astype(np.int8) for s in shapes]
+    a = [rng.integers(-128, 128, s).astype(np.int8) for s in shapes]
     vm = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
-    got = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
-    want = [arrays[0].transpose(0, 2, 3, 1, 4), arrays[1].transpose(0, 2, 3, 1, 4), arrays[2].T]
+    got = vm["main"](*[tvm.runtime.tensor(x) for x in a])
+    pads = list(zip(widths[0::2], widths[1::2]))
+    want = [a[0].transpose(0, 2, 3, 1, 4), a[1].transpose(0, 2, 3, 1, 4), a[2].T,
+            np.concatenate([a[0], a[3], a[1]], axis=1), np.concatenate([a[4], a[0], a[3]], axis=1),
+            np.pad(a[0], pads, constant_values=-5), np.pad(a[1], pads, constant_values=-5),
+            np.pad(a[4], [(0, 0), (1, 0), (0, 0), (0, 0), (0, 0)])]
+    assert len(got) == len(want)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g.numpy(), w)

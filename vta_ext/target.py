@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Optional, Tuple, Union
+from typing import Optional, Union
 
 import tvm
 from tvm import relax
 
 from .config import ConfigError, VTAConfig, available_configs, load_config
+from .host_kernels import shape_generic_host_kernels
 
 __all__ = ["TARGET_TAG", "register_target", "vta_target", "is_vta_target", "config_of_target"]
 
@@ -121,65 +122,6 @@ def stamp_host_target(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     return mod
 
 
-def _generic_transpose(ndim: int, axes: Tuple[int, ...], dtype: str) -> tvm.tirx.PrimFunc:
-    """A PrimFunc ``b = permute_dims(a, axes)`` for every shape of rank ``ndim`` (symbolic
-    extents, bound from ``a`` when called)."""
-    from tvm import te
-
-    shape = [tvm.tirx.Var(f"n{i}", "int64") for i in range(ndim)]
-    a = te.placeholder(shape, dtype, name="a")
-    where = [axes.index(d) for d in range(ndim)]     # output axis of each input axis
-    b = te.compute([shape[x] for x in axes],
-                   lambda *i: a[tuple(i[where[d]] for d in range(ndim))], name="b")
-    name = f"vta_host_transpose_{'_'.join(map(str, axes))}_{dtype}"
-    return te.create_prim_func([a, b]).with_attr("global_symbol", name)
-
-
-@tvm.transform.module_pass(opt_level=0, name="VTAShapeGenericTransposes")
-def shape_generic_transposes(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Make every ``relax.permute_dims`` of a statically shaped tensor a ``call_tir`` of one
-    shape-generic PrimFunc per (rank, axes, dtype).
-
-    TVM legalizes each ``permute_dims`` into a PrimFunc of its own static shape, and LLVM compiles
-    each one. The host relayouts around VTA operators permute many tensors that differ only in
-    their extents (DenseNet-121 at 112 under ``csp-relaxed``: 52 transposes of the growing concat
-    of a dense block, 6 distinct permutations), so a warm build spent most of its time in LLVM on
-    them. The generic function computes the same elements (an index permutation), so results are
-    unchanged; the host layout bytes the report counts are the same ops.
-    """
-    permute = tvm.ir.Op.get("relax.permute_dims")
-
-    @relax.expr_functor.mutator
-    class _Rewriter(relax.PyExprMutator):
-        def __init__(self, module):
-            super().__init__(module)
-            self.funcs: Dict[tuple, tvm.ir.GlobalVar] = {}
-
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if call.op != permute:
-                return call
-            ty = call.args[0].ty
-            if not isinstance(ty, relax.TensorType) or ty.shape is None \
-                    or not all(isinstance(s, tvm.tirx.IntImm) for s in ty.shape.values):
-                return call
-            ndim = ty.ndim
-            axes = (tuple(reversed(range(ndim))) if call.attrs.axes is None
-                    else tuple(int(a) for a in call.attrs.axes))
-            key = (ndim, axes, str(ty.dtype))
-            gv = self.funcs.get(key)
-            if gv is None:
-                func = _generic_transpose(*key)
-                gv = self.funcs[key] = self.builder_.add_func(func, str(func.attrs["global_symbol"]))
-            return relax.call_tir(gv, [call.args[0]], out_ty=call.ty)
-
-    rewriter = _Rewriter(mod)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
-
-
 def drop_unused_prim_funcs(keep) -> tvm.transform.Pass:
     """A pass that removes every PrimFunc no Relax function of the module refers to, except those
     named in ``keep`` (the input module's own). The PrimFuncs TVM's pipeline makes (legalized
@@ -234,7 +176,7 @@ def _dispatching(name: str):
             if is_vta_target(target):
                 own = [gv.name_hint for gv, f in mod.functions.items()
                        if isinstance(f, tvm.tirx.PrimFunc)]
-                return tvm.transform.Sequential([_vta_passes(target), shape_generic_transposes,
+                return tvm.transform.Sequential([_vta_passes(target), shape_generic_host_kernels,
                                                  inner,
                                                  drop_unused_prim_funcs(own),
                                                  stamp_host_target])(mod)
