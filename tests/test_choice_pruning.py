@@ -1,6 +1,7 @@
 """Exact pruning of the choice (:mod:`tvm_csp_embed.choice`): a candidate whose proven lower bound
 (:func:`~tvm_csp_embed.choice.cycles_bound` plus its host layout cycles) cannot beat the best
-timed one is not built.
+timed one is not built, nor is the stock template's plan when its bound
+(:func:`~tvm_csp_embed.choice.stock_cycles_bound` plus its host layout cycles) exceeds the best.
 
 For one-conv modules (int8 conv2d / group conv2d + bias, >> 8, clip) under ``csp-relaxed``, built
 with pruning and then exhaustively (``PRUNE_BY_BOUND = False``, with the choice and plan caches
@@ -10,7 +11,8 @@ emptied in between and the solver's embeddings kept), under the objectives ``end
 * both builds take the same plan: the same compiled operator (kind, embedding, epilogue, knobs),
   the same VTA cycles and end-to-end estimate, the same report text but for the sentence saying
   how many embeddings were timed and the runner-up it names;
-* the bound never exceeds the cycle model's count of any candidate the exhaustive build timed.
+* the bound never exceeds the cycle model's count of any candidate the exhaustive build timed,
+  nor the stock bound the count of the stock template's program.
 
 The default run takes a sample; ``pytest -m slow`` runs ResNet-18 C1-C11, MobileNet D1-D9 and the
 12 thin DeepBench layers (1 or 3 input channels).
@@ -26,6 +28,7 @@ from tvm import relax
 import vta_ext
 from tvm_csp_embed import choice
 from tvm_csp_embed.cache import cache_dir
+from vta_ext.executor import cycle_report, op_key
 
 pytestmark = pytest.mark.usefixtures("fresh_embedding_cache")
 
@@ -48,6 +51,8 @@ SAMPLE = ("C11", "D9", "DB6")
 #: the sentence of the choice that depends on how many candidates were built, and the runner-up
 _TIMED = re.compile(r"\d+ of \d+ embedding\(s\) timed by the cycle model [^;]*")
 _NEXT = re.compile(r"; next [^;]*")
+#: the stock template's score, or the sentence saying why its plan was not built
+_STOCK = re.compile(r"; (stock template: |the stock template's plan not built)[^;]*")
 
 
 def _build(mod, exhaustive: bool, objective: str, monkeypatch):
@@ -59,7 +64,7 @@ def _build(mod, exhaustive: bool, objective: str, monkeypatch):
 
     def spy(kind, strategy, mode, config, base, layouts, usable, op, options, contender):
         out = inner(kind, strategy, mode, config, base, layouts, usable, op, options, contender)
-        seen.append((config, kind, op, list(usable)))
+        seen.append((config, kind, op, list(usable), strategy, contender))
         return out
     with monkeypatch.context() as m:
         m.setattr(choice, "PRUNE_BY_BOUND", not exhaustive)
@@ -77,18 +82,23 @@ def _case(layer: str, objective: str, monkeypatch):
     assert pruned.vta_keys == full.vta_keys
     assert pruned.vta_cycles == full.vta_cycles
     assert pruned.end_to_end_cycles == full.end_to_end_cycles
-    strip = lambda text: _NEXT.sub("", _TIMED.sub("", text))  # noqa: E731
+    strip = lambda text: _STOCK.sub("", _NEXT.sub("", _TIMED.sub("", text)))  # noqa: E731
     assert [(p.op, p.device, strip(p.detail)) for p in pruned.placements] == \
         [(p.op, p.device, strip(p.detail)) for p in full.placements]
     timed = 0
-    for config, kind, op, usable in seen_f:
+    for config, kind, op, usable, strategy, contender in seen_f:
         for c in usable:
             if c.cycles is not None:
                 timed += 1
                 assert choice.cycles_bound(config, kind, op, c.packed) <= c.cycles, (layer, c.label)
+        if contender is not None:
+            plan, scw, knobs = contender
+            key = op_key(kind, strategy, config, scw, op.epilogue, knobs)
+            assert choice.stock_cycles_bound(config, kind, op, plan) <= \
+                cycle_report(key).total_cycles, (layer, "stock")
     assert timed, f"{layer}: no candidate was timed"
     def built(seen):
-        return sum(c.cycles is not None for *_, usable in seen for c in usable)
+        return sum(c.cycles is not None for *_, usable, _, _ in seen for c in usable)
     return built(seen_p), built(seen_f)
 
 
@@ -109,3 +119,13 @@ def test_bound_prunes_something(monkeypatch):
     above the NCHW embedding's score, so the pruned build times fewer candidates."""
     built_pruned, built_full = _case("C11", "end-to-end", monkeypatch)
     assert built_pruned < built_full
+
+
+def test_stock_bound_skips_the_stock_plan_of_a_thin_layer(monkeypatch):
+    """DB6 (one input channel): the stock template pads the channel to a whole block, so its
+    micro-op bound is above the best embedding's score and its plan is not built; the choice is
+    the exhaustive one (``_case``)."""
+    _case("DB6", "end-to-end", monkeypatch)
+    report, seen = _build(_module(*LAYERS["DB6"]), False, "end-to-end", monkeypatch)
+    assert [c for *_, c in seen] and all(c is not None for *_, c in seen)
+    assert any("the stock template's plan not built" in p.detail for p in report.placements)

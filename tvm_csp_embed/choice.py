@@ -292,19 +292,50 @@ def cycles_bound(config, kind: str, op: MatchedOp, pg: PackedGemm) -> float:
     (the floor's ALU part, :func:`vta_ext.floor.operator_floor`, of the epilogue the build
     runs, :func:`~vta_ext.templates.epilogue.simplify_epilogue`).
     """
+    return pg.embedding.instruction_count * config.GEMM_CYCLES_PER_UOP + _alu_bound(config, kind, op)
+
+
+def _alu_bound(config, kind: str, op: MatchedOp) -> float:
+    """The ALU cycles every program for ``op`` spends at least: the floor's ALU part
+    (:func:`vta_ext.floor.operator_floor`) of the epilogue the build runs; 0 for a kind without
+    a GEMM floor."""
     import math
 
     from vta_ext.floor import GEMM_KINDS, OperatorSize, operator_floor
     from vta_ext.quantize import call_macs
     from vta_ext.templates.epilogue import normalize_epilogue, simplify_epilogue
 
-    gemm = pg.embedding.instruction_count * config.GEMM_CYCLES_PER_UOP
     macs = call_macs(op.core)
     if kind not in GEMM_KINDS or macs <= 0:
-        return gemm
+        return 0
     size = OperatorSize(kind, macs, math.prod(_shape(op.core)), 0,
                         epilogue=simplify_epilogue(normalize_epilogue(op.epilogue)))
-    return gemm + operator_floor(config, size).compute_alu
+    return operator_floor(config, size).compute_alu
+
+
+def stock_cycles_bound(config, kind: str, op: MatchedOp, plan) -> Optional[float]:
+    """A lower bound on the cycle model's count of the stock template's program for ``op``
+    (``plan``, :meth:`vta_ext.OpTemplate.plan`), known before it is built; None for a template
+    whose micro-op count this does not know.
+
+    The stock conv2d, group conv2d and dense templates run every micro-op of their (channel
+    padded) workload exactly once, whatever the tiling: ``batch/BATCH * out_channels/BLOCK_OUT *
+    in_channels/groups/BLOCK_IN * out_height * out_width * kernel_h * kernel_w`` GEMM micro-ops
+    (rounded down), each at ``GEMM_CYCLES_PER_UOP`` on the compute module, plus the ALU floor of
+    the epilogue, as in :func:`cycles_bound`.
+    """
+    from vta_ext.templates.workload import (Conv2dWorkload, DenseWorkload, dense_as_conv2d,
+                                            groups_of)
+
+    wl = plan.workload
+    if isinstance(wl, DenseWorkload):
+        wl = dense_as_conv2d(wl)
+    if not isinstance(wl, Conv2dWorkload):
+        return None
+    uops = ((wl.batch // config.BATCH) * (wl.out_channels // config.BLOCK_OUT)
+            * (wl.in_channels // groups_of(wl) // config.BLOCK_IN)
+            * wl.out_height * wl.out_width * wl.kernel_h * wl.kernel_w)
+    return uops * config.GEMM_CYCLES_PER_UOP + _alu_bound(config, kind, op)
 
 
 def choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: List[Candidate],
@@ -429,7 +460,18 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                       f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)"
                       + (f", {len(skipped)} more not built: a lower bound on their score exceeds "
                          f"the best" if skipped else ""))
-        stock = time_stock(kind, strategy, config, op, contender, objective, dropped)
+        stock, stock_skip = None, None
+        if PRUNE_BY_BOUND and objective in ("cycles", "end-to-end") and contender is not None:
+            bound = stock_cycles_bound(config, kind, op, contender[0])
+            if bound is not None and objective == "end-to-end":
+                bound += host.layout_cycles(stock_host_bytes(op, contender[0]))
+            if bound is not None and bound > slack * score(best):
+                stock_skip = bound      # it could be neither the fastest nor within the slack
+        if stock_skip is None:
+            stock = time_stock(kind, strategy, config, op, contender, objective, dropped)
+        else:
+            timed_text += (f"; the stock template's plan not built: a lower bound on its score, "
+                           f"{stock_skip:,.0f}, exceeds the best")
         if objective == "end-to-end" and contender is None and stock_refuses(kind, op, config):
             from vta_ext.quantize import call_macs
 
@@ -528,6 +570,11 @@ def time_stock(kind: str, strategy: str, config, op: MatchedOp, contender, objec
         return None
     host = (stock_host_relayout_seconds(kind, op, config, plan)
             if objective == "combined" else None)
-    return _StockTiming(cycle_report(k).total_cycles, host,
-                        plan_host_bytes(op, plan.in_layout, plan.out_layout, plan.out_layout)
-                        + operand_pack_bytes(op, plan.inputs))
+    return _StockTiming(cycle_report(k).total_cycles, host, stock_host_bytes(op, plan))
+
+
+def stock_host_bytes(op: MatchedOp, plan) -> int:
+    """Host layout bytes per inference of the stock template's ``plan`` for ``op``: its
+    activation's packing and output's unpacking, and the operands it packs at run time."""
+    return (plan_host_bytes(op, plan.in_layout, plan.out_layout, plan.out_layout)
+            + operand_pack_bytes(op, plan.inputs))
