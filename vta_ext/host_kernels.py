@@ -11,8 +11,9 @@ offsets) costs LLVM more than the static ones it replaces, and the concats of a 
 share an arity (DenseNet-121: 16 concats of 2 to 17 inputs; its CPU build time grew by 1 s).
 
 :func:`shape_generic_host_kernels` rewrites each such call on statically shaped tensors into a
-``call_tir`` of one PrimFunc per (operator, rank, attributes, dtypes) whose extents are symbolic
-(bound from the arguments when called). Every output element is the same input element (or pad
+``call_tir`` of one PrimFunc per (operator, rank, attributes, dtype) whose extents are symbolic
+(bound from the arguments when called), where the module has that kind of copy on at least
+:data:`SHARED_SHAPES` shapes. Every output element is the same input element (or pad
 value) as the legalized operator's, so results are unchanged, and the report's host layout
 counts, made by the offload pass before this one, are unchanged too.
 """
@@ -23,7 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import tvm
 from tvm import relax, te
 
-__all__ = ["shape_generic_host_kernels"]
+__all__ = ["shape_generic_host_kernels", "SHARED_SHAPES"]
 
 
 def _static(ty) -> bool:
@@ -98,11 +99,48 @@ _KERNELS: Dict[str, Tuple[Callable, Callable]] = {
 }
 
 
+#: a kind of copy gets a shape-generic function only when the module has it on at least this
+#: many distinct shapes: a generic function costs LLVM about twice a static one (symbolic index
+#: arithmetic), so sharing one among two shapes saves nothing. RegNetX-1.6GF at 224 has only
+#: permutations of one shape each; rewriting them all made its warm build 0.5 s slower.
+SHARED_SHAPES = 3
+
+
 @tvm.transform.module_pass(opt_level=0, name="VTAShapeGenericHostKernels")
 def shape_generic_host_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """Make every ``permute_dims`` and constant ``pad`` of statically shaped tensors a
-    ``call_tir`` of one shape-generic PrimFunc per (operator, rank, attributes, dtypes)."""
+    ``call_tir`` of one shape-generic PrimFunc per (operator, rank, attributes, dtype), for the
+    kinds the module has on at least :data:`SHARED_SHAPES` distinct shapes."""
     ops = {tvm.ir.Op.get(name): entry for name, entry in _KERNELS.items()}
+
+    def kind_of(call):
+        entry = ops.get(call.op) if isinstance(call.op, tvm.ir.Op) else None
+        if entry is None or not _static(call.ty):
+            return None, None
+        found = entry[0](call)
+        return (entry, found) if found is not None else (None, None)
+
+    @relax.expr_functor.visitor
+    class _Counter(relax.PyExprVisitor):
+        def __init__(self):
+            super().__init__()
+            self.shapes: Dict[tuple, set] = {}
+
+        def visit_call_(self, call):
+            super().visit_call_(call)
+            _, found = kind_of(call)
+            if found is not None:
+                key, args = found
+                self.shapes.setdefault(key, set()).add(
+                    tuple(tuple(int(v) for v in a.ty.shape.values) for a in args))
+
+    counter = _Counter()
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            counter.visit_expr(func)
+    shared = {key for key, shapes in counter.shapes.items() if len(shapes) >= SHARED_SHAPES}
+    if not shared:
+        return mod
 
     @relax.expr_functor.mutator
     class _Rewriter(relax.PyExprMutator):
@@ -112,11 +150,8 @@ def shape_generic_host_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            entry = ops.get(call.op) if isinstance(call.op, tvm.ir.Op) else None
-            if entry is None or not _static(call.ty):
-                return call
-            found = entry[0](call)
-            if found is None:
+            entry, found = kind_of(call)
+            if found is None or found[0] not in shared:
                 return call
             key, args = found
             gv = self.funcs.get(key)
