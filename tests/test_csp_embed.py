@@ -178,6 +178,25 @@ def test_without_rect_lattices_are_found_and_proven_but_not_tiled():
     assert non_rect >= 1
 
 
+
+def test_a_factor_that_does_not_tile_its_extent_is_an_embedding_error():
+    """Without ``rect``, a 2x2x2 GEMM in a 2x4x4 matmul has solutions whose walk strides (3) do not
+    tile the extents: decoding one says which tensor, dim, size and stride, as an
+    :class:`EmbeddingError` (it was a numpy reshape error); the others are proven embeddings."""
+    from tvm_csp_embed.embedding import EmbeddingError, decode
+
+    wl, instr = matmul(2, 4, 4), gemm((1, 2, 2))
+    r = solve(wl, instr, "relaxed", disable=("rect",), solutions=20)
+    assert r.status == "ok"
+    refused = 0
+    for s in r.solutions:
+        try:
+            prove([decode(s, wl, instr)])
+        except EmbeddingError as e:
+            assert "does not tile its extent" in str(e) and "not a hyper-rectangle" in str(e)
+            refused += 1
+    assert 0 < refused < len(r.solutions)
+
 def test_pooling_like_max_reduction_is_rejected():
     tvm = pytest.importorskip("tvm")
     from tvm import te

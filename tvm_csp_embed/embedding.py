@@ -316,7 +316,12 @@ def _relayout(wl: Workload, instr: InstructionGraph, t: TensorAccess, op: str, a
         if lab[0] == "i" and lab[1] in walked:
             d = lab[1]
             f, _ = walked[d]
-            tiles = n // (f.size * f.stride)
+            tiles, left = divmod(n, f.size * f.stride)
+            if left or not tiles:
+                raise EmbeddingError(
+                    f"{t.name}: the factor of dim {wl.dims[d]!r} (size {f.size}, stride "
+                    f"{f.stride}) does not tile its extent {n}; not a hyper-rectangle (solve with "
+                    "the 'rect' constraint)")
             steps.append(RelayoutStep("split", {"dim": wl.dims[d], "into": (tiles, f.size, f.stride)}))
             final_labels += [("tile", d)]
             final_shape += [tiles]
