@@ -219,15 +219,27 @@ def test_csp_relaxed_never_slower_than_stock():
     _, report2, (key2,) = _build_run(mod, arrays, strategy="csp-relaxed", layout="NHWC")
     assert key2 == key and report2.on_vta[0].detail == detail
     # where an embedding is faster, it is chosen and the report names the stock figure it beat
-    mod = _conv_module(1, 3, 12, 12, 16, 3, 3, (1, 1), (1, 1))
-    arrays = _inputs([(1, 3, 12, 12), (16, 3, 3, 3), (1, 16, 1, 1)])
+    # (the default objective, end-to-end: the stock plan's VTA cycles and its host bytes)
+    mod = _conv_module(1, 8, 12, 12, 16, 3, 3, (1, 1), (1, 1))
+    arrays = _inputs([(1, 8, 12, 12), (16, 8, 3, 3), (1, 16, 1, 1)])
     _, _, (stock_key,) = _build_run(mod, arrays, strategy="stock")
     _, report, (key,) = _build_run(mod, arrays, strategy="csp-relaxed")
     assert cycle_report(key).total_cycles < cycle_report(stock_key).total_cycles
-    # (the default objective, end-to-end, names the stock plan's VTA cycles and its host bytes)
     assert re.search(rf"stock template: [\d,]+ cycles end to end \("
                      rf"{cycle_report(stock_key).total_cycles:,} VTA \+ [\d,]+ B host layout\)",
                      report.on_vta[0].detail), report.on_vta[0].detail
+    # a thin conv: the stock plan pads 3 channels to 16, so a lower bound on its score exceeds the
+    # best embedding's and it is not built; the bound is below what the stock build really costs
+    mod = _conv_module(1, 3, 12, 12, 16, 3, 3, (1, 1), (1, 1))
+    arrays = _inputs([(1, 3, 12, 12), (16, 3, 3, 3), (1, 16, 1, 1)])
+    _, stock_report, (stock_key,) = _build_run(mod, arrays, strategy="stock")
+    _, report, (key,) = _build_run(mod, arrays, strategy="csp-relaxed")
+    assert cycle_report(key).total_cycles < cycle_report(stock_key).total_cycles
+    m = re.search(r"the stock template's plan not built: a lower bound on its score, ([\d,]+), "
+                  r"exceeds the best", report.on_vta[0].detail)
+    assert m, report.on_vta[0].detail
+    bound = int(m.group(1).replace(",", ""))
+    assert report.end_to_end_cycles < bound <= stock_report.end_to_end_cycles
 
 
 def test_solver_timeout_keeps_stock_and_says_so(monkeypatch, tmp_path):
