@@ -13,6 +13,11 @@ best ratio any plan can reach against this stock under the floor's definition.
 ``--objective cycles`` ranks csp-relaxed's embeddings by VTA cycles alone instead of the default
 end-to-end estimate (which adds the host layout traffic).
 
+``--bind constants`` (the default) binds each layer's weights and bias as Relax constants (seeded
+int8 weights, an int32 bias in ``tune_figures.DEEPBENCH_BIAS_RANGE``), as a frontend binds a
+quantised network's parameters, for both strategies; ``--bind params`` passes them as function
+parameters (runtime data: no build-time relayout of the weights, no bias fold).
+
 Writes ``--csv`` (one row per layer), a PNG next to it (the compute module's parts per layer,
 against the floor) and prints a markdown table.
 
@@ -67,9 +72,10 @@ def compute_parts(program) -> Dict[str, int]:
     return {p: parts.get(p, 0) for p in PARTS}
 
 
-def measure(row, config: str, objective: str) -> Dict:
+def measure(row, config: str, objective: str, constants: bool = True) -> Dict:
     """The figures of one DeepBench layer (its CSV row) on ``config``: see the module docstring;
-    csp-relaxed ranks its embeddings by ``objective`` (``vta_ext.build_options``)."""
+    csp-relaxed ranks its embeddings by ``objective`` (``vta_ext.build_options``); ``constants``
+    binds the weights and the bias as constants (``tune_figures.deepbench_module``)."""
     import tune_figures as tf
     import vta_ext
     from efficiency import measure as build_measure
@@ -78,7 +84,7 @@ def measure(row, config: str, objective: str) -> Dict:
     out = {"case": f"DB{row['id']}"}
     for strategy in ("stock", "csp-relaxed"):
         options = {"objective": objective} if strategy == "csp-relaxed" else {}
-        m = build_measure(tf.deepbench_module(row, "bias-shift-clip"), config, strategy, **options)
+        m = build_measure(tf.deepbench_module(row, "bias-shift-clip", constants), config, strategy, **options)
         out[strategy.replace("-", "_")] = m["cycles"]
         if strategy == "csp-relaxed":
             report = vta_ext.last_build_report()
@@ -126,6 +132,9 @@ def main(argv=None) -> int:
     ap.add_argument("--objective", default="end-to-end",
                     help="csp-relaxed's embedding ranking (vta_ext.build_options; default the "
                          "default build option, end-to-end; 'cycles' ranks by VTA cycles only)")
+    ap.add_argument("--bind", choices=("constants", "params"), default="constants",
+                    help="weights and bias bound as Relax constants (default, as a quantised network "
+                         "binds them) or passed as function parameters (runtime data)")
     ap.add_argument("--only", nargs="*", type=int, default=None, help="DeepBench ids (default: all 12)")
     args = ap.parse_args(argv)
     import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
@@ -133,7 +142,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     layers = [r for r in thin_layers() if not args.only or int(r["id"]) in args.only]
-    rows = [measure(r, args.config, args.objective) for r in tqdm(layers, desc="thin layers", unit="layer")]
+    rows = [measure(r, args.config, args.objective, args.bind == "constants") for r in tqdm(layers, desc="thin layers", unit="layer")]
     path = Path(args.csv)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:

@@ -440,9 +440,21 @@ THIN = (0, 1, 2, 6, 10, 15, 21, 27, 34, 59, 67, 107)
 DEEPBENCH_EPILOGUES = ("bias-shift-clip", "none")
 
 
-def deepbench_module(row, epilogue: str = "bias-shift-clip"):
+#: the range the bound bias of ``deepbench_module(..., constants=True)`` is drawn from: int32
+#: values of the accumulator's scale (a 5x5 filter of int8 products reaches a few thousand)
+DEEPBENCH_BIAS_RANGE = (-(1 << 13), 1 << 13)
+
+
+def deepbench_module(row, epilogue: str = "bias-shift-clip", constants: bool = False):
     """A one-conv Relax module of a DeepBench row: int8 conv2d + bias, >> 6, clip, int8; with
-    ``epilogue="none"`` the int32 conv2d cast to int8."""
+    ``epilogue="none"`` the int32 conv2d cast to int8.
+
+    With ``constants=False`` the weights and the bias are function parameters (runtime data);
+    with ``constants=True`` they are bound as ``relax.const`` (seeded by the row id: int8 weights,
+    an int32 bias in :data:`DEEPBENCH_BIAS_RANGE`), as a frontend binds a quantised network's
+    parameters, so that a strategy may relayout them (and fold the bias) at build time.
+    """
+    import numpy as np
     from tvm import relax
 
     if epilogue not in DEEPBENCH_EPILOGUES:
@@ -451,9 +463,16 @@ def deepbench_module(row, epilogue: str = "bias-shift-clip"):
     n, c, h, w, k = g("n"), g("c"), g("h"), g("w"), g("k")
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((n, c, h, w), "int8"))
-    wt = relax.Var("w", relax.TensorType((k, c, g("filter_h"), g("filter_w")), "int8"))
-    b = relax.Var("b", relax.TensorType((1, k, 1, 1), "int32"))
-    params = [x, wt] + ([b] if epilogue != "none" else [])
+    wshape = (k, c, g("filter_h"), g("filter_w"))
+    if constants:
+        rng = np.random.default_rng(g("id"))
+        wt = relax.const(rng.integers(-128, 128, wshape, dtype=np.int8), "int8")
+        b = relax.const(rng.integers(*DEEPBENCH_BIAS_RANGE, (1, k, 1, 1), dtype=np.int32), "int32")
+        params = [x]
+    else:
+        wt = relax.Var("w", relax.TensorType(wshape, "int8"))
+        b = relax.Var("b", relax.TensorType((1, k, 1, 1), "int32"))
+        params = [x, wt] + ([b] if epilogue != "none" else [])
     with bb.function("main", params):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, wt, strides=(g("hstride"), g("wstride")),
