@@ -29,7 +29,8 @@ from .workload import FUSED_CONV_VARIANTS, conv2d, conv2d_fused, dense, group_co
 
 __all__ = ["MODES", "STRATEGY_NAMES", "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "CONV_LAYOUTS",
            "CspWorkload", "Candidate", "operator_workload", "fused_variants", "packed_of",
-           "stock_mapping_cost", "solve_request", "candidates"]
+           "stock_mapping_cost", "solve_request", "candidates", "bias_signature", "fold_candidate",
+           "program_epilogue", "operand_layouts", "packed_inputs"]
 
 #: strategy name -> constraint set of the solver
 MODES = {"csp-strict": "strict", "csp-relaxed": "relaxed"}
@@ -68,6 +69,11 @@ class CspWorkload:
         The solver's structural solution (:class:`~tvm_csp_embed.solve.RawSolution`).
     stock : tuple of (str, int)
         Non-empty when the operator fell back to the stock template: its workload's fields.
+    bias_lanes : int
+        Spare reduction lanes the operator's constant bias is folded into
+        (:mod:`~tvm_csp_embed.codegen.biasfold`): the program runs the epilogue without its bias
+        stage and the host layouts write the lane constants and digits; 0: the bias (if any)
+        stays on the ALU.
     """
 
     op: str
@@ -79,6 +85,7 @@ class CspWorkload:
     bit_steps: Tuple[int, ...] = ()
     pad: Tuple[int, ...] = ()
     stock: Tuple[Tuple[str, Any], ...] = ()
+    bias_lanes: int = 0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -234,6 +241,8 @@ class Candidate:
     host_bytes: int = 0
     footprint: int = 0
     refused: str = ""
+    #: the bias fold's sentence for the build report (:func:`fold_candidate`), "" without a bias
+    bias_note: str = ""
 
     @property
     def label(self) -> str:
@@ -314,26 +323,83 @@ def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epi
     return out, notes
 
 
+def bias_signature(op) -> Any:
+    """What the bias fold decision of ``op`` depends on besides its packed program, as the
+    caches key it: None without a bias stage, ``"runtime"`` for a bias that is not a constant,
+    else the bias's range and whether the weights are constants."""
+    import tvm
+
+    from vta_ext.templates.epilogue import has_bias, normalize_epilogue
+
+    if not has_bias(normalize_epilogue(op.epilogue)) or op.bias is None:
+        return None
+    if not isinstance(op.bias, tvm.ir.expr.Constant):
+        return "runtime"
+    b = op.bias.value.numpy()
+    return ["const", int(b.min()), int(b.max()), isinstance(op.operands[1], tvm.ir.expr.Constant)]
+
+
+def fold_candidate(op, cand: Candidate, kind: str) -> Candidate:
+    """``cand`` with the bias fold decided for ``op`` (:func:`~.codegen.biasfold.fold_decision`):
+    its workload's ``bias_lanes`` and its ``bias_note`` set (``csp-strict`` never folds)."""
+    import tvm
+
+    from .codegen.biasfold import fold_decision
+
+    bias = op.bias.value.numpy() if isinstance(op.bias, tvm.ir.expr.Constant) else None
+    lanes, note = fold_decision(cand.packed, kind, op.epilogue, bias,
+                                isinstance(op.operands[1], tvm.ir.expr.Constant),
+                                strict=cand.workload.mode == "strict")
+    cand.workload = dataclasses.replace(cand.workload, bias_lanes=lanes)
+    cand.bias_note = note
+    return cand
+
+
+def program_epilogue(cw: CspWorkload, epilogue) -> Tuple[tuple, ...]:
+    """The epilogue the program of ``cw`` runs: ``epilogue`` without its bias stage when the bias
+    is folded (``cw.bias_lanes``, :func:`~.codegen.biasfold.fold_epilogue`)."""
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    from .codegen.biasfold import fold_epilogue
+
+    return fold_epilogue(epilogue) if cw.bias_lanes else normalize_epilogue(epilogue)
+
+
+def operand_layouts(op, cand: Candidate) -> Dict[str, Any]:
+    """Tensor name -> host layout of the data and weight operands of ``cand`` for ``op``: the
+    packed program's own, or with the bias folded in (:func:`~.codegen.biasfold.fold_layouts`)
+    when ``cand.workload.bias_lanes``."""
+    pg = cand.packed
+    if cand.workload.bias_lanes:
+        from .codegen.biasfold import fold_layouts
+
+        return fold_layouts(pg, op.bias.value.numpy())
+    return {pg.operands[r].tensor: pg.operands[r].host for r in "AB"}
+
+
 def packed_inputs(op, cand: Candidate):
     """``inputs(packer)`` of the plan of ``cand`` for the matched operator ``op``
     (:class:`vta_ext.strategy.OpPlan`): packs the activation (or takes it over from the previous
     VTA operator), the weight and the bias into the candidate's layouts and returns the VTA call's
-    packed arguments in the program's order (A, B, bias)."""
+    packed arguments in the program's order (A, B, bias). A folded bias (``bias_lanes``) is no
+    argument: the data and weight layouts write it in (:func:`operand_layouts`), and the data is
+    always packed from the operator's tensor (a hand-over would miss the lane constants)."""
     pg = cand.packed
     A, B = pg.operands["A"], pg.operands["B"]
-    by_tensor = {A.tensor: A, B.tensor: B}
+    layouts = operand_layouts(op, cand)
+    folded = bool(cand.workload.bias_lanes)
     data_name, weight_name = (t.name for t in cand.embedding.workload.inputs)
 
     def inputs(packer):
         args = {}
         for name, expr in ((data_name, op.operands[0]), (weight_name, op.operands[1])):
-            operand = by_tensor[name]
-            kept = packer.handover(expr, operand.host)
-            args[name] = kept if kept is not None else operand.host.pack(packer, expr)
+            layout = layouts[name]
+            kept = None if folded else packer.handover(expr, layout)
+            args[name] = kept if kept is not None else layout.pack(packer, expr)
             if name == data_name:
                 packer.note_kept(kept is not None)
         out = [args[A.tensor], args[B.tensor]]
-        if op.bias is not None:
+        if op.bias is not None and not folded:
             out.append(pg.bias_layout(_shape(op.bias)).pack(packer, op.bias))
         return out
 

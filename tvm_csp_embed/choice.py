@@ -26,7 +26,8 @@ from vta_ext.errors import TemplateRefusal
 from vta_ext.strategy import MatchedOp, OpPlan, get_template
 
 from .cache import _write, cache_dir
-from .candidates import DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape, packed_inputs
+from .candidates import (DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape, bias_signature,
+                         operand_layouts, packed_inputs)
 from .codegen.plan import PackedGemm
 
 __all__ = ["CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK", "STOCK", "CPU",
@@ -74,11 +75,12 @@ def _layout_key(layout) -> Any:
 
 
 def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, epilogue, knobs,
-                stock=None, producer=None) -> str:
+                stock=None, producer=None, bias=None) -> str:
     """The choice cache's key: the operator, the constraint set, the layouts, the objective, the
     epilogue, the knobs of every candidate, the ranking parameters, the configuration's value,
-    the stock contender (its workload and knobs, or None when it is not compared) and the packed
-    layout the input comes in from a previous VTA operator (layout agreement).
+    the stock contender (its workload and knobs, or None when it is not compared), the packed
+    layout the input comes in from a previous VTA operator (layout agreement) and what the bias
+    fold depends on (:func:`~.candidates.bias_signature`).
 
     The epilogue enters as its shape (:func:`~vta_ext.templates.epilogue.epilogue_shape`): the
     programs of two epilogues of one shape time the same, so operators that differ only in their
@@ -86,7 +88,7 @@ def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, e
     from vta_ext.executor import config_digest
     from vta_ext.templates.epilogue import epilogue_shape
 
-    text = json.dumps({"v": 8, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
+    text = json.dumps({"v": 9, "bias": bias, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
                        "agree": [AGREEMENT_SLACK, _layout_key(producer)],
                        "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
                        "objective": objective, "epilogue": epilogue_shape(config, epilogue),
@@ -373,7 +375,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
              for c in usable}
     key = _choice_key(config, base, mode, layouts, objective_key(options), op.epilogue,
                       [knobs[c.workload] for c in usable], _contender_key(contender),
-                      op.input_layout)
+                      op.input_layout, bias_signature(op))
     path = cache_dir() / "choices" / f"{key}.json"
     if path.exists():
         try:
@@ -416,8 +418,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
             if len(timed) == CYCLE_RANKED or (timed and c.estimate > RANK_FACTOR * first):
                 break
             data = c.embedding.workload.inputs[0].name
-            act = next(o.host for o in (c.packed.operands["A"], c.packed.operands["B"])
-                       if o.tensor == data)
+            act = operand_layouts(op, c)[data]   # with the lane constants of a folded bias
             c.host_bytes = (plan_host_bytes(op, act, c.packed.operands["C"].host, stock_out)
                             + operand_pack_bytes(op, packed_inputs(op, c)))
             if prune and timed:
@@ -534,8 +535,7 @@ def agree(op: MatchedOp, ranked: List[Candidate], stock, contender, score, unit)
                         points(contender[0].in_layout, contender[0].out_layout), stock))
     for i, c in enumerate(ranked):
         pg = c.packed
-        data = c.embedding.workload.inputs[0].name
-        host = next(o.host for o in (pg.operands["A"], pg.operands["B"]) if o.tensor == data)
+        host = operand_layouts(op, c)[c.embedding.workload.inputs[0].name]
         entries.append((score(c), i + 1, c, c.label, points(host, pg.operands["C"].host), c))
     entries.sort(key=lambda e: (e[0], e[1]))
     fastest = entries[0]

@@ -18,11 +18,31 @@ import numpy as np
 from vta_ext.strategy import get_template
 
 from .candidates import STRATEGY_NAMES, operator_workload, packed_of
+from .codegen.biasfold import fold_layouts, fold_range
 from .operators import OPERATOR_KINDS
 from .reference import (apply_epilogue, conv_reference, int8_tensor, reference_for, register_reference,
                         vector_tensors)
 
 __all__ = ["gemm_reference", "new_op_reference"]
+
+
+def _packed_inputs(cw, pg, tensors, epilogue, rng, bias_shape):
+    """``(packed inputs of the program, {vector stage: operator tensor})``: the data and weight
+    tensors in the embedding's host layouts, then the epilogue's vector tensors in the bias
+    layout; a folded bias (``cw.bias_lanes``) is drawn within the range its lanes hold and written
+    into the data and weight layouts instead (:func:`~.codegen.biasfold.fold_layouts`)."""
+    def draw(lo, hi):
+        if cw.bias_lanes:
+            flo, fhi = fold_range(cw.bias_lanes)
+            lo, hi = max(lo, flo), min(hi, fhi + 1)
+        return rng.integers(lo, hi, bias_shape).astype(np.int32)
+    vec = vector_tensors(epilogue, rng, draw)
+    layouts = ({pg.operands[r].tensor: pg.operands[r].host for r in "AB"} if not cw.bias_lanes
+               else fold_layouts(pg, vec["bias"]))
+    inputs = [layouts[pg.operands[r].tensor].pack_numpy(tensors[pg.operands[r].tensor]) for r in "AB"]
+    inputs += [pg.bias_layout(bias_shape).pack_numpy(v) for kind, v in vec.items()
+               if not (cw.bias_lanes and kind == "bias")]
+    return inputs, vec
 
 
 def gemm_reference(config, wl, epilogue, rng):
@@ -49,12 +69,7 @@ def gemm_reference(config, wl, epilogue, rng):
         x, w = int8_tensor(rng, (p["n"], p["k"])), int8_tensor(rng, (p["m"], p["k"]))
         acc = x.astype(np.int64) @ w.astype(np.int64).T
         bias_shape = (p["m"],)
-    tensors = {data_name: x, weight_name: w}
-    inputs = [pg.operands[role].host.pack_numpy(tensors[pg.operands[role].tensor])
-              for role in "AB"]
-    vec = vector_tensors(epilogue, rng, lambda lo, hi: rng.integers(lo, hi, bias_shape).astype(np.int32))
-    for v in vec.values():
-        inputs.append(pg.bias_layout(bias_shape).pack_numpy(v))
+    inputs, vec = _packed_inputs(wl, pg, {data_name: x, weight_name: w}, epilogue, rng, bias_shape)
     vec = {k: v.astype(np.int64) if wl.op != "dense" else v.astype(np.int64).reshape(1, -1)
            for k, v in vec.items()}
     return (inputs, apply_epilogue(acc, epilogue, vec.get("bias"), vec.get("mulv")),
@@ -84,10 +99,7 @@ def new_op_reference(config, cw, epilogue, rng):
         acc = conv_reference(x, w, ((p["pt"], p["pb"]), (p["pl"], p["pr"])), (p["sh"], p["sw"]),
                              (p["dh"], p["dw"]))
         bias_shape = (1, p["k"], 1, 1)
-    tensors = {"data": x, "weight": w}
-    inputs = [pg.operands[role].host.pack_numpy(tensors[pg.operands[role].tensor]) for role in "AB"]
-    vec = vector_tensors(epilogue, rng, lambda lo, hi: rng.integers(lo, hi, bias_shape).astype(np.int32))
-    inputs += [pg.bias_layout(bias_shape).pack_numpy(v) for v in vec.values()]
+    inputs, vec = _packed_inputs(cw, pg, {"data": x, "weight": w}, epilogue, rng, bias_shape)
     vec = {k: v.astype(np.int64) for k, v in vec.items()}
     return (inputs, apply_epilogue(acc, epilogue, vec.get("bias"), vec.get("mulv")),
             pg.operands["C"].host.unpack_numpy)

@@ -53,9 +53,9 @@ from vta_ext.timing import phase
 
 from .cache import solve_concurrently
 from .candidates import (CONV_LAYOUTS, DEFAULT_SOLUTIONS, DEFAULT_TIMEOUT, MODES, STRATEGY_NAMES,
-                         Candidate, CspWorkload, _conv_params, _packed, _shape, candidates,  # noqa: F401
-                         fused_variants, operator_workload, packed_inputs, packed_of, solve_request,
-                         stock_mapping_cost)
+                         Candidate, CspWorkload, _conv_params, _packed, _shape, bias_signature,  # noqa: F401
+                         candidates, fold_candidate, fused_variants, operator_workload, packed_inputs,
+                         packed_of, program_epilogue, solve_request, stock_mapping_cost)
 from .choice import (AGREEMENT_SLACK, CPU, CYCLE_RANKED, RANK_FACTOR, STOCK, STOCK_COMPARED,
                      _choice_key, _contender_key, blocked_output, choose, host_relayout_seconds,
                      objective_key, plan_host_bytes)
@@ -155,7 +155,7 @@ class CspGemmTemplate(OpTemplate):
                                       statuses=statuses)
         except SolverError as err:
             return self._stock(op, config, f"the solver failed: {err}")  # not cached: may pass later
-        usable = [c for c in cands if not c.refused]
+        usable = [fold_candidate(op, c, self.kind) for c in cands if not c.refused]
         if not usable:
             why = "; ".join(notes + [f"{c.label}: {c.refused}" for c in cands]) or "no embedding"
             if cache is not None and "timeout" not in statuses.values():  # a timeout may pass later
@@ -177,7 +177,7 @@ class CspGemmTemplate(OpTemplate):
             raise TemplateRefusal(f"{self.strategy}: {why}")
         if cache is not None:
             policy = options.knobs_for(self.kind, self.strategy, best.workload, config)[0]
-            point = (_SEARCHES[policy](config, best.packed, op.epilogue)
+            point = (_SEARCHES[policy](config, best.packed, program_epilogue(best.workload, op.epilogue))
                      if isinstance(policy, str) and policy in _SEARCHES else None)
             cache.store({"plan": "embedding", "why": why, "workload": dataclasses.asdict(best.workload),
                          "usable": len(usable), "notes": notes, "policy": policy if point else None,
@@ -211,7 +211,8 @@ class CspGemmTemplate(OpTemplate):
             return None
         knobs = options.knobs_for(self.kind, self.strategy, base, config)[0]
         key = _choice_key(config, base, self.mode, layouts, objective_key(options), op.epilogue,
-                          ["plan", PLAN_VERSION, knobs], _contender_key(contender), op.input_layout)
+                          ["plan", PLAN_VERSION, knobs], _contender_key(contender), op.input_layout,
+                          bias_signature(op))
         return PlanCache(key)
 
     def _cached_plan(self, op: MatchedOp, config, entry: Dict[str, Any]) -> OpPlan:
@@ -223,10 +224,17 @@ class CspGemmTemplate(OpTemplate):
             return self._stock(op, config, entry["why"], chosen=kind == "stock")
         cw = CspWorkload(**entry["workload"])
         pg = packed_of(cw, config)
+        # the fold decided again: the key holds what it depends on (bias_signature), so the
+        # decision is the entry's
+        cand = fold_candidate(op, Candidate(dataclasses.replace(cw, bias_lanes=0), pg.embedding, pg),
+                              self.kind)
+        if cand.workload != cw:
+            raise RuntimeError(f"plan cache entry {entry.get('key')}: its bias fold "
+                               f"({cw.bias_lanes} lanes) is not the one decided now "
+                               f"({cand.bias_note}); delete it")
         if entry.get("knobs"):     # the knob point found when the plan was made: no search again
-            seed_tps_point(config, pg, op.epilogue, entry["knobs"],
+            seed_tps_point(config, pg, program_epilogue(cw, op.epilogue), entry["knobs"],
                            "cycles" if entry.get("policy") == "cycles" else "bytes")
-        cand = Candidate(cw, pg.embedding, pg)
         return self._plan_of(op, config, cand, entry["why"], int(entry["usable"]), list(entry["notes"]))
 
     def _stock_contender(self, op: MatchedOp, config, options):
@@ -258,6 +266,8 @@ class CspGemmTemplate(OpTemplate):
         desc = (f"{_op_text(cand.workload)}; embedding {e.mapping_str()} in layout "
                 f"{cand.workload.layout} (A<-{e.binding['A']}, B<-{e.binding['B']}"
                 + (f"; {unrolled}" if unrolled else "") + f"); chosen for {why}")
+        if cand.bias_note:
+            desc += "; " + cand.bias_note
         if notes:
             desc += "; " + "; ".join(notes)
         pads = ", ".join(f"{DIM_WORDS.get(d, d)} {e.workload.extents[e.workload.dims.index(d)]}->"
@@ -269,13 +279,15 @@ class CspGemmTemplate(OpTemplate):
         if workload.stock:
             stock = get_template(self.kind, "stock")
             return stock.build(config, stock.workload_from_dict(dict(workload.stock)), epilogue, knobs)
-        return build_gemm(config, packed_of(workload, config), epilogue, knobs)
+        return build_gemm(config, packed_of(workload, config), program_epilogue(workload, epilogue),
+                          knobs)
 
     def knob_space(self, config, workload: CspWorkload, epilogue: Sequence[tuple]) -> KnobSpace:
         if workload.stock:
             stock = get_template(self.kind, "stock")
             return stock.knob_space(config, stock.workload_from_dict(dict(workload.stock)), epilogue)
         pg = packed_of(workload, config)
+        epilogue = program_epilogue(workload, epilogue)
         grid = knob_grid(config, pg, epilogue)
         points = grid.points(np.flatnonzero(grid.valid))
         bad = np.flatnonzero(~grid.valid)

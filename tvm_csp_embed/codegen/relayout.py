@@ -14,7 +14,10 @@ a tuple of positional steps with every shape known,
   made one kernel per slice, about 0.9 s of CPU time per build for a 7x7 stem);
 * ``("reshape", shape)`` -- split and fuse;
 * ``("slice", ((begin, end), ...))`` -- cropping;
-* ``("broadcast", shape)`` -- repeating size-1 axes (the per-channel bias over the lanes).
+* ``("broadcast", shape)`` -- repeating size-1 axes (the per-channel bias over the lanes);
+* ``("set", shape, index, values, dtype)`` -- writing constants: the positions ``index`` (tuples
+  into ``shape``, which broadcasts to the tensor's) take ``values``, every other element is kept
+  (``relax.op.where`` with a constant mask; the folded bias of :mod:`.biasfold`).
 
 The same steps have two backends: :meth:`HostLayout.pack` emits Relax ops through the offload
 pass's packer (``packer.emit(expr, name)``, ``packer.operand(expr)``) and :meth:`HostLayout.pack_numpy`
@@ -63,6 +66,10 @@ def step_shape(shape: Sequence[int], step: Step) -> Tuple[int, ...]:
         return tuple(step[1])
     if kind == "slice":
         return tuple(e - b for b, e in step[1])
+    if kind == "set":
+        if len(step[1]) != len(shape) or any(s not in (1, t) for s, t in zip(step[1], shape)):
+            raise ValueError(f"a set step of shape {tuple(step[1])} does not broadcast to {shape}")
+        return shape
     if kind == "broadcast":
         if any(s not in (1, t) for s, t in zip(shape, step[1])) or len(shape) != len(step[1]):
             raise ValueError(f"cannot broadcast {shape} to {tuple(step[1])}")
@@ -238,6 +245,9 @@ def _numpy_step(x: np.ndarray, st: Step) -> np.ndarray:
         return x[tuple(slice(b, e) for b, e in st[1])]
     if kind == "broadcast":
         return np.broadcast_to(x, st[1])
+    if kind == "set":
+        mask, values = _set_arrays(st, x.dtype)
+        return np.where(mask, values, x)
     if kind == "unroll":
         _, axis, extents, coefs, const = st
         j, others, starts = _unroll_plan(extents, coefs, const)
@@ -248,6 +258,18 @@ def _numpy_step(x: np.ndarray, st: Step) -> np.ndarray:
         lead, tail, order, perm = _unroll_layout(x.shape, axis, extents, j, others)
         return np.transpose(y.reshape(lead + [extents[i] for i in order] + tail), perm)
     raise ValueError(f"unknown relayout step {kind!r}")
+
+
+def _set_arrays(st: Step, dtype) -> Tuple[np.ndarray, np.ndarray]:
+    """The mask and the values of a ``("set", shape, index, values, dtype)`` step."""
+    _, shape, index, values, _ = st
+    mask = np.zeros(shape, dtype=bool)
+    out = np.zeros(shape, dtype=dtype)
+    if index:
+        at = tuple(np.asarray(index, dtype=np.int64).T)
+        mask[at] = True
+        out[at] = np.asarray(values, dtype=np.int64).astype(dtype)
+    return mask, out
 
 
 def _step_copies(st: Step, before: Sequence[int], after: Sequence[int]) -> int:
@@ -284,6 +306,9 @@ def _relax_step(emit, x, st: Step, before: Sequence[int], name: str):
                                            end=[st[1][a][1] for a in axes]), name)
     if kind == "broadcast":
         return bind(relax.op.broadcast_to(x, tuple(st[1])), name)
+    if kind == "set":
+        mask, values = _set_arrays(st, np.dtype(st[4]))
+        return bind(relax.op.where(relax.const(mask), relax.const(values, st[4]), x), name)
     if kind == "unroll":
         _, axis, extents, coefs, const = st
         return bind(relax.op.take(x, relax.const(_unroll_indices(extents, coefs, const)),

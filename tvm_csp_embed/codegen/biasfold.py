@@ -1,0 +1,410 @@
+"""Folding a constant per-channel bias into the spare reduction lanes of a packed GEMM.
+
+An embedding that pads the reduction (a thin layer: 25 -> 32 filter taps, 3 -> 4 input channels)
+multiplies padding lanes anyway: the weight operand is zero there, the data operand holds zeros or
+(after a stencil unroll) a neighbour's data. Writing constants ``a_j`` into ``L`` such lanes of the
+data operand and int8 digits ``w_j[k]`` into the same lanes of the weight operand, at one reduction
+point each, makes the GEMM add ``sum_j a_j * w_j[k]`` to every output of channel ``k``; with
+``bias[k] = sum_j a_j * w_j[k]`` the epilogue's bias stage (one vector ALU pass per accumulator
+entry) is gone and costs no micro-op. The accumulator still starts from its zero fill; int32
+wrapping is the same as that of the ALU add.
+
+* :func:`fold_range`, :func:`fold_constants`, :func:`fold_digits`: the digit decomposition, the
+  one definition of the range a number of lanes holds and of the digits;
+* :func:`fold_lanes`: which lanes of a :class:`~.plan.PackedGemm` can carry the bias
+  (:class:`FoldLanes`), or why none can;
+* :func:`fold_decision`: the per-operator decision and the sentence the build report prints;
+* :func:`fold_layouts`: the data and weight host layouts with the constants and the digits written
+  in (a ``("set", ...)`` step of :class:`~.relayout.HostLayout`);
+* :func:`fold_epilogue`: the epilogue the folded program runs (the bias stage dropped).
+
+A lane here is a *class* of packed data positions: the values of the packed data dims that only
+reduction loops index. A class can carry the bias when every reduction point that reads it is a
+padding point (one whose reduction index is beyond an operator dim's extent, so that the weight
+operand is zero there); the digits sit at one such point per class (the first in reduction
+order whose reads the input DMA never pads), zero at the others.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .plan import AXIS_PREFIX, PackedGemm
+from .relayout import HostLayout
+
+__all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "fold_range", "fold_constants", "fold_digits",
+           "FoldLanes", "fold_lanes", "fold_decision", "fold_layouts", "fold_epilogue",
+           "FOLD_KINDS"]
+
+#: the data constant of the first spare lane (it carries the residue of the bias modulo 128)
+FIRST_LANE_CONSTANT = 1
+#: the data constant of every other spare lane (the int8 of largest magnitude: each of these lanes
+#: adds a multiple of 128 in ``[-127 * 128, 128 * 128]``)
+LANE_CONSTANT = -128
+#: operator kinds whose weight tensor has the output channel as its first dim, the channel of a
+#: per-channel bias (a batched matmul's bias is per batch and column)
+FOLD_KINDS = ("conv2d", "group_conv2d", "dense", "conv1d", "dilated_conv2d")
+
+_I8_MIN, _I8_MAX = -128, 127
+
+
+def fold_range(lanes: int) -> Tuple[int, int]:
+    """The biases ``lanes`` spare lanes hold: every integer in ``[lo, hi]``.
+
+    With the constants ``(1, -128, -128, ...)`` (:func:`fold_constants`) and int8 digits, the
+    first lane adds ``w_0`` in ``[-128, 127]`` and each other lane ``-128 * w_j``, a multiple of
+    128 in ``[-127 * 128, 128 * 128]``: ``lo = -128 - (L - 1) * 127 * 128`` and
+    ``hi = 127 + (L - 1) * 128 * 128`` (``L = 7``: ``-97,664 .. 98,431``; every ``|bias| <=
+    97,663``), and every integer between is reached (:func:`fold_digits`).
+
+    Raises
+    ------
+    ValueError
+        If ``lanes < 1``.
+
+    >>> fold_range(1), fold_range(7)
+    ((-128, 127), (-97664, 98431))
+    """
+    if lanes < 1:
+        raise ValueError(f"lanes={lanes}: the bias needs at least one spare lane")
+    other = (LANE_CONSTANT * _I8_MIN, LANE_CONSTANT * _I8_MAX)
+    return (_I8_MIN * FIRST_LANE_CONSTANT + (lanes - 1) * min(other),
+            _I8_MAX * FIRST_LANE_CONSTANT + (lanes - 1) * max(other))
+
+
+def fold_constants(lanes: int) -> np.ndarray:
+    """The data constants ``a_j`` of ``lanes`` spare lanes: ``(1, -128, -128, ...)`` (int8)."""
+    fold_range(lanes)  # validates lanes
+    return np.array([FIRST_LANE_CONSTANT] + [LANE_CONSTANT] * (lanes - 1), dtype=np.int8)
+
+
+def fold_digits(bias, lanes: int) -> np.ndarray:
+    """The int8 digits ``w[k, j]`` with ``bias[k] = sum_j a_j * w[k, j]`` (``a`` of
+    :func:`fold_constants`), for every value of ``bias`` (flattened).
+
+    The digits are those of the constants :data:`FIRST_LANE_CONSTANT` = 1 and
+    :data:`LANE_CONSTANT` = -128. The first digit is the residue of ``bias[k]`` modulo 128 (in ``0..127``, or that minus 128
+    where the rest would not fit), the others split ``-(bias[k] - w[k, 0]) / 128`` greedily into
+    int8 values, largest magnitude first (the unused lanes get 0).
+
+    Raises
+    ------
+    ValueError
+        If a value is outside :func:`fold_range` ``(lanes)``.
+
+    >>> fold_digits([1000, -1000, 127], 3).tolist()
+    [[104, -7, 0], [24, 8, 0], [127, 0, 0]]
+    """
+    lo, hi = fold_range(lanes)
+    b = np.asarray(bias, dtype=np.int64).ravel()
+    if b.size and (b.min() < lo or b.max() > hi):
+        raise ValueError(f"bias {int(b.min()):,}..{int(b.max()):,} is outside {lo:,}..{hi:,}, "
+                         f"what {lanes} spare lane(s) hold; keep the bias on the ALU")
+    residue = np.mod(b, 128)
+    high = (b - residue) // 128
+    low = high < -(lanes - 1) * _I8_MAX          # too negative for the other lanes: borrow one
+    residue = np.where(low, residue - 128, residue)
+    high = np.where(low, high + 1, high)
+    digits = np.zeros((b.size, lanes), dtype=np.int64)
+    digits[:, 0] = residue
+    rest = -high                                 # sum of the other digits (each times -128)
+    for j in range(1, lanes):
+        digits[:, j] = np.clip(rest, _I8_MIN, _I8_MAX)
+        rest = rest - digits[:, j]
+    assert not rest.any(), "fold_digits: the range check let through a bias it cannot split"
+    return digits.astype(np.int8)
+
+
+# ------------------------------------------------------------------------------------ lanes
+@dataclass(frozen=True)
+class FoldLanes:
+    """The spare lanes of a packed GEMM that can carry a folded bias (:func:`fold_lanes`).
+
+    Attributes
+    ----------
+    data, weight : str
+        The operand roles (``"A"``/``"B"``) of the data tensor (gets the constants) and of the
+        weight tensor (gets the digits).
+    data_shape : tuple of int
+        The shape of the data constants: the extent of every packed data dim that only reduction
+        loops index, 1 elsewhere (broadcast over the rest).
+    data_index : tuple of tuple of int
+        Per lane, the position of its constant in ``data_shape``.
+    weight_dims : tuple of int
+        The packed weight dims that reduction loops index (the others see no reduction loop).
+    weight_index : tuple of tuple of int
+        Per lane, the values of ``weight_dims`` at its digit's reduction point.
+    weight_real : tuple of int
+        The values of ``weight_dims`` at the first reduction point (a real one): where the
+        channel of each weight position is read.
+    """
+
+    data: str
+    weight: str
+    data_shape: Tuple[int, ...]
+    data_index: Tuple[Tuple[int, ...], ...]
+    weight_dims: Tuple[int, ...]
+    weight_index: Tuple[Tuple[int, ...], ...]
+    weight_real: Tuple[int, ...]
+
+    @property
+    def lanes(self) -> int:
+        """How many spare lanes carry the bias."""
+        return len(self.data_index)
+
+    def __repr__(self) -> str:
+        lo, hi = fold_range(self.lanes)
+        return f"FoldLanes({self.lanes} lanes, data {self.data}, bias {lo:,}..{hi:,})"
+
+
+def fold_lanes(pg: PackedGemm) -> Union[FoldLanes, str]:
+    """The spare lanes of ``pg`` that can carry a folded bias, or why there are none (a phrase
+    for the build report). Computed once per program (``pg.memo``)."""
+    return pg.memo("fold_lanes", lambda: _fold_lanes(pg))
+
+
+def _dim_kind(dim, reduction: set) -> str:
+    """``"red"`` (only reduction loops index the dim), ``"free"`` (none does) or ``"mixed"``."""
+    names = {v for v, _ in dim.terms}
+    if names and names <= reduction:
+        return "red"
+    return "mixed" if names & reduction else "free"
+
+
+def _dim_values(dim, values: Dict[str, np.ndarray]) -> np.ndarray:
+    """The index of a packed dim that only reduction loops index, at every reduction point."""
+    out = np.full(next(iter(values.values())).shape, dim.const, dtype=np.int64)
+    for v, c in dim.terms:
+        out = out + c * values[v]
+    return out
+
+
+def _fold_lanes(pg: PackedGemm) -> Union[FoldLanes, str]:
+    emb = pg.embedding
+    wl = emb.workload
+    if not any(wl.reduction[wl.dims.index(d)] for d in emb.padding):
+        return "no spare reduction lanes (the reduction is not padded)"
+    roles = {pg.operands[r].tensor: r for r in "AB"}
+    data, weight = roles[wl.inputs[0].name], roles[wl.inputs[1].name]
+    red_loops = [lp for lp in pg.loops if lp.reduction]
+    names = [lp.name for lp in red_loops] + [AXIS_PREFIX + "z"]
+    extents = [lp.extent for lp in red_loops] + [pg.axes["z"]]
+    grid = np.indices(extents).reshape(len(extents), -1)
+    values = dict(zip(names, grid.astype(np.int64)))
+    # the operator's reduction index of every reduction point; spare where one is beyond its extent
+    zfac = emb.axis("z").factors
+    spare = np.zeros(grid.shape[1], dtype=bool)
+    for d, ext, red in zip(wl.dims, wl.extents, wl.reduction):
+        if not red:
+            continue
+        f = emb.walked.get(d)
+        if f is None:
+            index = values[d]
+        else:
+            i = next(i for i, g in enumerate(zfac) if g.dim == d)
+            inner = math.prod(g.size for g in zfac[i + 1:])
+            digit = (values[AXIS_PREFIX + "z"] // inner) % f.size
+            index = values[d] * f.size * f.stride + digit * f.stride
+            if f.stride > 1:
+                index = index + values[f"{d}_sub"]
+        spare |= index >= ext
+    if not spare.any():
+        return "no spare reduction lanes"
+    reduction = set(names)
+    # the weight operand: every packed position of a reduction point belongs to it alone
+    wops = pg.operands[weight]
+    wkinds = [_dim_kind(d, reduction) for d in wops.dims]
+    if "mixed" in wkinds:
+        return "the weights' packed dims mix reduction and output loops"
+    wdims = tuple(i for i, k in enumerate(wkinds) if k == "red")
+    wvals = (np.stack([_dim_values(wops.dims[i], values) for i in wdims], axis=1) if wdims
+             else np.zeros((grid.shape[1], 0), dtype=np.int64))
+    if len(np.unique(wvals, axis=0)) != grid.shape[1]:
+        return "reduction points share packed weight positions"
+    # the data operand: classes of positions by the dims only reduction loops index
+    dops = pg.operands[data]
+    dkinds = [_dim_kind(d, reduction) for d in dops.dims]
+    ddims = [i for i, k in enumerate(dkinds) if k == "red"]
+    if not ddims:
+        return "no packed input dim is indexed by the reduction alone"
+    dvals = np.stack([_dim_values(dops.dims[i], values) for i in ddims], axis=1)
+    classes, first, inverse = np.unique(dvals, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    real_reads = np.bincount(inverse[~spare], minlength=len(classes))
+    free_ranges = _free_ranges(pg, reduction)
+    chosen = []
+    for c in np.argsort(first, kind="stable"):
+        if real_reads[c]:
+            continue                       # a real point reads this class too
+        for p in np.flatnonzero(inverse == c):
+            if _stored_at(dops, p, values, free_ranges):
+                chosen.append((int(p), int(c)))
+                break
+    if not chosen:
+        if dops.device_padded and not real_reads.all():
+            return "the input DMA pads every read of the spare input lanes"
+        return "the input's spare lanes are shared with real ones"
+    chosen.sort()
+    shape = tuple(dops.dims[i].extent if k == "red" else 1 for i, k in enumerate(dkinds))
+    data_index = []
+    for _, c in chosen:
+        pos = [0] * len(dops.dims)
+        for i, v in zip(ddims, classes[c]):
+            pos[i] = int(v)
+        data_index.append(tuple(pos))
+    return FoldLanes(data, weight, shape, tuple(data_index), wdims,
+                     tuple(tuple(int(v) for v in wvals[p]) for p, _ in chosen),
+                     tuple(int(v) for v in wvals[0]))
+
+
+def _free_ranges(pg: PackedGemm, reduction: set) -> Dict[str, int]:
+    """The extent of every loop variable that is not a reduction loop (free loops and the x and
+    y axes)."""
+    out = {lp.name: lp.extent for lp in pg.loops if lp.name not in reduction}
+    out.update({AXIS_PREFIX + a: n for a, n in pg.axes.items() if AXIS_PREFIX + a not in reduction})
+    return out
+
+
+def _stored_at(op, p: int, values: Dict[str, np.ndarray], free: Dict[str, int]) -> bool:
+    """Whether every read of operand ``op`` at reduction point ``p`` lies in the stored (DRAM)
+    part of the dims the input DMA pads (else the DMA reads zeros, not the lane constant)."""
+    for d in op.dims:
+        if not d.padded:
+            continue
+        lo = hi = d.const
+        for v, c in d.terms:
+            if v in values:
+                lo += c * int(values[v][p])
+                hi += c * int(values[v][p])
+            else:
+                span = c * (free[v] - 1)
+                lo, hi = lo + min(0, span), hi + max(0, span)
+        if lo < d.stored_lo or hi >= d.stored_lo + d.stored_extent:
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------------ decision
+def fold_epilogue(epilogue: Sequence[tuple]) -> Tuple[tuple, ...]:
+    """The epilogue a folded program runs: ``epilogue`` without its leading ``("bias",)`` stage.
+
+    Raises
+    ------
+    ValueError
+        If the epilogue does not start with the bias.
+    """
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    epilogue = normalize_epilogue(epilogue)
+    if not epilogue or epilogue[0] != ("bias",):
+        raise ValueError(f"epilogue {list(epilogue)}: only a leading ('bias',) stage can be folded")
+    return epilogue[1:]
+
+
+def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Optional[np.ndarray],
+                  weight_constant: bool, strict: bool = False) -> Tuple[int, str]:
+    """Whether the bias of an operator folds into ``pg``'s spare lanes: ``(lanes, sentence)``.
+
+    Parameters
+    ----------
+    pg : PackedGemm
+    kind : str
+        The operator kind (only :data:`FOLD_KINDS` fold).
+    epilogue : sequence of tuple
+        The operator's epilogue; without a ``("bias",)`` stage the answer is ``(0, "")``.
+    bias : numpy.ndarray or None
+        The bias values when they are a build-time constant, else None (runtime data).
+    weight_constant : bool
+        Whether the weights are a build-time constant (the digits are written at build time).
+    strict : bool
+        ``csp-strict``: never fold (its programs equal the stock template's).
+
+    Returns
+    -------
+    tuple
+        ``(lanes, "bias folded into N spare reduction lanes (...)")`` or
+        ``(0, "bias kept on the ALU: <why>")``.
+    """
+    from vta_ext.templates.epilogue import has_bias, normalize_epilogue
+
+    epilogue = normalize_epilogue(epilogue)
+    if not has_bias(epilogue):
+        return 0, ""
+    why = None
+    if strict:
+        why = "csp-strict keeps the stock template's program"
+    elif kind not in FOLD_KINDS:
+        why = f"a {kind}'s bias is not per output channel of the weights"
+    elif epilogue[0] != ("bias",):
+        why = "the bias is not the epilogue's first stage"
+    elif bias is None:
+        why = "bias is runtime data"
+    elif not weight_constant:
+        why = "the weights are runtime data"
+    else:
+        lanes = fold_lanes(pg)
+        k = pg.operands[lanes.weight].host.src_shape[0] if isinstance(lanes, FoldLanes) else None
+        if isinstance(lanes, str):
+            why = lanes
+        elif np.asarray(bias).size != k:
+            why = f"{np.asarray(bias).size} bias values for {k} output channels"
+        else:
+            lo, hi = fold_range(lanes.lanes)
+            b = np.asarray(bias, dtype=np.int64)
+            bmin, bmax = int(b.min()), int(b.max())
+            if bmin < lo or bmax > hi:
+                why = (f"bias {bmin:,}..{bmax:,} outside the {lo:,}..{hi:,} that the "
+                       f"{lanes.lanes} spare lane(s) hold")
+            else:
+                return lanes.lanes, (f"bias folded into {lanes.lanes} spare reduction lane(s) "
+                                     f"(holds {lo:,}..{hi:,})")
+    return 0, f"bias kept on the ALU: {why}"
+
+
+def fold_layouts(pg: PackedGemm, bias) -> Dict[str, HostLayout]:
+    """Tensor name -> host layout of the data and weight operands with the bias folded in: the
+    operands' own layouts plus a ``("set", ...)`` step that writes the lane constants into the
+    data and the digits of ``bias`` (one value per output channel) into the weights.
+
+    Raises
+    ------
+    ValueError
+        If ``pg`` has no lane for the bias (:func:`fold_lanes`), or a value is out of range.
+    """
+    lanes = fold_lanes(pg)
+    if isinstance(lanes, str):
+        raise ValueError(f"cannot fold the bias into {pg.embedding.mapping_str()}: {lanes}")
+    dop, wop = pg.operands[lanes.data], pg.operands[lanes.weight]
+    digits = fold_digits(bias, lanes.lanes)
+    consts = fold_constants(lanes.lanes)
+    data = HostLayout(dop.host.src_shape, dop.host.steps + (
+        ("set", lanes.data_shape, lanes.data_index, tuple(int(v) for v in consts), "int8"),),
+        dop.host.name)
+    # the output channel of every packed weight position: the weights' own layout of a probe
+    # numbered by the first (output channel) dim, 0 on padding
+    src = tuple(wop.host.src_shape)
+    probe = np.broadcast_to(np.arange(1, src[0] + 1, dtype=np.int32).reshape((-1,) + (1,) * (len(src) - 1)),
+                            src)
+    packed = wop.host.pack_numpy(probe)
+    at = [slice(None)] * packed.ndim
+    for i, v in zip(lanes.weight_dims, lanes.weight_real):
+        at[i] = v
+    channel = packed[tuple(at)]                     # over the dims no reduction loop indexes
+    free = [i for i in range(packed.ndim) if i not in lanes.weight_dims]
+    where = np.nonzero(channel)
+    index, vals = [], []
+    for j, lane in enumerate(lanes.weight_index):
+        for pos, ch in zip(zip(*where), channel[where]):
+            full = [0] * packed.ndim
+            for i, v in zip(free, pos):
+                full[i] = int(v)
+            for i, v in zip(lanes.weight_dims, lane):
+                full[i] = v
+            index.append(tuple(full))
+            vals.append(int(digits[ch - 1, j]))
+    weight = HostLayout(wop.host.src_shape, wop.host.steps + (
+        ("set", tuple(packed.shape), tuple(index), tuple(vals), "int8"),), wop.host.name)
+    return {dop.tensor: data, wop.tensor: weight}
