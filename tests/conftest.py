@@ -158,6 +158,16 @@ def random_inputs(mod, seed: int, int32_range: int = 1 << 14):
     return arrays
 
 
+def bind_constants(mod, **arrays):
+    """``mod`` with ``main``'s parameters named in ``arrays`` bound as Relax constants (as a
+    frontend binds a quantised network's weights and biases)."""
+    import tvm
+    from tvm import relax
+
+    return relax.transform.BindParams("main", {k: tvm.runtime.tensor(np.ascontiguousarray(v))
+                                               for k, v in arrays.items()})(mod)
+
+
 def run_module(mod, target, arrays):
     """``relax.build`` for ``target``, run ``main`` once on ``arrays``, return numpy output(s)."""
     import tvm

@@ -1,0 +1,193 @@
+"""The bias folded into the spare reduction lanes of csp-relaxed embeddings (issue 18, item 3).
+
+``tvm_csp_embed.codegen.biasfold``: a constant per-channel bias is written as int8 digits into the
+padding lanes of the weights, against lane constants ``(1, -128, ...)`` in the data, so the GEMM
+adds it and the epilogue's vector ADD pass is gone. Checked here: the digit decomposition against
+hand-computed values; whole builds bit-exact against the llvm build of the same module (3-channel
+stem-like convolutions, a 1-channel DeepBench-like layer, biases at and just over the edge of the
+range); the report's sentence; the instruction counts before and after on one layer; the tuner's
+numpy reference of a folded workload.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import bind_constants, conv_module, run_module
+
+import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
+import vta_ext
+from tvm_csp_embed.codegen.biasfold import fold_digits, fold_range
+
+pytestmark = pytest.mark.usefixtures("fresh_embedding_cache")
+
+
+# ------------------------------------------------------------------------------ digits
+def test_fold_range_by_hand():
+    # 1 lane: one int8 digit times 1; 7 lanes: 127 (or -128) plus 6 lanes of -128 * int8
+    assert fold_range(1) == (-128, 127)
+    assert fold_range(7) == (-128 - 6 * 127 * 128, 127 + 6 * 128 * 128) == (-97_664, 98_431)
+    with pytest.raises(ValueError, match="at least one spare lane"):
+        fold_range(0)
+
+
+def test_fold_digits_by_hand():
+    # 1000 = 104 + (-128) * (-7); -1000 = 24 + (-128) * 8
+    assert fold_digits([1000, -1000, 127, -128], 3).tolist() == [
+        [104, -7, 0], [24, 8, 0], [127, 0, 0], [0, 1, 0]]
+    # the edges of 7 lanes: 127 + 6 * (-128 * -128) and -128 + 6 * (-128 * 127)
+    assert fold_digits([98_431, -97_664], 7).tolist() == [[127] + [-128] * 6, [-128] + [127] * 6]
+    assert fold_digits([5, -5], 1).tolist() == [[5], [-5]]
+    for bad in (98_432, -97_665):
+        with pytest.raises(ValueError, match="outside -97,664..98,431"):
+            fold_digits([0, bad], 7)
+
+
+def test_fold_digits_sum_to_every_bias_of_the_range():
+    a = np.array([1, -128, -128, -128], dtype=np.int64)     # the lane constants, by hand
+    lo, hi = -128 - 3 * 127 * 128, 127 + 3 * 128 * 128
+    b = np.concatenate([np.arange(lo, lo + 300), np.arange(-300, 300), np.arange(hi - 300, hi + 1),
+                        np.random.default_rng(0).integers(lo, hi + 1, 2000)])
+    digits = fold_digits(b, 4)
+    assert digits.dtype == np.int8
+    np.testing.assert_array_equal(digits.astype(np.int64) @ a, b)
+
+
+# ------------------------------------------------------------------------------ builds
+def _conv(c, hw, k, *, stride=1, padding=None, bias, seed=0, o=16, shift=8):
+    """A constant-weight conv + bias + shr + clip module; bias None: a runtime bias parameter."""
+    rng = np.random.default_rng(seed)
+    mod = conv_module(1, c, o, hw, k, stride=stride, padding=k // 2 if padding is None else padding,
+                      shift=shift, clip=(-128, 127))
+    w = rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
+    x = rng.integers(-128, 128, (1, c, hw, hw)).astype(np.int8)
+    if bias is None:
+        return bind_constants(mod, w=w), [x, rng.integers(-5000, 5000, (1, o, 1, 1)).astype(np.int32)]
+    return bind_constants(mod, w=w, b=np.asarray(bias, np.int32).reshape(1, o, 1, 1)), [x]
+
+
+def _build_and_compare(mod, arrays, **options):
+    """VTA output == llvm output; returns the one VTA placement of the report."""
+    with vta_ext.build_options(**options):
+        got = run_module(mod, "ext_vta", arrays)
+    report = vta_ext.last_build_report()
+    np.testing.assert_array_equal(got, run_module(mod, "llvm", arrays))
+    (p,) = [p for p in report.on_vta if p.call is not None]
+    return p, report
+
+
+def _lanes(p) -> int:
+    """The lanes the report row says the bias is folded into (0: kept)."""
+    words = p.detail.split("bias folded into ")
+    return int(words[1].split()[0]) if len(words) > 1 else 0
+
+
+@pytest.mark.parametrize("k, stride, hw", [(3, 1, 12), (7, 2, 24)])
+def test_stem_like_three_channels_folded_bit_exact(k, stride, hw):
+    bias = np.random.default_rng(1).integers(-12_000, 12_000, 16)
+    mod, arrays = _conv(3, hw, k, stride=stride, bias=bias)
+    p, _ = _build_and_compare(mod, arrays)
+    assert _lanes(p) > 0, p.detail
+    assert "bias kept" not in p.detail and f"bias in {_lanes(p)} lanes" in p.plan
+
+
+def test_thin_one_channel_deepbench_like_folded_bit_exact():
+    # a DeepBench-like 1-channel 5x5 layer (DB59-like shape, smaller image)
+    bias = np.random.default_rng(2).integers(-8192, 8192, 16)
+    mod, arrays = _conv(1, 20, 5, bias=bias)
+    p, _ = _build_and_compare(mod, arrays, objective="cycles")
+    assert _lanes(p) > 0, p.detail
+
+
+def test_bias_at_the_edges_folds_and_just_over_keeps_the_add():
+    rng = np.random.default_rng(3)
+    bias = rng.integers(-3000, 3000, 16)
+    mod, arrays = _conv(1, 12, 3, bias=bias, shift=10)
+    p, _ = _build_and_compare(mod, arrays)
+    lanes = _lanes(p)
+    assert lanes > 0, p.detail
+    lo, hi = fold_range(lanes)
+    edge = bias.copy()
+    edge[0], edge[5] = hi, lo
+    mod, arrays = _conv(1, 12, 3, bias=edge, shift=10)
+    p, _ = _build_and_compare(mod, arrays)
+    assert _lanes(p) == lanes, p.detail
+    over = edge.copy()
+    over[0] = hi + 1
+    mod, arrays = _conv(1, 12, 3, bias=over, shift=10)
+    p, _ = _build_and_compare(mod, arrays)
+    assert _lanes(p) == 0
+    assert (f"bias kept on the ALU: bias {lo:,}..{hi + 1:,} outside the {lo:,}..{hi:,} that the "
+            f"{lanes} spare lane(s) hold") in p.detail
+    under = edge.copy()
+    under[5] = lo - 1
+    mod, arrays = _conv(1, 12, 3, bias=under, shift=10)
+    p, _ = _build_and_compare(mod, arrays)
+    assert _lanes(p) == 0 and "bias kept on the ALU: bias" in p.detail
+
+
+def test_runtime_bias_and_strict_keep_the_add_and_say_why():
+    mod, arrays = _conv(1, 12, 3, bias=None)
+    p, _ = _build_and_compare(mod, arrays)
+    assert "bias kept on the ALU: bias is runtime data" in p.detail
+    mod, arrays = _conv(1, 12, 3, bias=np.arange(16) * 100)
+    p, _ = _build_and_compare(mod, arrays, strategy="csp-strict")
+    assert "bias kept on the ALU: csp-strict keeps the stock template's program" in p.detail
+
+
+# ------------------------------------------------------------------------------ counts
+def _uops(program, kind):
+    """Executed micro-ops of the compute instructions ``kind`` selects."""
+    return sum(i.iter_out * i.iter_in * (i.uop_end - i.uop_bgn) for i in program.insns if kind(i))
+
+
+def test_instruction_counts_before_and_after_the_fold():
+    """1x1x12x12 * 16x1x3x3 p1 on ``default``: every embedding pads the 9 filter taps to one
+    reduction block of 16, so the GEMM runs 12*12 output positions x 1 channel block x 1
+    reduction step = 144 micro-ops (no reset: the accumulators are filled), with or without the
+    fold. The bias ADD is one vector ALU micro-op per accumulator entry (12*12*16 / 16 = 144)
+    before and none after; shift and clip stay (2 x 144 immediate micro-ops)."""
+    from vta_ext.executor import compiled_op
+    from vta_ext.isa import AluInsn, AluOp, GemmInsn
+    from vta_ext.strategy import get_template
+
+    mod, arrays = _conv(1, 12, 3, bias=np.arange(16) * 37 - 300)
+    p, report = _build_and_compare(mod, arrays, objective="cycles")
+    key = report.key_of(p)
+    spec = json.loads(key)
+    assert spec["workload"]["bias_lanes"] > 0
+    after = compiled_op(key).program
+    template = get_template("conv2d", "csp-relaxed")
+    wl = template.workload_from_dict(dict(spec["workload"], bias_lanes=0))
+    knobs = dict(compiled_op(key).knobs.__dict__)
+    before = template.build(after.config, wl, [tuple(s) for s in spec["epilogue"]], knobs).program
+    gemm = lambda i: isinstance(i, GemmInsn) and not i.reset_reg  # noqa: E731
+    vec_add = lambda i: isinstance(i, AluInsn) and not i.use_imm and i.alu_opcode == AluOp.ADD  # noqa: E731
+    imm = lambda i: isinstance(i, AluInsn) and i.use_imm  # noqa: E731
+    assert _uops(before, gemm) == _uops(after, gemm) == 144
+    assert _uops(before, vec_add) == 144 and sum(map(vec_add, before.insns)) > 0
+    assert _uops(after, vec_add) == 0 and not any(map(vec_add, after.insns))
+    assert _uops(before, imm) == _uops(after, imm) == 2 * 144
+    assert not any(isinstance(i, GemmInsn) and i.reset_reg for i in after.insns)
+
+
+def test_tuner_reference_of_a_folded_workload():
+    """The tuner's numpy reference (``csp_reference``) packs a folded workload's inputs with the
+    lane constants and digits; the compiled program on the simulator equals it."""
+    from tvm_csp_embed.reference import reference_for
+    from vta_ext.executor import compiled_op
+
+    mod, arrays = _conv(3, 10, 3, bias=np.arange(16) * 50)
+    p, report = _build_and_compare(mod, arrays)
+    spec = json.loads(report.key_of(p))
+    compiled = compiled_op(report.key_of(p))
+    template = vta_ext.strategy.get_template("conv2d", "csp-relaxed")
+    cw = template.workload_from_dict(spec["workload"])
+    assert cw.bias_lanes > 0
+    epilogue = [tuple(s) for s in spec["epilogue"]]
+    inputs, expected, unpack = reference_for("conv2d", "csp-relaxed")(
+        compiled.program.config, cw, epilogue, np.random.default_rng(4))
+    assert len(inputs) == 2                       # no bias tensor: it is in the layouts
+    out, _ = compiled.run(*inputs)
+    np.testing.assert_array_equal(unpack(out), expected)
