@@ -30,7 +30,7 @@ from .workload import FUSED_CONV_VARIANTS, conv2d, conv2d_fused, dense, group_co
 __all__ = ["MODES", "STRATEGY_NAMES", "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "CONV_LAYOUTS",
            "CspWorkload", "Candidate", "operator_workload", "fused_variants", "packed_of",
            "stock_mapping_cost", "solve_request", "candidates", "bias_signature", "fold_candidate",
-           "program_epilogue", "operand_layouts", "packed_inputs"]
+           "kept_twin", "unfolded", "program_epilogue", "operand_layouts", "packed_inputs"]
 
 #: strategy name -> constraint set of the solver
 MODES = {"csp-strict": "strict", "csp-relaxed": "relaxed"}
@@ -249,6 +249,7 @@ class Candidate:
         e = self.embedding
         return (f"{self.workload.layout} {e.mapping_str()} (A<-{e.binding['A']}"
                 + (f", pad {' '.join(f'{d}+{v}' for d, v in e.padding.items())}" if e.padding else "")
+                + (f", bias in {self.workload.bias_lanes} lanes" if self.workload.bias_lanes else "")
                 + ")")
 
 
@@ -353,6 +354,23 @@ def fold_candidate(op, cand: Candidate, kind: str) -> Candidate:
     cand.workload = dataclasses.replace(cand.workload, bias_lanes=lanes)
     cand.bias_note = note
     return cand
+
+
+def kept_twin(cand: Candidate) -> Candidate:
+    """The embedding of a folded candidate with its bias kept on the ALU: offered next to it when
+    the objective prices host work, since the fold's lane constants cost a host pass over the
+    packed input (:class:`~.codegen.relayout.HostLayout`'s ``set`` step) that may outweigh the
+    ALU pass it saves."""
+    return Candidate(dataclasses.replace(cand.workload, bias_lanes=0), cand.embedding, cand.packed,
+                     estimate=cand.estimate, footprint=cand.footprint,
+                     bias_note=(f"bias kept on the ALU: the objective prefers it to the fold into "
+                                f"{cand.workload.bias_lanes} lanes (its lane constants cost a host "
+                                f"pass over the packed input)"))
+
+
+def unfolded(cw: CspWorkload) -> CspWorkload:
+    """``cw`` without its bias fold: the embedding a folded candidate and its twin share."""
+    return dataclasses.replace(cw, bias_lanes=0)
 
 
 def program_epilogue(cw: CspWorkload, epilogue) -> Tuple[tuple, ...]:

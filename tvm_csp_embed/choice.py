@@ -27,7 +27,7 @@ from vta_ext.strategy import MatchedOp, OpPlan, get_template
 
 from .cache import _write, cache_dir
 from .candidates import (DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape, bias_signature,
-                         operand_layouts, packed_inputs)
+                         operand_layouts, packed_inputs, unfolded)
 from .codegen.plan import PackedGemm
 
 __all__ = ["CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK", "STOCK", "CPU",
@@ -56,14 +56,16 @@ STOCK = "stock"
 PRUNE_BY_BOUND = True
 
 
-def host_relayout_seconds(pg: PackedGemm, repeats: int = 5) -> float:
-    """Median wall time of the host relayout that runs per inference: packing the activation and
-    unpacking the output (constant weights are relayouted at build time)."""
+def host_relayout_seconds(pg: PackedGemm, repeats: int = 5, data_layout=None) -> float:
+    """Median wall time of the host relayout that runs per inference: packing the activation (in
+    ``data_layout``, default the program's own layout of it) and unpacking the output (constant
+    weights are relayouted at build time)."""
     from .hosttime import relayout_seconds
 
     data = pg.embedding.workload.inputs[0].name
-    act = next(pg.operands[r] for r in "AB" if pg.operands[r].tensor == data)
-    return relayout_seconds(act.host, act.host.src_shape, pg.operands["C"].host, repeats)[1]
+    act = next(pg.operands[r] for r in "AB" if pg.operands[r].tensor == data).host
+    act = act if data_layout is None else data_layout
+    return relayout_seconds(act, act.src_shape, pg.operands["C"].host, repeats)[1]
 
 
 def _layout_key(layout) -> Any:
@@ -411,11 +413,16 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                 return c.cycles + host.layout_cycles(c.host_bytes)
             return c.cycles
 
+        # an embedding and its twin with the bias kept on the ALU (:func:`~.candidates.kept_twin`)
+        # take one place of CYCLE_RANKED
+        distinct = lambda cands: len({unfolded(c.workload) for c in cands})  # noqa: E731
         prune = (PRUNE_BY_BOUND and objective in ("cycles", "end-to-end")
-                 and sum(c.estimate <= RANK_FACTOR * first for c in usable) <= CYCLE_RANKED)
+                 and distinct([c for c in usable if c.estimate <= RANK_FACTOR * first]) <= CYCLE_RANKED)
         slack = 1 + AGREEMENT_SLACK if op.input_layout is not None else 1
         for c in sorted(usable, key=lambda c: c.estimate):
-            if len(timed) == CYCLE_RANKED or (timed and c.estimate > RANK_FACTOR * first):
+            seen = {unfolded(t.workload) for t in timed}
+            if ((len(seen) == CYCLE_RANKED and unfolded(c.workload) not in seen)
+                    or (timed and c.estimate > RANK_FACTOR * first)):
                 break
             data = c.embedding.workload.inputs[0].name
             act = operand_layouts(op, c)[data]   # with the lane constants of a folded bias
@@ -439,7 +446,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                 continue
             c.cycles = cycle_report(k).total_cycles
             if objective == "combined":
-                c.host_seconds = host_relayout_seconds(c.packed)
+                c.host_seconds = host_relayout_seconds(c.packed, data_layout=act)
             timed.append(c)
         if not timed:
             if knob_errors:
@@ -457,7 +464,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
             unit = lambda c: f"{c.cycles:,} cycles"  # noqa: E731
         what = {"combined": "fastest combined", "end-to-end": "fewest cycles end to end"}.get(
             objective, "fewest cycles")
-        timed_text = (f"{len(timed)} of {len(usable)} embedding(s) timed by the cycle model "
+        timed_text = (f"{distinct(timed)} of {distinct(usable)} embedding(s) timed by the cycle model "
                       f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)"
                       + (f", {len(skipped)} more not built: a lower bound on their score exceeds "
                          f"the best" if skipped else ""))

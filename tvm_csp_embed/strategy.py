@@ -55,7 +55,8 @@ from .cache import solve_concurrently
 from .candidates import (CONV_LAYOUTS, DEFAULT_SOLUTIONS, DEFAULT_TIMEOUT, MODES, STRATEGY_NAMES,
                          Candidate, CspWorkload, _conv_params, _packed, _shape, bias_signature,  # noqa: F401
                          candidates, fold_candidate, fused_variants, operator_workload, packed_inputs,
-                         packed_of, program_epilogue, solve_request, stock_mapping_cost)
+                         kept_twin, packed_of, program_epilogue, solve_request, stock_mapping_cost,
+                         unfolded)
 from .choice import (AGREEMENT_SLACK, CPU, CYCLE_RANKED, RANK_FACTOR, STOCK, STOCK_COMPARED,
                      _choice_key, _contender_key, blocked_output, choose, host_relayout_seconds,
                      objective_key, plan_host_bytes)
@@ -75,6 +76,10 @@ __all__ = ["MODES", "CspWorkload", "CspGemmTemplate", "Candidate", "PlanCache", 
 logger = logging.getLogger("tvm_csp_embed")
 
 #: how the report names the loop dims of the conv2d and dense workloads
+#: the objectives that price host work: under them a folded candidate has a twin with the bias
+#: kept on the ALU (:func:`~.candidates.kept_twin`), and the objective chooses between the two
+HOST_PRICED = ("end-to-end", "combined")
+
 DIM_WORDS = {"n": "batch", "b": "batch", "c": "in channels", "i": "in features", "k": "out channels",
              "o": "out features", "r": "filter rows", "s": "filter columns", "oh": "output rows",
              "ow": "output columns", "rs": "filter rows x columns (fused)",
@@ -155,7 +160,12 @@ class CspGemmTemplate(OpTemplate):
                                       statuses=statuses)
         except SolverError as err:
             return self._stock(op, config, f"the solver failed: {err}")  # not cached: may pass later
-        usable = [fold_candidate(op, c, self.kind) for c in cands if not c.refused]
+        usable = []
+        for c in cands:
+            if not c.refused:
+                usable.append(fold_candidate(op, c, self.kind))
+                if c.workload.bias_lanes and options.objective in HOST_PRICED:
+                    usable.append(kept_twin(c))
         if not usable:
             why = "; ".join(notes + [f"{c.label}: {c.refused}" for c in cands]) or "no embedding"
             if cache is not None and "timeout" not in statuses.values():  # a timeout may pass later
@@ -226,8 +236,9 @@ class CspGemmTemplate(OpTemplate):
         pg = packed_of(cw, config)
         # the fold decided again: the key holds what it depends on (bias_signature), so the
         # decision is the entry's
-        cand = fold_candidate(op, Candidate(dataclasses.replace(cw, bias_lanes=0), pg.embedding, pg),
-                              self.kind)
+        cand = fold_candidate(op, Candidate(unfolded(cw), pg.embedding, pg), self.kind)
+        if cand.workload.bias_lanes and not cw.bias_lanes:
+            cand = kept_twin(cand)
         if cand.workload != cw:
             raise RuntimeError(f"plan cache entry {entry.get('key')}: its bias fold "
                                f"({cw.bias_lanes} lanes) is not the one decided now "
