@@ -183,7 +183,7 @@ def test_agreement_rule_slack():
         data = NS(tensor="data", host=lay)
         pg = NS(operands={"A": data, "B": NS(tensor="weight", host=None), "C": NS(host=lay)})
         emb = NS(workload=NS(inputs=[NS(name="data"), NS(name="weight")]))
-        return NS(label=label, cycles=cycles, packed=pg, embedding=emb)
+        return NS(label=label, cycles=cycles, packed=pg, embedding=emb, workload=NS(bias_lanes=0))
 
     contender = (NS(in_layout=src, out_layout=out),)
     score = lambda c: c.cycles  # noqa: E731
