@@ -10,7 +10,9 @@ One generator for every operator and every mapping family (:mod:`.plan`):
 * :mod:`.schedule` -- the packed TE compute and its s_tir schedule (VTA scopes, GEMM intrinsic);
 * :mod:`.knobs` -- the knob space over the free loops, its model, and the search for the TPS
   default point (the whole domain at once, with numpy);
-* :mod:`.build` -- :func:`build_gemm`: lowering by :mod:`vta_ext.lower` into a VTA program.
+* :mod:`.build` -- :func:`build_gemm`: lowering by :mod:`vta_ext.lower` into a VTA program;
+* :mod:`.biasfold` -- a constant bias folded into the spare reduction lanes (lane constants in the
+  data layout, int8 digits in the weights; the epilogue without its bias stage).
 """
 from .build import CompiledGemm, build_gemm, resolve_knobs
 from .knobs import (KnobGrid, KnobPoint, Pruned, enumerate_points, evaluate, knob_domain, knob_grid,
