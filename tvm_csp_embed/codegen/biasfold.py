@@ -369,11 +369,18 @@ def fold_layouts(pg: PackedGemm, bias) -> Dict[str, HostLayout]:
     operands' own layouts plus a ``("set", ...)`` step that writes the lane constants into the
     data and the digits of ``bias`` (one value per output channel) into the weights.
 
+    Computed once per program and bias values (``pg.memo``).
+
     Raises
     ------
     ValueError
         If ``pg`` has no lane for the bias (:func:`fold_lanes`), or a value is out of range.
     """
+    b = np.ascontiguousarray(np.asarray(bias, dtype=np.int64).ravel())
+    return pg.memo(("fold_layouts", b.tobytes()), lambda: _fold_layouts(pg, b))
+
+
+def _fold_layouts(pg: PackedGemm, bias: np.ndarray) -> Dict[str, HostLayout]:
     lanes = fold_lanes(pg)
     if isinstance(lanes, str):
         raise ValueError(f"cannot fold the bias into {pg.embedding.mapping_str()}: {lanes}")
