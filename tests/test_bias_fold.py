@@ -249,3 +249,22 @@ def test_every_candidate_embedding_folds_bit_exact(c, hw, k, stride, mode):
     assert folded >= (3 if mode == "relaxed" else 1)
     assert mode == "relaxed" or dma == folded
     print(f"{folded} embeddings folded ({swapped} operand-swapped, {dma} with DMA padding)")
+
+
+def test_records_written_before_bias_lanes_still_apply():
+    """``data/tuned`` records (written before ``CspWorkload.bias_lanes``) key like the workload a
+    build asks with now (the field at its default)."""
+    from pathlib import Path
+
+    from tvm_csp_embed.candidates import CspWorkload
+    from tvm_csp_embed.tune.records import load_records
+    from tvm_csp_embed.tune.task import record_key
+    from vta_ext.config import load_config
+
+    path = Path(__file__).resolve().parent.parent / "data" / "tuned" / "resnet18_pipelined_csp-relaxed.json"
+    first = json.loads(path.read_text().splitlines()[0])
+    assert "bias_lanes" not in first["workload"]
+    rec = load_records(path)[0]
+    now = CspWorkload(**first["workload"])
+    assert now.bias_lanes == 0
+    assert rec.key == record_key(first["kind"], first["strategy"], load_config(first["config"]), now)

@@ -15,6 +15,10 @@ convolutions fall back to ``stock``):
    stock mapping family; ``relaxed``: stencil unrolling, fused z, strides) that cost the solver no
    more than the stock mapping (:func:`stock_mapping_cost`: less padding, or as little);
 3. each embedding becomes a packed GEMM program (:mod:`tvm_csp_embed.codegen`) with its knob space;
+   under ``csp-relaxed`` a constant bias is folded into its spare reduction lanes where it fits
+   (:mod:`tvm_csp_embed.codegen.biasfold`, :func:`~.candidates.fold_candidate`; the report row says
+   why when the ALU ADD stays), and under the objectives that price host work
+   (:data:`HOST_PRICED`) the same embedding with the ADD kept competes too;
 4. the candidates are ranked by ``build_options(objective=...)``: ``cycles`` (the cycle model of the
    built program; the two best by a static estimate are built), ``combined`` (cycles at the
    configuration's clock plus the measured host relayout time) or ``footprint`` (bytes of the packed

@@ -148,11 +148,30 @@ def load_records(path: PathLike, warn: bool = True) -> List[Record]:
     return out
 
 
+def _workload_json(kind: str, strategy: str, workload: Dict[str, Any]) -> str:
+    """The record key's workload text: the workload as its template reads it back
+    (``workload_from_dict``, then ``dataclasses.asdict``), so that a record written before a
+    workload field with a default was added (e.g. ``bias_lanes``) keys like a new one; the dict as
+    written when no template of ``kind`` and ``strategy`` is registered or it cannot read it."""
+    import dataclasses
+
+    from vta_ext.errors import TemplateRefusal
+    from vta_ext.strategy import get_template
+
+    try:
+        read = get_template(kind, strategy).workload_from_dict(dict(workload))
+    except (TemplateRefusal, KeyError, TypeError, ValueError):
+        read = None
+    values = dataclasses.asdict(read) if dataclasses.is_dataclass(read) else workload
+    return json.dumps(values, sort_keys=True)
+
+
 def _parse(obj: Any, where: str) -> Record:
     if isinstance(obj, dict) and obj.get("format") == FORMAT:
         cycles = obj["cycles"] if obj.get("error") is None else None
         return Record((obj["kind"], obj["strategy"], obj["config_hash"],
-                       json.dumps(obj["workload"], sort_keys=True)), dict(obj["knobs"]),
+                       _workload_json(obj["kind"], obj["strategy"], obj["workload"])),
+                      dict(obj["knobs"]),
                       None if cycles is None else float(cycles), bool(obj.get("verified")), where,
                       tuple(tuple(s) for s in obj.get("epilogue", ())), "",
                       int(obj.get("dram_bytes") or 0), int(obj.get("insns") or 0))
