@@ -113,6 +113,19 @@ def test_thin_one_channel_deepbench_like_folded_bit_exact():
     assert _lanes(p) > 0, p.detail
 
 
+@pytest.mark.parametrize("c, o, groups", [(8, 16, 4), (6, 32, 2)])
+def test_group_conv_with_thin_groups_folded_bit_exact(c, o, groups):
+    """Group convolutions with 2 and 3 input channels per group: the bias of every group's
+    output channels goes into the spare lanes (the weights' first dim is the output channel)."""
+    rng = np.random.default_rng(5)
+    mod = conv_module(1, c, o, 8, 3, padding=1, groups=groups, shift=8, clip=(-128, 127))
+    mod = bind_constants(mod, w=rng.integers(-128, 128, (o, c // groups, 3, 3)).astype(np.int8),
+                         b=rng.integers(-9000, 9000, (1, o, 1, 1)).astype(np.int32))
+    p, _ = _build_and_compare(mod, [rng.integers(-128, 128, (1, c, 8, 8)).astype(np.int8)],
+                              objective="cycles")
+    assert p.kind == "group_conv2d" and _lanes(p) > 0, p.detail
+
+
 def test_bias_at_the_edges_folds_and_just_over_keeps_the_add():
     rng = np.random.default_rng(3)
     bias = rng.integers(-3000, 3000, 16)
