@@ -338,9 +338,9 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
                      and len(a_free) > 2 else 1)
         iters = math.prod(at_res[n][0] for n in orders.outer[:orders.outer.index(orders.resident_at) + 1])
         insns += iters * res_loads - stores * batch * steps * moved
-    busy = _module_busy(cfg, pg, ep, k, inside, at_res, res, nbytes, stores, batch * steps)
+    busy, res_loads = _module_busy(cfg, pg, ep, k, inside, at_res, res, nbytes, stores, batch * steps)
     return {"sram": sram, "uops": uops, "folded": folded, "bytes": nbytes, "insns": insns,
-            "busy": busy, "cycles": _pipeline(busy, stores, batch * steps, threads)}
+            "busy": busy, "cycles": _pipeline(busy, stores, batch * steps, threads, res_loads)}
 
 
 def _dma_rows(dims, inside):
@@ -357,10 +357,11 @@ def _dma_rows(dims, inside):
 
 
 def _module_busy(cfg, pg: PackedGemm, ep, k, inside, at_res, res, nbytes, stores, steps):
-    """Busy cycles of the program per part, as the cycle model's instruction durations
-    (:func:`vta_ext.sim.cycles.insn_cycles`) sum over the schedule: ``load`` (input and weight
-    loads: issue, a DMA overhead per row, the bytes at ``MEM_BYTES_PER_CYCLE``, a cycle per padding
-    element), ``gemm`` (every GEMM micro-op execution, an issue per load step), ``reset`` (one
+    """``(busy, resident loads)``: the busy cycles of the program per part, as the cycle model's
+    instruction durations (:func:`vta_ext.sim.cycles.insn_cycles`) sum over the schedule, and the
+    load instructions of the resident operand (0 without one). Parts: ``load`` (input and weight
+    loads of the load steps: issue, a DMA overhead per row, the bytes at ``MEM_BYTES_PER_CYCLE``, a
+    cycle per padding element), ``resident`` (the same for the resident operand's loads), ``gemm`` (every GEMM micro-op execution, an issue per load step), ``reset`` (one
     micro-op per accumulator entry), ``epilogue`` (the ALU passes of
     :func:`~vta_ext.templates.epilogue.alu_cycles` per accumulator entry and the bias loads, both on
     the compute module) and ``store``."""
@@ -368,20 +369,24 @@ def _module_busy(cfg, pg: PackedGemm, ep, k, inside, at_res, res, nbytes, stores
 
     issue, dma, bpc = cfg.INSN_ISSUE_CYCLES, cfg.DMA_OVERHEAD_CYCLES, cfg.MEM_BYTES_PER_CYCLE
     A, B, C = (pg.operands[r] for r in "ABC")
-    load = 0
+    load = {"load": 0, "resident": 0}
+    res_loads = 0
     for role, op, counter, elem in (("A", A, "inp_load_nbytes", cfg.inp_elem_bytes),
                                     ("B", B, "wgt_load_nbytes", cfg.wgt_elem_bytes)):
         ins = at_res if role == res else inside
         free = _free_dims(op)
         loads = math.prod(ins[lp.name][0] for lp in pg.loops)      # load instructions issued
         box = loads * math.prod(_region(d, ins) for d in free)      # entries incl. DMA padding
-        load = (load + nbytes[counter] / bpc + loads * (issue + dma * _dma_rows(free, ins))
-                + (box - nbytes[counter] // elem))
+        part = "resident" if role == res else "load"
+        load[part] = (load[part] + nbytes[counter] / bpc + loads * (issue + dma * _dma_rows(free, ins))
+                      + (box - nbytes[counter] // elem))
+        if role == res:
+            res_loads = loads
     blocks = math.prod(d.extent for d in _free_dims(C))                # accumulator entries
     ext = {lp.name: lp.extent for lp in pg.loops}
     ctile = {n: (ext[n] // k[f"tile_{n}"], k[f"tile_{n}"]) for n in pg.c_loops()}
     store_rows = _dma_rows(_free_dims(C), ctile)
-    return {"load": load,
+    return {"load": load["load"], "resident": load["resident"],
             "gemm": pg.embedding.instruction_count * cfg.GEMM_CYCLES_PER_UOP + stores * steps * issue,
             # GEMM resets, or padding-only LOADs at a cycle per element (codegen.schedule)
             "reset": blocks * (cfg.GEMM_CYCLES_PER_UOP if acc_init_of(pg) == "reset" else 1)
@@ -389,24 +394,44 @@ def _module_busy(cfg, pg: PackedGemm, ep, k, inside, at_res, res, nbytes, stores
             "epilogue": (blocks * alu_cycles(cfg, ep) + stores * alu_count(cfg, ep) * issue
                          + (nbytes["acc_load_nbytes"] / bpc + stores * (issue + dma)
                             if has_bias(ep) else 0)),
-            "store": nbytes["out_store_nbytes"] / bpc + stores * (issue + dma * store_rows)}
+            "store": nbytes["out_store_nbytes"] / bpc + stores * (issue + dma * store_rows)}, res_loads
 
 
-def _pipeline(busy, stores, steps, threads):
-    """Estimated cycles of the program from the busy cycles of its parts (:func:`_module_busy`).
+def _pipeline(busy, stores, steps, threads, res_loads=0):
+    """Estimated cycles of the program from the busy cycles of its parts (:func:`_module_busy`)
+    and the resident operand's load instructions ``res_loads`` (all threads; 0 without one).
 
     One thread runs every instruction after the other (a load waits for the GEMM that frees its
-    buffer, the next reset for the store): the sum. With ``t`` virtual threads, the store points
-    go in groups of ``t``: the resets, then the ``t * steps`` load steps pipelined (one load, then
-    the slower of load and GEMM per step, then the last GEMM) with the epilogues on the compute
-    module, then the last store."""
+    buffer, the next fill for the store): the sum. With ``t`` virtual threads the store points go in
+    groups of ``t``, one per thread, as the lowering interleaves them: the ``t`` fills, the
+    ``t * steps`` load steps, the ``t`` epilogues, all on the compute module, then the stores. The
+    loads of a group start after its first fill (the load that reuses a buffer waits for the compute
+    instruction before it) and run back to back on the load module; the GEMM of a step waits for
+    its load. So a group takes the slower of the load stream (a fill, every load, the last GEMM)
+    and the compute stream (the fills or the first fill and load, every GEMM), then the ``t`` epilogues,
+    which no load of the next group overlaps; the store module bounds it by ``t`` stores, and the
+    last store ends the program. A resident operand (``order`` 1 or 2) is loaded once per
+    iteration of its loop, for every thread, before the load steps below it: those loads stall the
+    first GEMM of the group that loads them (with one load step and one resident tile per store
+    point they are load steps like the others)."""
     serial = sum(busy.values())
     t = threads
     per = stores * steps
-    l, g = busy["load"] / per, busy["gemm"] / per
+    # one load step per store point and a resident tile per store point: the resident loads are
+    # load steps like the others
+    folded = (np.asarray(steps) == 1) & (np.asarray(res_loads) >= stores)
+    exposed = np.where(folded, 0, busy["resident"])
+    l = (busy["load"] + busy["resident"] - exposed) / per
+    g = busy["gemm"] / per
     r, e, s = busy["reset"] / stores, busy["epilogue"] / stores, busy["store"] / stores
-    group = t * r + np.maximum(t * steps * l + g + e, l + t * steps * g + t * e) + s
-    return np.where(np.asarray(t) == 1, serial, stores / t * group)
+    group = np.maximum(np.maximum(r + t * steps * l + g, np.maximum(t * r, r + l) + t * steps * g)
+                       + t * e, t * s)
+    # a group that starts a resident iteration: the t resident loads come first
+    res = exposed / np.maximum(res_loads, 1)
+    first = np.maximum(np.maximum(r + t * res + t * steps * l + g,
+                                  np.maximum(t * r, r + t * res + l) + t * steps * g) + t * e, t * s)
+    piped = stores / t * group + np.asarray(res_loads) / t * (first - group) + s
+    return np.where(np.asarray(t) == 1, serial, piped)
 
 
 def _fit_checks(cfg, m: Mapping[str, Any]) -> List[tuple]:
