@@ -404,16 +404,16 @@ def _pipeline(busy, stores, steps, threads, res_loads=0):
     One thread runs every instruction after the other (a load waits for the GEMM that frees its
     buffer, the next fill for the store): the sum. With ``t`` virtual threads the store points go in
     groups of ``t``, one per thread, as the lowering interleaves them: the ``t`` fills, the
-    ``t * steps`` load steps, the ``t`` epilogues, all on the compute module, then the stores. The
-    loads of a group start after its first fill (the load that reuses a buffer waits for the compute
-    instruction before it) and run back to back on the load module; the GEMM of a step waits for
-    its load. So a group takes the slower of the load stream (a fill, every load, the last GEMM)
-    and the compute stream (the fills or the first fill and load, every GEMM), then the ``t`` epilogues,
-    which no load of the next group overlaps; the store module bounds it by ``t`` stores, and the
-    last store ends the program. A resident operand (``order`` 1 or 2) is loaded once per
-    iteration of its loop, for every thread, before the load steps below it: those loads stall the
-    first GEMM of the group that loads them (with one load step and one resident tile per store
-    point they are load steps like the others)."""
+    ``t * steps`` load steps, the ``t`` epilogues, all on the compute module, then the stores. A
+    load waits for the compute instruction before it: the first load of a thread for its fill, so
+    no load of a group runs under the epilogues of the group before; a fill waits for the store of
+    its thread's previous store point. So a group takes the slower of the load stream (every load,
+    back to back from the first fill, the last thread's first load not before the last fill, then
+    the last GEMM) and the compute stream (the fills, every GEMM), then its ``t`` epilogues; the
+    store module bounds it by ``t`` stores, and the last store ends the program. A resident operand
+    (``order`` 1 or 2) is loaded once per iteration of its loop, for every thread, ahead of the
+    load steps below it: those loads stall the first GEMM of the group that loads them (with one
+    load step and one resident tile per store point they are load steps like the others)."""
     serial = sum(busy.values())
     t = threads
     per = stores * steps
@@ -424,12 +424,17 @@ def _pipeline(busy, stores, steps, threads, res_loads=0):
     l = (busy["load"] + busy["resident"] - exposed) / per
     g = busy["gemm"] / per
     r, e, s = busy["reset"] / stores, busy["epilogue"] / stores, busy["store"] / stores
-    group = np.maximum(np.maximum(r + t * steps * l + g, np.maximum(t * r, r + l) + t * steps * g)
-                       + t * e, t * s)
-    # a group that starts a resident iteration: the t resident loads come first
-    res = exposed / np.maximum(res_loads, 1)
-    first = np.maximum(np.maximum(r + t * res + t * steps * l + g,
-                                  np.maximum(t * r, r + t * res + l) + t * steps * g) + t * e, t * s)
+    # the last fill waits for the last thread's store of the group before; the first load of a
+    # thread waits for its fill
+    fills = np.maximum(t * r, r + s)
+
+    def group_of(first):    # a group whose load stream starts with ``first`` resident loads
+        loads = np.maximum(r + first + t * steps * l, fills + first + (t * steps - t + 1) * l)
+        compute = np.maximum(fills, r + first + l) + t * steps * g
+        return np.maximum(np.maximum(loads + g, compute) + t * e, t * s)
+
+    group = group_of(0)
+    first = group_of(t * exposed / np.maximum(res_loads, 1))
     piped = stores / t * group + np.asarray(res_loads) / t * (first - group) + s
     return np.where(np.asarray(t) == 1, serial, piped)
 
