@@ -153,7 +153,7 @@ def cases(sets):
             yield s, case, make
 
 
-def plot(rows: List[Dict], path: Path) -> None:
+def plot(rows: List[Dict], path: Path, config: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -176,7 +176,8 @@ def plot(rows: List[Dict], path: Path) -> None:
     ax.axhline(1.0, color="black", linestyle="--", linewidth=0.8, label="floor")
     ax.axhline(1 / 0.6, color="tab:red", linestyle=":", linewidth=0.8, label="efficiency 0.6")
     ax.set_ylabel("compute module cycles / floor")
-    ax.set_title("csp-relaxed, default options: the compute module's cycles by part")
+    ax.set_title(f"{config}, csp-relaxed at default options: compute module cycles by part",
+                 fontsize=9)
     ax.tick_params(axis="x", labelrotation=90, labelsize=7)
     ax.legend(fontsize=6, ncol=3)
     fig.tight_layout()
@@ -210,7 +211,7 @@ def main(argv=None) -> int:
         w.writeheader()
         w.writerows(rows)
     low = [r for r in rows if r["efficiency"] < args.below]
-    plot(low, path.with_suffix(".png"))
+    plot(low, path.with_suffix(".png"), args.config)
     from near_limit import _geomean as geo
 
     print(f"\n{args.config}, csp-relaxed at default options: {len(rows)} layers, geomean "
