@@ -56,37 +56,26 @@ FIELDS = (["set", "case", "plan", "knobs", "threads", "cycles", "floor", "effici
 
 
 def instruction_parts(program) -> Dict[str, float]:
-    """Busy cycles of ``program``'s instructions by kind: on the compute module ``gemm`` (GEMM
-    micro-ops with their issue), ``reset``, ``alu``, ``acc_load``, ``uop_load``, ``other``; on the
-    load module ``load_bytes`` (input and weight bytes at the bus width), ``load_dma`` (issue and
-    per-row DMA overhead), ``load_pad`` (padding elements), and ``load_nbytes``."""
-    from vta_ext.isa import AluInsn, GemmInsn, MemInsn, MemType, Stage, insn_stage
+    """Busy cycles of ``program``'s instructions by kind: the compute module's parts of
+    ``thin_breakdown.compute_parts`` (``gemm``, ``gemm_reset``, ``alu_vec``, ``alu_imm``,
+    ``acc_load``, ``uop_load``, ``other``) and, on the load module, ``load_bytes`` (input and weight
+    bytes at the bus width), ``load_dma`` (issue and per-row DMA overhead), ``load_pad`` (padding
+    elements)."""
+    from thin_breakdown import compute_parts
+    from vta_ext.isa import MemInsn, Stage, insn_stage
     from vta_ext.sim.cycles import insn_cycles
 
     cfg = program.config
-    parts: Counter = Counter()
+    parts: Counter = Counter(compute_parts(program))
     for insn in program.insns:
-        stage = insn_stage(insn)
-        cycles = insn_cycles(cfg, insn)
-        if stage == Stage.COMPUTE:
-            if isinstance(insn, GemmInsn):
-                kind = "reset" if insn.reset_reg else "gemm"
-            elif isinstance(insn, AluInsn):
-                kind = "alu"
-            elif isinstance(insn, MemInsn) and insn.x_size:
-                kind = "uop_load" if insn.memory_type == MemType.UOP else "acc_load"
-            else:
-                kind = "other"
-            parts[kind] += cycles
-        elif stage == Stage.LOAD and isinstance(insn, MemInsn) and insn.x_size:
+        if insn_stage(insn) == Stage.LOAD and isinstance(insn, MemInsn) and insn.x_size:
             nbytes = insn.x_size * insn.y_size * cfg.elem_bytes(insn.memory_type)
             data = math.ceil(nbytes / cfg.MEM_BYTES_PER_CYCLE)
             pad = ((insn.x_pad_0 + insn.x_size + insn.x_pad_1)
                    * (insn.y_pad_0 + insn.y_size + insn.y_pad_1) - insn.x_size * insn.y_size)
             parts["load_bytes"] += data
             parts["load_pad"] += pad
-            parts["load_dma"] += cycles - data - pad
-            parts["load_nbytes"] += nbytes
+            parts["load_dma"] += insn_cycles(cfg, insn) - data - pad
     return dict(parts)
 
 
@@ -118,9 +107,9 @@ def measure(set_name: str, case: str, module, config: str) -> Dict:
         t = cyc.modules[mod]
         out.update({f"{mod}_busy": t.busy, f"{mod}_stall": t.stall, f"{mod}_idle": t.idle})
     out["gemm"] = parts.get("gemm", 0)
-    out["alu"] = parts.get("alu", 0)
+    out["alu"] = parts.get("alu_vec", 0) + parts.get("alu_imm", 0)
     out["gemm_over"] = out["gemm"] - out["floor_gemm"]
-    out["reset"] = parts.get("reset", 0)
+    out["reset"] = parts.get("gemm_reset", 0)
     out["alu_over"] = out["alu"] - out["floor_alu"]
     out["acc_load"] = parts.get("acc_load", 0)
     out["uop_load"] = parts.get("uop_load", 0) + parts.get("other", 0)
