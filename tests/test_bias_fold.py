@@ -139,18 +139,31 @@ def test_bias_at_the_edges_folds_and_just_over_keeps_the_add():
     mod, arrays = _conv(1, 12, 3, bias=edge, shift=10)
     p, _ = _build_and_compare(mod, arrays, objective="cycles")
     assert _lanes(p) == lanes, p.detail
+    # one over the range: not folded into those lanes; the plan keeps the add, or (when an
+    # embedding with more spare lanes is faster, as the knob estimate may rank them) folds into
+    # more lanes whose range holds it
     over = edge.copy()
     over[0] = hi + 1
     mod, arrays = _conv(1, 12, 3, bias=over, shift=10)
     p, _ = _build_and_compare(mod, arrays, objective="cycles")
-    assert _lanes(p) == 0
-    assert (f"bias kept on the ALU: bias {lo:,}..{hi + 1:,} outside the {lo:,}..{hi:,} that the "
-            f"{lanes} spare lane(s) hold") in p.detail
+    _kept_or_wider(p, lanes, over, f"bias kept on the ALU: bias {lo:,}..{hi + 1:,} outside the "
+                   f"{lo:,}..{hi:,} that the {lanes} spare lane(s) hold")
     under = edge.copy()
     under[5] = lo - 1
     mod, arrays = _conv(1, 12, 3, bias=under, shift=10)
     p, _ = _build_and_compare(mod, arrays, objective="cycles")
-    assert _lanes(p) == 0 and "bias kept on the ALU: bias" in p.detail
+    _kept_or_wider(p, lanes, under, "bias kept on the ALU: bias")
+
+
+def _kept_or_wider(p, lanes, bias, kept):
+    """``p`` did not fold ``bias`` (outside the range of ``lanes`` lanes) into ``lanes`` lanes:
+    it keeps the add and says ``kept``, or folds into more lanes whose range holds ``bias``."""
+    got = _lanes(p)
+    if got == 0:
+        assert kept in p.detail, p.detail
+    else:
+        lo, hi = fold_range(got)
+        assert got > lanes and lo <= bias.min() and bias.max() <= hi, p.detail
 
 
 def test_runtime_bias_and_strict_keep_the_add_and_say_why():
