@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+import re
+
 import numpy as np
 import pytest
 from conftest import bind_constants, conv_module, run_module
@@ -153,6 +155,14 @@ def test_bias_at_the_edges_folds_and_just_over_keeps_the_add():
     mod, arrays = _conv(1, 12, 3, bias=under, shift=10)
     p, _ = _build_and_compare(mod, arrays, objective="cycles")
     _kept_or_wider(p, lanes, under, "bias kept on the ALU: bias")
+    # beyond what every embedding's spare lanes hold: the add is kept, and the report says why
+    huge = edge.copy()
+    huge[3] = 10_000_000
+    mod, arrays = _conv(1, 12, 3, bias=huge, shift=10)
+    p, _ = _build_and_compare(mod, arrays, objective="cycles")
+    assert _lanes(p) == 0 and re.search(r"bias kept on the ALU: bias -?[\d,]+\.\.10,000,000 "
+                                        r"outside the -?[\d,]+\.\.[\d,]+ that the \d+ spare "
+                                        r"lane\(s\) hold", p.detail), p.detail
 
 
 def _kept_or_wider(p, lanes, bias, kept):
