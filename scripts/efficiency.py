@@ -59,8 +59,10 @@ FIELDS = ["set", "case", "epilogue", "config", "strategy", "vta_ops", "floor", "
 
 
 # ------------------------------------------------------------------------------ cases
-def cases(sets, size: str) -> Iterator[Tuple[str, str, str, Callable]]:
-    """``(set, case, epilogue, module factory)`` of every case of ``sets``."""
+def cases(sets, size: str, bind: str = "constants") -> Iterator[Tuple[str, str, str, Callable]]:
+    """``(set, case, epilogue, module factory)`` of every case of ``sets``; ``bind``
+    (``"constants"`` or ``"params"``) says how a DeepBench layer's weights and bias enter its
+    module (:func:`tune_figures.deepbench_module`)."""
     import tune_figures as tf
 
     if "resnet" in sets:
@@ -77,7 +79,8 @@ def cases(sets, size: str) -> Iterator[Tuple[str, str, str, Callable]]:
         for epilogue in tf.DEEPBENCH_EPILOGUES:
             for row in read_layers():
                 yield ("deepbench", f"DB{row['id']}", epilogue,
-                       (lambda r=row, e=epilogue: tf.deepbench_module(r, e)))
+                       (lambda r=row, e=epilogue: tf.deepbench_module(
+                           r, e, constants=bind == "constants")))
     if "networks" in sets:
         import models
 
@@ -197,6 +200,9 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", nargs="+", choices=SETS, default=list(SETS),
                         help="the sets of cases (default: all)")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS))
+    parser.add_argument("--bind", choices=("constants", "params"), default="constants",
+                        help="DeepBench layers: weights and bias as Relax constants, as a "
+                             "quantised network binds them (default), or as function parameters")
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     parser.add_argument("--size", default="small",
                         help="networks' input: 'small' (models.SMALL) or a size such as 224")

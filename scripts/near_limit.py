@@ -65,12 +65,13 @@ def _geomean(values: List[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def layer_rows(csv_path: Optional[str], configs, strategies) -> List[Dict]:
+def layer_rows(csv_path: Optional[str], configs, strategies, bind: str = "constants") -> List[Dict]:
     """The GEMM layer rows (ResNet, MobileNet, DeepBench with the epilogue) for ``configs`` x
-    ``strategies``: from ``csv_path`` (efficiency.py's CSV) or measured now."""
+    ``strategies``: from ``csv_path`` (efficiency.py's CSV) or measured now, the DeepBench layers
+    with their weights and bias bound as ``bind`` says (``efficiency.cases``)."""
     import efficiency as eff
 
-    wanted = [(s, c, e, f) for s, c, e, f in eff.cases(("resnet", "mobilenet", "deepbench"), "small")
+    wanted = [(s, c, e, f) for s, c, e, f in eff.cases(("resnet", "mobilenet", "deepbench"), "small", bind)
               if e != "none"]
     have: Dict[Tuple[str, str, str, str], Dict] = {}
     if csv_path:
@@ -154,11 +155,15 @@ def main(argv=None) -> int:
     ap.add_argument("--efficiency-csv", default=None,
                     help="take the layer rows from this efficiency.py CSV where it has them")
     ap.add_argument("--csv", default=str(ROOT / "docs" / "figures" / "near_limit.csv"))
+    ap.add_argument("--bind", choices=("constants", "params"), default="constants",
+                    help="DeepBench layers: weights and bias as Relax constants, as a quantised "
+                         "network binds them (default), or as function parameters")
     ap.add_argument("--png", default=None, help="default: the CSV's name with .png")
     args = ap.parse_args(argv)
     import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
 
-    rows = layer_rows(args.efficiency_csv, ("default", "pipelined"), ("stock", "csp-relaxed"))
+    rows = layer_rows(args.efficiency_csv, ("default", "pipelined"), ("stock", "csp-relaxed"),
+                      args.bind)
     nets = {(c, s): network(c, s) for c, s in (("default", "stock"), ("default", "csp-relaxed"),
                                                ("pipelined", "csp-relaxed"))}
     results = goals(rows, nets)
