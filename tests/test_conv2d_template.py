@@ -426,3 +426,10 @@ def test_the_unchecked_schedule_gives_the_checked_schedules_module(monkeypatch):
     (loop,) = sch.get_loops(sch.get_sblock("b"))
     with pytest.raises(Exception, match="16"):          # 2 * 3 does not cover the extent 16
         sch.split(loop, [2, 3])
+
+
+def test_total_gemm_uops_is_the_original_stacks_gemm_counter():
+    """ResNet-18 C2: the GEMM micro-ops any stock tiling runs are the original stack's counter."""
+    from vta_ext.templates.tiling import total_gemm_uops
+
+    assert total_gemm_uops(apache_config(), RESNET18["C2"]) == C2_COUNTERS["gemm_counter"]

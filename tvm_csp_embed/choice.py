@@ -323,23 +323,20 @@ def stock_cycles_bound(config, kind: str, op: MatchedOp, plan) -> Optional[float
     whose micro-op count this does not know.
 
     The stock conv2d, group conv2d and dense templates run every micro-op of their (channel
-    padded) workload exactly once, whatever the tiling: ``batch/BATCH * out_channels/BLOCK_OUT *
-    in_channels/groups/BLOCK_IN * out_height * out_width * kernel_h * kernel_w`` GEMM micro-ops
-    (rounded down), each at ``GEMM_CYCLES_PER_UOP`` on the compute module, plus the ALU floor of
-    the epilogue, as in :func:`cycles_bound`.
+    padded) workload exactly once, whatever the tiling
+    (:func:`vta_ext.templates.tiling.total_gemm_uops`), each at ``GEMM_CYCLES_PER_UOP`` on the
+    compute module, plus the ALU floor of the epilogue, as in :func:`cycles_bound`.
     """
-    from vta_ext.templates.workload import (Conv2dWorkload, DenseWorkload, dense_as_conv2d,
-                                            groups_of)
+    from vta_ext.templates.tiling import total_gemm_uops
+    from vta_ext.templates.workload import Conv2dWorkload, DenseWorkload, dense_as_conv2d
 
     wl = plan.workload
     if isinstance(wl, DenseWorkload):
         wl = dense_as_conv2d(wl)
     if not isinstance(wl, Conv2dWorkload):
         return None
-    uops = ((wl.batch // config.BATCH) * (wl.out_channels // config.BLOCK_OUT)
-            * (wl.in_channels // groups_of(wl) // config.BLOCK_IN)
-            * wl.out_height * wl.out_width * wl.kernel_h * wl.kernel_w)
-    return uops * config.GEMM_CYCLES_PER_UOP + _alu_bound(config, kind, op)
+    return (total_gemm_uops(config, wl) * config.GEMM_CYCLES_PER_UOP
+            + _alu_bound(config, kind, op))
 
 
 def choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: List[Candidate],

@@ -76,7 +76,7 @@ from .workload import (Conv2dWorkload, DenseWorkload, check_conv2d_workload, che
 __all__ = ["TilingChoice", "PrunedPoint", "BYTE_COUNTERS", "knob_domain", "knob_space",
            "pruned_points", "tps_knobs", "TilingGrid", "tiling_grid", "fallback_knobs",
            "check_knobs", "resolve_knobs", "evaluate", "dram_bytes", "sram_usage", "gemm_uops",
-           "estimate_insns", "group_span"]
+           "estimate_insns", "group_span", "total_gemm_uops"]
 
 #: the simulator counters the DRAM model predicts
 BYTE_COUNTERS = ("inp_load_nbytes", "wgt_load_nbytes", "acc_load_nbytes", "out_store_nbytes")
@@ -330,6 +330,14 @@ def gemm_uops(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs) -> int:
     tile spans several groups) the two outermost are folded into the instruction, the others
     unrolled."""
     return int(_kernel(_geometry(load_config(cfg), wl), wl, knobs)[0])
+
+
+def total_gemm_uops(cfg: VTAConfig, wl: Conv2dWorkload) -> int:
+    """GEMM micro-ops a stock conv2d (or group conv2d) program of ``wl`` runs in all, whatever
+    its tiling: every (batch block, output block, input block of its group, output pixel, filter
+    tap) once."""
+    geo = _geometry(cfg, wl)
+    return geo.nb * geo.ob * geo.cbg * geo.oh * geo.ow * wl.kernel_h * wl.kernel_w
 
 
 def _insns(geo: _Geometry, k, n_alu: int) -> Any:
