@@ -94,17 +94,31 @@ def test_stem_like_three_channels_folded_bit_exact(k, stride, hw):
     assert "bias kept" not in p.detail and f"bias in {_lanes(p)} lanes" in p.plan
 
 
-def test_end_to_end_weighs_the_fold_against_its_host_pass():
+def test_end_to_end_weighs_the_fold_against_its_host_pass(monkeypatch):
     """Under the default objective (end-to-end) a folded embedding competes with its twin that
     keeps the bias on the ALU: the fold's lane constants are one more host pass over the packed
     input. On this stem-like layer the host model prices that pass above the ALU cycles saved;
-    the report says so, and the output is bit-exact either way."""
+    the report says so, and the output is bit-exact either way. With every considered candidate
+    timed (no pruning by bound), the runner-up is the folded twin, with a higher score."""
+    import shutil
+
+    from tvm_csp_embed import choice
+    from tvm_csp_embed.cache import cache_dir
+
     bias = np.random.default_rng(1).integers(-12_000, 12_000, 16)
     mod, arrays = _conv(3, 24, 7, stride=2, bias=bias)
     p, _ = _build_and_compare(mod, arrays)
     assert _lanes(p) == 0
     assert "bias kept on the ALU: the objective prefers it to the fold into" in p.detail
-    assert "bias in " in p.detail.split("next ")[1]          # the folded twin was timed
+    for sub in ("choices", "plans"):
+        shutil.rmtree(cache_dir() / sub, ignore_errors=True)
+    monkeypatch.setattr(choice, "PRUNE_BY_BOUND", False)
+    full, _ = _build_and_compare(mod, arrays)
+    assert full.plan == p.plan
+    score = lambda text: int(re.search(r"([\d,]+) cycles end to end", text).group(1).replace(",", ""))  # noqa: E731
+    runner_up = full.detail.split("; next ")[1]
+    assert "bias in " in runner_up.split(":")[0]             # the folded twin
+    assert score(runner_up) > score(full.detail)
 
 
 def test_thin_one_channel_deepbench_like_folded_bit_exact():

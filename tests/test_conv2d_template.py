@@ -433,3 +433,25 @@ def test_total_gemm_uops_is_the_original_stacks_gemm_counter():
     from vta_ext.templates.tiling import total_gemm_uops
 
     assert total_gemm_uops(apache_config(), RESNET18["C2"]) == C2_COUNTERS["gemm_counter"]
+
+
+@pytest.mark.parametrize("knobs", ["tps", "fallback"])
+def test_output_blocks_are_the_stock_programs_resets(knobs):
+    """ResNet-18 C2 (1x64x56x56 -> 64): whatever the tiling, the stock program resets every
+    accumulator entry of the output once, 56 * 56 * 64 / 16 = 12,544 reset micro-ops, and passes
+    each through every ALU stage once (the original epilogue ``>> 8``, ``+ bias``, clip: a SHR and
+    the clip's MIN and MAX with an immediate, 5 cycles each, and the vector ADD, 6 cycles);
+    :func:`~vta_ext.templates.tiling.output_blocks` is that count."""
+    from vta_ext.isa import AluInsn, GemmInsn
+    from vta_ext.templates.tiling import output_blocks
+
+    cfg = apache_config()
+    wl = RESNET18["C2"]
+    program = build_conv2d(cfg, wl, EPILOGUE_ORIGINAL, knobs).program
+    uops = lambda i: i.iter_out * i.iter_in * (i.uop_end - i.uop_bgn)  # noqa: E731
+    resets = sum(uops(i) for i in program.insns if isinstance(i, GemmInsn) and i.reset_reg)
+    alu = sum(uops(i) * (cfg.ALU_CYCLES_PER_UOP_IMM if i.use_imm else cfg.ALU_CYCLES_PER_UOP_VEC)
+              for i in program.insns if isinstance(i, AluInsn))
+    assert resets == output_blocks(cfg, wl) == 56 * 56 * 64 // 16
+    assert (cfg.ALU_CYCLES_PER_UOP_IMM, cfg.ALU_CYCLES_PER_UOP_VEC) == (5, 6)
+    assert alu == 12_544 * (3 * 5 + 6)

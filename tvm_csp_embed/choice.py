@@ -285,36 +285,25 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def cycles_bound(config, kind: str, op: MatchedOp, pg: PackedGemm) -> float:
-    """A lower bound on the cycle model's count of any program of the packed GEMM ``pg`` for
+def cycles_bound(config, kind: str, op: MatchedOp, cand: Candidate) -> float:
+    """A lower bound on the cycle model's count of any program of the candidate ``cand`` for
     ``op`` (an operator of ``kind``), known before it is built.
 
     The compute module runs its instructions one after the other, so the program takes at least
     their summed durations (:func:`vta_ext.sim.cycles.insn_cycles`), and those are at least the
-    micro-op cycles: every GEMM call of the embedding (``instruction_count``, one micro-op each)
-    at ``GEMM_CYCLES_PER_UOP``, plus the ALU passes the epilogue needs over every output block
-    (the floor's ALU part, :func:`vta_ext.floor.operator_floor`, of the epilogue the build
-    runs, :func:`~vta_ext.templates.epilogue.simplify_epilogue`).
+    micro-op cycles that every program of ``cand.packed`` runs whatever its knobs
+    (:func:`~.codegen.knobs.compute_work`): every GEMM call of the embedding, the initialisation
+    of every accumulator entry, and every accumulator entry through every ALU pass of the
+    epilogue the program runs (without the bias stage when the bias is folded,
+    :func:`~.candidates.program_epilogue`; simplified as the build simplifies it).
     """
-    return pg.embedding.instruction_count * config.GEMM_CYCLES_PER_UOP + _alu_bound(config, kind, op)
+    from vta_ext.templates.epilogue import simplify_epilogue
 
+    from .candidates import program_epilogue
+    from .codegen.knobs import compute_work
 
-def _alu_bound(config, kind: str, op: MatchedOp) -> float:
-    """The ALU cycles every program for ``op`` spends at least: the floor's ALU part
-    (:func:`vta_ext.floor.operator_floor`) of the epilogue the build runs; 0 for a kind without
-    a GEMM floor."""
-    import math
-
-    from vta_ext.floor import GEMM_KINDS, OperatorSize, operator_floor
-    from vta_ext.quantize import call_macs
-    from vta_ext.templates.epilogue import normalize_epilogue, simplify_epilogue
-
-    macs = call_macs(op.core)
-    if kind not in GEMM_KINDS or macs <= 0:
-        return 0
-    size = OperatorSize(kind, macs, math.prod(_shape(op.core)), 0,
-                        epilogue=simplify_epilogue(normalize_epilogue(op.epilogue)))
-    return operator_floor(config, size).compute_alu
+    ep = simplify_epilogue(program_epilogue(cand.workload, op.epilogue))
+    return sum(compute_work(config, cand.packed, ep).values())
 
 
 def stock_cycles_bound(config, kind: str, op: MatchedOp, plan) -> Optional[float]:
@@ -324,10 +313,13 @@ def stock_cycles_bound(config, kind: str, op: MatchedOp, plan) -> Optional[float
 
     The stock conv2d, group conv2d and dense templates run every micro-op of their (channel
     padded) workload exactly once, whatever the tiling
-    (:func:`vta_ext.templates.tiling.total_gemm_uops`), each at ``GEMM_CYCLES_PER_UOP`` on the
-    compute module, plus the ALU floor of the epilogue, as in :func:`cycles_bound`.
+    (:func:`vta_ext.templates.tiling.total_gemm_uops`), and reset every accumulator entry of the
+    output once and pass it once through every ALU stage of the epilogue
+    (:func:`vta_ext.templates.tiling.output_blocks`), all on the compute module, as in
+    :func:`cycles_bound`.
     """
-    from vta_ext.templates.tiling import total_gemm_uops
+    from vta_ext.templates.epilogue import alu_cycles, normalize_epilogue, simplify_epilogue
+    from vta_ext.templates.tiling import output_blocks, total_gemm_uops
     from vta_ext.templates.workload import Conv2dWorkload, DenseWorkload, dense_as_conv2d
 
     wl = plan.workload
@@ -335,8 +327,10 @@ def stock_cycles_bound(config, kind: str, op: MatchedOp, plan) -> Optional[float
         wl = dense_as_conv2d(wl)
     if not isinstance(wl, Conv2dWorkload):
         return None
-    return (total_gemm_uops(config, wl) * config.GEMM_CYCLES_PER_UOP
-            + _alu_bound(config, kind, op))
+    blocks = output_blocks(config, wl)
+    ep = simplify_epilogue(normalize_epilogue(op.epilogue))
+    return ((total_gemm_uops(config, wl) + blocks) * config.GEMM_CYCLES_PER_UOP
+            + blocks * alu_cycles(config, ep))
 
 
 def choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: List[Candidate],
@@ -360,12 +354,17 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
     option and returned as :data:`STOCK` when it is at least as good as the best candidate.
     ``contender`` is :meth:`_stock_contender`'s answer for ``op``.
 
-    Under the objectives ``cycles`` and ``end-to-end``, a candidate whose score has a lower bound
-    (:func:`cycles_bound`, plus its host layout cycles) above the best score timed so far (above
-    it plus :data:`AGREEMENT_SLACK` when layout agreement applies) is not built: it could be
-    neither the fastest nor a plan within the agreement slack. This needs the considered set not
-    to depend on which candidates build, so it applies when at most :data:`CYCLE_RANKED`
-    candidates are within :data:`RANK_FACTOR` of the best estimate.
+    The candidates considered are those of the first :data:`CYCLE_RANKED` embeddings by the static
+    estimate, up to :data:`RANK_FACTOR` times the best estimate (a candidate whose build fails
+    leaves its place to the next). They are timed lowest lower bound first. Under the objectives
+    ``cycles`` and ``end-to-end``, a plan (a candidate or the stock template's) whose score has a
+    lower bound (:func:`cycles_bound` or :func:`stock_cycles_bound`, plus its host layout cycles)
+    above a timed plan's score that agrees with the neighbouring layouts at least as well
+    (:func:`agreement_points`), or above the best score plus :data:`AGREEMENT_SLACK` when layout
+    agreement applies, is not built: it could be neither the fastest nor the plan layout
+    agreement takes. A candidate not built counts as considered: the only way this can differ
+    from building every considered candidate is a candidate whose build would have failed and
+    left its place to one more.
     """
     from vta_ext.templates.errors import KnobError
 
@@ -413,38 +412,79 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
         # an embedding and its twin with the bias kept on the ALU (:func:`~.candidates.kept_twin`)
         # take one place of CYCLE_RANKED
         distinct = lambda cands: len({unfolded(c.workload) for c in cands})  # noqa: E731
-        prune = (PRUNE_BY_BOUND and objective in ("cycles", "end-to-end")
-                 and distinct([c for c in usable if c.estimate <= RANK_FACTOR * first]) <= CYCLE_RANKED)
+        prune = PRUNE_BY_BOUND and objective in ("cycles", "end-to-end")
         slack = 1 + AGREEMENT_SLACK if op.input_layout is not None else 1
-        for c in sorted(usable, key=lambda c: c.estimate):
-            seen = {unfolded(t.workload) for t in timed}
-            if ((len(seen) == CYCLE_RANKED and unfolded(c.workload) not in seen)
-                    or (timed and c.estimate > RANK_FACTOR * first)):
-                break
-            data = c.embedding.workload.inputs[0].name
-            act = operand_layouts(op, c)[data]   # with the lane constants of a folded bias
-            c.host_bytes = (plan_host_bytes(op, act, c.packed.operands["C"].host, stock_out)
-                            + operand_pack_bytes(op, packed_inputs(op, c)))
-            if prune and timed:
-                bound = cycles_bound(config, kind, op, c.packed) + (
-                    host.layout_cycles(c.host_bytes) if objective == "end-to-end" else 0)
-                if bound > slack * min(map(score, timed)):
-                    skipped.append(c)
+        agree_out = contender[0].out_layout if contender is not None else None
+        by_estimate = sorted(usable, key=lambda c: c.estimate)
+        rank = {id(c): i for i, c in enumerate(by_estimate)}
+        failed, done, lower = set(), set(), {}
+
+        def considered():
+            """The candidates the choice times: in estimate order, those of the first
+            CYCLE_RANKED embeddings, up to RANK_FACTOR times the best estimate once one is in;
+            a candidate whose build failed leaves its place to the next."""
+            out, places = [], set()
+            for c in by_estimate:
+                if id(c) in failed:
                     continue
+                place = unfolded(c.workload)
+                if (len(places) == CYCLE_RANKED and place not in places) or (
+                        out and c.estimate > RANK_FACTOR * first):
+                    break
+                places.add(place)
+                out.append(c)
+            return out
+
+        def lower_bound(c):
+            """A lower bound on ``c``'s score (its host bytes are set on the way)."""
+            if id(c) not in lower:
+                data = c.embedding.workload.inputs[0].name
+                act = operand_layouts(op, c)[data]   # with the lane constants of a folded bias
+                c.host_bytes = (plan_host_bytes(op, act, c.packed.operands["C"].host, stock_out)
+                                + operand_pack_bytes(op, packed_inputs(op, c)))
+                lower[id(c)] = cycles_bound(config, kind, op, c) + (
+                    host.layout_cycles(c.host_bytes) if objective == "end-to-end" else 0)
+            return lower[id(c)]
+
+        def beaten(bound, pts) -> bool:
+            """Whether a plan whose score is at least ``bound`` and whose layout agreement is
+            ``pts`` points can be neither the fastest plan nor the one layout agreement takes
+            (:func:`agree`): a timed plan scores less and agrees at least as well, or the
+            bound exceeds the best score by more than the agreement slack."""
+            return bool(timed) and (bound > slack * min(map(score, timed)) or any(
+                score(t) < bound and agreement_points(op, agree_out, *plan_layouts(op, t)) >= pts
+                for t in timed))
+
+        # time the considered candidates, the most promising (lowest bound) first: a candidate
+        # whose bound shows it cannot be taken is not built
+        while True:
+            pending = [c for c in considered() if id(c) not in done]
+            if not pending:
+                break
+            c = min(pending, key=lambda c: (lower_bound(c), rank[id(c)]))
+            done.add(id(c))
+            if prune and beaten(lower_bound(c), agreement_points(op, agree_out, *plan_layouts(op, c))):
+                skipped.append(c)
+                continue
             k = op_key(kind, strategy, config, c.workload, op.epilogue, knobs[c.workload])
             try:
                 compiled_op(k, config=config)
             except KnobError as err:
                 knob_errors.append(err)
                 dropped.append(f"{c.label}: {err}")
+                failed.add(id(c))
                 continue
             except TemplateRefusal as err:
                 dropped.append(f"{c.label}: {err}")
+                failed.add(id(c))
                 continue
             c.cycles = cycle_report(k).total_cycles
             if objective == "combined":
-                c.host_seconds = host_relayout_seconds(c.packed, data_layout=act)
+                c.host_seconds = host_relayout_seconds(
+                    c.packed, data_layout=operand_layouts(op, c)[c.embedding.workload.inputs[0].name])
             timed.append(c)
+        # equal scores: the order of the static estimate, whatever order they were timed in
+        timed.sort(key=lambda c: rank[id(c)])
         if not timed:
             if knob_errors:
                 raise knob_errors[0]
@@ -470,8 +510,9 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
             bound = stock_cycles_bound(config, kind, op, contender[0])
             if bound is not None and objective == "end-to-end":
                 bound += host.layout_cycles(stock_host_bytes(op, contender[0]))
-            if bound is not None and bound > slack * score(best):
-                stock_skip = bound      # it could be neither the fastest nor within the slack
+            if bound is not None and beaten(bound, agreement_points(
+                    op, agree_out, contender[0].in_layout, contender[0].out_layout)):
+                stock_skip = bound      # it could be neither the fastest nor the agreed plan
         if stock_skip is None:
             stock = time_stock(kind, strategy, config, op, contender, objective, dropped)
         else:
@@ -511,6 +552,27 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
 
 
 
+def plan_layouts(op: MatchedOp, cand: Candidate) -> Tuple[Any, Any]:
+    """The host layouts ``cand``'s plan for ``op`` takes its activation in (with the lane
+    constants of a folded bias) and leaves its output in."""
+    return (operand_layouts(op, cand)[cand.embedding.workload.inputs[0].name],
+            cand.packed.operands["C"].host)
+
+
+def agreement_points(op: MatchedOp, stock_out, in_layout, out_layout) -> int:
+    """Layout agreement points of a plan for ``op`` taking its activation in ``in_layout`` and
+    leaving its output in ``out_layout`` (:func:`agree`): one for taking the producer's packed
+    output over, one for leaving the output in the stock template's arrangement ``stock_out``
+    (None: no stock plan, no point)."""
+    from vta_ext.packing import same_arrangement
+
+    taken = (op.input_layout is not None and in_layout is not None
+             and same_arrangement(op.input_layout, in_layout))
+    kept = (stock_out is not None and out_layout is not None
+            and same_arrangement(out_layout, stock_out))
+    return int(taken) + int(kept)
+
+
 def agree(op: MatchedOp, ranked: List[Candidate], stock, contender, score, unit):
     """Layout agreement (:data:`AGREEMENT_SLACK`) for an operator fed by a VTA operator.
 
@@ -521,26 +583,17 @@ def agree(op: MatchedOp, ranked: List[Candidate], stock, contender, score, unit)
     why, or ``(None, "")`` when the fastest plan agrees at least as well or no plan within the
     slack agrees better (and always when the input comes from the host).
     """
-    from vta_ext.packing import same_arrangement
-
     if op.input_layout is None or not ranked:
         return None, ""
     stock_out = contender[0].out_layout if contender is not None else None
-
-    def points(in_layout, out_layout) -> int:
-        taken = in_layout is not None and same_arrangement(op.input_layout, in_layout)
-        kept = (stock_out is not None and out_layout is not None
-                and same_arrangement(out_layout, stock_out))
-        return int(taken) + int(kept)
-
     entries = []  # (score, order, plan, label, points); the stock plan first on a tie
     if stock is not None:
         entries.append((score(stock), 0, STOCK, "the stock template's own plan",
-                        points(contender[0].in_layout, contender[0].out_layout), stock))
+                        agreement_points(op, stock_out, contender[0].in_layout,
+                                         contender[0].out_layout), stock))
     for i, c in enumerate(ranked):
-        pg = c.packed
-        host = operand_layouts(op, c)[c.embedding.workload.inputs[0].name]
-        entries.append((score(c), i + 1, c, c.label, points(host, pg.operands["C"].host), c))
+        entries.append((score(c), i + 1, c, c.label,
+                        agreement_points(op, stock_out, *plan_layouts(op, c)), c))
     entries.sort(key=lambda e: (e[0], e[1]))
     fastest = entries[0]
     close = [e for e in entries if e[0] <= fastest[0] * (1 + AGREEMENT_SLACK)]

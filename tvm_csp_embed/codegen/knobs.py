@@ -48,7 +48,7 @@ from .schedule import acc_init_of
 
 __all__ = ["KnobPoint", "Pruned", "KnobGrid", "knob_names", "knob_domain", "knob_defaults",
            "check_point", "evaluate", "enumerate_points", "knob_grid", "search", "tps_point", "cycle_point", "seed_tps_point",
-           "fallback_point", "BYTE_COUNTERS", "ORDER_KNOB"]
+           "fallback_point", "compute_work", "BYTE_COUNTERS", "ORDER_KNOB"]
 
 #: the loop-order knob (values: :data:`~.loops.ORDERS`)
 ORDER_KNOB = "order"
@@ -356,6 +356,23 @@ def _dma_rows(dims, inside):
     return rows
 
 
+def compute_work(cfg, pg: PackedGemm, ep) -> Dict[str, int]:
+    """The compute module's micro-op cycles of any program of ``pg`` with the (simplified)
+    epilogue ``ep``, whatever its knobs: ``gemm`` (every GEMM call of the embedding, one micro-op
+    each, at ``GEMM_CYCLES_PER_UOP``), ``init`` (every accumulator entry initialised once: a reset
+    micro-op, or a cycle per padding element of a fill LOAD, :func:`~.schedule.acc_init_of`) and
+    ``alu`` (every accumulator entry through every ALU pass of ``ep``,
+    :func:`~vta_ext.templates.epilogue.alu_cycles`). The instruction issue cycles and the bias
+    loads, which depend on the knobs, are not in it, so the sum is a lower bound on the compute
+    module's busy cycles (:func:`_module_busy` adds them)."""
+    from vta_ext.templates.epilogue import alu_cycles
+
+    blocks = math.prod(d.extent for d in _free_dims(pg.operands["C"]))   # accumulator entries
+    return {"gemm": pg.embedding.instruction_count * cfg.GEMM_CYCLES_PER_UOP,
+            "init": blocks * (cfg.GEMM_CYCLES_PER_UOP if acc_init_of(pg) == "reset" else 1),
+            "alu": blocks * alu_cycles(cfg, ep)}
+
+
 def _module_busy(cfg, pg: PackedGemm, ep, k, inside, at_res, res, nbytes, stores, steps):
     """``(busy, resident loads)``: the busy cycles of the program per part, as the cycle model's
     instruction durations (:func:`vta_ext.sim.cycles.insn_cycles`) sum over the schedule, and the
@@ -365,7 +382,7 @@ def _module_busy(cfg, pg: PackedGemm, ep, k, inside, at_res, res, nbytes, stores
     micro-op per accumulator entry), ``epilogue`` (the ALU passes of
     :func:`~vta_ext.templates.epilogue.alu_cycles` per accumulator entry and the bias loads, both on
     the compute module) and ``store``."""
-    from vta_ext.templates.epilogue import alu_count, alu_cycles, has_bias
+    from vta_ext.templates.epilogue import alu_count, has_bias
 
     issue, dma, bpc = cfg.INSN_ISSUE_CYCLES, cfg.DMA_OVERHEAD_CYCLES, cfg.MEM_BYTES_PER_CYCLE
     A, B, C = (pg.operands[r] for r in "ABC")
@@ -382,16 +399,14 @@ def _module_busy(cfg, pg: PackedGemm, ep, k, inside, at_res, res, nbytes, stores
                       + (box - nbytes[counter] // elem))
         if role == res:
             res_loads = loads
-    blocks = math.prod(d.extent for d in _free_dims(C))                # accumulator entries
+    work = compute_work(cfg, pg, ep)
     ext = {lp.name: lp.extent for lp in pg.loops}
     ctile = {n: (ext[n] // k[f"tile_{n}"], k[f"tile_{n}"]) for n in pg.c_loops()}
     store_rows = _dma_rows(_free_dims(C), ctile)
     return {"load": load["load"], "resident": load["resident"],
-            "gemm": pg.embedding.instruction_count * cfg.GEMM_CYCLES_PER_UOP + stores * steps * issue,
-            # GEMM resets, or padding-only LOADs at a cycle per element (codegen.schedule)
-            "reset": blocks * (cfg.GEMM_CYCLES_PER_UOP if acc_init_of(pg) == "reset" else 1)
-                     + stores * issue,
-            "epilogue": (blocks * alu_cycles(cfg, ep) + stores * alu_count(cfg, ep) * issue
+            "gemm": work["gemm"] + stores * steps * issue,
+            "reset": work["init"] + stores * issue,
+            "epilogue": (work["alu"] + stores * alu_count(cfg, ep) * issue
                          + (nbytes["acc_load_nbytes"] / bpc + stores * (issue + dma)
                             if has_bias(ep) else 0)),
             "store": nbytes["out_store_nbytes"] / bpc + stores * (issue + dma * store_rows)}, res_loads

@@ -76,7 +76,7 @@ from .workload import (Conv2dWorkload, DenseWorkload, check_conv2d_workload, che
 __all__ = ["TilingChoice", "PrunedPoint", "BYTE_COUNTERS", "knob_domain", "knob_space",
            "pruned_points", "tps_knobs", "TilingGrid", "tiling_grid", "fallback_knobs",
            "check_knobs", "resolve_knobs", "evaluate", "dram_bytes", "sram_usage", "gemm_uops",
-           "estimate_insns", "group_span", "total_gemm_uops"]
+           "estimate_insns", "group_span", "total_gemm_uops", "output_blocks"]
 
 #: the simulator counters the DRAM model predicts
 BYTE_COUNTERS = ("inp_load_nbytes", "wgt_load_nbytes", "acc_load_nbytes", "out_store_nbytes")
@@ -338,6 +338,15 @@ def total_gemm_uops(cfg: VTAConfig, wl: Conv2dWorkload) -> int:
     tap) once."""
     geo = _geometry(cfg, wl)
     return geo.nb * geo.ob * geo.cbg * geo.oh * geo.ow * wl.kernel_h * wl.kernel_w
+
+
+def output_blocks(cfg: VTAConfig, wl: Conv2dWorkload) -> int:
+    """Accumulator entries a stock conv2d (or group conv2d) program of ``wl`` produces in all,
+    whatever its tiling: every (batch block, output block, output pixel) once. Each is reset once
+    (one reset per tile, before its reduction) and passes once through every ALU stage of the
+    epilogue."""
+    geo = _geometry(cfg, wl)
+    return geo.nb * geo.ob * geo.oh * geo.ow
 
 
 def _insns(geo: _Geometry, k, n_alu: int) -> Any:
