@@ -370,7 +370,7 @@ def kept_twin(cand: Candidate) -> Candidate:
 
 def unfolded(cw: CspWorkload) -> CspWorkload:
     """``cw`` without its bias fold: the embedding a folded candidate and its twin share."""
-    return dataclasses.replace(cw, bias_lanes=0)
+    return dataclasses.replace(cw, bias_lanes=0) if cw.bias_lanes else cw
 
 
 def program_epilogue(cw: CspWorkload, epilogue) -> Tuple[tuple, ...]:
@@ -395,6 +395,19 @@ def operand_layouts(op, cand: Candidate) -> Dict[str, Any]:
     return {pg.operands[r].tensor: pg.operands[r].host for r in "AB"}
 
 
+def data_layout(cand: Candidate):
+    """The host layout of ``cand``'s data operand (its activation): the packed program's own, or
+    with the lane constants of a folded bias (:func:`~.codegen.biasfold.fold_data_layout`); the
+    same as ``operand_layouts(op, cand)`` gives for it, without the weights' bias digits."""
+    pg = cand.packed
+    if cand.workload.bias_lanes:
+        from .codegen.biasfold import fold_data_layout
+
+        return fold_data_layout(pg)
+    data = cand.embedding.workload.inputs[0].name
+    return next(pg.operands[r].host for r in "AB" if pg.operands[r].tensor == data)
+
+
 def packed_inputs(op, cand: Candidate):
     """``inputs(packer)`` of the plan of ``cand`` for the matched operator ``op``
     (:class:`vta_ext.strategy.OpPlan`): packs the activation (or takes it over from the previous
@@ -404,11 +417,11 @@ def packed_inputs(op, cand: Candidate):
     always packed from the operator's tensor (a hand-over would miss the lane constants)."""
     pg = cand.packed
     A, B = pg.operands["A"], pg.operands["B"]
-    layouts = operand_layouts(op, cand)
     folded = bool(cand.workload.bias_lanes)
     data_name, weight_name = (t.name for t in cand.embedding.workload.inputs)
 
     def inputs(packer):
+        layouts = operand_layouts(op, cand)
         args = {}
         for name, expr in ((data_name, op.operands[0]), (weight_name, op.operands[1])):
             layout = layouts[name]

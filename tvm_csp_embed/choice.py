@@ -27,7 +27,7 @@ from vta_ext.strategy import MatchedOp, OpPlan, get_template
 
 from .cache import _write, cache_dir
 from .candidates import (DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape, bias_signature,
-                         operand_layouts, packed_inputs, unfolded)
+                         data_layout, packed_inputs, unfolded)
 from .codegen.plan import PackedGemm
 
 __all__ = ["CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK", "STOCK", "CPU",
@@ -411,7 +411,8 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
 
         # an embedding and its twin with the bias kept on the ALU (:func:`~.candidates.kept_twin`)
         # take one place of CYCLE_RANKED
-        distinct = lambda cands: len({unfolded(c.workload) for c in cands})  # noqa: E731
+        place_of = {id(c): unfolded(c.workload) for c in usable}
+        distinct = lambda cands: len({place_of[id(c)] for c in cands})  # noqa: E731
         prune = PRUNE_BY_BOUND and objective in ("cycles", "end-to-end")
         slack = 1 + AGREEMENT_SLACK if op.input_layout is not None else 1
         agree_out = contender[0].out_layout if contender is not None else None
@@ -427,7 +428,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
             for c in by_estimate:
                 if id(c) in failed:
                     continue
-                place = unfolded(c.workload)
+                place = place_of[id(c)]
                 if (len(places) == CYCLE_RANKED and place not in places) or (
                         out and c.estimate > RANK_FACTOR * first):
                     break
@@ -438,8 +439,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
         def lower_bound(c):
             """A lower bound on ``c``'s score (its host bytes are set on the way)."""
             if id(c) not in lower:
-                data = c.embedding.workload.inputs[0].name
-                act = operand_layouts(op, c)[data]   # with the lane constants of a folded bias
+                act = data_layout(c)   # with the lane constants of a folded bias
                 c.host_bytes = (plan_host_bytes(op, act, c.packed.operands["C"].host, stock_out)
                                 + operand_pack_bytes(op, packed_inputs(op, c)))
                 lower[id(c)] = cycles_bound(config, kind, op, c) + (
@@ -480,8 +480,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                 continue
             c.cycles = cycle_report(k).total_cycles
             if objective == "combined":
-                c.host_seconds = host_relayout_seconds(
-                    c.packed, data_layout=operand_layouts(op, c)[c.embedding.workload.inputs[0].name])
+                c.host_seconds = host_relayout_seconds(c.packed, data_layout=data_layout(c))
             timed.append(c)
         # equal scores: the order of the static estimate, whatever order they were timed in
         timed.sort(key=lambda c: rank[id(c)])
@@ -555,8 +554,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
 def plan_layouts(op: MatchedOp, cand: Candidate) -> Tuple[Any, Any]:
     """The host layouts ``cand``'s plan for ``op`` takes its activation in (with the lane
     constants of a folded bias) and leaves its output in."""
-    return (operand_layouts(op, cand)[cand.embedding.workload.inputs[0].name],
-            cand.packed.operands["C"].host)
+    return data_layout(cand), cand.packed.operands["C"].host
 
 
 def agreement_points(op: MatchedOp, stock_out, in_layout, out_layout) -> int:

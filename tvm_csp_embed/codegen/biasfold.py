@@ -36,7 +36,7 @@ from .plan import AXIS_PREFIX, PackedGemm
 from .relayout import HostLayout
 
 __all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "fold_range", "fold_constants", "fold_digits",
-           "FoldLanes", "fold_lanes", "fold_decision", "fold_layouts", "fold_epilogue",
+           "FoldLanes", "fold_lanes", "fold_decision", "fold_layouts", "fold_data_layout", "fold_epilogue",
            "FOLD_KINDS"]
 
 #: the data constant of the first spare lane (it carries the residue of the bias modulo 128)
@@ -380,16 +380,30 @@ def fold_layouts(pg: PackedGemm, bias) -> Dict[str, HostLayout]:
     return pg.memo(("fold_layouts", b.tobytes()), lambda: _fold_layouts(pg, b))
 
 
-def _fold_layouts(pg: PackedGemm, bias: np.ndarray) -> Dict[str, HostLayout]:
+def fold_data_layout(pg: PackedGemm) -> HostLayout:
+    """The host layout of the data operand with the bias folded in: its own layout plus the
+    ``("set", ...)`` step that writes the lane constants (it does not depend on the bias values).
+
+    Raises
+    ------
+    ValueError
+        If ``pg`` has no lane for the bias (:func:`fold_lanes`).
+    """
     lanes = fold_lanes(pg)
     if isinstance(lanes, str):
         raise ValueError(f"cannot fold the bias into {pg.embedding.mapping_str()}: {lanes}")
-    dop, wop = pg.operands[lanes.data], pg.operands[lanes.weight]
-    digits = fold_digits(bias, lanes.lanes)
+    dop = pg.operands[lanes.data]
     consts = fold_constants(lanes.lanes)
-    data = HostLayout(dop.host.src_shape, dop.host.steps + (
+    return HostLayout(dop.host.src_shape, dop.host.steps + (
         ("set", lanes.data_shape, lanes.data_index, tuple(int(v) for v in consts), "int8"),),
         dop.host.name)
+
+
+def _fold_layouts(pg: PackedGemm, bias: np.ndarray) -> Dict[str, HostLayout]:
+    data = fold_data_layout(pg)
+    lanes = fold_lanes(pg)
+    dop, wop = pg.operands[lanes.data], pg.operands[lanes.weight]
+    digits = fold_digits(bias, lanes.lanes)
     # the output channel of every packed weight position: the weights' own layout of a probe
     # numbered by the first (output channel) dim, 0 on padding
     src = tuple(wop.host.src_shape)
