@@ -318,3 +318,19 @@ def test_records_written_before_bias_lanes_still_apply():
     now = CspWorkload(**first["workload"])
     assert now.bias_lanes == 0
     assert rec.key == record_key(first["kind"], first["strategy"], load_config(first["config"]), now)
+
+
+def test_with_bias_lanes_is_dataclasses_replace():
+    """``CspWorkload.with_bias_lanes`` (the fold's cheap copy) equals ``dataclasses.replace``:
+    same fields, equal and hashing alike, and the original is left as it was."""
+    import dataclasses
+
+    from tvm_csp_embed.candidates import CspWorkload
+
+    cw = CspWorkload("conv2d", [["c", 3], ["k", 16]], "NCHW", "relaxed", [["A", "data"]],
+                     [1, 1], [[0, 1]], [["crs", 13]])
+    for lanes in (0, 13):
+        new = cw.with_bias_lanes(lanes)
+        ref = dataclasses.replace(cw, bias_lanes=lanes)
+        assert new == ref and hash(new) == hash(ref) and dataclasses.asdict(new) == dataclasses.asdict(ref)
+    assert cw.bias_lanes == 0 and cw.with_bias_lanes(13).with_bias_lanes(0) == cw

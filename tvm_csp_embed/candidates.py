@@ -91,10 +91,22 @@ class CspWorkload:
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, _tuples(getattr(self, f.name)))
 
+    def with_bias_lanes(self, lanes: int) -> "CspWorkload":
+        """This workload with ``bias_lanes`` set (``dataclasses.replace`` without normalising
+        the other fields again: they already are)."""
+        if lanes == self.bias_lanes:
+            return self
+        new = object.__new__(CspWorkload)
+        new.__dict__.update({name: self.__dict__[name] for name in _FIELDS}, bias_lanes=int(lanes))
+        return new
+
     @property
     def p(self) -> Dict[str, int]:
         """The operator parameters as a dict."""
         return dict(self.params)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(CspWorkload))
 
 
 # ------------------------------------------------------------------------------------ operators
@@ -351,7 +363,7 @@ def fold_candidate(op, cand: Candidate, kind: str) -> Candidate:
     lanes, note = fold_decision(cand.packed, kind, op.epilogue, bias,
                                 isinstance(op.operands[1], tvm.ir.expr.Constant),
                                 strict=cand.workload.mode == "strict")
-    cand.workload = dataclasses.replace(cand.workload, bias_lanes=lanes)
+    cand.workload = cand.workload.with_bias_lanes(lanes)
     cand.bias_note = note
     return cand
 
@@ -361,7 +373,7 @@ def kept_twin(cand: Candidate) -> Candidate:
     the objective prices host work, since the fold's lane constants cost a host pass over the
     packed input (:class:`~.codegen.relayout.HostLayout`'s ``set`` step) that may outweigh the
     ALU pass it saves."""
-    return Candidate(dataclasses.replace(cand.workload, bias_lanes=0), cand.embedding, cand.packed,
+    return Candidate(cand.workload.with_bias_lanes(0), cand.embedding, cand.packed,
                      estimate=cand.estimate, footprint=cand.footprint,
                      bias_note=(f"bias kept on the ALU: the objective prefers it to the fold into "
                                 f"{cand.workload.bias_lanes} lanes (its lane constants cost a host "
@@ -370,7 +382,7 @@ def kept_twin(cand: Candidate) -> Candidate:
 
 def unfolded(cw: CspWorkload) -> CspWorkload:
     """``cw`` without its bias fold: the embedding a folded candidate and its twin share."""
-    return dataclasses.replace(cw, bias_lanes=0) if cw.bias_lanes else cw
+    return cw.with_bias_lanes(0)
 
 
 def program_epilogue(cw: CspWorkload, epilogue) -> Tuple[tuple, ...]:

@@ -27,10 +27,11 @@ inverse (the output of a VTA operator back to the operator's layout).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Sequence, Tuple
 
 import numpy as np
 
@@ -114,20 +115,20 @@ class HostLayout:
     steps: Tuple[Step, ...]
     name: str = "data"
 
-    @property
-    def shapes(self) -> List[Tuple[int, ...]]:
-        """The shape before every step and after the last."""
+    @functools.cached_property
+    def shapes(self) -> Tuple[Tuple[int, ...], ...]:
+        """The shape before every step and after the last (computed once per layout)."""
         out = [tuple(self.src_shape)]
         for st in self.steps:
             out.append(step_shape(out[-1], st))
-        return out
+        return tuple(out)
 
     @property
     def shape(self) -> Tuple[int, ...]:
         """The packed shape."""
         return self.shapes[-1]
 
-    @property
+    @functools.cached_property
     def copied(self) -> int:
         """Elements the host writes to pack (or unpack) one tensor: the output of every Relax op
         the steps emit that copies (pad, transpose, slice, broadcast, the take of a stencil
