@@ -12,7 +12,8 @@ buffers, the encoded instruction stream(s) and the micro-op staging area, ready 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import bisect
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -21,7 +22,7 @@ from .config import MAX_XFER, PAGE_BYTES, VTAConfig
 from .errors import TemplateRefusal
 from .isa import (AluInsn, AluOp, FieldRangeError, FinishInsn, GemmInsn, Insn, MemInsn, MemType,
                   Opcode, Stage, Uop, clip_bounds, disassemble, encode_stream, encode_uops,
-                  insn_stage, stage_of)
+                  stage_of)
 from .layout import IMM_MAX, IMM_MIN, LOOP_ITER_BITS, MAX_LOOP_EXTENT
 
 __all__ = ["CommandQueue", "UopKernel", "Program", "DramBuffer", "RuntimeError_",
@@ -33,6 +34,43 @@ _LOAD_STAGES = {m: stage_of(Opcode.LOAD, m) for m in MemType}
 #: the adjacent (from, to) stage pairs by value (the pairs :meth:`CommandQueue._check_pair` lets
 #: through)
 _PAIRS = {(int(a), int(b)): (a, b) for a in Stage for b in Stage if abs(a - b) == 1}
+_LOAD, _STORE, _OUT, _UOP = Opcode.LOAD, Opcode.STORE, MemType.OUT, MemType.UOP
+_COMPUTE = Stage.COMPUTE
+
+
+def _maker(cls: type, names: Sequence[str]) -> Callable[..., Insn]:
+    """A function taking ``names`` positionally and returning a new ``cls`` record with those
+    fields set and every other field at its default.
+
+    It does what the dataclass's ``__init__`` does (the records have plain defaults and no
+    ``__post_init__``; checked here) without its keyword parsing and call, about three times
+    cheaper per instruction. It is written from the dataclass's own field list, so it follows the
+    record's definition."""
+    all_fields = fields(cls)
+    unknown = set(names) - {f.name for f in all_fields}
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field(s) {sorted(unknown)}")
+    if hasattr(cls, "__post_init__") or any(f.default is MISSING for f in all_fields):
+        raise TypeError(f"{cls.__name__} needs its __init__ (a __post_init__ or a field without "
+                        "a plain default)")
+    ns = {"_new": object.__new__, "_cls": cls,
+          **{f"_d{i}": f.default for i, f in enumerate(all_fields)}}
+    body = "".join(f"    r.{f.name} = {f.name if f.name in names else f'_d{i}'}\n"
+                   for i, f in enumerate(all_fields))
+    exec(f"def make({', '.join(names)}):\n    r = _new(_cls)\n{body}    return r\n", ns)
+    return ns["make"]
+
+
+#: the records the runtime builds, each from the fields it sets (:func:`_maker`)
+_MEM_FIELDS = ("opcode", "memory_type", "sram_base", "dram_base", "pad_min", "y_size", "x_size",
+               "x_stride", "y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1")
+_new_mem = _maker(MemInsn, _MEM_FIELDS)
+_new_nop = _maker(MemInsn, ("opcode", "memory_type", "push_prev_dep", "push_next_dep"))
+_LOOP_FIELDS = ("iter_out", "iter_in", "dst_factor_out", "dst_factor_in", "src_factor_out",
+                "src_factor_in")
+_new_gemm = _maker(GemmInsn, ("uop_bgn", "uop_end", *_LOOP_FIELDS, "reset_reg", "wgt_factor_out",
+                              "wgt_factor_in"))
+_new_alu = _maker(AluInsn, ("uop_bgn", "uop_end", *_LOOP_FIELDS, "alu_opcode", "use_imm", "imm"))
 
 
 class RuntimeError_(RuntimeError):
@@ -48,6 +86,18 @@ class MissingExtensionError(RuntimeError_, TemplateRefusal):
     The message names the extension, the instruction and the configuration key
     (``EXT_CLIP``, ``EXT_PAD_MIN``) that enables it.
     """
+
+
+class _Signature(tuple):
+    """A micro-op kernel's signature (:meth:`UopKernel.signature`) that hashes once: the micro-op
+    cache looks a kernel up at every push, and a tuple's hash walks every micro-op."""
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            self._hash = tuple.__hash__(self)
+            return self._hash
 
 
 @dataclass(frozen=True)
@@ -111,7 +161,8 @@ class UopKernel:
         self.uops: List[Uop] = []
         self._open_loops = 0
         self._signature: Optional[tuple] = None
-        self._insn_fields: Optional[dict] = None  # instruction fields but the micro-op range
+        #: (record maker, instruction fields but the micro-op range), built on first use
+        self._insn_fields: Optional[tuple] = None
 
     def loop_begin(self, extent: int, dst_factor: int, src_factor: int, wgt_factor: int = 0) -> None:
         """Open a loop level (before any micro-op is pushed; at most two levels)."""
@@ -148,9 +199,9 @@ class UopKernel:
     def signature(self) -> tuple:
         """Value identity used by the micro-op cache (recomputed only after a change)."""
         if self._signature is None:
-            self._signature = (self.mode, self.reset, self.alu_opcode, self.use_imm, self.imm,
-                               tuple(self.loops),
-                               tuple((u.dst_idx, u.src_idx, u.wgt_idx) for u in self.uops))
+            self._signature = _Signature((
+                self.mode, self.reset, self.alu_opcode, self.use_imm, self.imm, tuple(self.loops),
+                tuple((u.dst_idx, u.src_idx, u.wgt_idx) for u in self.uops)))
         return self._signature
 
     def instruction(self, uop_bgn: int) -> Insn:
@@ -165,15 +216,14 @@ class UopKernel:
                 loops = [(1, 0, 0, 0)] + loops
             loops += [(1, 0, 0, 0)] * (2 - len(loops))
             (n_out, d_out, s_out, w_out), (n_in, d_in, s_in, w_in) = loops
-            fields = dict(iter_out=n_out, iter_in=n_in, dst_factor_out=d_out, dst_factor_in=d_in,
-                          src_factor_out=s_out, src_factor_in=s_in)
+            loop_fields = (n_out, n_in, d_out, d_in, s_out, s_in)   # _LOOP_FIELDS
             if self.mode == "gemm":
-                fields.update(reset_reg=self.reset, wgt_factor_out=w_out, wgt_factor_in=w_in)
+                self._insn_fields = (_new_gemm, loop_fields + (self.reset, w_out, w_in))
             else:
-                fields.update(alu_opcode=self.alu_opcode, use_imm=self.use_imm, imm=self.imm)
-            self._insn_fields = fields
-        cls = GemmInsn if self.mode == "gemm" else AluInsn
-        return cls(uop_bgn=uop_bgn, uop_end=uop_bgn + self.size, **self._insn_fields)
+                self._insn_fields = (_new_alu, loop_fields + (self.alu_opcode, self.use_imm,
+                                                              self.imm))
+        make, rest = self._insn_fields
+        return make(uop_bgn, uop_bgn + len(self.uops), *rest)
 
     def __repr__(self) -> str:
         what = "GEMM-reset" if self.reset else ("GEMM" if self.mode == "gemm" else
@@ -202,7 +252,10 @@ class _UopCache:
     def __init__(self, depth: int) -> None:
         self.depth = depth
         self.resident: Dict[tuple, int] = {}  # signature -> SRAM start
-        self.order: List[Tuple[tuple, int, int]] = []  # (signature, start, end) in SRAM order
+        # the resident kernels by SRAM position: disjoint [start, end) ranges sorted by start
+        self._starts: List[int] = []
+        self._ends: List[int] = []
+        self._sigs: List[tuple] = []
         self.sram_end = 0
         self.staging: List[UopKernel] = []
         self.staging_offset: Dict[tuple, int] = {}
@@ -211,8 +264,9 @@ class _UopCache:
     def place(self, kernel: UopKernel) -> Tuple[int, Optional[int]]:
         """Return (SRAM start, staging offset to load from, or None if already resident)."""
         sig = kernel.signature()
-        if sig in self.resident:
-            return self.resident[sig], None
+        start = self.resident.get(sig)
+        if start is not None:
+            return start, None
         if kernel.size == 0:
             raise RuntimeError_("cannot push an empty micro-op kernel")
         if kernel.size > self.depth:
@@ -220,14 +274,15 @@ class _UopCache:
                                 f"({self.depth} entries); split the kernel")
         start = self.sram_end if self.sram_end + kernel.size <= self.depth else 0
         end = start + kernel.size
-        kept = []
-        for entry in self.order:  # evict every kernel overlapping [start, end)
-            e_sig, e_start, e_end = entry
-            if e_start < end and start < e_end:
-                del self.resident[e_sig]
-            else:
-                kept.append(entry)
-        self.order = kept + [(sig, start, end)]
+        # evict every kernel overlapping [start, end): those from the first ending after start
+        # to the last starting before end
+        first = bisect.bisect_right(self._ends, start)
+        last = bisect.bisect_left(self._starts, end, first)
+        for e_sig in self._sigs[first:last]:
+            del self.resident[e_sig]
+        self._starts[first:last] = [start]
+        self._ends[first:last] = [end]
+        self._sigs[first:last] = [sig]
         self.resident[sig] = start
         self.sram_end = end
         if sig not in self.staging_offset:  # evicted kernels keep their staging copy
@@ -249,6 +304,10 @@ class CommandQueue:
     def __init__(self, config: VTAConfig) -> None:
         self.config = config
         self._insn_bytes = config.INS_ELEM_BYTES
+        # a segment is closed once it holds more instructions than this: (count + 6) instruction
+        # words, the closing handshakes included, must fit one transfer of MAX_XFER bytes
+        self._max_insns = MAX_XFER // self._insn_bytes - 6
+        self._elem_bytes: Dict[int, int] = {}   # memory type -> element bytes (config.elem_bytes)
         self.buffers: Dict[str, DramBuffer] = {}
         self._next_page = 1  # physical address 0 is never valid
         self.segments: List[Segment] = []
@@ -272,22 +331,31 @@ class CommandQueue:
         self._insns: List[Insn] = []
         self._uops = _UopCache(self.config.uop_depth)
         self._uop_loads: List[Tuple[MemInsn, int]] = []
-        self._pending_pop_prev = {s: False for s in Stage}
-        self._pending_pop_next = {s: False for s in Stage}
+        # per stage (indexed by its value): a pop is pending for the stage's next instruction
+        self._pending_pop_prev = [False] * (max(Stage) + 1)
+        self._pending_pop_next = [False] * (max(Stage) + 1)
+        # the stage whose push flags the last instruction may take (the original runtime's
+        # GetPipelineStage): its stage, but None for a LOAD NOP and for an empty segment
+        self._last_stage: Optional[Stage] = None
 
-    def _append(self, insn: Insn, stage: Stage) -> Insn:
-        insn.pop_prev_dep = self._pending_pop_prev[stage]
-        insn.pop_next_dep = self._pending_pop_next[stage]
-        self._pending_pop_prev[stage] = self._pending_pop_next[stage] = False
+    def _append(self, insn: Insn, stage: Stage, pipeline_stage: Optional[Stage]) -> Insn:
+        """Append ``insn`` (a new record, dependency flags clear) of ``stage``; it takes the
+        stage's pending pops. ``pipeline_stage`` is ``stage``, or None if ``insn`` is a LOAD
+        NOP (:attr:`_last_stage`)."""
+        if self._pending_pop_prev[stage]:
+            insn.pop_prev_dep = True
+            self._pending_pop_prev[stage] = False
+        if self._pending_pop_next[stage]:
+            insn.pop_next_dep = True
+            self._pending_pop_next[stage] = False
         self._insns.append(insn)
+        self._last_stage = pipeline_stage
         return insn
 
-    def _check_overflow(self) -> None:
-        if (len(self._insns) + 6) * self._insn_bytes > MAX_XFER:
-            self._close_segment()
-
     def _dram_base(self, buf: DramBuffer, elem_offset: int, mem: int, what: str) -> int:
-        elem = self.config.elem_bytes(mem)
+        elem = self._elem_bytes.get(mem)
+        if elem is None:
+            elem = self._elem_bytes[mem] = self.config.elem_bytes(mem)
         if buf.phys_addr % elem:
             raise RuntimeError_(f"{what}: buffer {buf.name!r} at {buf.phys_addr:#x} is not aligned to "
                                 f"the {elem}-byte {MemType(mem).name} element")
@@ -301,19 +369,19 @@ class CommandQueue:
             mem = _MEM_TYPES[mem_type]
         except (KeyError, TypeError):
             mem = MemType(mem_type)
-        if mem is MemType.OUT or mem is MemType.UOP:
+        if mem is _OUT or mem is _UOP:
             raise RuntimeError_(f"load_2d into {mem.name} is not a data load")
         if pad_min and not self.config.EXT_PAD_MIN:
             raise MissingExtensionError(self.config.missing_extension(
                 "EXT_PAD_MIN", f"LOAD {mem.name} with pad_min=True (load_2d)"))
         stage = _LOAD_STAGES[mem]
-        insn = MemInsn(opcode=Opcode.LOAD, memory_type=mem, sram_base=dst_sram_index,
-                       dram_base=self._dram_base(src, src_elem_offset, mem, "load_2d"),
-                       pad_min=bool(pad_min), y_size=y_size, x_size=x_size, x_stride=x_stride,
-                       y_pad_0=y_pad_before, y_pad_1=y_pad_after, x_pad_0=x_pad_before,
-                       x_pad_1=x_pad_after)
-        self._append(insn, stage)
-        self._check_overflow()
+        insn = _new_mem(_LOAD, mem, dst_sram_index,
+                        self._dram_base(src, src_elem_offset, mem, "load_2d"), bool(pad_min),
+                        y_size, x_size, x_stride, y_pad_before, y_pad_after, x_pad_before,
+                        x_pad_after)
+        self._append(insn, stage, None if x_size == 0 else stage)
+        if len(self._insns) > self._max_insns:
+            self._close_segment()
 
     def store_2d(self, src_sram_index: int, mem_type: int, dst: DramBuffer, dst_elem_offset: int,
                  x_size: int, y_size: int, x_stride: int) -> None:
@@ -323,8 +391,9 @@ class CommandQueue:
         insn = MemInsn(opcode=Opcode.STORE, memory_type=MemType.OUT, sram_base=src_sram_index,
                        dram_base=self._dram_base(dst, dst_elem_offset, MemType.OUT, "store_2d"),
                        y_size=y_size, x_size=x_size, x_stride=x_stride)
-        self._append(insn, Stage.STORE)
-        self._check_overflow()
+        self._append(insn, Stage.STORE, Stage.STORE)
+        if len(self._insns) > self._max_insns:
+            self._close_segment()
 
     def _push_kernel(self, kernel: UopKernel, mode: str) -> None:
         if kernel.mode != mode:
@@ -336,12 +405,13 @@ class CommandQueue:
                 "EXT_CLIP", f"ALU CLIP (push_alu of {kernel!r})"))
         start, staging_offset = self._uops.place(kernel)
         if staging_offset is not None:
-            load = MemInsn(opcode=Opcode.LOAD, memory_type=MemType.UOP, sram_base=start,
-                           y_size=1, x_size=kernel.size, x_stride=kernel.size)
-            self._append(load, Stage.COMPUTE)
+            size = len(kernel.uops)
+            load = _new_mem(_LOAD, _UOP, start, 0, False, 1, size, size, 0, 0, 0, 0)
+            self._append(load, _COMPUTE, _COMPUTE)
             self._uop_loads.append((load, staging_offset))
-        self._append(kernel.instruction(start), Stage.COMPUTE)
-        self._check_overflow()
+        self._append(kernel.instruction(start), _COMPUTE, _COMPUTE)
+        if len(self._insns) > self._max_insns:
+            self._close_segment()
 
     def push_gemm(self, kernel: UopKernel) -> None:
         """Append a GEMM running ``kernel`` (and the micro-op load if it is not resident)."""
@@ -352,19 +422,12 @@ class CommandQueue:
         self._push_kernel(kernel, "alu")
 
     # ------------------------------------------------------------------ dependencies
-    @staticmethod
-    def _pipeline_stage(insn: Insn) -> Optional[Stage]:
-        """The stage whose last instruction may take a push flag: that of :func:`insn_stage`,
-        except that a LOAD NOP has none (the original runtime's ``GetPipelineStage``)."""
-        if insn.opcode == Opcode.LOAD and insn.x_size == 0:
-            return None
-        return insn_stage(insn)
-
     def _push_noop(self, stage: Stage, push_prev: bool, push_next: bool) -> None:
-        opcode = Opcode.STORE if stage == Stage.STORE else Opcode.LOAD
-        mem = MemType.INP if stage == Stage.LOAD else MemType.UOP
-        self._append(MemInsn(opcode=opcode, memory_type=mem, push_prev_dep=push_prev,
-                             push_next_dep=push_next), stage)
+        if stage == Stage.STORE:
+            self._append(_new_nop(_STORE, _UOP, push_prev, push_next), stage, stage)
+        else:   # a LOAD NOP: no stage takes push flags on it
+            mem = MemType.INP if stage == Stage.LOAD else _UOP
+            self._append(_new_nop(_LOAD, mem, push_prev, push_next), stage, None)
 
     def _commit_pending_pop(self, stage: Stage) -> None:
         if self._pending_pop_prev[stage] or self._pending_pop_next[stage]:
@@ -387,17 +450,18 @@ class CommandQueue:
             a, b = _PAIRS[from_stage, to_stage]
         except (KeyError, TypeError):
             a, b = self._check_pair(from_stage, to_stage)
-        self._commit_pending_pop(a)
-        if self._insns:
+        if self._pending_pop_prev[a] or self._pending_pop_next[a]:
+            self._push_noop(a, False, False)
+        if self._last_stage == a:
             last = self._insns[-1]
-            if self._pipeline_stage(last) == a:
-                if a < b and not last.push_next_dep:
+            if a < b:
+                if not last.push_next_dep:
                     last.push_next_dep = True
                     return
-                if a > b and not last.push_prev_dep:
-                    last.push_prev_dep = True
-                    return
-        self._push_noop(a, push_prev=a > b, push_next=a < b)
+            elif not last.push_prev_dep:
+                last.push_prev_dep = True
+                return
+        self._push_noop(a, a > b, a < b)
 
     def dep_pop(self, from_stage: Stage, to_stage: Stage) -> None:
         """Make the next instruction of ``to_stage`` wait for a token from ``from_stage``."""

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..config import VTAConfig
 from ..isa import (STAGE_QUEUES, TOKEN_QUEUES, AluInsn, GemmInsn, Insn, MemInsn, MemType, Opcode,
-                   Stage, insn_stage)
+                   Stage, insn_stage, stage_of)
 
 __all__ = ["CycleModel", "CycleReport", "ModuleTime", "DeadlockError", "insn_cycles"]
 
@@ -158,36 +158,60 @@ class _Costs:
         self.macs_per_uop = config.BATCH * config.BLOCK_IN * config.BLOCK_OUT
         self.ops_per_uop = config.BATCH * config.BLOCK_OUT
         self.elem_bytes = config.elem_bytes
+        self._elem: Dict[int, int] = {}    # memory type -> elem_bytes, filled on first use
+        #: the cost function of each instruction record type (:meth:`of` dispatches on it)
+        self.by_type = {MemInsn: self.mem, GemmInsn: self.gemm_insn, AluInsn: self.alu_insn}
 
     def of(self, insn: Insn) -> Tuple[int, Optional[str], int, int, int]:
         """``(cycles, DRAM counter or None, DRAM bytes, MACs, ALU ops)`` of ``insn``: its duration
         and what the report counts for it (the counter of a LOAD is its memory type, of a STORE
         ``out``)."""
+        cost = self.by_type.get(type(insn))
+        if cost is not None:
+            return cost(insn)
         if isinstance(insn, MemInsn):
-            x, y = insn.x_size, insn.y_size
-            if x == 0:
-                return self.issue, None, 0, 0, 0
-            nbytes = x * y * self.elem_bytes(insn.memory_type)
-            pad_elems = ((insn.x_pad_0 + x + insn.x_pad_1) * (insn.y_pad_0 + y + insn.y_pad_1)
-                         - x * y)
-            cycles = (self.issue + y * self.dma + pad_elems
-                      + math.ceil(nbytes / self.bytes_per_cycle))
-            if insn.opcode == Opcode.STORE:
-                name = "out"
-            else:
-                name = _MEM_NAMES.get(insn.memory_type) or MemType(insn.memory_type).name.lower()
-            return cycles, name, nbytes, 0, 0
+            return self.mem(insn)
         if isinstance(insn, GemmInsn):
-            uops = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
-            return (self.issue + uops * self.gemm, None, 0,
-                    0 if insn.reset_reg else uops * self.macs_per_uop, 0)
+            return self.gemm_insn(insn)
         if isinstance(insn, AluInsn):
-            uops = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
-            per_uop = self.alu_imm if insn.use_imm else self.alu_vec
-            return self.issue + uops * per_uop, None, 0, 0, uops * self.ops_per_uop
+            return self.alu_insn(insn)
         return self.issue, None, 0, 0, 0
 
+    def mem(self, insn: MemInsn) -> Tuple[int, Optional[str], int, int, int]:
+        """:meth:`of` a LOAD or STORE."""
+        x = insn.x_size
+        if x == 0:
+            return self.issue, None, 0, 0, 0
+        y = insn.y_size
+        mem = insn.memory_type
+        elem = self._elem.get(mem)
+        if elem is None:
+            elem = self._elem[mem] = self.elem_bytes(mem)
+        nbytes = x * y * elem
+        pad_elems = ((insn.x_pad_0 + x + insn.x_pad_1) * (insn.y_pad_0 + y + insn.y_pad_1)
+                     - x * y)
+        cycles = (self.issue + y * self.dma + pad_elems
+                  + math.ceil(nbytes / self.bytes_per_cycle))
+        if insn.opcode == _STORE:
+            name = "out"
+        else:
+            name = _MEM_NAMES.get(mem) or MemType(mem).name.lower()
+        return cycles, name, nbytes, 0, 0
 
+    def gemm_insn(self, insn: GemmInsn) -> Tuple[int, Optional[str], int, int, int]:
+        """:meth:`of` a GEMM."""
+        uops = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+        return (self.issue + uops * self.gemm, None, 0,
+                0 if insn.reset_reg else uops * self.macs_per_uop, 0)
+
+    def alu_insn(self, insn: AluInsn) -> Tuple[int, Optional[str], int, int, int]:
+        """:meth:`of` an ALU instruction."""
+        uops = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+        per_uop = self.alu_imm if insn.use_imm else self.alu_vec
+        return self.issue + uops * per_uop, None, 0, 0, uops * self.ops_per_uop
+
+
+_STORE = Opcode.STORE
 _MEM_NAMES = {m: m.name.lower() for m in MemType}
 
 
@@ -214,6 +238,9 @@ def _kind(insn: Insn) -> str:
 _STAGES = tuple(Stage)
 _POSITION = {s: i for i, s in enumerate(_STAGES)}
 _QUEUE_INDEX = {q: i for i, q in enumerate(TOKEN_QUEUES)}
+#: the module position of an instruction by (opcode, memory type, None for a record without one):
+#: :func:`~vta_ext.isa.stage_of` tabulated, read per instruction instead of :func:`insn_stage`
+_POSITION_OF = {(op, mem): _POSITION[stage_of(op, mem)] for op in Opcode for mem in (None, *MemType)}
 _FLAGS = ("pop_prev_dep", "pop_next_dep", "push_prev_dep", "push_next_dep")
 _flags_of = operator.attrgetter(*_FLAGS)
 
@@ -267,15 +294,24 @@ class CycleModel:
         dram_total: Dict[str, int] = {}
         counts = [0] * len(_STAGES)
         macs = alu_ops = 0
+        cost_by_type, cost_of, pos_of = costs.by_type, costs.of, _POSITION_OF
         for i, insn in enumerate(insns):
-            pos = _POSITION[insn_stage(insn)]
+            cls = type(insn)
+            if cls is MemInsn:
+                pos = pos_of.get((insn.opcode, insn.memory_type))
+            elif cls is GemmInsn or cls is AluInsn:
+                pos = pos_of.get((insn.opcode, None))
+            else:
+                pos = None
+            if pos is None:
+                pos = _POSITION[insn_stage(insn)]
             counts[pos] += 1
             flags = _flags_of(insn)
             queues_of = _TOKENS[pos].get(flags)
             if queues_of is None:   # flags that are not bools: by truth value
                 queues_of = _TOKENS[pos][tuple(bool(f) for f in flags)]
             needs, pushes = queues_of
-            cycles, name, nbytes, m, a = costs.of(insn)
+            cycles, name, nbytes, m, a = cost_by_type.get(cls, cost_of)(insn)
             macs += m
             alu_ops += a
             step = open_step[pos]
