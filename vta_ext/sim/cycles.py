@@ -318,8 +318,10 @@ def _steps(costs: _Costs, insns: List[Insn], timeline: bool):
         cycles[rows] = out[0]
         if base is MemInsn:
             nbytes[rows], counter[rows] = out[1], out[2]
-            keys, inverse = np.unique(fields[:2].T, axis=0, return_inverse=True)
-            table = np.array([_POSITION[stage_of(op, mem)] for op, mem in keys.tolist()])
+            opcode, mem = fields[0], fields[1]
+            low, span = int(mem.min()), int(mem.max() - mem.min()) + 1
+            keys, inverse = np.unique(opcode * span + (mem - low), return_inverse=True)
+            table = np.array([_POSITION[stage_of(k // span, k % span + low)] for k in keys.tolist()])
             pos[rows] = table[inverse.reshape(-1)]
         else:
             if base is GemmInsn:
