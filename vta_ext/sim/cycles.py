@@ -19,12 +19,11 @@ constants come from.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
-
-import numpy as np
 
 from ..config import VTAConfig
 from ..isa import (STAGE_QUEUES, TOKEN_QUEUES, AluInsn, GemmInsn, Insn, MemInsn, MemType, Opcode,
@@ -146,13 +145,8 @@ class CycleReport:
 
 
 class _Costs:
-    """The timing constants of one configuration, and what instructions cost under them: the one
-    home of the durations of the module docstring.
-
-    The formulas work on numpy arrays of instruction fields, one element per instruction
-    (:meth:`mem_arrays`, :meth:`gemm_arrays`, :meth:`alu_arrays`), which is how
-    :meth:`CycleModel.run` times a whole stream at once; :meth:`of` applies them to one
-    instruction."""
+    """The timing constants of one configuration, and what one instruction costs under them
+    (:meth:`of`): the one home of the durations of the module docstring."""
 
     def __init__(self, config: VTAConfig) -> None:
         self.issue = config.INSN_ISSUE_CYCLES
@@ -164,73 +158,60 @@ class _Costs:
         self.macs_per_uop = config.BATCH * config.BLOCK_IN * config.BLOCK_OUT
         self.ops_per_uop = config.BATCH * config.BLOCK_OUT
         self.elem_bytes = config.elem_bytes
-
-    def mem_arrays(self, opcode: np.ndarray, memory_type: np.ndarray, x_size: np.ndarray,
-                   y_size: np.ndarray, x_pad_0: np.ndarray, x_pad_1: np.ndarray,
-                   y_pad_0: np.ndarray, y_pad_1: np.ndarray
-                   ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """LOADs and STOREs: ``(cycles, DRAM bytes, DRAM counter)`` per instruction; the counter
-        is ``-1`` for a NOP (``x_size == 0``, which reads nothing), else a memory type: that of a
-        LOAD, :attr:`MemType.OUT` for a STORE."""
-        x, y = x_size, y_size
-        nop = x == 0
-        elem = np.zeros_like(x)
-        for mem in np.unique(memory_type[~nop]).tolist():
-            elem[memory_type == mem] = self.elem_bytes(mem)
-        nbytes = x * y * elem
-        pad_elems = (x_pad_0 + x + x_pad_1) * (y_pad_0 + y + y_pad_1) - x * y
-        cycles = (self.issue + y * self.dma + pad_elems
-                  + np.ceil(nbytes / self.bytes_per_cycle).astype(np.int64))
-        counter = np.where(opcode == Opcode.STORE, int(MemType.OUT), memory_type)
-        return np.where(nop, self.issue, cycles), nbytes, np.where(nop, -1, counter)
-
-    def gemm_arrays(self, iter_out: np.ndarray, iter_in: np.ndarray, uop_bgn: np.ndarray,
-                    uop_end: np.ndarray, reset_reg: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        """GEMMs: ``(cycles, MACs)`` per instruction (a reset does no MAC)."""
-        uops = iter_out * iter_in * (uop_end - uop_bgn)
-        return self.issue + uops * self.gemm, np.where(reset_reg, 0, uops * self.macs_per_uop)
-
-    def alu_arrays(self, iter_out: np.ndarray, iter_in: np.ndarray, uop_bgn: np.ndarray,
-                   uop_end: np.ndarray, use_imm: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        """ALU instructions: ``(cycles, ALU ops)`` per instruction."""
-        uops = iter_out * iter_in * (uop_end - uop_bgn)
-        per_uop = np.where(use_imm, self.alu_imm, self.alu_vec)
-        return self.issue + uops * per_uop, uops * self.ops_per_uop
+        self._elem: Dict[int, int] = {}    # memory type -> elem_bytes, filled on first use
+        #: the cost function of each instruction record type (:meth:`of` dispatches on it)
+        self.by_type = {MemInsn: self.mem, GemmInsn: self.gemm_insn, AluInsn: self.alu_insn}
 
     def of(self, insn: Insn) -> Tuple[int, Optional[str], int, int, int]:
         """``(cycles, DRAM counter or None, DRAM bytes, MACs, ALU ops)`` of ``insn``: its duration
         and what the report counts for it (the counter of a LOAD is its memory type, of a STORE
         ``out``)."""
-        for cls, _, getter, _ in _RECORD_FIELDS:
-            if isinstance(insn, cls):
-                fields = [np.array([v], np.int64) for v in getter(insn)]
-                break
-        else:
+        cost = self.by_type.get(type(insn))
+        if cost is not None:
+            return cost(insn)
+        if isinstance(insn, MemInsn):
+            return self.mem(insn)
+        if isinstance(insn, GemmInsn):
+            return self.gemm_insn(insn)
+        if isinstance(insn, AluInsn):
+            return self.alu_insn(insn)
+        return self.issue, None, 0, 0, 0
+
+    def mem(self, insn: MemInsn) -> Tuple[int, Optional[str], int, int, int]:
+        """:meth:`of` a LOAD or STORE."""
+        x = insn.x_size
+        if x == 0:
             return self.issue, None, 0, 0, 0
-        if cls is MemInsn:
-            cycles, nbytes, counter = self.mem_arrays(*fields)
-            counter = int(counter[0])
-            return (int(cycles[0]), None if counter < 0 else _MEM_NAMES[counter],
-                    int(nbytes[0]) if counter >= 0 else 0, 0, 0)
-        if cls is GemmInsn:
-            cycles, macs = self.gemm_arrays(*fields)
-            return int(cycles[0]), None, 0, int(macs[0]), 0
-        cycles, ops = self.alu_arrays(*fields)
-        return int(cycles[0]), None, 0, 0, int(ops[0])
+        y = insn.y_size
+        mem = insn.memory_type
+        elem = self._elem.get(mem)
+        if elem is None:
+            elem = self._elem[mem] = self.elem_bytes(mem)
+        nbytes = x * y * elem
+        pad_elems = ((insn.x_pad_0 + x + insn.x_pad_1) * (insn.y_pad_0 + y + insn.y_pad_1)
+                     - x * y)
+        cycles = (self.issue + y * self.dma + pad_elems
+                  + math.ceil(nbytes / self.bytes_per_cycle))
+        if insn.opcode == _STORE:
+            name = "out"
+        else:
+            name = _MEM_NAMES.get(mem) or MemType(mem).name.lower()
+        return cycles, name, nbytes, 0, 0
+
+    def gemm_insn(self, insn: GemmInsn) -> Tuple[int, Optional[str], int, int, int]:
+        """:meth:`of` a GEMM."""
+        uops = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+        return (self.issue + uops * self.gemm, None, 0,
+                0 if insn.reset_reg else uops * self.macs_per_uop, 0)
+
+    def alu_insn(self, insn: AluInsn) -> Tuple[int, Optional[str], int, int, int]:
+        """:meth:`of` an ALU instruction."""
+        uops = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+        per_uop = self.alu_imm if insn.use_imm else self.alu_vec
+        return self.issue + uops * per_uop, None, 0, 0, uops * self.ops_per_uop
 
 
-#: per record class with a cost formula: the fields the formula takes (in its argument order), a
-#: getter of them, and the :class:`_Costs` method that holds the formula
-_RECORD_FIELDS = tuple(
-    (cls, len(names), operator.attrgetter(*names), method) for cls, names, method in (
-        (MemInsn, ("opcode", "memory_type", "x_size", "y_size", "x_pad_0", "x_pad_1", "y_pad_0",
-                   "y_pad_1"), _Costs.mem_arrays),
-        (GemmInsn, ("iter_out", "iter_in", "uop_bgn", "uop_end", "reset_reg"),
-         _Costs.gemm_arrays),
-        (AluInsn, ("iter_out", "iter_in", "uop_bgn", "uop_end", "use_imm"), _Costs.alu_arrays)))
-_opcode_of = operator.attrgetter("opcode")
-
-
+_STORE = Opcode.STORE
 _MEM_NAMES = {m: m.name.lower() for m in MemType}
 
 
@@ -257,6 +238,9 @@ def _kind(insn: Insn) -> str:
 _STAGES = tuple(Stage)
 _POSITION = {s: i for i, s in enumerate(_STAGES)}
 _QUEUE_INDEX = {q: i for i, q in enumerate(TOKEN_QUEUES)}
+#: the module position of an instruction by (opcode, memory type, None for a record without one):
+#: :func:`~vta_ext.isa.stage_of` tabulated, read per instruction instead of :func:`insn_stage`
+_POSITION_OF = {(op, mem): _POSITION[stage_of(op, mem)] for op in Opcode for mem in (None, *MemType)}
 _FLAGS = ("pop_prev_dep", "pop_next_dep", "push_prev_dep", "push_next_dep")
 _flags_of = operator.attrgetter(*_FLAGS)
 
@@ -275,103 +259,6 @@ def _token_table(stage: Stage) -> Dict[Tuple[bool, ...], Tuple[Tuple[int, ...], 
 
 
 _TOKENS = tuple(_token_table(s) for s in _STAGES)
-#: the same per 4-bit flag code (``pop_prev_dep`` the high bit), and whether each code pops or
-#: pushes anything, per module position
-_TOKENS_BY_CODE = tuple(tuple(table[tuple(bool(code >> (3 - j) & 1) for j in range(4))]
-                              for code in range(16)) for table in _TOKENS)
-_NEEDS_ANY = np.array([[bool(t[0]) for t in table] for table in _TOKENS_BY_CODE])
-_PUSHES_ANY = np.array([[bool(t[1]) for t in table] for table in _TOKENS_BY_CODE])
-_FLAG_WEIGHTS = np.array([8, 4, 2, 1])
-
-
-def _steps(costs: _Costs, insns: List[Insn], timeline: bool):
-    """The first part of :meth:`CycleModel.run`, for the whole stream at once: per module, its
-    steps in order, as five lists (first stream index, popped queues, cycles, pushed queues, DRAM
-    counters first met in the step); a step is one instruction, or without a timeline a run of
-    instructions that pops nothing after its first and pushes nothing before its last. Also
-    returns the instruction count per module, the DRAM bytes per counter, MACs and ALU ops.
-    """
-    n = len(insns)
-    kinds = list(map(type, insns))
-    classes = list(dict.fromkeys(kinds))
-    code_of = {cls: c for c, cls in enumerate(classes)}
-    kind = np.fromiter(map(code_of.__getitem__, kinds), np.int64, n)
-    pos = np.empty(n, np.int64)
-    cycles = np.empty(n, np.int64)
-    nbytes = np.zeros(n, np.int64)
-    counter = np.full(n, -1, np.int64)
-    macs = alu_ops = 0
-    for c, cls in enumerate(classes):
-        rows = np.flatnonzero(kind == c) if len(classes) > 1 else np.arange(n)
-        sub = list(map(insns.__getitem__, rows.tolist()))
-        for base, width, getter, formula in _RECORD_FIELDS:
-            if issubclass(cls, base):
-                break
-        else:   # FINISH and other records: the issue cycles, nothing counted
-            cycles[rows] = costs.issue
-            pos[rows] = [_POSITION[insn_stage(x)] for x in sub]
-            continue
-        flat = np.fromiter(itertools.chain.from_iterable(map(getter, sub)), np.int64,
-                           len(sub) * width)
-        fields = flat.reshape(len(sub), width).T
-        out = formula(costs, *fields)
-        cycles[rows] = out[0]
-        if base is MemInsn:
-            nbytes[rows], counter[rows] = out[1], out[2]
-            opcode, mem = fields[0], fields[1]
-            low, span = int(mem.min()), int(mem.max() - mem.min()) + 1
-            keys, inverse = np.unique(opcode * span + (mem - low), return_inverse=True)
-            table = np.array([_POSITION[stage_of(k // span, k % span + low)] for k in keys.tolist()])
-            pos[rows] = table[inverse.reshape(-1)]
-        else:
-            if base is GemmInsn:
-                macs += int(out[1].sum())
-            else:
-                alu_ops += int(out[1].sum())
-            if cls is base:   # the module of a GEMM/ALU record follows from its opcode
-                opcodes = np.fromiter(map(_opcode_of, sub), np.int64, len(sub))
-                keys, inverse = np.unique(opcodes, return_inverse=True)
-                table = np.array([_POSITION[stage_of(op)] for op in keys.tolist()])
-                pos[rows] = table[inverse.reshape(-1)]
-            else:
-                pos[rows] = [_POSITION[insn_stage(x)] for x in sub]
-    flags = np.fromiter(itertools.chain.from_iterable(map(_flags_of, insns)), bool, 4 * n)
-    code = flags.reshape(n, 4) @ _FLAG_WEIGHTS
-    dram_total = {_MEM_NAMES[m]: int(nbytes[counter == m].sum())
-                  for m in np.unique(counter[counter >= 0]).tolist()}
-    queues: List[list] = []
-    counts: List[int] = []
-    for p in range(len(_STAGES)):
-        idx = np.flatnonzero(pos == p)
-        counts.append(int(idx.size))
-        if not idx.size:
-            queues.append(([], [], [], [], []))
-            continue
-        cp = code[idx]
-        if timeline:
-            start = np.ones(idx.size, bool)
-        else:
-            start = _NEEDS_ANY[p][cp]
-            start[0] = True
-            start[1:] |= _PUSHES_ANY[p][cp[:-1]]
-        firsts = np.flatnonzero(start)
-        lasts = np.append(firsts[1:], idx.size) - 1
-        names: List[tuple] = [()] * firsts.size
-        cn = counter[idx]
-        named = np.flatnonzero(cn >= 0)
-        if named.size:   # the counters of each step, in the order the step meets them
-            sid = np.searchsorted(firsts, named, side="right") - 1
-            key = sid * (int(cn.max()) + 1) + cn[named]
-            first = np.sort(np.unique(key, return_index=True)[1])
-            for s, m in zip(sid[first].tolist(), cn[named][first].tolist()):
-                names[s] += (_MEM_NAMES[m],)
-        table = _TOKENS_BY_CODE[p]
-        queues.append((idx[firsts].tolist(),
-                       [table[c][0] for c in cp[firsts].tolist()],
-                       np.add.reduceat(cycles[idx], firsts).tolist(),
-                       [table[c][1] for c in cp[lasts].tolist()],
-                       names))
-    return queues, counts, dram_total, macs, alu_ops
 
 
 class CycleModel:
@@ -398,9 +285,49 @@ class CycleModel:
         instruction ran. Without a timeline, a run of instructions that pops nothing after its
         first and pushes nothing before its last is timed as one step (it runs back to back).
         """
+        costs = _Costs(self.config)
         timeline = self.record_timeline
-        insns = insns if isinstance(insns, list) else list(insns)
-        queues, counts, dram_total, macs, alu_ops = _steps(_Costs(self.config), insns, timeline)
+        # per module, in order, the steps: [first stream index, popped queues, cycles, pushed
+        # queues, DRAM counters first met in the step, first instruction]
+        queues: List[list] = [[] for _ in _STAGES]
+        open_step: List[Optional[list]] = [None] * len(_STAGES)
+        dram_total: Dict[str, int] = {}
+        counts = [0] * len(_STAGES)
+        macs = alu_ops = 0
+        cost_by_type, cost_of, pos_of = costs.by_type, costs.of, _POSITION_OF
+        for i, insn in enumerate(insns):
+            cls = type(insn)
+            if cls is MemInsn:
+                pos = pos_of.get((insn.opcode, insn.memory_type))
+            elif cls is GemmInsn or cls is AluInsn:
+                pos = pos_of.get((insn.opcode, None))
+            else:
+                pos = None
+            if pos is None:
+                pos = _POSITION[insn_stage(insn)]
+            counts[pos] += 1
+            flags = _flags_of(insn)
+            queues_of = _TOKENS[pos].get(flags)
+            if queues_of is None:   # flags that are not bools: by truth value
+                queues_of = _TOKENS[pos][tuple(bool(f) for f in flags)]
+            needs, pushes = queues_of
+            cycles, name, nbytes, m, a = cost_by_type.get(cls, cost_of)(insn)
+            macs += m
+            alu_ops += a
+            step = open_step[pos]
+            if step is None or needs or timeline:
+                step = [i, needs, 0, (), (), insn]
+                queues[pos].append(step)
+            step[2] += cycles
+            if name is not None:
+                if name not in step[4]:
+                    step[4] += (name,)
+                dram_total[name] = dram_total.get(name, 0) + nbytes
+            if pushes:
+                step[3] = pushes
+                open_step[pos] = None
+            else:
+                open_step[pos] = step
         heads = [0] * len(_STAGES)
         ready = [0] * len(_STAGES)
         busy = [0] * len(_STAGES)
@@ -409,17 +336,16 @@ class CycleModel:
         popped = [0] * len(TOKEN_QUEUES)
         report = CycleReport(self.config)
         seen: List[str] = []
-        remaining = sum(len(q[0]) for q in queues)
+        remaining = sum(map(len, queues))
         while remaining:
             progressed = False
-            for pos, (firsts, step_needs, step_cycles, step_pushes, step_names) in \
-                    enumerate(queues):
+            for pos, queue in enumerate(queues):
                 head = h = heads[pos]
                 free = ready[pos]
                 waited = worked = 0
-                count = len(firsts)
+                count = len(queue)
                 while h < count:
-                    needs = step_needs[h]
+                    _, needs, cycles, pushes, names, insn = queue[h]
                     start = free
                     if needs:
                         if popped[needs[0]] >= len(tokens[needs[0]]) or (
@@ -431,16 +357,15 @@ class CycleModel:
                             if t > start:
                                 start = t
                         waited += start - free
-                    cycles = step_cycles[h]
                     free = start + cycles
                     worked += cycles
-                    for q in step_pushes[h]:
+                    for q in pushes:
                         tokens[q].append(free)
-                    if step_names[h]:
-                        seen += step_names[h]
+                    if names:
+                        seen += names
                     if timeline:
                         report.timeline.append((_STAGES[pos].name.lower(), start, free,
-                                                _kind(insns[firsts[h]])))
+                                                _kind(insn)))
                     h += 1
                 if h != head:
                     progressed = True
@@ -450,9 +375,9 @@ class CycleModel:
                     stall[pos] += waited
                     busy[pos] += worked
             if not progressed:
-                stuck = [f"{s.name.lower()} at instruction {queues[p][0][heads[p]]} "
-                         f"({insns[queues[p][0][heads[p]]]})"
-                         for p, s in enumerate(_STAGES) if heads[p] < len(queues[p][0])]
+                stuck = [f"{s.name.lower()} at instruction {queues[p][heads[p]][0]} "
+                         f"({queues[p][heads[p]][5]})"
+                         for p, s in enumerate(_STAGES) if heads[p] < len(queues[p])]
                 raise DeadlockError("dependency tokens can never be satisfied; waiting: " + "; ".join(stuck))
         for name in seen:   # the counters in the order the run met them
             if name not in report.dram_bytes:
