@@ -7,6 +7,8 @@ Usage::
         --out tests/data/embed_reference.json
     OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/embed_reference.py \
         --compare tests/data/embed_reference.json
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/embed_reference.py \
+        --compare tests/data/embed_reference.json --batch 8     # 8 cases per MiniZinc flattening
 
 The cases (:func:`cases`):
 
@@ -41,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from tvm_csp_embed.instructions import gemm  # noqa: E402
-from tvm_csp_embed.solve import CONSTRAINT_SETS, MODEL, solve  # noqa: E402
+from tvm_csp_embed.solve import CONSTRAINT_SETS, MODEL, Problem, solve, solve_batch  # noqa: E402
 from tvm_csp_embed.workload import conv2d, matmul  # noqa: E402
 
 #: configuration of the ``build`` cases
@@ -156,6 +158,11 @@ def record(case: str, timeout: float = 120.0, result: Optional[list] = None) -> 
     res = solve(wl, instr, mode, timeout=timeout, **kw)
     if result is not None:
         result.append((wl, instr, res))
+    return result_record(res)
+
+
+def result_record(res) -> Dict[str, Any]:
+    """The record of one :class:`~tvm_csp_embed.solve.SolveResult` (module docstring)."""
     sols = [{"binding": s.binding, "bit_dims": list(s.bit_dims), "bit_steps": list(s.bit_steps),
              "pad": list(s.pad), "cost": s.cost, "optimal": s.optimal,
              "nodes": _digest({"p": [list(x) for x in s.p],
@@ -164,6 +171,26 @@ def record(case: str, timeout: float = 120.0, result: Optional[list] = None) -> 
             for s in res.solutions]
     return {"status": res.status, "solutions": sols,
             "flatten_seconds": round(res.stats.flatten_seconds, 4)}
+
+
+def batch_records(ids: List[str], size: int, timeout: float = 120.0) -> Dict[str, Dict[str, Any]]:
+    """The records of the cases ``ids`` solved ``size`` at a time by
+    :func:`~tvm_csp_embed.solve.solve_batch` (one MiniZinc flattening per batch), with each
+    record's ``batch``: the instances flattened together with it (1 if its batch was flattened one
+    by one)."""
+    out = {}
+    for at in range(0, len(ids), size):
+        chunk = ids[at:at + size]
+        problems = []
+        for c in chunk:
+            wl, instr, kw = _problem(c)
+            kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
+            problems.append(Problem(wl, instr, timeout=timeout, **kw))
+        for c, res in zip(chunk, solve_batch(problems)):
+            if isinstance(res, Exception):
+                raise res
+            out[c] = {**result_record(res), "batch": res.stats.batch}
+    return out
 
 
 def write_table(records: Dict[str, Dict[str, Any]]) -> str:
@@ -187,6 +214,8 @@ def main(argv=None) -> int:
     g.add_argument("--compare", help="solve every case and compare with this table")
     ap.add_argument("--subset", choices=("all", "sample"), default="all")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per solve")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="solve this many cases per MiniZinc flattening (solve_batch; default: one each)")
     args = ap.parse_args(argv)
     try:
         from tqdm import tqdm
@@ -196,8 +225,10 @@ def main(argv=None) -> int:
     ref = json.loads(Path(args.compare).read_text())["cases"] if args.compare else None
     got, bad = {}, []
     t0 = time.perf_counter()
+    batched = batch_records(ids, args.batch, args.timeout) if args.batch > 1 else {}
     for c in tqdm(ids, desc="embed reference", unit="solve"):
-        got[c] = record(c, args.timeout)
+        got[c] = ({k: v for k, v in batched.pop(c).items() if k != "batch"} if batched
+                  else record(c, args.timeout))
         if got[c]["status"] == "timeout":
             print(f"{c}: timeout", file=sys.stderr)
         if ref is not None and (c not in ref or not same(ref[c], got[c])):

@@ -1,12 +1,12 @@
 """The distinct workloads of a module are solved concurrently by a bounded pool of MiniZinc
-processes, in the background (``OpTemplate.prefetch`` -> ``tvm_csp_embed.cache.solve_concurrently``
-with ``wait=False``): an operator is planned as soon as its own solves are done, while the later
-operators' solves run.
+batches, in the background (``OpTemplate.prefetch`` -> ``tvm_csp_embed.cache.solve_concurrently``
+with ``wait=False``, each batch one ``tvm_csp_embed.solve.solve_batch``): an operator is planned as
+soon as its own solves are done, while the later operators' solves run.
 
 A three-conv chain (two distinct conv workloads, one repeated) with a fresh cache: every distinct
-solve runs once, in the pool, at most ``TVM_CSP_EMBED_SOLVERS`` at a time and at least two at once;
-each operator is planned after all of its own layouts are solved, and planning overlaps the later
-solves; planning itself solves nothing; the output is bit-exact against numpy.
+solve runs once, in the pool, at most ``TVM_CSP_EMBED_SOLVERS`` batches at a time and at least two
+at once; each operator is planned after all of its own layouts are solved, and planning overlaps
+the later solves; planning itself solves nothing; the output is bit-exact against numpy.
 """
 import threading
 import time
@@ -42,28 +42,34 @@ def test_distinct_workloads_solved_concurrently_before_planning(tmp_path, monkey
     monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
     monkeypatch.setenv(C.SOLVERS_ENV, "2")
     S._packed.cache_clear()
-    active, peak, solved, planned = [0], [0], [], []
+    active, peak, solved, planned, solved_in_plan = [0], [0], [], [], []
     lock = threading.Lock()
-    real_solve, real_plan = C.solve, S.CspGemmTemplate.plan
+    real_batch, real_plan = C.solve_batch, S.CspGemmTemplate.plan
 
     done = []             # (workload name, thread name) of each finished solve, in order
     while_planning = []   # solves that finished after the first operator's planning began
     started = []
 
-    def solve(wl, *args, **kwargs):
+    def solve_batch(problems):
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
-            solved.append(wl.name)
+            solved.extend(p.wl.name for p in problems)
         try:
-            time.sleep(0.2)  # hold the slot long enough that a second solve must overlap it
-            return real_solve(wl, *args, **kwargs)
+            time.sleep(0.2)  # hold the slot long enough that a second batch must overlap it
+            for p, res in zip(problems, real_batch(problems)):
+                with lock:
+                    done.append((p.wl.name, threading.current_thread().name))
+                    if started:
+                        while_planning.append(p.wl.name)
+                yield res
         finally:
             with lock:
                 active[0] -= 1
-                done.append((wl.name, threading.current_thread().name))
-                if started:
-                    while_planning.append(wl.name)
+
+    def solve(wl, *args, **kwargs):
+        solved_in_plan.append(wl.name)
+        raise AssertionError(f"planning solved {wl.name}")
 
     def plan(self, op, config):
         base = self._base(op)
@@ -77,12 +83,13 @@ def test_distinct_workloads_solved_concurrently_before_planning(tmp_path, monkey
             # every layout of this operator was solved before it was planned
             assert names <= {n for n, _ in done}, (names, done)
         return result
+    monkeypatch.setattr(C, "solve_batch", solve_batch)
     monkeypatch.setattr(C, "solve", solve)
     monkeypatch.setattr(S.CspGemmTemplate, "plan", plan)
     with vta_ext.build_options(strategy="csp-relaxed"):
         ex = relax.build(_chain(), target="ext_vta")
     # NCHW, NHWC and the fused variants of two distinct workloads; each once, in the pool
-    assert len(solved) >= 4 and len(set(solved)) == len(solved)
+    assert len(solved) >= 4 and len(set(solved)) == len(solved) and not solved_in_plan
     assert all(thread.startswith("minizinc") for _, thread in done)
     assert peak[0] == 2
     assert len(planned) == 3 and while_planning, "planning did not overlap the later solves"

@@ -32,6 +32,7 @@ strict, of which 0.34e9 are MiniZinc's own start-up on an empty model).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -41,7 +42,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -49,7 +50,8 @@ from .instructions import InstructionGraph
 from .workload import Workload
 
 __all__ = ["CONSTRAINTS", "CONSTRAINT_SETS", "SEARCHES", "SolveStats", "RawSolution", "SolveResult",
-           "EmbeddingNotFound", "SolverError", "solve", "portfolio_orders", "build_data"]
+           "EmbeddingNotFound", "SolverError", "solve", "Problem", "solve_batch", "portfolio_orders",
+           "build_data"]
 
 MODEL = Path(__file__).resolve().parent / "models" / "embed.mzn"
 
@@ -106,6 +108,9 @@ class SolveStats:
         The winning portfolio asset (dimension order), or ``"default"``.
     runs : int
         Number of MiniZinc processes started.
+    batch : int
+        Number of instances flattened together with this one's in one MiniZinc process
+        (:func:`solve_batch`), this one included.
     """
 
     wall_seconds: float = 0.0
@@ -115,6 +120,7 @@ class SolveStats:
     failures: int = 0
     asset: str = "default"
     runs: int = 0
+    batch: int = 1
 
     def __repr__(self) -> str:
         return (f"SolveStats(wall={self.wall_seconds:.3f}s, flatten={self.flatten_seconds:.3f}s, "
@@ -434,8 +440,13 @@ def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str
 
 
 def _search_ann(instr: InstructionGraph, search: str, md: _ModelData, iso: bool = True) -> str:
-    """The search annotation. On the scalar nodes it branches on the values that decide the order
-    of the solutions: the output data nodes under binding 1, the origin and the multiply nodes of
+    """The search annotation: a ``seq_search`` of :func:`_search_entries`."""
+    return f"seq_search([{', '.join(_search_entries(instr, search, md, iso))}])"
+
+
+def _search_entries(instr: InstructionGraph, search: str, md: _ModelData, iso: bool = True) -> List[str]:
+    """The ``int_search`` entries of the search annotation, in order. On the scalar nodes it
+    branches on the values that decide the order of the solutions: the output data nodes under binding 1, the origin and the multiply nodes of
     one bit (every other multiply node is the origin plus steps of single-bit nodes before it in
     node order, and with iso every data node is a function of the multiply nodes, so neither can be
     the first value in which two solutions differ)."""
@@ -458,23 +469,22 @@ def _search_ann(instr: InstructionGraph, search: str, md: _ModelData, iso: bool 
         for t in (0, 1):
             tl = [x for k in range(len(md.tix)) for x in pool(k, t)]
             scalars.append(f"int_search([{','.join(tl)}], input_order, indomain_min)")
-    nodes_ann = ", ".join(scalars)
     if not bits:
         blist = slist = ""
     # structure: binding, the dim of each bit, then padding (cheapest first) and strides
-    struct = (f"int_search([bind], input_order, indomain_min), "
-              + (f"int_search([{blist}], input_order, indomain_min), " if bits else "")
-              + "int_search(pad, input_order, indomain_min)"
-              + (f", int_search([{slist}], input_order, indomain_min)" if bits else ""))
+    struct = (["int_search([bind], input_order, indomain_min)"]
+              + ([f"int_search([{blist}], input_order, indomain_min)"] if bits else [])
+              + ["int_search(pad, input_order, indomain_min)"]
+              + ([f"int_search([{slist}], input_order, indomain_min)"] if bits else []))
     if search == "struct":
-        return f"seq_search([{struct}, {nodes_ann}])"
+        return struct + scalars
     if search == "nodes":
-        return f"seq_search([{nodes_ann}, {struct}])"
+        return scalars + struct
     raise ValueError(f"unknown search {search!r}; use one of {SEARCHES}")
 
 
 _OUT = ('output ["SOL bind=\\(bind) bdim=\\(bdim) bstep=\\(bstep) pad=\\(pad) cost=\\(cost)\\n",\n'
-        '        "O=\\(o)\\nU=\\([u[b,d] | b in BITS, d in DIMS])\\nT=\\(TP)\\n"];\n')
+        '        "O=\\(o)\\nT=\\(TP)\\n"];\n')
 
 
 def _ints(s: str) -> List[int]:
@@ -547,7 +557,7 @@ def _parse(out: str, err: str, rc: int, wl: Workload, instr: InstructionGraph, o
         except ValueError:
             pass
     sols = re.findall(r"SOL bind=(\d+) bdim=\[(.*?)\] bstep=\[(.*?)\] pad=\[(.*?)\] cost=(-?\d+)\n"
-                      r"O=\[(.*?)\]\nU=\[(.*?)\]\nT=\[(.*?)\]", out, re.S)
+                      r"O=\[(.*?)\]\nT=\[(.*?)\]", out, re.S)
     complete = "==========" in out
     if not sols:
         if "=====UNSATISFIABLE=====" in out:
@@ -555,30 +565,36 @@ def _parse(out: str, err: str, rc: int, wl: Workload, instr: InstructionGraph, o
         if rc != 0 and "UNKNOWN" not in out:
             raise SolverError(f"minizinc failed (exit {rc}) on {wl.name}: {err.strip()[-2000:]}")
         return "timeout", [], stats
+    found = [_raw_solution(wl, instr, order, md, int(b), _ints(bd), _ints(bs), _ints(pad), int(cost),
+                           _ints(O), _ints(T), complete)
+             for b, bd, bs, pad, cost, O, T in sols]
+    return "ok", found, stats
+
+
+def _raw_solution(wl: Workload, instr: InstructionGraph, order: Sequence[int], md: _ModelData,
+                  bind: int, bdim: Sequence[int], bstep: Sequence[int], pad: Sequence[int], cost: int,
+                  o: Sequence[int], tp: Sequence[int], complete: bool) -> RawSolution:
+    """A solution from the solver's values (in the permuted dim order ``order``), in the original
+    dim order. Every multiply node is the origin ``o`` plus the step vectors ``u`` of its set bits
+    (a bit's step vector is its step in the dim it walks, the model's ``u``), every data node its
+    pool entry of ``tp``."""
     D = len(wl.dims)
     binds = _bindings(instr, wl, True)
     inv = [order.index(d) for d in range(D)]                # original dim -> permuted dim
-    found = []
-    for b, bd, bs, pad, cost, O, U, T in sols:
-        bdp = [order[x - 1] for x in _ints(bd)]             # permuted dim -> original dim
-        padp = _ints(pad)
-        pad_orig = [0] * D
-        for new, old in enumerate(order):
-            pad_orig[old] = padp[new]
-        # every multiply node: o plus the steps of its set bits (QBIT . u), in the original dim order
-        u = np.array(_ints(U), dtype=np.int64).reshape(-1, D)
-        pts = (md.qbit @ u + np.array(_ints(O), dtype=np.int64))[:, inv]
-        prow = [tuple(r) for r in pts.tolist()]
-        tv = _ints(T)
-        bind = int(b)
-        data_nodes = {}
-        for k, op in enumerate("ABC"):
-            rank = wl.tensors[binds[bind - 1][k]].rank
-            data_nodes[op] = [tuple(tv[i - 1] for i in row[:rank])
-                              for row in md.tix[bind - 1][k][:len(instr.operand_nodes(op))]]
-        found.append(RawSolution(bind, tuple(bdp), tuple(_ints(bs)), tuple(pad_orig), int(cost), complete,
-                                 prow, data_nodes))
-    return "ok", found, stats
+    bdp = [order[x - 1] for x in bdim]                      # permuted dim -> original dim
+    pad_orig = [0] * D
+    for new, old in enumerate(order):
+        pad_orig[old] = pad[new]
+    u = np.zeros((len(bdim), D), dtype=np.int64)
+    u[np.arange(len(bdim)), np.asarray(bdim, dtype=np.int64) - 1] = bstep
+    pts = (md.qbit @ u + np.asarray(o, dtype=np.int64))[:, inv]
+    prow = [tuple(r) for r in pts.tolist()]
+    data_nodes = {}
+    for k, op in enumerate("ABC"):
+        rank = wl.tensors[binds[bind - 1][k]].rank
+        data_nodes[op] = [tuple(tp[i - 1] for i in row[:rank])
+                          for row in md.tix[bind - 1][k][:len(instr.operand_nodes(op))]]
+    return RawSolution(bind, tuple(bdp), tuple(bstep), tuple(pad_orig), cost, complete, prow, data_nodes)
 
 
 def portfolio_orders(wl: Workload, instr: InstructionGraph) -> List[Tuple[int, ...]]:
@@ -653,43 +669,61 @@ def solve(wl: Workload, instr: InstructionGraph, mode: Union[str, Sequence[str]]
     SolveResult
         ``status`` is ``"ok"`` with at least one solution, ``"infeasible"`` or ``"timeout"``.
     """
-    if isinstance(mode, str) and mode not in CONSTRAINT_SETS:
-        raise ValueError(f"unknown mode {mode!r}; use one of {sorted(CONSTRAINT_SETS)} or a constraint list")
-    cons = CONSTRAINT_SETS[mode] if isinstance(mode, str) else tuple(mode)
-    cons = tuple(c for c in cons if c not in disable)
-    if shutil.which("minizinc") is None:
-        raise SolverError("the `minizinc` executable is not on PATH; install MiniZinc 2.6 with Gecode "
-                          "(Debian: apt-get install minizinc)")
+    if not portfolio:
+        res = next(solve_batch([Problem(wl, instr, mode, solutions=solutions, timeout=timeout, search=search,
+                                        bound=bound, bound_stride=bound_stride, commutative=commutative,
+                                        optimise=optimise, disable=tuple(disable), max_cost=max_cost,
+                                        compat=compat)]))
+        if isinstance(res, Exception):
+            raise res
+        return res
+    cons = _constraint_set(mode, disable)
+    _check_minizinc()
     t_start = time.perf_counter()
-    total = SolveStats()
-    orders = portfolio_orders(wl, instr) if portfolio else [tuple(range(len(wl.dims)))]
-    enumerate_all = solutions > 1
+    orders = portfolio_orders(wl, instr)
     workdir = tempfile.mkdtemp(prefix="csp_embed_")
     try:
         status, sols, stats, asset, runs = _solve_once(
             wl, instr, cons, search, timeout, workdir, "s0", [], orders, commutative, bound,
-            bound_stride, jobs, optimise, enumerate_all, max_cost, compat)
+            bound_stride, jobs, optimise, solutions > 1, max_cost, compat)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    if enumerate_all:
+    return _result(wl, instr, cons, solutions, timeout, max_cost, status, sols, stats, asset or "default",
+                   runs, t_start)
+
+
+def _constraint_set(mode: Union[str, Sequence[str]], disable: Sequence[str] = ()) -> Tuple[str, ...]:
+    if isinstance(mode, str) and mode not in CONSTRAINT_SETS:
+        raise ValueError(f"unknown mode {mode!r}; use one of {sorted(CONSTRAINT_SETS)} or a constraint list")
+    cons = CONSTRAINT_SETS[mode] if isinstance(mode, str) else tuple(mode)
+    return tuple(c for c in cons if c not in disable)
+
+
+def _check_minizinc() -> None:
+    if shutil.which("minizinc") is None or shutil.which("fzn-gecode") is None:
+        raise SolverError("the `minizinc` and `fzn-gecode` executables are not on PATH; install MiniZinc 2.6 "
+                          "with Gecode (Debian: apt-get install minizinc)")
+
+
+def _result(wl: Workload, instr: InstructionGraph, cons: Sequence[str], solutions: int, timeout: float,
+            max_cost: Optional[int], status: str, sols: List[RawSolution], stats: Dict[str, float],
+            asset: str, runs: int, t_start: float, wall: Optional[float] = None, batch: int = 1
+            ) -> SolveResult:
+    """The :class:`SolveResult` of the solutions printed by one solve (in order): the ``solutions``
+    cheapest distinct structures of an enumeration, or the last (best) of a branch and bound."""
+    if solutions > 1:
         unique = {}
         for sol in sols:
             unique.setdefault(sol.key(), sol)
         found = sorted(unique.values(), key=lambda x: (x.cost, x.key()))[:solutions]
     else:
         found = sols[-1:]
-    total.runs = runs
-    total.flatten_seconds = stats.get("flatTime", 0.0)
-    total.solve_seconds = stats.get("solveTime", 0.0)
-    total.nodes = int(stats.get("nodes", 0))
-    total.failures = int(stats.get("failures", 0))
-    total.asset = asset or "default"
+    total = SolveStats(0.0, stats.get("flatTime", 0.0), stats.get("solveTime", 0.0),
+                       int(stats.get("nodes", 0)), int(stats.get("failures", 0)), asset, runs, batch)
+    total.wall_seconds = time.perf_counter() - t_start if wall is None else wall
     for sol in found:
-        sol.stats = SolveStats(0.0, total.flatten_seconds, total.solve_seconds, total.nodes,
-                               total.failures, total.asset, runs)
-    total.wall_seconds = time.perf_counter() - t_start
-    for s in found:
-        s.stats.wall_seconds = total.wall_seconds
+        sol.stats = SolveStats(total.wall_seconds, total.flatten_seconds, total.solve_seconds, total.nodes,
+                               total.failures, total.asset, runs, batch)
     if status == "ok":
         msg = f"{len(found)} embedding(s) of {instr.name} into {wl.name} ({' '.join(cons)})"
     elif status == "timeout":
@@ -763,3 +797,427 @@ def _solve_once(wl, instr, cons, search, timeout, workdir, tag, nogoods, orders,
             r.proc.wait()
             if not r.proc.out_file.closed:
                 _outputs(r.proc)
+
+
+# ------------------------------------------------------------------ batches
+@dataclass(frozen=True)
+class Problem:
+    """One solve of :func:`solve_batch`: the arguments of :func:`solve` (without the portfolio).
+
+    Attributes
+    ----------
+    wl : Workload
+    instr : InstructionGraph
+    mode : str or tuple of str
+    solutions, timeout, search, bound, bound_stride, commutative, optimise, disable, max_cost, compat
+        As in :func:`solve`.
+    """
+
+    wl: Workload
+    instr: InstructionGraph
+    mode: Union[str, Tuple[str, ...]] = "strict"
+    solutions: int = 1
+    timeout: float = 30.0
+    search: str = "struct"
+    bound: bool = False
+    bound_stride: int = 1
+    commutative: bool = True
+    optimise: bool = True
+    disable: Tuple[str, ...] = ()
+    max_cost: Optional[int] = None
+    compat: bool = True
+
+    def __repr__(self) -> str:
+        mode = self.mode if isinstance(self.mode, str) else "+".join(self.mode)
+        return f"Problem({self.wl.name}, {self.instr.name}, {mode}, solutions={self.solutions})"
+
+
+#: the model's variables a solution is read from (the scalar nodes follow from them)
+_OUTVARS = ("bind", "bdim", "bstep", "pad", "cost", "o", "TP")
+
+
+@dataclass
+class _Job:
+    problem: Problem
+    cons: Tuple[str, ...]
+    md: _ModelData
+    entries: List[str]                   # the int_search entries of the search annotation
+
+
+@dataclass
+class _Flat:
+    """One instance's FlatZinc, or the outcome of its flattening."""
+
+    status: str                          # "ok" (fzn holds the instance), "infeasible" or "timeout"
+    fzn: str = ""
+    fixed: Dict[str, List[int]] = field(default_factory=dict)   # output values fixed by flattening
+    flatten_seconds: float = 0.0         # MiniZinc's flatTime (its share of a batch's)
+    wall: float = 0.0                    # wall seconds of the flattening (its share of a batch's)
+    done: float = 0.0                    # perf_counter at the end of the flattening
+    batch: int = 1                       # instances flattened in the same MiniZinc process
+
+
+def _job(p: Problem) -> _Job:
+    cons = _constraint_set(p.mode, p.disable)
+    md = _model_data(p.wl, p.instr, cons, commutative=p.commutative, bound=p.bound,
+                     bound_stride=p.bound_stride, compat=p.compat)
+    return _Job(p, cons, md, _search_entries(p.instr, p.search, md, "iso" in cons))
+
+
+@functools.lru_cache(maxsize=4)
+def _model_parts(text: str) -> Tuple[Tuple[str, ...], str, "re.Pattern[str]"]:
+    """The model's include items, its other items (comments dropped) and a pattern matching every
+    name it declares (parameters, variables, the ``node`` function), for :func:`_renamed`."""
+    body = re.sub(r"%[^\n]*", "", text)
+    include = re.compile(r'^\s*include\s+"[^"]+"\s*;', re.M)
+    includes = tuple(m.group(0).strip() for m in include.finditer(body))
+    body = include.sub("", body)
+    names = (set(re.findall(r":\s*([A-Za-z_]\w*)\s*[;=]", body))
+             | set(re.findall(r"\bfunction\b[^:]*:\s*([A-Za-z_]\w*)\s*\(", body)))
+    return includes, body, re.compile(r"\b(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b")
+
+
+def _renamed(text: str, prefix: str, pattern: "re.Pattern[str]") -> str:
+    return pattern.sub(lambda m: prefix + m.group(1), text)
+
+
+def _combined(jobs: Sequence[_Job]) -> Tuple[str, str]:
+    """One MiniZinc model and its data holding every job as an independent instance: the model's
+    names carry the prefix ``i<k>_`` in instance k. A single job keeps its own objective; several
+    are flattened under one ``satisfy`` whose search annotation lists every instance's entries
+    in order (:func:`_split` hands each instance its own back)."""
+    includes, body, pattern = _model_parts(MODEL.read_text())
+    mzn, dzn, entries, out = list(includes), [], [], []
+    for k, job in enumerate(jobs):
+        p = f"i{k}_"
+        mzn.append(_renamed(body, p, pattern))
+        if job.problem.max_cost is not None:
+            mzn.append(_renamed(f"constraint cost <= {int(job.problem.max_cost)};", p, pattern))
+        dzn.append(_renamed(job.md.dzn, p, pattern))
+        entries += [_renamed(e, p, pattern) for e in job.entries]
+        out += [f"show({p}{v})" for v in _OUTVARS]
+    goal = "satisfy"
+    if len(jobs) == 1 and _branch_and_bound(jobs[0].problem):
+        goal = "minimize i0_cost"
+    mzn.append(f"solve :: seq_search([{', '.join(entries)}]) {goal};")
+    mzn.append(f"output [{', '.join(out)}];")
+    return "\n".join(mzn) + "\n", "\n".join(dzn)
+
+
+def _branch_and_bound(p: Problem) -> bool:
+    return p.optimise and p.solutions <= 1
+
+
+def _stats(text: str) -> Dict[str, float]:
+    stats: Dict[str, float] = {}
+    for m in re.finditer(r"%%%mzn-stat: (\w+)=(\S+)", text):
+        try:
+            stats[m.group(1)] = float(m.group(2))
+        except ValueError:
+            pass
+    return stats
+
+
+def _flatten(jobs: Sequence[_Job], workdir: str, tag: str, timeout: float) -> Optional[List[_Flat]]:
+    """Flatten the jobs in one MiniZinc process (``minizinc -c``): one :class:`_Flat` per job, or
+    None if several jobs cannot be told apart in the result (the caller flattens them one by one).
+
+    Raises
+    ------
+    SolverError
+        If MiniZinc fails on a single job.
+    """
+    t0 = time.perf_counter()
+    mzn, dzn = _combined(jobs)
+    base = Path(workdir) / tag
+    Path(f"{base}.mzn").write_text(mzn)
+    Path(f"{base}.dzn").write_text(dzn)
+    cmd = ["minizinc", "--solver", "gecode", "-c", "-s", f"{base}.mzn", f"{base}.dzn",
+           "-o", f"{base}.fzn", "--output-ozn-to-file", f"{base}.ozn"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout, 0.05))
+    except subprocess.TimeoutExpired:
+        done = time.perf_counter()
+        wall = (done - t0) / len(jobs)
+        return [_Flat("timeout", flatten_seconds=wall, wall=wall, done=done) for _ in jobs]
+    done = time.perf_counter()
+    wall = (done - t0) / len(jobs)
+    secs = _stats(proc.stdout).get("flatTime", done - t0) / len(jobs)
+    if "=====UNSATISFIABLE=====" in proc.stdout:
+        if len(jobs) > 1:
+            return None
+        return [_Flat("infeasible", flatten_seconds=secs, wall=wall, done=done)]
+    if proc.returncode != 0:
+        if len(jobs) > 1:
+            return None
+        raise SolverError(f"minizinc failed (exit {proc.returncode}) on {jobs[0].problem.wl.name}: "
+                          f"{proc.stderr.strip()[-2000:]}")
+    fzn = Path(f"{base}.fzn").read_text()
+    fixed = _fixed_outputs(Path(f"{base}.ozn").read_text())
+    if len(jobs) == 1:
+        return [_Flat("ok", fzn, fixed, secs, wall, done)]
+    parts = _split(fzn, [len(j.entries) for j in jobs], [_branch_and_bound(j.problem) for j in jobs], fixed,
+                   workdir)
+    if parts is None:
+        return None
+    return [_Flat("ok", text, fixed, secs, wall, done, len(jobs)) for text in parts]
+
+
+def _fixed_outputs(ozn: str) -> Dict[str, List[int]]:
+    """The output values that flattening fixed (MiniZinc moves them from the FlatZinc to the output
+    model): name -> values."""
+    fixed = {}
+    for m in re.finditer(r"^(?:int|array \[[^\]]*\] of int): (\w+) = ([^;]*);", ozn, re.M):
+        value = m.group(2)
+        fixed[m.group(1)] = _ints(value[value.index("["):] if "[" in value else value)
+    return fixed
+
+
+#: the names of variables and parameters in the FlatZinc of :func:`_combined`: the model's (with
+#: their instance's prefix) and MiniZinc's own (no FlatZinc keyword or predicate name holds
+#: either; a declared name must match in full)
+_NAME = re.compile(r"i\d+_\w+|X_INTRODUCED_\d+_")
+_PREFIX = re.compile(r"i(\d+)_")
+_FIXED_VAR = re.compile(r"var (?:(-?\d+)\.\.\1: \w+[^=]*(?:= *-?\d+)?|bool: \w+[^=]*= *(?:true|false));$")
+
+
+def _decl_name(line: str) -> str:
+    return line.split("=", 1)[0].split("::", 1)[0].rsplit(":", 1)[1].strip().rstrip(";").strip()
+
+
+def _satisfiable(fzn: str, workdir: str) -> bool:
+    path = Path(workdir) / "constant.fzn"
+    path.write_text(fzn)
+    proc = subprocess.run(["fzn-gecode", str(path)], capture_output=True, text=True, timeout=60)
+    return proc.returncode == 0 and "----------" in proc.stdout
+
+
+def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], fixed: Dict[str, List[int]],
+           workdir: str) -> Optional[List[str]]:
+    """Cut the FlatZinc of several independent instances (:func:`_combined`) into one FlatZinc per
+    instance: its variables are those connected through constraints and array definitions to the
+    names of its prefix; parameter arrays go to every instance that reads them; its search
+    annotation is its own entries of the combined one, and its goal its own. What is linked to no
+    instance's names (fixed variables, constraints on constants) is checked once and dropped.
+    None if something is linked to two instances, or what is linked to none fails."""
+    K = len(n_entries)
+    preds, body, solve_line = [], [], None
+    for ln in fzn.split("\n"):
+        if not ln:
+            continue
+        if ln.startswith("predicate"):
+            preds.append(ln)
+        elif ln.startswith("solve"):
+            solve_line = ln
+        else:
+            body.append(ln)
+    if solve_line is None:
+        return None
+    var: Dict[str, int] = {}                # variable -> id
+    par: Dict[str, int] = {}                # parameter -> its line
+    for i, ln in enumerate(body):
+        if ln.startswith("constraint"):
+            continue
+        name = _decl_name(ln)
+        if not _NAME.fullmatch(name):
+            return None                     # a name this cut does not know
+        if ln.startswith("var ") or (ln.startswith("array") and " of var " in ln.split("=", 1)[0]):
+            var[name] = len(var)
+        else:
+            par[name] = i
+    parent = list(range(len(var)))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    get, findall = var.get, _NAME.findall
+    first = []                              # per line: the id of its first variable, or -1
+    for ln in body:
+        ids = [x for x in map(get, findall(ln)) if x is not None]
+        if not ids:
+            first.append(-1)
+            continue
+        first.append(ids[0])
+        if len(ids) > 1:
+            r = find(ids[0])
+            for x in ids[1:]:
+                rx = find(x)
+                if rx != r:
+                    parent[rx] = r
+    owner: Dict[int, int] = {}
+    for name, x in var.items():
+        m = _PREFIX.match(name)
+        if m:
+            root, k = find(x), int(m.group(1))
+            if owner.setdefault(root, k) != k:
+                return None
+    parts: List[List[str]] = [[] for _ in range(K)]
+    detached: List[str] = []                # in no instance: checked once (below)
+    for ln, x in zip(body, first):
+        if x < 0:
+            if ln.startswith("constraint"):
+                detached.append(ln)         # on parameters alone
+            continue                        # a parameter: copied where it is read
+        k = owner.get(find(x))
+        if k is None:
+            if not _FIXED_VAR.match(ln):    # (a fixed variable nothing reads needs no check)
+                detached.append(ln)         # a variable, or its constraint, linked to no instance
+            continue
+        parts[k].append(ln)
+
+    def pars(lines: List[str]) -> List[str]:
+        used = set(findall("\n".join(lines))) & par.keys()
+        return [body[i] for i in sorted(par[p] for p in used)]
+    # the search annotation: a seq_search of every instance's entries, in instance order
+    m = re.match(r"solve\s*::\s*seq_search\(\[(.*)\]\)\s*satisfy;$", solve_line)
+    if m is None:
+        return None
+    entries, depth, start, text = [], 0, 0, m.group(1)
+    for i, c in enumerate(text):
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            entries.append(text[start:i])
+            start = i + 1
+    entries.append(text[start:])
+    if len(entries) != sum(n_entries):
+        return None
+    if detached:
+        # variables and constraints linked to no instance's names (constants MiniZinc left as
+        # variables, constraints on parameters): they share no variable with any instance, so
+        # if they are satisfiable they change no instance's solutions (beyond repeating them, as
+        # in a solve of its own); if not, they fail some instance, which cannot be told: then the
+        # caller flattens the instances one by one
+        if not _satisfiable("\n".join(preds + pars(detached) + detached + ["solve satisfy;"]) + "\n",
+                            workdir):
+            return None
+    out, at = [], 0
+    for k in range(K):
+        mine = entries[at:at + n_entries[k]]
+        at += n_entries[k]
+        head = pars(parts[k])
+        goal = "satisfy"
+        if bnb[k]:
+            cost = f"i{k}_cost"
+            if cost not in var:      # fixed by flattening: minimise a variable of that one value
+                if cost not in fixed:
+                    return None
+                v = fixed[cost][0]
+                head.append(f"var {v}..{v}: {cost};")
+            goal = f"minimize {cost}"
+        out.append("\n".join(preds + head + parts[k] + [f"solve :: seq_search([{','.join(mine)}]) {goal};"])
+                   + "\n")
+    return out
+
+
+def _values(block: str) -> Dict[str, List[int]]:
+    vals = {}
+    for m in re.finditer(r"^(\w+) = ([^;]*);", block, re.M):
+        v = m.group(2)
+        vals[m.group(1)] = _ints(v[v.index("["):] if "[" in v else v)
+    return vals
+
+
+def _search(job: _Job, flat: _Flat, k: int, workdir: str, tag: str, t_start: float) -> SolveResult:
+    """Run Gecode (``fzn-gecode``) on one instance's FlatZinc and read its solutions. The time limit
+    counts from ``t_start`` (the start of the flattening); the result's wall time is the
+    flattening's (share) plus the search's."""
+    p = job.problem
+    t_search = time.perf_counter()
+    order = tuple(range(len(p.wl.dims)))
+    if flat.status != "ok":
+        return _result(p.wl, p.instr, job.cons, p.solutions, p.timeout, p.max_cost, flat.status, [],
+                       {"flatTime": flat.flatten_seconds}, "default", 1, t_start)
+    left = p.timeout - (flat.done - t_start)
+    if left <= 0.05:
+        return _result(p.wl, p.instr, job.cons, p.solutions, p.timeout, p.max_cost, "timeout", [],
+                       {"flatTime": flat.flatten_seconds}, "default", 1, t_start)
+    path = Path(workdir) / f"{tag}.fzn"
+    path.write_text(flat.fzn)
+    cmd = ["fzn-gecode", "-s", "-t", str(max(1, int(left * 1000)))]
+    if p.solutions > 1:
+        cmd.append("-a")
+    cmd.append(str(path))
+    # output to a file: an enumeration prints more than a pipe buffer holds
+    with open(Path(workdir) / f"{tag}.out", "w+") as out:
+        try:
+            proc = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True, timeout=left + 5.0)
+            rc, err = proc.returncode, proc.stderr
+        except subprocess.TimeoutExpired:
+            rc, err = 0, ""
+        out.seek(0)
+        text = out.read()
+    stats = _stats(text)
+    stats["flatTime"] = flat.flatten_seconds
+    pre = f"i{k}_"
+    blocks = text.split("----------")[:-1]
+    sols = []
+    complete = "==========" in text
+    for block in blocks:
+        vals = {**flat.fixed, **_values(block)}
+        try:
+            b, bd, bs, pad, cost, o, tp = (vals[pre + v] for v in _OUTVARS)
+        except KeyError as e:
+            raise SolverError(f"fzn-gecode printed no value of {e.args[0]} on {p.wl.name}") from None
+        sols.append(_raw_solution(p.wl, p.instr, order, job.md, b[0], bd, bs, pad, cost[0], o, tp, complete))
+    status = "ok"
+    if not sols:
+        if "=====UNSATISFIABLE=====" in text:
+            status = "infeasible"
+        elif rc != 0 and "UNKNOWN" not in text:
+            raise SolverError(f"fzn-gecode failed (exit {rc}) on {p.wl.name}: {err.strip()[-2000:]}")
+        else:
+            status = "timeout"
+    return _result(p.wl, p.instr, job.cons, p.solutions, p.timeout, p.max_cost, status, sols, stats,
+                   "default", 1, t_start, flat.wall + time.perf_counter() - t_search, flat.batch)
+
+
+def solve_batch(problems: Sequence[Problem]) -> Iterator[Union[SolveResult, Exception]]:
+    """Solve several problems with one MiniZinc flattening: their results, in order, as each is
+    done (a problem that fails yields its exception, a :class:`SolverError` or ``ValueError``).
+
+    MiniZinc's start (its library parse, about 0.06 s of CPU, more than the flattening of one
+    instance) is paid once per batch: the instances are flattened together as one model whose
+    names carry a per-instance prefix (``minizinc -c``), the FlatZinc is cut back into one
+    instance each (the instances share no variable), and Gecode (``fzn-gecode``) searches each with
+    its own search annotation and goal, as :func:`solve` does: the same solutions in the same
+    order (the search is complete and branches on the same variables in the same order). When the
+    batch cannot be cut apart (a flattening that fails, or finds an instance infeasible) the
+    problems are flattened one by one. ``flatten_seconds`` of a batched result is its share of the
+    batch's flattening.
+    """
+    _check_minizinc()
+    t_start = time.perf_counter()
+    jobs: List[Union[_Job, Exception]] = []
+    for p in problems:
+        try:
+            jobs.append(_job(p))
+        except ValueError as e:
+            jobs.append(e)
+    valid = [j for j in jobs if isinstance(j, _Job)]
+    workdir = tempfile.mkdtemp(prefix="csp_embed_")
+    try:
+        flats = None
+        if len(valid) > 1:
+            flats = _flatten(valid, workdir, "batch", max(j.problem.timeout for j in valid))
+        n = 0
+        for i, job in enumerate(jobs):
+            if isinstance(job, Exception):
+                yield job
+                continue
+            try:
+                if flats is not None:
+                    yield _search(job, flats[n], n, workdir, f"s{i}", t_start)
+                else:
+                    t_job = time.perf_counter()
+                    flat = _flatten([job], workdir, f"s{i}", job.problem.timeout)[0]
+                    yield _search(job, flat, 0, workdir, f"s{i}", t_job)
+            except SolverError as e:
+                yield e
+            n += 1
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
