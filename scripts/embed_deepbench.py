@@ -8,12 +8,18 @@ Example::
     .venv/bin/python scripts/embed_deepbench.py --mode relaxed --no-compat --check   # COMPAT off
     .venv/bin/python scripts/embed_deepbench.py --mode relaxed --compare-compat --out x.csv
     .venv/bin/python scripts/embed_deepbench.py --network resnet18 --size 224   # a build's solves
+    .venv/bin/python scripts/embed_deepbench.py --mode relaxed --flatten-batch 16  # 16 per flattening
 
 ``solve_seconds`` is end to end per layer (workload build, MiniZinc flattening, Gecode, for
 all requested solutions); ``cpu_seconds`` is the CPU time (user + system) of the solver processes
 (MiniZinc and Gecode) of that solve, which machine load inflates far less than wall time;
 ``flatten_seconds``, ``gecode_seconds`` and ``nodes`` come from MiniZinc's statistics. The summary
 gives the medians of all four.
+
+``--flatten-batch N`` solves N layers per MiniZinc flattening (:func:`tvm_csp_embed.solve.solve_batch`,
+as a build does; 0: in the build's batches, :func:`tvm_csp_embed.cache.batches`): a layer's
+``solve_seconds`` is then its share of the flattening plus its own search, and ``cpu_seconds`` the
+group's solver CPU divided evenly among its layers.
 
 ``--network NAME --size N`` solves, one after another and without the disk cache, the distinct
 solves a cold ``csp-relaxed`` build of ``relay_examples/models.py``'s network at N x N starts
@@ -35,7 +41,8 @@ sys.path.insert(0, str(REPO))
 
 from tvm_csp_embed.embedding import decode  # noqa: E402
 from tvm_csp_embed.instructions import gemm  # noqa: E402
-from tvm_csp_embed.solve import SolverError, solve  # noqa: E402
+from tvm_csp_embed.cache import batches  # noqa: E402
+from tvm_csp_embed.solve import Problem, SolverError, solve, solve_batch  # noqa: E402
 from tvm_csp_embed.workload import conv2d  # noqa: E402
 
 DEFAULT_LAYERS = REPO / "data" / "deepbench_conv_inference.csv"
@@ -76,6 +83,14 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _groups(items: list, size: int) -> list:
+    """``items`` in groups of ``size`` (0: the batches a build flattens together,
+    :func:`tvm_csp_embed.cache.batches`)."""
+    if size == 0:
+        return batches(items)
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
 def run(args) -> list:
     try:
         from tqdm import tqdm
@@ -87,40 +102,68 @@ def run(args) -> list:
         keep = {int(x) for x in args.ids.split(",")}
         layers = [r for r in layers if int(r["id"]) in keep]
     rows = []
-    for r in tqdm(layers, desc=f"DeepBench {args.mode}", unit="layer"):
+    bar = tqdm(total=len(layers), desc=f"DeepBench {args.mode}", unit="layer")
+    for group in _groups(layers, 1 if args.portfolio else args.flatten_batch):
         t0, c0 = time.perf_counter(), _children_cpu()
-        base = {"id": r["id"], "mode": args.mode, "layout": args.layout}
-        try:
-            wl = layer_workload(r, args.layout)
-            res = solve(wl, instr, args.mode, solutions=args.solutions, timeout=args.timeout,
-                        portfolio=args.portfolio, bound=args.bound, search=args.search, jobs=args.jobs,
-                        compat=not args.no_compat)
-        except (SolverError, ValueError) as e:
-            rows.append({**base, "solution": 0, "status": "error", "solve_seconds": round(time.perf_counter() - t0, 4),
-                         "message": str(e)[:300]})
-            continue
-        wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
-        st = res.stats
-        common = {**base, "solve_seconds": round(wall, 4), "cpu_seconds": round(cpu, 4),
-                  "flatten_seconds": round(st.flatten_seconds, 4),
-                  "gecode_seconds": round(st.solve_seconds, 4), "nodes": st.nodes, "failures": st.failures,
-                  "asset": st.asset, "stock_padded_volume": round(stock_volume(wl, instr), 4)}
-        if res.status != "ok":
-            rows.append({**common, "solution": 0, "status": res.status, "message": res.message})
-            continue
-        for i, raw in enumerate(res.solutions):
-            emb = decode(raw, wl, instr, args.mode)
-            if args.check:
-                from tvm_csp_embed.verify import check_scalar
-                check_scalar(emb)
-            rows.append({**common, "solution": i, "status": "ok",
-                         "x_dims": str(emb.axis("x")), "y_dims": str(emb.axis("y")), "z_dims": str(emb.axis("z")),
-                         "binding": "A<-" + emb.binding["A"],
-                         "padding": " ".join(f"{d}+{p}" for d, p in emb.padding.items()) or "none",
-                         "padded_volume": round(emb.padded_volume_ratio, 4),
-                         "padding_saved": round(stock_volume(wl, instr) / emb.padded_volume_ratio, 4),
-                         "footprint_bytes": emb.footprint_bytes, "instruction_count": emb.instruction_count,
-                         "cost": emb.cost, "message": "optimal" if raw.optimal else "best found"})
+        problems, wls = [], []
+        for r in group:
+            try:
+                wls.append(layer_workload(r, args.layout))
+                problems.append(Problem(wls[-1], instr, args.mode, solutions=args.solutions,
+                                        timeout=args.timeout, bound=args.bound, search=args.search,
+                                        compat=not args.no_compat))
+            except ValueError as e:
+                wls.append(None)
+                problems.append(e)
+        if args.portfolio:
+            try:
+                results = [solve(wls[0], instr, args.mode, solutions=args.solutions, timeout=args.timeout,
+                                 portfolio=True, bound=args.bound, search=args.search, jobs=args.jobs,
+                                 compat=not args.no_compat)]
+            except (SolverError, ValueError) as e:
+                results = [e]
+        else:
+            todo = [p for p in problems if not isinstance(p, Exception)]
+            solved = iter(list(solve_batch(todo)))
+            results = [p if isinstance(p, Exception) else next(solved) for p in problems]
+        # with several layers per flattening, a layer's wall time is its share of the flattening plus
+        # its own search, and its CPU time the group's solver CPU divided evenly
+        cpu = (_children_cpu() - c0) / len(group)
+        for r, wl, res in zip(group, wls, results):
+            base = {"id": r["id"], "mode": args.mode, "layout": args.layout}
+            if isinstance(res, Exception):
+                rows.append({**base, "solution": 0, "status": "error",
+                             "solve_seconds": round(time.perf_counter() - t0, 4), "message": str(res)[:300]})
+                continue
+            wall = time.perf_counter() - t0 if len(group) == 1 else res.stats.wall_seconds
+            rows += _layer_rows(args, base, wl, instr, res, wall, cpu)
+        bar.update(len(group))
+    bar.close()
+    return rows
+
+
+def _layer_rows(args, base: dict, wl, instr, res, wall: float, cpu: float) -> list:
+    st = res.stats
+    common = {**base, "solve_seconds": round(wall, 4), "cpu_seconds": round(cpu, 4),
+              "flatten_seconds": round(st.flatten_seconds, 4),
+              "gecode_seconds": round(st.solve_seconds, 4), "nodes": st.nodes, "failures": st.failures,
+              "asset": st.asset, "stock_padded_volume": round(stock_volume(wl, instr), 4)}
+    if res.status != "ok":
+        return [{**common, "solution": 0, "status": res.status, "message": res.message}]
+    rows = []
+    for i, raw in enumerate(res.solutions):
+        emb = decode(raw, wl, instr, args.mode)
+        if args.check:
+            from tvm_csp_embed.verify import check_scalar
+            check_scalar(emb)
+        rows.append({**common, "solution": i, "status": "ok",
+                     "x_dims": str(emb.axis("x")), "y_dims": str(emb.axis("y")), "z_dims": str(emb.axis("z")),
+                     "binding": "A<-" + emb.binding["A"],
+                     "padding": " ".join(f"{d}+{p}" for d, p in emb.padding.items()) or "none",
+                     "padded_volume": round(emb.padded_volume_ratio, 4),
+                     "padding_saved": round(stock_volume(wl, instr) / emb.padded_volume_ratio, 4),
+                     "footprint_bytes": emb.footprint_bytes, "instruction_count": emb.instruction_count,
+                     "cost": emb.cost, "message": "optimal" if raw.optimal else "best found"})
     return rows
 
 
@@ -219,18 +262,26 @@ def network_requests(name: str, size: int, config: str = "default") -> list:
 
 
 def run_network(args) -> list:
-    """Solve every request of :func:`network_requests`, one row per request."""
+    """Solve every request of :func:`network_requests`, one row per request (``--flatten-batch``
+    requests per MiniZinc flattening; 0: as the build batches them)."""
     rows = []
-    for i, r in enumerate(network_requests(args.network, args.size)):
+    reqs = network_requests(args.network, args.size)
+    for group in _groups(list(enumerate(reqs)), args.flatten_batch):
         t0, c0 = time.perf_counter(), _children_cpu()
-        res = solve(r.wl, r.instr, r.mode, solutions=r.solutions, timeout=args.timeout, max_cost=r.max_cost)
-        st = res.stats
-        rows.append({"id": i, "mode": r.mode, "layout": r.wl.name, "solution": 0, "status": res.status,
-                     "solve_seconds": round(time.perf_counter() - t0, 4),
-                     "cpu_seconds": round(_children_cpu() - c0, 4),
-                     "flatten_seconds": round(st.flatten_seconds, 4),
-                     "gecode_seconds": round(st.solve_seconds, 4),
-                     "nodes": st.nodes, "failures": st.failures, "message": res.message})
+        problems = [Problem(r.wl, r.instr, r.mode, solutions=r.solutions, timeout=args.timeout,
+                            max_cost=r.max_cost) for _, r in group]
+        results = list(solve_batch(problems))
+        cpu = (_children_cpu() - c0) / len(group)
+        for (i, r), res in zip(group, results):
+            if isinstance(res, Exception):
+                raise res
+            st = res.stats
+            wall = time.perf_counter() - t0 if len(group) == 1 else st.wall_seconds
+            rows.append({"id": i, "mode": r.mode, "layout": r.wl.name, "solution": 0, "status": res.status,
+                         "solve_seconds": round(wall, 4), "cpu_seconds": round(cpu, 4),
+                         "flatten_seconds": round(st.flatten_seconds, 4),
+                         "gecode_seconds": round(st.solve_seconds, 4),
+                         "nodes": st.nodes, "failures": st.failures, "message": res.message})
     return rows
 
 
@@ -250,7 +301,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-compat", action="store_true",
                     help="switch off the precomputed COMPAT table (the model's edge constraints alone)")
     ap.add_argument("--ids", default="", help="comma-separated layer ids (default: all)")
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=1, help="the GEMM's BATCH")
+    ap.add_argument("--flatten-batch", type=int, default=1,
+                    help="solves per MiniZinc flattening (tvm_csp_embed.solve.solve_batch; 0: as a build "
+                         "batches them, tvm_csp_embed.cache.batches; default: one each)")
     ap.add_argument("--block-in", type=int, default=16)
     ap.add_argument("--block-out", type=int, default=16)
     ap.add_argument("--network", default="", help="solve the solves of a cold build of this network "
