@@ -216,7 +216,16 @@ def _bindings(instr: InstructionGraph, wl: Workload, commutative: bool) -> List[
     return b
 
 
+_BOOL = {True: "true", False: "false"}
+
+
 def _arr(vals) -> str:
+    vals = list(vals)
+    kinds = set(map(type, vals))
+    if kinds <= {int}:
+        return "[" + ",".join(map(str, vals)) + "]"
+    if kinds == {bool}:
+        return "[" + ",".join(map(_BOOL.__getitem__, vals)) + "]"
     return "[" + ",".join(_v(v) for v in vals) + "]"
 
 
@@ -283,18 +292,20 @@ def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str
     nodes = instr.mult_nodes()
     NQ = len(nodes)
     qbits = [[b for b in range(NBIT) if (q[bax[b]] >> bpos[b]) & 1] for q in nodes]
+    qmask = [sum(1 << b for b in bs) for bs in qbits]
     ops = ("A", "B", "C")
     opax = [[a in instr.operand_axes[o] for a in instr.axes] for o in ops]
     nn = [len(instr.operand_nodes(o)) for o in ops]
     nnmax = max(nn)
     rep = []                 # representative multiply node (0-based) of every data node
+    node_index = {q: i for i, q in enumerate(nodes)}
     for o in ops:
         row = []
         for dn in instr.operand_nodes(o):
             q = [0] * len(instr.axes)
             for a, v in zip(instr.operand_axes[o], dn):
                 q[instr.axes.index(a)] = v
-            row.append(nodes.index(tuple(q)))
+            row.append(node_index[tuple(q)])
         rep.append(row)
     binds = _bindings(instr, wl, commutative)
     NB = len(binds)
@@ -371,17 +382,19 @@ def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str
                     if iso:
                         coef = [COEF[((k * 3 + t) * EMAX + e) * D + d] for d in range(D)]
                         rel = [b for b in opbits[t] if any(coef[d - 1] for d in bdom[b])]
-                        index = {}
+                        relmask = sum(1 << b for b in rel)
+                        index = {}                   # subset of rel (a bit mask) -> pool entry
                         for m in range(2 ** len(rel)):
-                            sub = tuple(b for i, b in enumerate(rel) if (m >> i) & 1)
+                            sub = sum(1 << b for i, b in enumerate(rel) if (m >> i) & 1)
                             ntp += 1
                             index[sub] = ntp
-                            if sub:
-                                step = steps.setdefault((k + 1, t + 1, e + 1, sub[0] + 1), len(steps) + 1)
-                                chain.append((ntp, index[sub[1:]], step))
+                            if sub:                  # its lowest bit, and the subset without it
+                                low = (sub & -sub).bit_length() - 1
+                                step = steps.setdefault((k + 1, t + 1, e + 1, low + 1), len(steps) + 1)
+                                chain.append((ntp, index[sub & (sub - 1)], step))
                             else:
                                 base.append((ntp, k + 1, t + 1, e + 1))
-                        ids = [index[tuple(b for b in rel if b in qbits[rep[t][j]])] for j in range(nn[t])]
+                        ids = [index[qmask[rep[t][j]] & relmask] for j in range(nn[t])]
                     else:
                         ids = list(range(ntp + 1, ntp + nn[t] + 1))
                         ntp += nn[t]
@@ -435,7 +448,7 @@ def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str
     lines.append(f"c_bound = {_v(bound)};")
     lines.append(f"BOUND = {_arr(bnd)};")
     singles = [bs[0] for bs in qbits if len(bs) == 1]
-    qbit = np.array([[int(b in bs) for b in range(NBIT)] for bs in qbits], dtype=np.int64).reshape(NQ, NBIT)
+    qbit = ((np.array(qmask, dtype=np.int64)[:, None] >> np.arange(NBIT)) & 1).reshape(NQ, NBIT)
     return _ModelData("\n".join(lines) + "\n", qbit, tix, singles)
 
 
