@@ -1151,7 +1151,10 @@ def _search(job: _Job, flat: _Flat, k: int, workdir: str, tag: str, t_start: flo
                        {"flatTime": flat.flatten_seconds}, "default", 1, t_start)
     path = Path(workdir) / f"{tag}.fzn"
     path.write_text(flat.fzn)
-    cmd = ["fzn-gecode", "-s", "-t", str(max(1, int(left * 1000)))]
+    # commit distance 1: Gecode copies every search node instead of recomputing it from a copy up
+    # to 8 levels up; the same tree in the same order, but propagation (nvalue) is not redone:
+    # 30-40 % less search time on the thin-channel enumerations
+    cmd = ["fzn-gecode", "-s", "-c-d", "1", "-t", str(max(1, int(left * 1000)))]
     if p.solutions > 1:
         cmd.append("-a")
     cmd.append(str(path))
