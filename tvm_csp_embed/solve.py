@@ -718,19 +718,24 @@ def _check_minizinc() -> None:
                           "with Gecode (Debian: apt-get install minizinc)")
 
 
+def _kept(sols: list, solutions: int) -> list:
+    """The solutions a solve returns of those it printed (in order): the ``solutions`` cheapest
+    distinct structures of an enumeration, or the last (best) of a branch and bound."""
+    if solutions > 1:
+        unique = {}
+        for sol in sols:
+            unique.setdefault(sol.key(), sol)
+        return sorted(unique.values(), key=lambda x: (x.cost, x.key()))[:solutions]
+    return sols[-1:]
+
+
 def _result(wl: Workload, instr: InstructionGraph, cons: Sequence[str], solutions: int, timeout: float,
             max_cost: Optional[int], status: str, sols: List[RawSolution], stats: Dict[str, float],
             asset: str, runs: int, t_start: float, wall: Optional[float] = None, batch: int = 1
             ) -> SolveResult:
     """The :class:`SolveResult` of the solutions printed by one solve (in order): the ``solutions``
     cheapest distinct structures of an enumeration, or the last (best) of a branch and bound."""
-    if solutions > 1:
-        unique = {}
-        for sol in sols:
-            unique.setdefault(sol.key(), sol)
-        found = sorted(unique.values(), key=lambda x: (x.cost, x.key()))[:solutions]
-    else:
-        found = sols[-1:]
+    found = _kept(sols, solutions)
     total = SolveStats(0.0, stats.get("flatTime", 0.0), stats.get("solveTime", 0.0),
                        int(stats.get("nodes", 0)), int(stats.get("failures", 0)), asset, runs, batch)
     total.wall_seconds = time.perf_counter() - t_start if wall is None else wall
@@ -994,8 +999,8 @@ _PREFIX = re.compile(r"i(\d+)_")
 _FIXED_VAR = re.compile(r"var (?:(-?\d+)\.\.\1: \w+[^=]*(?:= *-?\d+)?|bool: \w+[^=]*= *(?:true|false));$")
 
 
-def _decl_name(line: str) -> str:
-    return line.split("=", 1)[0].split("::", 1)[0].rsplit(":", 1)[1].strip().rstrip(";").strip()
+#: a FlatZinc declaration up to its name (``var 1..4: x``, ``array [1..8] of var int: x``)
+_DECL = re.compile(r"[^:]*:\s*(\w+)")
 
 
 def _satisfiable(fzn: str, workdir: str) -> bool:
@@ -1028,16 +1033,23 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], fixed: Dict[
         return None
     var: Dict[str, int] = {}                # variable -> id
     par: Dict[str, int] = {}                # parameter -> its line
+    alone: List[bool] = []                  # per line: a variable's declaration naming no other
     for i, ln in enumerate(body):
         if ln.startswith("constraint"):
+            alone.append(False)
             continue
-        name = _decl_name(ln)
-        if not _NAME.fullmatch(name):
+        m = _DECL.match(ln)
+        if m is None or not _NAME.fullmatch(m.group(1)):
             return None                     # a name this cut does not know
-        if ln.startswith("var ") or (ln.startswith("array") and " of var " in ln.split("=", 1)[0]):
-            var[name] = len(var)
+        if ln.startswith("var "):
+            var[m.group(1)] = len(var)
+            alone.append("=" not in ln)
+        elif ln.startswith("array") and " of var " in m.group(0):
+            var[m.group(1)] = len(var)
+            alone.append(False)
         else:
-            par[name] = i
+            par[m.group(1)] = i
+            alone.append(False)
     parent = list(range(len(var)))
 
     def find(x: int) -> int:
@@ -1047,7 +1059,10 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], fixed: Dict[
         return x
     get, findall = var.get, _NAME.findall
     first = []                              # per line: the id of its first variable, or -1
-    for ln in body:
+    for ln, single in zip(body, alone):
+        if single:
+            first.append(var[_DECL.match(ln).group(1)])
+            continue
         ids = [x for x in map(get, findall(ln)) if x is not None]
         if not ids:
             first.append(-1)
@@ -1127,12 +1142,24 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], fixed: Dict[
     return out
 
 
-def _values(block: str) -> Dict[str, List[int]]:
-    vals = {}
-    for m in re.finditer(r"^(\w+) = ([^;]*);", block, re.M):
-        v = m.group(2)
-        vals[m.group(1)] = _ints(v[v.index("["):] if "[" in v else v)
-    return vals
+_VALUE = re.compile(r"^(\w+) = ([^;]*);", re.M)
+
+
+def _value(text: str) -> List[int]:
+    """The integers of a printed FlatZinc value (an array's after its index sets)."""
+    return _ints(text[text.index("["):] if "[" in text else text)
+
+
+@dataclass
+class _Printed:
+    """One solution as fzn-gecode printed it: its structure read, the rest left as text."""
+
+    cost: int
+    structure: Tuple
+    values: Dict[str, str]
+
+    def key(self) -> Tuple:
+        return self.structure
 
 
 def _search(job: _Job, flat: _Flat, k: int, workdir: str, tag: str, t_start: float) -> SolveResult:
@@ -1170,16 +1197,26 @@ def _search(job: _Job, flat: _Flat, k: int, workdir: str, tag: str, t_start: flo
     stats = _stats(text)
     stats["flatTime"] = flat.flatten_seconds
     pre = f"i{k}_"
-    blocks = text.split("----------")[:-1]
-    sols = []
     complete = "==========" in text
-    for block in blocks:
-        vals = {**flat.fixed, **_values(block)}
-        try:
-            b, bd, bs, pad, cost, o, tp = (vals[pre + v] for v in _OUTVARS)
-        except KeyError as e:
-            raise SolverError(f"fzn-gecode printed no value of {e.args[0]} on {p.wl.name}") from None
-        sols.append(_raw_solution(p.wl, p.instr, order, job.md, b[0], bd, bs, pad, cost[0], o, tp, complete))
+
+    def value(values: Dict[str, str], v: str) -> List[int]:
+        if pre + v in values:
+            return _value(values[pre + v])
+        if pre + v in flat.fixed:
+            return flat.fixed[pre + v]
+        raise SolverError(f"fzn-gecode printed no value of {v} on {p.wl.name}")
+    # read the structure of every printed solution, decode the scalar nodes of those kept only
+    printed = []
+    for block in text.split("----------")[:-1]:
+        values = dict(_VALUE.findall(block))
+        bdim = value(values, "bdim")
+        printed.append(_Printed(value(values, "cost")[0],
+                                (value(values, "bind")[0], tuple(order[x - 1] for x in bdim),
+                                 tuple(value(values, "bstep"))), values))
+    sols = [_raw_solution(p.wl, p.instr, order, job.md, *(value(x.values, v)[0] if v in ("bind", "cost")
+                                                          else value(x.values, v) for v in _OUTVARS),
+                          complete)
+            for x in _kept(printed, p.solutions)]
     status = "ok"
     if not sols:
         if "=====UNSATISFIABLE=====" in text:
