@@ -850,8 +850,10 @@ class Problem:
         return f"Problem({self.wl.name}, {self.instr.name}, {mode}, solutions={self.solutions})"
 
 
-#: the model's variables a solution is read from (the scalar nodes follow from them)
-_OUTVARS = ("bind", "bdim", "bstep", "pad", "cost", "o", "TP")
+#: the model's variables a solution is read from (the scalar nodes follow from them), all arrays:
+#: MiniZinc keeps an output array in the FlatZinc (fixed entries as constants) but moves a fixed
+#: scalar to its output model, so the binding and the cost are read as the array ``OUT``
+_OUTVARS = ("OUT", "bdim", "bstep", "pad", "o", "TP")
 
 
 @dataclass
@@ -868,7 +870,6 @@ class _Flat:
 
     status: str                          # "ok" (fzn holds the instance), "infeasible" or "timeout"
     fzn: str = ""
-    fixed: Dict[str, List[int]] = field(default_factory=dict)   # output values fixed by flattening
     flatten_seconds: float = 0.0         # MiniZinc's flatTime (its share of a batch's)
     wall: float = 0.0                    # wall seconds of the flattening (its share of a batch's)
     done: float = 0.0                    # perf_counter at the end of the flattening
@@ -911,6 +912,9 @@ def _combined(jobs: Sequence[_Job]) -> Tuple[str, str]:
         mzn.append(_renamed(body, p, pattern))
         if job.problem.max_cost is not None:
             mzn.append(_renamed(f"constraint cost <= {int(job.problem.max_cost)};", p, pattern))
+        # (equated, not defined as [bind, cost]: MiniZinc would output those two scalars instead)
+        mzn.append(f"array[1..2] of var int: {p}OUT; constraint {p}OUT[1] = {p}bind; "
+                   f"constraint {p}OUT[2] = {p}cost;")
         dzn.append(_renamed(job.md.dzn, p, pattern))
         entries += [_renamed(e, p, pattern) for e in job.entries]
         out += [f"show({p}{v})" for v in _OUTVARS]
@@ -951,7 +955,7 @@ def _flatten(jobs: Sequence[_Job], workdir: str, tag: str, timeout: float) -> Op
     Path(f"{base}.mzn").write_text(mzn)
     Path(f"{base}.dzn").write_text(dzn)
     cmd = ["minizinc", "--solver", "gecode", "-c", "-s", f"{base}.mzn", f"{base}.dzn",
-           "-o", f"{base}.fzn", "--output-ozn-to-file", f"{base}.ozn"]
+           "-o", f"{base}.fzn", "--no-output-ozn"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout, 0.05))
     except subprocess.TimeoutExpired:
@@ -971,24 +975,12 @@ def _flatten(jobs: Sequence[_Job], workdir: str, tag: str, timeout: float) -> Op
         raise SolverError(f"minizinc failed (exit {proc.returncode}) on {jobs[0].problem.wl.name}: "
                           f"{proc.stderr.strip()[-2000:]}")
     fzn = Path(f"{base}.fzn").read_text()
-    fixed = _fixed_outputs(Path(f"{base}.ozn").read_text())
     if len(jobs) == 1:
-        return [_Flat("ok", fzn, fixed, secs, wall, done)]
-    parts = _split(fzn, [len(j.entries) for j in jobs], [_branch_and_bound(j.problem) for j in jobs], fixed,
-                   workdir)
+        return [_Flat("ok", fzn, secs, wall, done)]
+    parts = _split(fzn, [len(j.entries) for j in jobs], [_branch_and_bound(j.problem) for j in jobs], workdir)
     if parts is None:
         return None
-    return [_Flat("ok", text, fixed, secs, wall, done, len(jobs)) for text in parts]
-
-
-def _fixed_outputs(ozn: str) -> Dict[str, List[int]]:
-    """The output values that flattening fixed (MiniZinc moves them from the FlatZinc to the output
-    model): name -> values."""
-    fixed = {}
-    for m in re.finditer(r"^(?:int|array \[[^\]]*\] of int): (\w+) = ([^;]*);", ozn, re.M):
-        value = m.group(2)
-        fixed[m.group(1)] = _ints(value[value.index("["):] if "[" in value else value)
-    return fixed
+    return [_Flat("ok", text, secs, wall, done, len(jobs)) for text in parts]
 
 
 #: the names of variables and parameters in the FlatZinc of :func:`_combined`: the model's (with
@@ -999,6 +991,8 @@ _PREFIX = re.compile(r"i(\d+)_")
 _FIXED_VAR = re.compile(r"var (?:(-?\d+)\.\.\1: \w+[^=]*(?:= *-?\d+)?|bool: \w+[^=]*= *(?:true|false));$")
 
 
+#: the definition of a two-entry array (``= [bind, cost]``)
+_OUT_ARRAY = re.compile(r"=\s*\[\s*([\w-]+)\s*,\s*([\w-]+)\s*\]\s*;$")
 #: a FlatZinc declaration up to its name (``var 1..4: x``, ``array [1..8] of var int: x``)
 _DECL = re.compile(r"[^:]*:\s*(\w+)")
 
@@ -1010,8 +1004,7 @@ def _satisfiable(fzn: str, workdir: str) -> bool:
     return proc.returncode == 0 and "----------" in proc.stdout
 
 
-def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], fixed: Dict[str, List[int]],
-           workdir: str) -> Optional[List[str]]:
+def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str) -> Optional[List[str]]:
     """Cut the FlatZinc of several independent instances (:func:`_combined`) into one FlatZinc per
     instance: its variables are those connected through constraints and array definitions to the
     names of its prefix; parameter arrays go to every instance that reads them; its search
@@ -1034,6 +1027,7 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], fixed: Dict[
     var: Dict[str, int] = {}                # variable -> id
     par: Dict[str, int] = {}                # parameter -> its line
     alone: List[bool] = []                  # per line: a variable's declaration naming no other
+    lines: Dict[str, int] = {}              # declaration -> its line
     for i, ln in enumerate(body):
         if ln.startswith("constraint"):
             alone.append(False)
@@ -1041,6 +1035,7 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], fixed: Dict[
         m = _DECL.match(ln)
         if m is None or not _NAME.fullmatch(m.group(1)):
             return None                     # a name this cut does not know
+        lines[m.group(1)] = i
         if ln.startswith("var "):
             var[m.group(1)] = len(var)
             alone.append("=" not in ln)
@@ -1130,12 +1125,16 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], fixed: Dict[
         head = pars(parts[k])
         goal = "satisfy"
         if bnb[k]:
-            cost = f"i{k}_cost"
-            if cost not in var:      # fixed by flattening: minimise a variable of that one value
-                if cost not in fixed:
+            # the cost is OUT's second entry: a variable, or a constant if flattening fixed it
+            m = _OUT_ARRAY.search(body[lines[f"i{k}_OUT"]]) if f"i{k}_OUT" in lines else None
+            if m is None:
+                return None
+            cost = m.group(2)
+            if cost not in var:
+                if not re.fullmatch(r"-?\d+", cost):
                     return None
-                v = fixed[cost][0]
-                head.append(f"var {v}..{v}: {cost};")
+                head.append(f"var {cost}..{cost}: i{k}_objective;")
+                cost = f"i{k}_objective"
             goal = f"minimize {cost}"
         out.append("\n".join(preds + head + parts[k] + [f"solve :: seq_search([{','.join(mine)}]) {goal};"])
                    + "\n")
@@ -1202,21 +1201,20 @@ def _search(job: _Job, flat: _Flat, k: int, workdir: str, tag: str, t_start: flo
     def value(values: Dict[str, str], v: str) -> List[int]:
         if pre + v in values:
             return _value(values[pre + v])
-        if pre + v in flat.fixed:
-            return flat.fixed[pre + v]
         raise SolverError(f"fzn-gecode printed no value of {v} on {p.wl.name}")
     # read the structure of every printed solution, decode the scalar nodes of those kept only
     printed = []
     for block in text.split("----------")[:-1]:
         values = dict(_VALUE.findall(block))
-        bdim = value(values, "bdim")
-        printed.append(_Printed(value(values, "cost")[0],
-                                (value(values, "bind")[0], tuple(order[x - 1] for x in bdim),
-                                 tuple(value(values, "bstep"))), values))
-    sols = [_raw_solution(p.wl, p.instr, order, job.md, *(value(x.values, v)[0] if v in ("bind", "cost")
-                                                          else value(x.values, v) for v in _OUTVARS),
-                          complete)
-            for x in _kept(printed, p.solutions)]
+        bind, cost = value(values, "OUT")
+        printed.append(_Printed(cost, (bind, tuple(order[x - 1] for x in value(values, "bdim")),
+                                       tuple(value(values, "bstep"))), values))
+    sols = []
+    for x in _kept(printed, p.solutions):
+        bind, cost = value(x.values, "OUT")
+        sols.append(_raw_solution(p.wl, p.instr, order, job.md, bind, value(x.values, "bdim"),
+                                  value(x.values, "bstep"), value(x.values, "pad"), cost, value(x.values, "o"),
+                                  value(x.values, "TP"), complete))
     status = "ok"
     if not sols:
         if "=====UNSATISFIABLE=====" in text:
