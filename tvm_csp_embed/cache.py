@@ -115,8 +115,8 @@ def cached_embeddings(wl: Workload, instr: InstructionGraph, mode: str = "relaxe
                       solutions: int = 4, timeout: float = 30.0, cfg: Any = None,
                       max_cost: Optional[int] = None, use_cache: bool = True) -> CachedSolve:
     """The ``solutions`` best embeddings of ``instr`` into ``wl`` under ``mode`` (of cost at most
-    ``max_cost``), from the disk cache or solved now (one MiniZinc process,
-    :func:`tvm_csp_embed.solve.solve`) and stored.
+    ``max_cost``), from the disk cache or solved now (:func:`tvm_csp_embed.solve.solve`) and
+    stored.
 
     Raises
     ------
@@ -213,7 +213,7 @@ _POOL_LOCK = threading.Lock()
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    """The process-wide pool of ``workers`` solver threads (each runs one MiniZinc process)."""
+    """The process-wide pool of ``workers`` solver threads (each runs one batch of solves at a time)."""
     with _POOL_LOCK:
         if workers not in _POOL:
             _POOL[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="minizinc")
