@@ -1,30 +1,50 @@
 """Shape-generic host kernels: one LLVM function per kind of host copy, not per tensor shape.
 
-TVM legalizes every ``permute_dims`` and constant ``pad`` of a Relax module into a PrimFunc of
-its own static shapes, and ``relax.build`` lowers and LLVM-compiles each one. The host relayouts
-around VTA operators are mostly such copies, of tensors that differ only in their extents:
-DenseNet-121 at 112 under ``csp-relaxed`` made 52 transposes of 7 permutations, and a warm build
-spent most of its time in LLVM on them.
+TVM legalizes every ``permute_dims``, ``pad``, ``strided_slice`` and ``take`` of a Relax module
+into a PrimFunc of its own static shapes, and ``relax.build`` lowers and LLVM-compiles each one.
+The host relayouts around VTA operators are mostly such copies, of tensors that differ only in
+their extents: DenseNet-121 at 112 under ``csp-relaxed`` made 52 transposes of 7 permutations,
+RegNetX-1.6GF at 224 30 transposes of 13 permutations, 12 pads of 9 widths and 12 slices, and a
+warm build spent most of its TVM time in LLVM on them.
 
-``concat`` is left as it is: a shape-generic concat (an ``if_then_else`` per input on symbolic
-offsets) costs LLVM more than the static ones it replaces, and the concats of a network rarely
-share an arity (DenseNet-121: 16 concats of 2 to 17 inputs; its CPU build time grew by 1 s).
+:func:`shape_generic_host_kernels` first writes each such copy in its *canonical form*: axes of
+extent 1 dropped and neighbouring axes merged where the copy moves them together (a row-major
+reshape on each side, which the VM makes a view, no copy):
 
-:func:`shape_generic_host_kernels` rewrites each such call on statically shaped tensors into a
-``call_tir`` of one PrimFunc per (operator, rank, attributes, dtype) whose extents are symbolic
-(bound from the arguments when called), where the module has that kind of copy on at least
-:data:`SHARED_SHAPES` shapes. Every output element is the same input element (or pad
-value) as the legalized operator's, so results are unchanged, and the report's host layout
-counts, made by the offload pass before this one, are unchanged too.
+* ``permute_dims``: input axes that stay neighbours in the output merge; what is left is the
+  shortest permutation that moves the same bytes (RegNetX's 13 permutations are 4 canonical ones
+  and identities). A permutation whose canonical form is the identity becomes a ``reshape``.
+* constant ``pad`` and unit-stride ``strided_slice`` (a crop): an axis that is neither padded nor
+  sliced merges into the axis before it (its widths or offset scale by its extent), so the copy
+  keeps one axis per padded or sliced axis. The widths and offsets are arguments of the
+  function, not part of it.
+* ``take`` along one axis: the tensor as (outer, axis, inner) and the indices as a vector.
+
+It then makes each copy whose canonical kind (operator, canonical rank, permutation, pad value,
+dtypes) the module has on at least :data:`SHARED_SHAPES` distinct canonical shapes a ``call_tir``
+of one PrimFunc of that kind with symbolic extents (bound from the arguments when called). Every
+output element is the same input element (or pad value) as the legalized operator's, so results
+are unchanged, and the report's host layout counts, made by the offload pass before this one, are
+unchanged too.
+
+``concat`` and ``where`` are left as they are: a shape-generic concat (an ``if_then_else`` per
+input on symbolic offsets) costs LLVM more than the static ones it replaces, and the concats of a
+network rarely share an arity (DenseNet-121: 16 concats of 2 to 17 inputs; its CPU build time grew
+by 1 s).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tvm
 from tvm import relax, te
 
-__all__ = ["shape_generic_host_kernels", "SHARED_SHAPES"]
+__all__ = ["shape_generic_host_kernels", "canonical_permutation", "canonical_window",
+           "SHARED_SHAPES"]
+
+Shape = Tuple[int, ...]
 
 
 def _static(ty) -> bool:
@@ -32,11 +52,64 @@ def _static(ty) -> bool:
             and all(isinstance(s, tvm.tirx.IntImm) for s in ty.shape.values))
 
 
+def _shape(expr) -> Shape:
+    return tuple(int(v) for v in expr.ty.shape.values)
+
+
+def canonical_permutation(shape: Sequence[int], axes: Sequence[int]) -> Tuple[Shape, Tuple[int, ...]]:
+    """The shortest ``(shape, axes)`` whose ``permute_dims`` moves the bytes of
+    ``permute_dims(x, axes)`` for ``x`` of ``shape``, both sides read row-major: axes of extent 1
+    dropped, input axes that are neighbours in the output too merged into one.
+
+    Examples
+    --------
+    >>> canonical_permutation((1, 5, 16, 1, 56, 56), (0, 1, 4, 5, 3, 2))
+    ((5, 16, 3136), (0, 2, 1))
+    >>> canonical_permutation((1, 63, 1, 16), (0, 1, 3, 2))   # an identity
+    ((1008,), (0,))
+    """
+    kept = {d: i for i, d in enumerate(d for d in range(len(shape)) if shape[d] != 1)}
+    runs: List[List[int]] = []                  # runs of input axes kept next to each other
+    for a in axes:
+        if a not in kept:
+            continue
+        if runs and kept[runs[-1][-1]] + 1 == kept[a]:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    order = sorted(range(len(runs)), key=lambda r: runs[r][0])
+    rank = {r: i for i, r in enumerate(order)}
+    merged = tuple(int(np.prod([shape[a] for a in runs[r]], dtype=np.int64)) for r in order)
+    return merged, tuple(rank[r] for r in range(len(runs)))
+
+
+def canonical_window(shape: Sequence[int], lo: Sequence[int],
+                     out: Sequence[int]) -> Tuple[Shape, Shape, Shape]:
+    """``(shape, lo, out)`` of a pad (``lo`` before, ``out`` extents) or a crop (offset ``lo``,
+    ``out`` extents) with every axis that keeps its extent and offset 0 merged into the axis
+    before it (row-major: its offset scales by its extent) and axes of extent 1 dropped.
+
+    Examples
+    --------
+    >>> canonical_window((1, 72, 56, 56), (0, 0, 0, 0), (1, 80, 56, 56))   # channel pad 72 -> 80
+    ((225792,), (0,), (250880,))
+    """
+    groups: List[List[int]] = []                    # [in extent, lo, out extent]
+    for n, l, m in zip(shape, lo, out):
+        if l == 0 and m == n and groups:
+            g = groups[-1]
+            groups[-1] = [g[0] * n, g[1] * n, g[2] * n]
+        else:
+            groups.append([n, l, m])
+    groups = [g for g in groups if g != [1, 0, 1]]
+    return tuple(g[0] for g in groups), tuple(g[1] for g in groups), tuple(g[2] for g in groups)
+
+
 def _symbols(prefix: str, ndim: int) -> List[tvm.tirx.Var]:
     return [tvm.tirx.Var(f"{prefix}{i}", "int64") for i in range(ndim)]
 
 
-def _func(name: str, args: Sequence[te.Tensor], out: te.Tensor) -> tvm.tirx.PrimFunc:
+def _func(name: str, args: Sequence, out: te.Tensor) -> tvm.tirx.PrimFunc:
     return te.create_prim_func(list(args) + [out]).with_attr("global_symbol", name)
 
 
@@ -50,75 +123,164 @@ def _transpose(ndim: int, axes: Tuple[int, ...], dtype: str) -> tvm.tirx.PrimFun
     return _func(f"vta_host_transpose_{'_'.join(map(str, axes))}_{dtype}", [a], b)
 
 
-def _pad(ndim: int, widths: Tuple[int, ...], value: float, dtype: str) -> tvm.tirx.PrimFunc:
-    """Constant ``pad`` by ``widths`` (before and after, per axis) of any shape of rank ``ndim``."""
-    shape = _symbols("n", ndim)
-    a = te.placeholder(shape, dtype, name="a")
-    lo, hi = widths[0::2], widths[1::2]
+def _pad(ndim: int, value: float, dtype: str) -> tvm.tirx.PrimFunc:
+    """``b`` (extents ``m``) = ``a`` (extents ``n``) placed at offsets ``lo`` (arguments), the
+    rest ``value``: a constant pad of any shape and widths of rank ``ndim``."""
+    n, m, lo = _symbols("n", ndim), _symbols("m", ndim), _symbols("lo", ndim)
+    a = te.placeholder(n, dtype, name="a")
 
     def element(*i):
-        inside = tvm.tirx.const(True, "bool")
-        idx = []
-        for d in range(ndim):
-            if lo[d] or hi[d]:
-                inside = tvm.tirx.all(inside, i[d] >= lo[d], i[d] < shape[d] + lo[d])
-            idx.append(i[d] - lo[d])
+        inside = tvm.tirx.all(*[tvm.tirx.all(i[d] >= lo[d], i[d] < n[d] + lo[d])
+                                for d in range(ndim)])
         fill = tvm.tirx.const(value if "float" in dtype else int(value), dtype)
-        return te.if_then_else(inside, a[tuple(idx)], fill)
+        return te.if_then_else(inside, a[tuple(i[d] - lo[d] for d in range(ndim))], fill)
 
-    out = te.compute([shape[d] + lo[d] + hi[d] for d in range(ndim)], element, name="b")
-    tag = "_".join(str(w) for w in widths)
-    return _func(f"vta_host_pad_{tag}_v{value:g}_{dtype}".replace("-", "m").replace(".", "p"),
-                 [a], out)
+    b = te.compute(m, element, name="b")
+    return _func(f"vta_host_pad{ndim}_v{value:g}_{dtype}".replace("-", "m").replace(".", "p"),
+                 [a] + lo, b)
 
 
-def _transpose_key(call) -> Optional[tuple]:
-    ty = call.args[0].ty
-    if not _static(ty):
+def _crop(ndim: int, dtype: str) -> tvm.tirx.PrimFunc:
+    """``b`` (extents ``m``) = the window of ``a`` at offsets ``lo`` (arguments): a unit-stride
+    ``strided_slice`` of any shape of rank ``ndim``."""
+    n, m, lo = _symbols("n", ndim), _symbols("m", ndim), _symbols("lo", ndim)
+    a = te.placeholder(n, dtype, name="a")
+    b = te.compute(m, lambda *i: a[tuple(i[d] + lo[d] for d in range(ndim))], name="b")
+    return _func(f"vta_host_crop{ndim}_{dtype}", [a] + lo, b)
+
+
+def _take(mode: str, dtype: str, index_dtype: str) -> tvm.tirx.PrimFunc:
+    """``b[o, j, i] = a[o, idx[j], i]`` (``idx`` clipped to the axis for ``mode="clip"``): a
+    ``take`` along one axis, the tensor as (outer, axis, inner) and the indices as a vector."""
+    o, n, i, k = _symbols("o", 1) + _symbols("n", 1) + _symbols("i", 1) + _symbols("k", 1)
+    a = te.placeholder([o, n, i], dtype, name="a")
+    idx = te.placeholder([k], index_dtype, name="idx")
+
+    def element(x, j, y):
+        at = idx[j].astype("int64")
+        if mode == "clip":
+            at = tvm.tirx.max(tvm.tirx.min(at, n - 1), tvm.tirx.const(0, "int64"))
+        return a[x, at, y]
+
+    b = te.compute([o, k, i], element, name="b")
+    return _func(f"vta_host_take_{mode}_{dtype}_{index_dtype}", [a, idx], b)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Copy:
+    """One host copy in canonical form: its kind (the PrimFunc's key), the canonical shapes of its
+    tensors (reshaped to them), its scalar arguments and its canonical output shape."""
+
+    key: tuple
+    tensors: Tuple[Tuple[relax.Expr, Shape], ...]
+    scalars: Tuple[int, ...]
+    out: Shape
+
+    @property
+    def signature(self) -> tuple:
+        return tuple(s for _, s in self.tensors), self.scalars
+
+
+def _permute(call) -> Optional[_Copy]:
+    x = call.args[0]
+    shape = _shape(x)
+    axes = (tuple(reversed(range(len(shape)))) if call.attrs.axes is None
+            else tuple(int(a) % len(shape) for a in call.attrs.axes))
+    merged, perm = canonical_permutation(shape, axes)
+    if perm == tuple(range(len(perm))):
+        return _Copy(("identity",), ((x, merged),), (), merged)
+    return _Copy(("transpose", len(perm), perm, str(x.ty.dtype)), ((x, merged),), (),
+                 tuple(merged[p] for p in perm))
+
+
+def _pad_copy(call) -> Optional[_Copy]:
+    x = call.args[0]
+    shape = _shape(x)
+    if str(call.attrs.pad_mode) != "constant" or len(call.args) != 1:
         return None
-    ndim = ty.ndim
-    axes = (tuple(reversed(range(ndim))) if call.attrs.axes is None
-            else tuple(int(a) for a in call.attrs.axes))
-    return ("transpose", ndim, axes, str(ty.dtype)), [call.args[0]]
-
-
-def _pad_key(call) -> Optional[tuple]:
-    ty = call.args[0].ty
-    if not _static(ty) or str(call.attrs.pad_mode) != "constant" or len(call.args) != 1:
+    widths = [int(w) for w in call.attrs.pad_width]
+    if len(widths) != 2 * len(shape) or min(widths) < 0:
         return None
-    widths = tuple(int(w) for w in call.attrs.pad_width)
-    if len(widths) != 2 * ty.ndim or min(widths) < 0:
+    n, lo, m = canonical_window(shape, widths[0::2], _shape(call))
+    if not n:
         return None
-    return ("pad", ty.ndim, widths, float(call.attrs.pad_value), str(ty.dtype)), [call.args[0]]
+    return _Copy(("pad", len(n), float(call.attrs.pad_value), str(x.ty.dtype)), ((x, n),), lo, m)
 
 
-#: Relax operator -> (the key and arguments of a call, or None to leave it; the PrimFunc maker)
-_KERNELS: Dict[str, Tuple[Callable, Callable]] = {
-    "relax.permute_dims": (_transpose_key, _transpose),
-    "relax.nn.pad": (_pad_key, _pad),
+def _slice_copy(call) -> Optional[_Copy]:
+    x = call.args[0]
+    shape, out = _shape(x), _shape(call)
+    fields = [[int(v.value) for v in a.fields] for a in call.args[1:]]
+    axes, begin = fields[0], fields[1]
+    if len(fields) > 3 and any(s != 1 for s in fields[3]):
+        return None
+    lo = [0] * len(shape)
+    for a, b in zip(axes, begin):
+        a %= len(shape)
+        if b < 0:
+            b += shape[a]
+        lo[a] = min(max(b, 0), shape[a])
+    if any(l + m > n for l, m, n in zip(lo, out, shape)):
+        return None
+    n, lo, m = canonical_window(shape, lo, out)
+    if not n:
+        return None
+    return _Copy(("crop", len(n), str(x.ty.dtype)), ((x, n),), lo, m)
+
+
+def _take_copy(call) -> Optional[_Copy]:
+    x, idx = call.args
+    mode = str(call.attrs.mode)
+    if mode not in ("clip", "fast") or not _static(idx.ty):
+        return None
+    shape = _shape(x)
+    axis = int(call.attrs.axis) % len(shape) if call.attrs.axis is not None else None
+    if axis is None:
+        return None
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    k = int(np.prod(_shape(idx), dtype=np.int64))
+    # "fast" leaves out-of-range indices undefined; clipping them is one of its results
+    return _Copy(("take", "clip", str(x.ty.dtype), str(idx.ty.dtype)),
+                 ((x, (outer, shape[axis], inner)), (idx, (k,))), (), (outer, k, inner))
+
+
+#: Relax operator -> (its canonical form, or None to leave it)
+_CANONICAL: Dict[str, Callable[[relax.Call], Optional[_Copy]]] = {
+    "relax.permute_dims": _permute,
+    "relax.nn.pad": _pad_copy,
+    "relax.strided_slice": _slice_copy,
+    "relax.take": _take_copy,
+}
+
+#: kind -> the PrimFunc maker, called with the kind's key after its name
+_MAKERS: Dict[str, Callable[..., tvm.tirx.PrimFunc]] = {
+    "transpose": _transpose, "pad": _pad, "crop": _crop, "take": _take,
 }
 
 
 #: a kind of copy gets a shape-generic function only when the module has it on at least this
-#: many distinct shapes: a generic function costs LLVM about twice a static one (symbolic index
-#: arithmetic), so sharing one among two shapes saves nothing. RegNetX-1.6GF at 224 has only
-#: permutations of one shape each; rewriting them all made its warm build 0.5 s slower.
+#: many distinct canonical shapes: a generic function costs LLVM about twice a static one
+#: (symbolic index arithmetic), so sharing one among two shapes saves nothing.
 SHARED_SHAPES = 3
+
+
+def _canonical(call) -> Optional[_Copy]:
+    if not isinstance(call.op, tvm.ir.Op) or not _static(call.ty):
+        return None
+    make = _CANONICAL.get(call.op.name)
+    if make is None or not _static(call.args[0].ty):
+        return None
+    return make(call)
 
 
 @tvm.transform.module_pass(opt_level=0, name="VTAShapeGenericHostKernels")
 def shape_generic_host_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Make every ``permute_dims`` and constant ``pad`` of statically shaped tensors a
-    ``call_tir`` of one shape-generic PrimFunc per (operator, rank, attributes, dtype), for the
-    kinds the module has on at least :data:`SHARED_SHAPES` distinct shapes."""
-    ops = {tvm.ir.Op.get(name): entry for name, entry in _KERNELS.items()}
-
-    def kind_of(call):
-        entry = ops.get(call.op) if isinstance(call.op, tvm.ir.Op) else None
-        if entry is None or not _static(call.ty):
-            return None, None
-        found = entry[0](call)
-        return (entry, found) if found is not None else (None, None)
+    """Make every ``permute_dims``, constant ``pad``, unit-stride ``strided_slice`` and ``take``
+    of statically shaped tensors whose canonical kind the module has on at least
+    :data:`SHARED_SHAPES` distinct canonical shapes a ``call_tir`` of one shape-generic PrimFunc
+    of that kind, between row-major reshapes to and from the canonical shapes; and every
+    ``permute_dims`` that moves no byte a ``reshape``."""
 
     @relax.expr_functor.visitor
     class _Counter(relax.PyExprVisitor):
@@ -128,17 +290,16 @@ def shape_generic_host_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
         def visit_call_(self, call):
             super().visit_call_(call)
-            _, found = kind_of(call)
-            if found is not None:
-                key, args = found
-                self.shapes.setdefault(key, set()).add(
-                    tuple(tuple(int(v) for v in a.ty.shape.values) for a in args))
+            copy = _canonical(call)
+            if copy is not None:
+                self.shapes.setdefault(copy.key, set()).add(copy.signature)
 
     counter = _Counter()
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
             counter.visit_expr(func)
-    shared = {key for key, shapes in counter.shapes.items() if len(shapes) >= SHARED_SHAPES}
+    shared = {key for key, shapes in counter.shapes.items()
+              if key == ("identity",) or len(shapes) >= SHARED_SHAPES}
     if not shared:
         return mod
 
@@ -148,20 +309,43 @@ def shape_generic_host_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
             super().__init__(module)
             self.funcs: Dict[tuple, tvm.ir.GlobalVar] = {}
 
+        def _as(self, expr, shape: Shape):
+            """``expr`` viewed in ``shape`` (row-major); a reshape of a reshape reads the
+            first one's source, a constant is reshaped now."""
+            if _shape(expr) == shape:
+                return expr
+            if isinstance(expr, tvm.ir.expr.GenericConst):
+                return relax.const(expr.value.numpy().reshape(shape), str(expr.ty.dtype))
+            source = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
+            if (isinstance(source, relax.Call) and isinstance(source.op, tvm.ir.Op)
+                    and source.op.name == "relax.reshape"):
+                expr = source.args[0]
+            return self.builder_.emit(relax.op.reshape(expr, shape), name_hint="vta_host_view")
+
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            entry, found = kind_of(call)
-            if found is None or found[0] not in shared:
+            copy = _canonical(call)
+            if copy is None or copy.key not in shared:
                 return call
-            key, args = found
-            gv = self.funcs.get(key)
+            out_shape = _shape(call)
+            if copy.key == ("identity",):
+                return relax.op.reshape(self._as(call.args[0], copy.out), out_shape)
+            gv = self.funcs.get(copy.key)
             if gv is None:
-                func = entry[1](*key[1:])
-                gv = self.funcs[key] = self.builder_.add_func(func, str(func.attrs["global_symbol"]))
-            return relax.call_tir(gv, args, out_ty=call.ty)
+                func = _MAKERS[copy.key[0]](*copy.key[1:])
+                gv = self.funcs[copy.key] = self.builder_.add_func(
+                    func, str(func.attrs["global_symbol"]))
+            args = [self._as(e, s) for e, s in copy.tensors]
+            args += [relax.prim_value(tvm.tirx.IntImm("int64", v)) for v in copy.scalars]
+            out_ty = relax.TensorType(copy.out, call.ty.dtype)
+            if copy.out == out_shape:
+                return relax.call_tir(gv, args, out_ty=out_ty)
+            out = self.builder_.emit(relax.call_tir(gv, args, out_ty=out_ty),
+                                     name_hint="vta_host_copy")
+            return relax.op.reshape(out, out_shape)
 
     rewriter = _Rewriter(mod)
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
             rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
