@@ -149,6 +149,21 @@ def _crop(ndim: int, dtype: str) -> tvm.tirx.PrimFunc:
     return _func(f"vta_host_crop{ndim}_{dtype}", [a] + lo, b)
 
 
+def _where(ndim: int, cond_dtype: str, dtype: str) -> tvm.tirx.PrimFunc:
+    """``b = where(c, t, f)`` for every shape of rank ``ndim`` and every broadcast of ``c``,
+    ``t`` and ``f`` to ``b`` (an axis of extent 1 is read at 0: ``min(i, extent - 1)``)."""
+    m = _symbols("m", ndim)
+    c, t, f = (te.placeholder(_symbols(p, ndim), dt, name=p)
+               for p, dt in (("c", cond_dtype), ("t", dtype), ("f", dtype)))
+
+    def at(x, i):
+        return x[tuple(tvm.tirx.min(i[d], x.shape[d] - 1) for d in range(ndim))]
+
+    b = te.compute(m, lambda *i: tvm.tirx.Select(at(c, i).astype("bool"), at(t, i), at(f, i)),
+                   name="b")
+    return _func(f"vta_host_where{ndim}_{cond_dtype}_{dtype}", [c, t, f], b)
+
+
 def _take(mode: str, dtype: str, index_dtype: str) -> tvm.tirx.PrimFunc:
     """``b[o, j, i] = a[o, idx[j], i]`` (``idx`` clipped to the axis for ``mode="clip"``): a
     ``take`` along one axis, the tensor as (outer, axis, inner) and the indices as a vector."""
@@ -175,10 +190,23 @@ class _Copy:
     tensors: Tuple[Tuple[relax.Expr, Shape], ...]
     scalars: Tuple[int, ...]
     out: Shape
+    #: the kind's function takes any lower rank too, with unit axes in front (pad, crop, where:
+    #: the key leaves the rank out, and the module's copies of the kind share the highest one)
+    any_rank: bool = False
 
     @property
     def signature(self) -> tuple:
         return tuple(s for _, s in self.tensors), self.scalars
+
+    def at_rank(self, rank: int) -> "_Copy":
+        """The same copy with unit axes (offset 0) in front, to rank ``rank``."""
+        k = rank - len(self.out)
+        if not self.any_rank or k <= 0:
+            return self
+        ones = (1,) * k
+        return dataclasses.replace(
+            self, tensors=tuple((e, ones + s) for e, s in self.tensors),
+            scalars=((0,) * k if self.scalars else ()) + self.scalars, out=ones + self.out)
 
 
 def _permute(call) -> Optional[_Copy]:
@@ -204,7 +232,8 @@ def _pad_copy(call) -> Optional[_Copy]:
     n, lo, m = canonical_window(shape, widths[0::2], _shape(call))
     if not n:
         return None
-    return _Copy(("pad", len(n), float(call.attrs.pad_value), str(x.ty.dtype)), ((x, n),), lo, m)
+    return _Copy(("pad", float(call.attrs.pad_value), str(x.ty.dtype)), ((x, n),), lo, m,
+                 any_rank=True)
 
 
 def _slice_copy(call) -> Optional[_Copy]:
@@ -225,7 +254,7 @@ def _slice_copy(call) -> Optional[_Copy]:
     n, lo, m = canonical_window(shape, lo, out)
     if not n:
         return None
-    return _Copy(("crop", len(n), str(x.ty.dtype)), ((x, n),), lo, m)
+    return _Copy(("crop", str(x.ty.dtype)), ((x, n),), lo, m, any_rank=True)
 
 
 def _take_copy(call) -> Optional[_Copy]:
@@ -245,17 +274,39 @@ def _take_copy(call) -> Optional[_Copy]:
                  ((x, (outer, shape[axis], inner)), (idx, (k,))), (), (outer, k, inner))
 
 
+def _where_copy(call) -> Optional[_Copy]:
+    out = _shape(call)
+    if any(not _static(a.ty) for a in call.args):
+        return None
+    shapes = [(1,) * (len(out) - len(_shape(a))) + _shape(a) for a in call.args]
+    groups: List[list] = []                # [status, out extent, extent of each input]
+    for d, m in enumerate(out):
+        if m == 1:
+            continue
+        status = tuple(s[d] == m for s in shapes)
+        if groups and groups[-1][0] == status:
+            groups[-1][1] *= m
+        else:
+            groups.append([status, m])
+    if not groups:
+        return None
+    ins = tuple(tuple(g[1] if g[0][i] else 1 for g in groups) for i in range(3))
+    return _Copy(("where", str(call.args[0].ty.dtype), str(call.ty.dtype)),
+                 tuple(zip(call.args, ins)), (), tuple(g[1] for g in groups), any_rank=True)
+
+
 #: Relax operator -> (its canonical form, or None to leave it)
 _CANONICAL: Dict[str, Callable[[relax.Call], Optional[_Copy]]] = {
     "relax.permute_dims": _permute,
     "relax.nn.pad": _pad_copy,
     "relax.strided_slice": _slice_copy,
     "relax.take": _take_copy,
+    "relax.where": _where_copy,
 }
 
 #: kind -> the PrimFunc maker, called with the kind's key after its name
 _MAKERS: Dict[str, Callable[..., tvm.tirx.PrimFunc]] = {
-    "transpose": _transpose, "pad": _pad, "crop": _crop, "take": _take,
+    "transpose": _transpose, "pad": _pad, "crop": _crop, "take": _take, "where": _where,
 }
 
 
@@ -287,12 +338,14 @@ def shape_generic_host_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         def __init__(self):
             super().__init__()
             self.shapes: Dict[tuple, set] = {}
+            self.ranks: Dict[tuple, int] = {}
 
         def visit_call_(self, call):
             super().visit_call_(call)
             copy = _canonical(call)
             if copy is not None:
                 self.shapes.setdefault(copy.key, set()).add(copy.signature)
+                self.ranks[copy.key] = max(self.ranks.get(copy.key, 0), len(copy.out))
 
     counter = _Counter()
     for func in mod.functions.values():
@@ -300,7 +353,7 @@ def shape_generic_host_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
             counter.visit_expr(func)
     shared = {key for key, shapes in counter.shapes.items()
               if key == ("identity",) or len(shapes) >= SHARED_SHAPES}
-    if not shared:
+    if not counter.shapes:
         return mod
 
     @relax.expr_functor.mutator
@@ -325,14 +378,24 @@ def shape_generic_host_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         def visit_call_(self, call):
             call = super().visit_call_(call)
             copy = _canonical(call)
-            if copy is None or copy.key not in shared:
+            if copy is None:
                 return call
             out_shape = _shape(call)
             if copy.key == ("identity",):
                 return relax.op.reshape(self._as(call.args[0], copy.out), out_shape)
+            if copy.key not in shared:
+                if copy.key[0] != "transpose" or len(copy.out) == len(out_shape):
+                    return call
+                # a permutation met on few shapes stays TVM's, in its canonical rank
+                out = self.builder_.emit(relax.op.permute_dims(
+                    self._as(call.args[0], copy.tensors[0][1]), list(copy.key[2])),
+                    name_hint="vta_host_copy")
+                return relax.op.reshape(out, out_shape)
+            copy = copy.at_rank(counter.ranks[copy.key])
             gv = self.funcs.get(copy.key)
             if gv is None:
-                func = _MAKERS[copy.key[0]](*copy.key[1:])
+                args = (len(copy.out),) if copy.any_rank else ()
+                func = _MAKERS[copy.key[0]](*(args + copy.key[1:]))
                 gv = self.funcs[copy.key] = self.builder_.add_func(
                     func, str(func.attrs["global_symbol"]))
             args = [self._as(e, s) for e, s in copy.tensors]
