@@ -84,13 +84,17 @@ def test_canonical_kinds_share_one_function_and_match_numpy():
     """Three permutations of different ranks that are one canonical transpose (0, 2, 1), three
     pads of different widths and ranks that are one canonical rank-2 pad, three crops of
     different ranks that are one rank-1 crop, three takes along different axes
-    and an identity permutation: one shape-generic PrimFunc per kind, the identity a reshape, a
+    , three wheres of different broadcasts and an identity permutation: one shape-generic
+    PrimFunc per kind (of the kind's highest canonical rank), the identity a reshape, a
     permutation met once left to TVM; the llvm build of the rewritten module gives numpy's
     results, and the same as the llvm build of the module as it was."""
     rng = np.random.default_rng(3)
     shapes = [(1, 5, 16, 1, 6, 6), (1, 3, 16, 7, 7), (2, 3, 1, 4), (1, 7, 5, 5), (1, 2, 3, 4, 5),
               (1, 9, 8, 8), (1, 6), (4, 7, 3), (1, 1, 2, 1, 16), (2, 3, 4, 5)]
     idx = rng.integers(-2, 9, (3, 2)).astype(np.int32)   # out-of-range indices: take clips them
+    bcast = [(1, 5, 1, 1, 1, 6), (1, 1, 3, 1, 1), (2, 1, 4, 1)]
+    mask = [rng.random(b) < 0.5 for b in bcast]
+    vals = [rng.integers(-128, 128, b).astype(np.int8) for b in bcast]
     bb = relax.BlockBuilder()
     xs = [relax.Var(f"x{i}", relax.TensorType(s, "int8")) for i, s in enumerate(shapes)]
     calls = [
@@ -114,6 +118,17 @@ def test_canonical_kinds_share_one_function_and_match_numpy():
          lambda a: np.take(a[9], idx, axis=3, mode="clip")),
         (relax.op.take(xs[4], relax.const(idx[:, :1]), axis=0, mode="clip"),
          lambda a: np.take(a[4], idx[:, :1], axis=0, mode="clip")),
+        # promoted to the kinds' highest canonical rank: a rank-1 pad, a rank-2 crop
+        (relax.op.nn.pad(xs[3], [0, 0, 0, 9, 0, 0, 0, 0]),
+         lambda a: np.pad(a[3], [(0, 0), (0, 9), (0, 0), (0, 0)])),
+        (relax.op.strided_slice(xs[9], axes=[2], begin=[1], end=[3]), lambda a: a[9][:, :, 1:3]),
+        # three broadcast patterns of a constant mask and values: one where (canonical ranks 3 and 4)
+        (relax.op.where(relax.const(mask[0]), relax.const(vals[0]), xs[0]),
+         lambda a: np.where(mask[0], vals[0], a[0])),
+        (relax.op.where(relax.const(mask[1]), relax.const(vals[1]), xs[4]),
+         lambda a: np.where(mask[1], vals[1], a[4])),
+        (relax.op.where(relax.const(mask[2]), xs[9], relax.const(vals[2])),
+         lambda a: np.where(mask[2], a[9], vals[2])),
     ]
     with bb.function("main", xs):
         with bb.dataflow():
@@ -124,11 +139,12 @@ def test_canonical_kinds_share_one_function_and_match_numpy():
     mod = shape_generic_host_kernels(before)
     prims = sorted(str(gv.name_hint) for gv, f in mod.functions.items()
                    if isinstance(f, tvm.tirx.PrimFunc))
-    assert prims == ["vta_host_crop1_int8", "vta_host_pad2_v0_int8", "vta_host_take_clip_int8_int32",
-                     "vta_host_transpose_0_2_1_int8"], prims
+    assert prims == ["vta_host_crop2_int8", "vta_host_pad2_v0_int8",
+                     "vta_host_take_clip_int8_int32", "vta_host_transpose_0_2_1_int8",
+                     "vta_host_where4_bool_int8"], prims
     text = mod.script()
     assert text.count("R.permute_dims") == 1 and "R.nn.pad" not in text  # (2, 0, 3, 1) met once
-    assert "R.take" not in text and "R.strided_slice" not in text
+    assert "R.take" not in text and "R.strided_slice" not in text and "R.where" not in text
     args = [rng.integers(-128, 128, s).astype(np.int8) for s in shapes]
     got, ref = _build(mod, args), _build(before, args)
     assert len(got) == len(calls)
