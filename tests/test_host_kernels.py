@@ -83,7 +83,7 @@ def _build(mod, args):
 def test_canonical_kinds_share_one_function_and_match_numpy():
     """Three permutations of different ranks that are one canonical transpose (0, 2, 1), three
     pads of different widths and ranks that are one canonical rank-2 pad, three crops of
-    different ranks that are one rank-1 crop, three takes along different axes
+    different ranks that are one rank-1 crop, three takes of rows and three along the last axis
     , three wheres of different broadcasts and an identity permutation: one shape-generic
     PrimFunc per kind (of the kind's highest canonical rank), the identity a reshape, a
     permutation met once left to TVM; the llvm build of the rewritten module gives numpy's
@@ -118,6 +118,12 @@ def test_canonical_kinds_share_one_function_and_match_numpy():
          lambda a: np.take(a[9], idx, axis=3, mode="clip")),
         (relax.op.take(xs[4], relax.const(idx[:, :1]), axis=0, mode="clip"),
          lambda a: np.take(a[4], idx[:, :1], axis=0, mode="clip")),
+        (relax.op.take(xs[5], relax.const(idx), axis=2, mode="clip"),
+         lambda a: np.take(a[5], idx, axis=2, mode="clip")),
+        (relax.op.take(xs[6], relax.const(idx), axis=1, mode="clip"),
+         lambda a: np.take(a[6], idx, axis=1, mode="clip")),
+        (relax.op.take(xs[3], relax.const(idx[:2]), axis=3, mode="clip"),
+         lambda a: np.take(a[3], idx[:2], axis=3, mode="clip")),
         # promoted to the kinds' highest canonical rank: a rank-1 pad, a rank-2 crop
         (relax.op.nn.pad(xs[3], [0, 0, 0, 9, 0, 0, 0, 0]),
          lambda a: np.pad(a[3], [(0, 0), (0, 9), (0, 0), (0, 0)])),
@@ -127,8 +133,8 @@ def test_canonical_kinds_share_one_function_and_match_numpy():
          lambda a: np.where(mask[0], vals[0], a[0])),
         (relax.op.where(relax.const(mask[1]), relax.const(vals[1]), xs[4]),
          lambda a: np.where(mask[1], vals[1], a[4])),
-        (relax.op.where(relax.const(mask[2]), xs[9], relax.const(vals[2])),
-         lambda a: np.where(mask[2], a[9], vals[2])),
+        (relax.op.where(relax.const(mask[2]), relax.const(vals[2]), xs[9]),
+         lambda a: np.where(mask[2], vals[2], a[9])),
     ]
     with bb.function("main", xs):
         with bb.dataflow():
@@ -140,8 +146,9 @@ def test_canonical_kinds_share_one_function_and_match_numpy():
     prims = sorted(str(gv.name_hint) for gv, f in mod.functions.items()
                    if isinstance(f, tvm.tirx.PrimFunc))
     assert prims == ["vta_host_crop2_int8", "vta_host_pad2_v0_int8",
-                     "vta_host_take_clip_int8_int32", "vta_host_transpose_0_2_1_int8",
-                     "vta_host_where4_bool_int8"], prims
+                     "vta_host_take_fast_int8_int32", "vta_host_take_fast_rows_int8_int32",
+                     "vta_host_transpose_0_2_1_int8",
+                     "vta_host_where4_f_bool_int8"], prims
     text = mod.script()
     assert text.count("R.permute_dims") == 1 and "R.nn.pad" not in text  # (2, 0, 3, 1) met once
     assert "R.take" not in text and "R.strided_slice" not in text and "R.where" not in text

@@ -130,7 +130,8 @@ def _pad(ndim: int, value: float, dtype: str) -> tvm.tirx.PrimFunc:
     a = te.placeholder(n, dtype, name="a")
 
     def element(*i):
-        inside = tvm.tirx.all(*[tvm.tirx.all(i[d] >= lo[d], i[d] < n[d] + lo[d])
+        # lo <= i < lo + n as one unsigned comparison per axis
+        inside = tvm.tirx.all(*[(i[d] - lo[d]).astype("uint64") < n[d].astype("uint64")
                                 for d in range(ndim)])
         fill = tvm.tirx.const(value if "float" in dtype else int(value), dtype)
         return te.if_then_else(inside, a[tuple(i[d] - lo[d] for d in range(ndim))], fill)
@@ -149,36 +150,42 @@ def _crop(ndim: int, dtype: str) -> tvm.tirx.PrimFunc:
     return _func(f"vta_host_crop{ndim}_{dtype}", [a] + lo, b)
 
 
-def _where(ndim: int, cond_dtype: str, dtype: str) -> tvm.tirx.PrimFunc:
+def _where(ndim: int, full: Tuple[bool, bool, bool], cond_dtype: str,
+           dtype: str) -> tvm.tirx.PrimFunc:
     """``b = where(c, t, f)`` for every shape of rank ``ndim`` and every broadcast of ``c``,
-    ``t`` and ``f`` to ``b`` (an axis of extent 1 is read at 0: ``min(i, extent - 1)``)."""
+    ``t`` and ``f`` to ``b`` (an axis of extent 1 is read at 0); an input ``full`` has the
+    output's shape (indexed as it, which LLVM makes faster code of)."""
     m = _symbols("m", ndim)
-    c, t, f = (te.placeholder(_symbols(p, ndim), dt, name=p)
-               for p, dt in (("c", cond_dtype), ("t", dtype), ("f", dtype)))
+    c, t, f = (te.placeholder(m if whole else _symbols(p, ndim), dt, name=p)
+               for p, dt, whole in zip("ctf", (cond_dtype, dtype, dtype), full))
 
-    def at(x, i):
-        return x[tuple(tvm.tirx.min(i[d], x.shape[d] - 1) for d in range(ndim))]
+    def at(x, whole, i):  # i, or 0 on an axis of extent 1 (a factor 0 or 1 for the whole loop)
+        return x[i if whole else tuple(i[d] * tvm.tirx.min(x.shape[d] - 1, 1)
+                                       for d in range(ndim))]
 
-    b = te.compute(m, lambda *i: tvm.tirx.Select(at(c, i).astype("bool"), at(t, i), at(f, i)),
-                   name="b")
-    return _func(f"vta_host_where{ndim}_{cond_dtype}_{dtype}", [c, t, f], b)
+    b = te.compute(m, lambda *i: tvm.tirx.Select(at(c, full[0], i).astype("bool"),
+                                                 at(t, full[1], i), at(f, full[2], i)), name="b")
+    tag = "".join("ctf"[k] for k in range(3) if full[k])
+    return _func(f"vta_host_where{ndim}_{tag}_{cond_dtype}_{dtype}", [c, t, f], b)
 
 
-def _take(mode: str, dtype: str, index_dtype: str) -> tvm.tirx.PrimFunc:
+def _take(mode: str, rows: bool, dtype: str, index_dtype: str) -> tvm.tirx.PrimFunc:
     """``b[o, j, i] = a[o, idx[j], i]`` (``idx`` clipped to the axis for ``mode="clip"``): a
-    ``take`` along one axis, the tensor as (outer, axis, inner) and the indices as a vector."""
+    ``take`` along one axis, the tensor as (outer, axis, inner) and the indices as a vector;
+    without ``rows``, the take is along the last axis: ``b[o, j] = a[o, idx[j]]``."""
     o, n, i, k = _symbols("o", 1) + _symbols("n", 1) + _symbols("i", 1) + _symbols("k", 1)
-    a = te.placeholder([o, n, i], dtype, name="a")
+    a = te.placeholder([o, n, i] if rows else [o, n], dtype, name="a")
     idx = te.placeholder([k], index_dtype, name="idx")
 
-    def element(x, j, y):
+    def element(x, j, *y):
         at = idx[j].astype("int64")
         if mode == "clip":
             at = tvm.tirx.max(tvm.tirx.min(at, n - 1), tvm.tirx.const(0, "int64"))
-        return a[x, at, y]
+        return a[(x, at) + y]
 
-    b = te.compute([o, k, i], element, name="b")
-    return _func(f"vta_host_take_{mode}_{dtype}_{index_dtype}", [a, idx], b)
+    b = te.compute([o, k, i] if rows else [o, k], element, name="b")
+    return _func(f"vta_host_take_{mode}{'_rows' if rows else ''}_{dtype}_{index_dtype}",
+                 [a, idx], b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +246,9 @@ def _pad_copy(call) -> Optional[_Copy]:
 def _slice_copy(call) -> Optional[_Copy]:
     x = call.args[0]
     shape, out = _shape(x), _shape(call)
+    if not all(isinstance(getattr(v, "value", None), (int, tvm.tirx.IntImm))
+               for a in call.args[1:] for v in getattr(a, "fields", [None])):
+        return None                                   # offsets known only at run time
     fields = [[int(v.value) for v in a.fields] for a in call.args[1:]]
     axes, begin = fields[0], fields[1]
     if len(fields) > 3 and any(s != 1 for s in fields[3]):
@@ -269,9 +279,18 @@ def _take_copy(call) -> Optional[_Copy]:
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
     k = int(np.prod(_shape(idx), dtype=np.int64))
-    # "fast" leaves out-of-range indices undefined; clipping them is one of its results
-    return _Copy(("take", "clip", str(x.ty.dtype), str(idx.ty.dtype)),
-                 ((x, (outer, shape[axis], inner)), (idx, (k,))), (), (outer, k, inner))
+    if isinstance(idx, tvm.ir.expr.GenericConst):
+        # constant indices are clipped now, so the function does not ("fast" leaves an index
+        # out of range undefined: clipping it is one of its results)
+        idx = relax.const(np.clip(idx.value.numpy().reshape(k), 0, shape[axis] - 1),
+                          str(idx.ty.dtype))
+        mode = "fast"
+    else:
+        mode = "clip"
+    rows = inner != 1
+    a_shape = (outer, shape[axis], inner) if rows else (outer, shape[axis])
+    return _Copy(("take", mode, rows, str(x.ty.dtype), str(idx.ty.dtype)),
+                 ((x, a_shape), (idx, (k,))), (), (outer, k, inner) if rows else (outer, k))
 
 
 def _where_copy(call) -> Optional[_Copy]:
@@ -291,7 +310,8 @@ def _where_copy(call) -> Optional[_Copy]:
     if not groups:
         return None
     ins = tuple(tuple(g[1] if g[0][i] else 1 for g in groups) for i in range(3))
-    return _Copy(("where", str(call.args[0].ty.dtype), str(call.ty.dtype)),
+    full = tuple(all(g[0][k] for g in groups) for k in range(3))
+    return _Copy(("where", full, str(call.args[0].ty.dtype), str(call.ty.dtype)),
                  tuple(zip(call.args, ins)), (), tuple(g[1] for g in groups), any_rank=True)
 
 
