@@ -53,7 +53,8 @@ def test_a_canonical_window_places_the_bytes_numpy_places(crop):
         changed = rng.random(ndim) < 0.4
         if crop:
             lo = [int(rng.integers(0, n)) if c else 0 for n, c in zip(shape, changed)]
-            out = [int(rng.integers(1, n - l + 1)) if c else n for n, l, c in zip(shape, lo, changed)]
+            out = [int(rng.integers(1, n - l + 1)) if c else n
+                   for n, l, c in zip(shape, lo, changed)]
             want = x[tuple(slice(l, l + m) for l, m in zip(lo, out))]
         else:
             lo = [int(rng.integers(0, 3)) if c else 0 for c in changed]
@@ -98,7 +99,8 @@ def test_canonical_kinds_share_one_function_and_match_numpy():
     bb = relax.BlockBuilder()
     xs = [relax.Var(f"x{i}", relax.TensorType(s, "int8")) for i, s in enumerate(shapes)]
     calls = [
-        (relax.op.permute_dims(xs[0], [0, 1, 4, 5, 3, 2]), lambda a: a[0].transpose(0, 1, 4, 5, 3, 2)),
+        (relax.op.permute_dims(xs[0], [0, 1, 4, 5, 3, 2]),
+         lambda a: a[0].transpose(0, 1, 4, 5, 3, 2)),
         (relax.op.permute_dims(xs[1], [0, 1, 3, 4, 2]), lambda a: a[1].transpose(0, 1, 3, 4, 2)),
         (relax.op.permute_dims(xs[2], [0, 3, 2, 1]), lambda a: a[2].transpose(0, 3, 2, 1)),
         (relax.op.permute_dims(xs[9], [2, 0, 3, 1]), lambda a: a[9].transpose(2, 0, 3, 1)),
@@ -128,7 +130,7 @@ def test_canonical_kinds_share_one_function_and_match_numpy():
         (relax.op.nn.pad(xs[3], [0, 0, 0, 9, 0, 0, 0, 0]),
          lambda a: np.pad(a[3], [(0, 0), (0, 9), (0, 0), (0, 0)])),
         (relax.op.strided_slice(xs[9], axes=[2], begin=[1], end=[3]), lambda a: a[9][:, :, 1:3]),
-        # three broadcast patterns of a constant mask and values: one where (canonical ranks 3 and 4)
+        # three broadcasts of a constant mask and values: one where (canonical ranks 3 and 4)
         (relax.op.where(relax.const(mask[0]), relax.const(vals[0]), xs[0]),
          lambda a: np.where(mask[0], vals[0], a[0])),
         (relax.op.where(relax.const(mask[1]), relax.const(vals[1]), xs[4]),

@@ -1,36 +1,39 @@
 """Shape-generic host kernels: one LLVM function per kind of host copy, not per tensor shape.
 
-TVM legalizes every ``permute_dims``, ``pad``, ``strided_slice`` and ``take`` of a Relax module
-into a PrimFunc of its own static shapes, and ``relax.build`` lowers and LLVM-compiles each one.
-The host relayouts around VTA operators are mostly such copies, of tensors that differ only in
-their extents: DenseNet-121 at 112 under ``csp-relaxed`` made 52 transposes of 7 permutations,
-RegNetX-1.6GF at 224 30 transposes of 13 permutations, 12 pads of 9 widths and 12 slices, and a
-warm build spent most of its TVM time in LLVM on them.
+TVM legalizes every ``permute_dims``, ``pad``, ``strided_slice``, ``take`` and ``where`` of a
+Relax module into a PrimFunc of its own static shapes, and ``relax.build`` lowers and
+LLVM-compiles each one. The host relayouts around VTA operators are mostly such copies, of tensors
+that differ only in their extents: DenseNet-121 at 112 under ``csp-relaxed`` made 52 transposes
+of 7 permutations, RegNetX-1.6GF at 224 30 transposes of 13 permutations, 12 pads of 9 widths,
+12 slices, 8 takes and 5 wheres (53 PrimFuncs), and a warm build spent most of its TVM time in
+LLVM on them (``docs/host-kernels.md``).
 
 :func:`shape_generic_host_kernels` first writes each such copy in its *canonical form*: axes of
 extent 1 dropped and neighbouring axes merged where the copy moves them together (a row-major
 reshape on each side, which the VM makes a view, no copy):
 
 * ``permute_dims``: input axes that stay neighbours in the output merge; what is left is the
-  shortest permutation that moves the same bytes (RegNetX's 13 permutations are 4 canonical ones
-  and identities). A permutation whose canonical form is the identity becomes a ``reshape``.
+  shortest permutation that moves the same bytes (:func:`canonical_permutation`; RegNetX's 13
+  permutations are 4 canonical ones and identities). A permutation whose canonical form is the
+  identity becomes a ``reshape``.
 * constant ``pad`` and unit-stride ``strided_slice`` (a crop): an axis that is neither padded nor
-  sliced merges into the axis before it (its widths or offset scale by its extent), so the copy
-  keeps one axis per padded or sliced axis. The widths and offsets are arguments of the
-  function, not part of it.
-* ``take`` along one axis: the tensor as (outer, axis, inner) and the indices as a vector.
+  cropped merges into the axis before it, its offset and widths scaled by its extent
+  (:func:`canonical_window`). The offsets are arguments of the function, not part of it.
+* ``take`` along one axis: the tensor as (outer, axis, inner) and the indices as a vector
+  (constant indices clipped now); a take along the last axis has no inner axis.
+* ``where``: axes merged where the three inputs broadcast alike.
 
-It then makes each copy whose canonical kind (operator, canonical rank, permutation, pad value,
-dtypes) the module has on at least :data:`SHARED_SHAPES` distinct canonical shapes a ``call_tir``
-of one PrimFunc of that kind with symbolic extents (bound from the arguments when called). Every
-output element is the same input element (or pad value) as the legalized operator's, so results
-are unchanged, and the report's host layout counts, made by the offload pass before this one, are
-unchanged too.
+It then makes each copy whose canonical kind (operator, permutation, pad value, which inputs
+broadcast, dtypes) the module has on at least :data:`SHARED_SHAPES` distinct canonical shapes a
+``call_tir`` of one PrimFunc of that kind with symbolic extents (bound from the arguments when
+called). Pads, crops and wheres of lower rank take their kind's function with unit axes in front,
+so a module has one of each. Every output element is the same input element (or pad value) as
+the legalized operator's, so results are unchanged, and the report's host layout counts, made by
+the offload pass before this one, are unchanged too.
 
-``concat`` and ``where`` are left as they are: a shape-generic concat (an ``if_then_else`` per
-input on symbolic offsets) costs LLVM more than the static ones it replaces, and the concats of a
-network rarely share an arity (DenseNet-121: 16 concats of 2 to 17 inputs; its CPU build time grew
-by 1 s).
+``concat`` is left as it is: a shape-generic concat (an ``if_then_else`` per input on symbolic
+offsets) costs LLVM more than the static ones it replaces, and the concats of a network rarely
+share an arity (DenseNet-121: 16 concats of 2 to 17 inputs; its CPU build time grew by 1 s).
 """
 from __future__ import annotations
 
@@ -56,7 +59,8 @@ def _shape(expr) -> Shape:
     return tuple(int(v) for v in expr.ty.shape.values)
 
 
-def canonical_permutation(shape: Sequence[int], axes: Sequence[int]) -> Tuple[Shape, Tuple[int, ...]]:
+def canonical_permutation(shape: Sequence[int],
+                          axes: Sequence[int]) -> Tuple[Shape, Tuple[int, ...]]:
     """The shortest ``(shape, axes)`` whose ``permute_dims`` moves the bytes of
     ``permute_dims(x, axes)`` for ``x`` of ``shape``, both sides read row-major: axes of extent 1
     dropped, input axes that are neighbours in the output too merged into one.
@@ -347,8 +351,8 @@ def _canonical(call) -> Optional[_Copy]:
 
 @tvm.transform.module_pass(opt_level=0, name="VTAShapeGenericHostKernels")
 def shape_generic_host_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Make every ``permute_dims``, constant ``pad``, unit-stride ``strided_slice`` and ``take``
-    of statically shaped tensors whose canonical kind the module has on at least
+    """Make every ``permute_dims``, constant ``pad``, unit-stride ``strided_slice``, ``take``
+    and ``where`` of statically shaped tensors whose canonical kind the module has on at least
     :data:`SHARED_SHAPES` distinct canonical shapes a ``call_tir`` of one shape-generic PrimFunc
     of that kind, between row-major reshapes to and from the canonical shapes; and every
     ``permute_dims`` that moves no byte a ``reshape``."""
