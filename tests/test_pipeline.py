@@ -200,9 +200,9 @@ def test_unused_prim_funcs_of_the_pipeline_are_dropped_before_codegen(monkeypatc
 def test_host_copies_of_one_kind_share_one_shape_generic_function():
     """One permutation on three shapes and one pad width on three shapes: after
     ``shape_generic_host_kernels`` one shape-generic PrimFunc each; a permutation met on one
-    shape only, a pad width met on two shapes and the concats stay Relax operators (static
-    functions are cheaper to compile unless shared, ``SHARED_SHAPES``). The llvm build gives
-    numpy's results."""
+    shape only, a pad of another value met on two shapes and the concats stay Relax operators
+    (static functions are cheaper to compile unless shared, ``SHARED_SHAPES``). The llvm build
+    gives numpy's results."""
     from vta_ext.host_kernels import SHARED_SHAPES, shape_generic_host_kernels
 
     assert SHARED_SHAPES == 3
