@@ -173,11 +173,12 @@ def result_record(res) -> Dict[str, Any]:
             "flatten_seconds": round(res.stats.flatten_seconds, 4)}
 
 
-def batch_records(ids: List[str], size: int, timeout: float = 120.0) -> Dict[str, Dict[str, Any]]:
+def batch_records(ids: List[str], size: int, timeout: float = 120.0, searches=None
+                  ) -> Dict[str, Dict[str, Any]]:
     """The records of the cases ``ids`` solved ``size`` at a time by
-    :func:`~tvm_csp_embed.solve.solve_batch` (one MiniZinc flattening per batch), with each
-    record's ``batch``: the instances flattened together with it (1 if its batch was flattened one
-    by one)."""
+    :func:`~tvm_csp_embed.solve.solve_batch` (one MiniZinc flattening per batch; its searches on
+    the executor ``searches`` if given), with each record's ``batch``: the instances flattened
+    together with it (1 if its batch was flattened one by one)."""
     out = {}
     for at in range(0, len(ids), size):
         chunk = ids[at:at + size]
@@ -186,7 +187,7 @@ def batch_records(ids: List[str], size: int, timeout: float = 120.0) -> Dict[str
             wl, instr, kw = _problem(c)
             kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
             problems.append(Problem(wl, instr, timeout=timeout, **kw))
-        for c, res in zip(chunk, solve_batch(problems)):
+        for c, res in zip(chunk, solve_batch(problems, searches)):
             if isinstance(res, Exception):
                 raise res
             out[c] = {**result_record(res), "batch": res.stats.batch}

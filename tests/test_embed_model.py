@@ -72,8 +72,8 @@ def test_same_solutions_as_the_reference_model_everywhere(case):
     _check(case)
 
 
-def _check_batched(cases, size):
-    got = ER.batch_records(cases, size)
+def _check_batched(cases, size, searches=None):
+    got = ER.batch_records(cases, size, searches=searches)
     for case in cases:
         assert got[case]["status"] == REFERENCE[case]["status"], case
         assert got[case]["solutions"] == REFERENCE[case]["solutions"], case
@@ -85,6 +85,28 @@ def test_a_batch_gives_the_reference_solutions():
     feasible = [c for c in SAMPLE if REFERENCE[c]["status"] == "ok"]
     got = _check_batched(feasible, len(feasible))
     assert {got[c]["batch"] for c in feasible} == {len(feasible)}
+
+
+def test_a_batchs_searches_run_concurrently_with_the_reference_solutions():
+    """The searches of a flattened batch on a pool of 2 threads (as a build runs them): each
+    instance still gets its own reference solutions, in order, and both threads searched."""
+    import importlib
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    solve_mod = importlib.import_module("tvm_csp_embed.solve")
+
+    feasible = [c for c in SAMPLE if REFERENCE[c]["status"] == "ok"]
+    threads, inner = set(), solve_mod._search
+
+    def spy(*args):
+        threads.add(threading.get_ident())
+        return inner(*args)
+    with ThreadPoolExecutor(2) as pool, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(solve_mod, "_search", spy)
+        got = _check_batched(feasible, len(feasible), searches=pool)
+    assert {got[c]["batch"] for c in feasible} == {len(feasible)}
+    assert len(threads) == 2
 
 
 def test_a_batch_with_an_infeasible_instance_is_flattened_one_by_one():

@@ -50,14 +50,14 @@ def test_distinct_workloads_solved_concurrently_before_planning(tmp_path, monkey
     while_planning = []   # solves that finished after the first operator's planning began
     started = []
 
-    def solve_batch(problems):
+    def solve_batch(problems, searches=None):
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
             solved.extend(p.wl.name for p in problems)
         try:
             time.sleep(0.2)  # hold the slot long enough that a second batch must overlap it
-            for p, res in zip(problems, real_batch(problems)):
+            for p, res in zip(problems, real_batch(problems, searches)):
                 with lock:
                     done.append((p.wl.name, threading.current_thread().name))
                     if started:

@@ -23,7 +23,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from vta_ext.timing import phase
 
@@ -208,16 +208,18 @@ def solver_pool_size() -> int:
 
 #: solves running or queued in the background pool, by cache key (:func:`solve_concurrently`)
 _INFLIGHT: Dict[str, Future] = {}
-_POOL: Dict[int, ThreadPoolExecutor] = {}
+_POOL: Dict[Tuple[int, str], ThreadPoolExecutor] = {}
 _POOL_LOCK = threading.Lock()
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """The process-wide pool of ``workers`` solver threads (each runs one batch of solves at a time)."""
+def _pool(workers: int, kind: str = "minizinc") -> ThreadPoolExecutor:
+    """The process-wide pool of ``workers`` solver threads: ``"minizinc"``, each runs one batch
+    of solves at a time (its flattening); ``"gecode"``, each runs one search of a flattened batch
+    (a separate pool: a batch waits for its searches)."""
     with _POOL_LOCK:
-        if workers not in _POOL:
-            _POOL[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="minizinc")
-        return _POOL[workers]
+        if (workers, kind) not in _POOL:
+            _POOL[workers, kind] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=kind)
+        return _POOL[workers, kind]
 
 
 #: sizes of the batches :func:`solve_concurrently` flattens in one MiniZinc process, in order (the
@@ -271,7 +273,7 @@ def solve_concurrently(requests: Sequence[SolveRequest], workers: Optional[int] 
         try:
             problems = [Problem(r.wl, r.instr, r.mode, solutions=r.solutions, timeout=r.timeout,
                                 max_cost=r.max_cost) for r in batch]
-            for r, res in zip(batch, solve_batch(problems)):
+            for r, res in zip(batch, solve_batch(problems, searches)):
                 if not isinstance(res, Exception):   # decoded by the caller's own call
                     _store(r.key, r.wl, r.instr, r.mode, res)
                 done(r.key)
@@ -282,6 +284,7 @@ def solve_concurrently(requests: Sequence[SolveRequest], workers: Optional[int] 
                 if not futures[r.key].done():
                     done(r.key)
     pool = _pool(workers or solver_pool_size())
+    searches = _pool(workers or solver_pool_size(), "gecode")
     jobs = [pool.submit(one_batch, b) for b in batches(list(todo.values()))]
     if wait:
         for job in jobs:

@@ -50,6 +50,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from concurrent.futures import Executor, Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -1233,7 +1235,8 @@ def _search(job: _Job, flat: _Flat, k: int, workdir: str, tag: str, t_start: flo
                    "default", 1, t_start, flat.wall + time.perf_counter() - t_search, flat.batch)
 
 
-def solve_batch(problems: Sequence[Problem]) -> Iterator[Union[SolveResult, Exception]]:
+def solve_batch(problems: Sequence[Problem], searches: Optional[Executor] = None
+                ) -> Iterator[Union[SolveResult, Exception]]:
     """Solve several problems with one MiniZinc flattening: their results, in order, as each is
     done (a problem that fails yields its exception, a :class:`SolverError` or ``ValueError``).
 
@@ -1246,6 +1249,9 @@ def solve_batch(problems: Sequence[Problem]) -> Iterator[Union[SolveResult, Exce
     batch cannot be cut apart (a flattening that fails, or finds an instance infeasible) the
     problems are flattened one by one. ``flatten_seconds`` of a batched result is its share of the
     batch's flattening.
+
+    With ``searches`` (an executor), the searches of a flattened batch run on it concurrently;
+    the results are still yielded in order.
     """
     _check_minizinc()
     t_start = time.perf_counter()
@@ -1257,17 +1263,26 @@ def solve_batch(problems: Sequence[Problem]) -> Iterator[Union[SolveResult, Exce
             jobs.append(e)
     valid = [j for j in jobs if isinstance(j, _Job)]
     workdir = tempfile.mkdtemp(prefix="csp_embed_")
+    pending: Dict[int, Future] = {}
     try:
         flats = None
         if len(valid) > 1:
             flats = _flatten(valid, workdir, "batch", max(j.problem.timeout for j in valid))
+        if flats is not None and searches is not None:
+            n = 0
+            for i, job in enumerate(jobs):
+                if not isinstance(job, Exception):
+                    pending[i] = searches.submit(_search, job, flats[n], n, workdir, f"s{i}", t_start)
+                    n += 1
         n = 0
         for i, job in enumerate(jobs):
             if isinstance(job, Exception):
                 yield job
                 continue
             try:
-                if flats is not None:
+                if i in pending:
+                    yield pending[i].result()
+                elif flats is not None:
                     yield _search(job, flats[n], n, workdir, f"s{i}", t_start)
                 else:
                     t_job = time.perf_counter()
@@ -1277,4 +1292,6 @@ def solve_batch(problems: Sequence[Problem]) -> Iterator[Union[SolveResult, Exce
                 yield e
             n += 1
     finally:
+        if pending:     # the searches read the batch's files: let them end first
+            futures_wait(list(pending.values()))
         shutil.rmtree(workdir, ignore_errors=True)
