@@ -244,8 +244,9 @@ def solve_concurrently(requests: Sequence[SolveRequest], workers: Optional[int] 
     is solving), in the order given, and store the outcomes. The requests are cut into
     :func:`batches`, each flattened by one MiniZinc process and searched instance by instance
     (:func:`tvm_csp_embed.solve.solve_batch`: the same embeddings as one solve each), ``workers``
-    batches at a time (default :func:`solver_pool_size`). A request that fails is left for the
-    caller's own :func:`cached_embeddings` call to report.
+    batches at a time (default :func:`solver_pool_size`); a batch's searches run on a second pool
+    of ``workers`` threads, so they share the cores while the flattening of the next batch runs.
+    A request that fails is left for the caller's own :func:`cached_embeddings` call to report.
 
     With ``wait=False`` the solves run in the background: a :func:`cached_embeddings` call for one
     of them waits for that solve only (not for the rest of its batch), so the caller can work on
