@@ -3,10 +3,11 @@ batches, in the background (``OpTemplate.prefetch`` -> ``tvm_csp_embed.cache.sol
 with ``wait=False``, each batch one ``tvm_csp_embed.solve.solve_batch``): an operator is planned as
 soon as its own solves are done, while the later operators' solves run.
 
-A three-conv chain (two distinct conv workloads, one repeated) with a fresh cache: every distinct
+A five-conv chain (four distinct conv workloads, one repeated) with a fresh cache: every distinct
 solve runs once, in the pool, at most ``TVM_CSP_EMBED_SOLVERS`` batches at a time and at least two
-at once; each operator is planned after all of its own layouts are solved, and planning overlaps
-the later solves; planning itself solves nothing; the output is bit-exact against numpy.
+at once; each operator is planned after all of its own layouts are solved (NHWC is not solved: its
+embeddings are NCHW's, permuted), and planning overlaps the later solves; planning itself solves
+nothing; the output is bit-exact against numpy.
 """
 import threading
 import time
@@ -23,11 +24,15 @@ from tvm_csp_embed import cache as C
 from tvm_csp_embed import strategy as S
 
 
+#: the weights of the chain: four distinct conv workloads (the third repeats the second)
+SHAPES = [(32, 16, 3, 3), (32, 32, 3, 3), (32, 32, 3, 3), (48, 32, 3, 3), (16, 48, 3, 3)]
+
+
 def _chain():
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 16, 12, 12), "int8"))
     ws = [relax.Var(f"w{i}", relax.TensorType(s, "int8"))
-          for i, s in enumerate([(32, 16, 3, 3), (32, 32, 3, 3), (32, 32, 3, 3)])]
+          for i, s in enumerate(SHAPES)]
     with bb.function("main", [x] + ws):
         with bb.dataflow():
             y = x
@@ -49,6 +54,7 @@ def test_distinct_workloads_solved_concurrently_before_planning(tmp_path, monkey
     done = []             # (workload name, thread name) of each finished solve, in order
     while_planning = []   # solves that finished after the first operator's planning began
     started = []
+    permuted = set()      # workloads whose embeddings are another layout's, permuted
 
     def solve_batch(problems, searches=None):
         with lock:
@@ -73,8 +79,12 @@ def test_distinct_workloads_solved_concurrently_before_planning(tmp_path, monkey
 
     def plan(self, op, config):
         base = self._base(op)
-        names = {S.solve_request(config, S.dataclasses.replace(base, layout=lay, mode=self.mode)).wl.name
-                 for lay in self._layouts("auto", base, config)}
+        solves = S.layout_solves(config, base, self.mode, self._layouts("auto", base, config))
+        # NHWC is NCHW with its dims permuted: its embeddings are NCHW's, permuted, not solved
+        assert [(lay, src and src[0]) for lay, _, src in solves][:2] == [("NCHW", None), ("NHWC", "NCHW")]
+        names = {req.wl.name for _, req, src in solves if src is None}
+        with lock:
+            permuted.update(req.wl.name for _, req, src in solves if src is not None)
         with lock:
             started.append(op.name)
         result = real_plan(self, op, config)
@@ -88,15 +98,16 @@ def test_distinct_workloads_solved_concurrently_before_planning(tmp_path, monkey
     monkeypatch.setattr(S.CspGemmTemplate, "plan", plan)
     with vta_ext.build_options(strategy="csp-relaxed"):
         ex = relax.build(_chain(), target="ext_vta")
-    # NCHW, NHWC and the fused variants of two distinct workloads; each once, in the pool
+    # NCHW and the fused variants of two distinct workloads; each once, in the pool; no NHWC
     assert len(solved) >= 4 and len(set(solved)) == len(solved) and not solved_in_plan
+    assert len(permuted) == 4 and not permuted & set(solved)
     assert all(thread.startswith("minizinc") for _, thread in done)
     assert peak[0] == 2
-    assert len(planned) == 3 and while_planning, "planning did not overlap the later solves"
-    assert vta_ext.last_build_report().placement() == [("relax.nn.conv2d", "vta")] * 3
+    assert len(planned) == 5 and while_planning, "planning did not overlap the later solves"
+    assert vta_ext.last_build_report().placement() == [("relax.nn.conv2d", "vta")] * 5
     rng = np.random.default_rng(0)
     x = rng.integers(-128, 128, (1, 16, 12, 12)).astype(np.int8)
-    ws = [rng.integers(-128, 128, s).astype(np.int8) for s in [(32, 16, 3, 3), (32, 32, 3, 3), (32, 32, 3, 3)]]
+    ws = [rng.integers(-128, 128, s).astype(np.int8) for s in SHAPES]
     ref = x
     for w in ws:
         ref = requantize(conv2d_nchw(ref, w, 1, 1), None, 8, (-128, 127))

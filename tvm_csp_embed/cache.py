@@ -29,11 +29,12 @@ from vta_ext.timing import phase
 
 from .embedding import Embedding, decode
 from .instructions import InstructionGraph
-from .solve import CONSTRAINT_SETS, MODEL, Problem, RawSolution, SolveResult, solve, solve_batch
+from .solve import (CONSTRAINT_SETS, MODEL, Problem, RawSolution, SolveResult, permuted_solution, solve,
+                    solve_batch)
 from .workload import Workload
 
 __all__ = ["CACHE_ENV", "SOLVERS_ENV", "cache_dir", "cache_key", "CachedSolve", "SolveRequest",
-           "cached_embeddings", "solve_concurrently", "solver_pool_size", "clear_cache", "BATCH_SIZES",
+           "cached_embeddings", "permuted_embeddings", "solve_concurrently", "solver_pool_size", "clear_cache", "BATCH_SIZES",
            "batches"]
 
 #: environment variable naming the cache directory
@@ -129,6 +130,26 @@ def cached_embeddings(wl: Workload, instr: InstructionGraph, mode: str = "relaxe
         with phase("solve"):
             pending.result()
     return _cached_or_solved(key, wl, instr, mode, solutions, timeout, cfg, max_cost, use_cache)
+
+
+def permuted_embeddings(source: CachedSolve, order: Sequence[int], wl: Workload,
+                        instr: InstructionGraph, mode: str, cfg: Any = None) -> CachedSolve:
+    """The outcome of the solve for ``wl``, a dim permutation of the workload ``source`` was solved
+    for (``order``: :meth:`~tvm_csp_embed.workload.Workload.permutation_of`), under the same
+    instruction, constraint set (one with :data:`~tvm_csp_embed.solve.PERMUTABLE`), number of
+    solutions and cost bound: ``source``'s status, and its embeddings, best first, each
+    :func:`~tvm_csp_embed.solve.permuted_solution` decoded for ``wl``. Nothing is solved or
+    stored. ``tests/test_embed_permuted.py`` checks this against the solver on every NHWC solve of
+    the reference table (the same solutions in the same order)."""
+    if source.status not in ("ok", "infeasible"):
+        raise ValueError(f"permuted_embeddings of {wl.name}: the source solve's outcome is "
+                         f"{source.status!r}; only a definite one (ok, infeasible) carries over, "
+                         "solve this workload itself")
+    embs = [decode(permuted_solution(e.raw, order, instr), wl, instr, mode, cfg)
+            for e in source.embeddings]
+    return CachedSolve(source.status, embs, source.message, source.cached, 0.0,
+                       {"permuted_from": source.embeddings[0].workload.name if source.embeddings
+                        else None})
 
 
 def _cached_or_solved(key: str, wl: Workload, instr: InstructionGraph, mode: str, solutions: int,

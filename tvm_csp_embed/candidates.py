@@ -17,19 +17,19 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from vta_ext.errors import TemplateRefusal
 from vta_ext.strategy import MatchedOp
 
-from .cache import SolveRequest, cached_embeddings
+from .cache import CachedSolve, SolveRequest, cached_embeddings, permuted_embeddings
 from .codegen.knobs import KnobPoint, Pruned, fallback_point, tps_point
 from .codegen.plan import PackedGemm, packed_gemm
 from .embedding import Embedding, decode
 from .instructions import gemm
 from .operators import OPERATOR_KINDS, mapping_extents
 from .operators import operator_workload as _new_operator_workload
-from .solve import RawSolution, padding_cost
+from .solve import CONSTRAINT_SETS, PERMUTABLE, RawSolution, padding_cost
 from .workload import FUSED_CONV_VARIANTS, conv2d, conv2d_fused, dense, group_conv2d
 
 __all__ = ["MODES", "STRATEGY_NAMES", "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "CONV_LAYOUTS",
            "CspWorkload", "Candidate", "operator_workload", "fused_variants", "packed_of",
-           "stock_mapping_cost", "solve_request", "candidates", "bias_signature", "fold_candidate",
+           "stock_mapping_cost", "solve_request", "layout_solves", "candidates", "bias_signature", "fold_candidate",
            "kept_twin", "unfolded", "program_epilogue", "operand_layouts", "packed_inputs"]
 
 #: strategy name -> constraint set of the solver
@@ -302,6 +302,29 @@ def solve_request(config, cw: CspWorkload, solutions: Optional[int] = None,
                         cw.mode, solutions, timeout, stock_mapping_cost(cw, config), config)
 
 
+def layout_solves(config, base: CspWorkload, mode: str, layouts: Sequence[str],
+                  solutions: Optional[int] = None, timeout: Optional[float] = None
+                  ) -> List[Tuple[str, SolveRequest, Optional[Tuple[str, Tuple[int, ...]]]]]:
+    """Per layout of ``base``'s operator (in order): the layout, its :func:`solve_request`, and
+    ``(source layout, order)`` when its workload is a dim permutation of an earlier layout's
+    (:meth:`~tvm_csp_embed.workload.Workload.permutation_of`; NHWC of NCHW) under a constraint
+    set with :data:`~tvm_csp_embed.solve.PERMUTABLE`, else None. A layout with a source is not
+    solved: its embeddings are the source's, permuted (:func:`~.cache.permuted_embeddings`)."""
+    permutable = all(c in CONSTRAINT_SETS.get(mode, ()) for c in PERMUTABLE)
+    out = []
+    for layout in layouts:
+        req = solve_request(config, dataclasses.replace(base, layout=layout, mode=mode),
+                            solutions, timeout)
+        source = None
+        for prev, preq, psrc in out if permutable else ():
+            order = req.wl.permutation_of(preq.wl) if psrc is None else None
+            if order is not None and (preq.solutions, preq.max_cost) == (req.solutions, req.max_cost):
+                source = (prev, order)
+                break
+        out.append((layout, req, source))
+    return out
+
+
 def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epilogue,
                solutions: int = DEFAULT_SOLUTIONS, timeout: float = DEFAULT_TIMEOUT,
                statuses: Optional[Dict[str, str]] = None) -> Tuple[List[Candidate], List[str]]:
@@ -312,11 +335,15 @@ def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epi
     (``"ok"``, ``"infeasible"`` or ``"timeout"``).
     """
     out, notes = [], []
-    for layout in layouts:
+    solved: Dict[str, CachedSolve] = {}
+    for layout, req, source in layout_solves(config, base, mode, layouts, solutions, timeout):
         cw0 = dataclasses.replace(base, layout=layout, mode=mode)
-        req = solve_request(config, cw0, solutions, timeout)
-        res = cached_embeddings(req.wl, req.instr, mode, solutions=solutions, timeout=timeout,
-                                cfg=config, max_cost=req.max_cost)
+        if source is not None and solved[source[0]].status in ("ok", "infeasible"):
+            res = permuted_embeddings(solved[source[0]], source[1], req.wl, req.instr, mode, config)
+        else:       # its own solve (also when the source's timed out)
+            res = cached_embeddings(req.wl, req.instr, mode, solutions=solutions, timeout=timeout,
+                                    cfg=config, max_cost=req.max_cost)
+        solved[layout] = res
         if statuses is not None:
             statuses[layout] = res.status
         if res.status != "ok":

@@ -63,7 +63,7 @@ from .workload import Workload
 
 __all__ = ["CONSTRAINTS", "CONSTRAINT_SETS", "SEARCHES", "SolveStats", "RawSolution", "SolveResult",
            "EmbeddingNotFound", "SolverError", "solve", "Problem", "solve_batch", "portfolio_orders",
-           "build_data"]
+           "build_data", "PERMUTABLE", "permuted_solution"]
 
 MODEL = Path(__file__).resolve().parent / "models" / "embed.mzn"
 
@@ -219,6 +219,44 @@ def _bits(instr: InstructionGraph) -> Tuple[List[int], List[int]]:
             bax.append(a)
             bpos.append(b)
     return bax, bpos
+
+
+#: the constraints under which :func:`permuted_solution` gives a solve's solutions for a permuted
+#: workload: axis-parallel rectangles (each walked dim one run of bits of one axis) and the
+#: symmetry breaking that orders the runs of an axis by loop dim
+PERMUTABLE = ("rect", "symmetry")
+
+
+def permuted_solution(s: RawSolution, order: Sequence[int], instr: InstructionGraph
+                      ) -> RawSolution:
+    """Solution ``s`` of a workload ``wl`` as the solution of ``wl.permuted(order)`` (the loop dims
+    reordered: ``order[i]`` is the old index of the new dim ``i``; see
+    :meth:`~tvm_csp_embed.workload.Workload.permutation_of`), under a constraint set with
+    :data:`PERMUTABLE`.
+
+    The model is the same after renaming the dims (padding, bindings, strides and the cost are
+    per dim; tensor dims enter only as sets of data node coordinates), except for its symmetry
+    breaking, which keeps one order of the factor runs of each axis: inner runs walk later loop
+    dims. So each axis's runs are put in that order for the new dim indices; each run keeps its
+    steps, the padding moves with its dim, and the cost and optimality stay. The scalar node
+    values are left empty (:func:`~tvm_csp_embed.embedding.decode` does not read them).
+    """
+    new_of = {old: new for new, old in enumerate(order)}
+    bax, _ = _bits(instr)
+    dims, steps = [], []
+    for a in range(len(instr.axes)):
+        runs: List[Tuple[int, List[int]]] = []
+        for b in (b for b in range(len(bax)) if bax[b] == a):
+            d = new_of[s.bit_dims[b]]
+            if runs and runs[-1][0] == d:
+                runs[-1][1].append(s.bit_steps[b])
+            else:
+                runs.append((d, [s.bit_steps[b]]))
+        for d, st in sorted(runs, key=lambda r: -r[0]):
+            dims += [d] * len(st)
+            steps += st
+    return RawSolution(s.binding, tuple(dims), tuple(steps), tuple(s.pad[o] for o in order),
+                       s.cost, s.optimal, [], {})
 
 
 def _bindings(instr: InstructionGraph, wl: Workload, commutative: bool) -> List[Tuple[int, int, int]]:

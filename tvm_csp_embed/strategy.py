@@ -58,8 +58,8 @@ from vta_ext.timing import phase
 from .cache import solve_concurrently
 from .candidates import (CONV_LAYOUTS, DEFAULT_SOLUTIONS, DEFAULT_TIMEOUT, MODES, STRATEGY_NAMES,
                          Candidate, CspWorkload, _conv_params, _packed, _shape, bias_signature,  # noqa: F401
-                         candidates, fold_candidate, fused_variants, operator_workload, packed_inputs,
-                         kept_twin, packed_of, program_epilogue, solve_request, stock_mapping_cost,
+                         candidates, fold_candidate, fused_variants, layout_solves, operator_workload,
+                         packed_inputs, kept_twin, packed_of, program_epilogue, solve_request, stock_mapping_cost,
                          unfolded)
 from .choice import (AGREEMENT_SLACK, CPU, CYCLE_RANKED, RANK_FACTOR, STOCK, STOCK_COMPARED,
                      _choice_key, _contender_key, blocked_output, choose, host_relayout_seconds,
@@ -199,7 +199,8 @@ class CspGemmTemplate(OpTemplate):
         return self._plan_of(op, config, best, why, len(usable), notes)
 
     def prefetch(self, ops: Sequence[MatchedOp], config) -> None:
-        """Start solving the distinct workloads of ``ops`` (every candidate layout) concurrently,
+        """Start solving the distinct workloads of ``ops`` (every candidate layout that is not a dim
+        permutation of another, :func:`~.candidates.layout_solves`) concurrently,
         in the order of ``ops``, as a bounded pool of MiniZinc processes in the background
         (:func:`~tvm_csp_embed.cache.solve_concurrently`): :meth:`plan` waits only for its own
         operator's solves, so planning the first operators overlaps solving the later ones."""
@@ -210,9 +211,9 @@ class CspGemmTemplate(OpTemplate):
         for op in ops:
             try:
                 base = self._base(op)
-                for layout in self._layouts(options.layout, base, config):
-                    cw = dataclasses.replace(base, layout=layout, mode=self.mode)
-                    requests.append(solve_request(config, cw, timeout=DEFAULT_TIMEOUT))
+                requests += [req for _, req, source in layout_solves(
+                    config, base, self.mode, self._layouts(options.layout, base, config),
+                    timeout=DEFAULT_TIMEOUT) if source is None]   # the others: permuted
             except Exception:  # noqa: BLE001 -- plan() meets the same error and reports it
                 continue
         solve_concurrently(requests, wait=False)

@@ -169,6 +169,35 @@ class Workload:
                        inputs=(perm_t(self.inputs[0]), perm_t(self.inputs[1])),
                        output=perm_t(self.output))
 
+    def permutation_of(self, other: "Workload") -> Optional[Tuple[int, ...]]:
+        """The loop dim order under which ``other`` is this operator, or None.
+
+        Returns ``order`` (``order[i]``: the index in ``other.dims`` of this workload's dim
+        ``i``) when ``other.permuted(order)`` has this workload's dims, extents and reduction
+        flags and each of its three tensors equals this workload's up to the order of the tensor
+        dims (the same subscripts, constants and extents, as a multiset). Such workloads differ
+        only in the order of their loop dims and tensor dims (an NCHW and an NHWC convolution):
+        the same scalar dataflow, so the same embeddings (:func:`~tvm_csp_embed.solve.
+        permuted_solution`). Names and layout tags are not compared.
+
+        >>> conv2d(1, 8, 6, 6, 16, 3, 3, layout="NHWC").permutation_of(conv2d(1, 8, 6, 6, 16, 3, 3))
+        (0, 2, 3, 1, 5, 6, 4)
+        >>> conv2d(1, 8, 6, 6, 16, 3, 3).permutation_of(conv2d(1, 8, 6, 6, 32, 3, 3)) is None
+        True
+        """
+        if sorted(self.dims) != sorted(other.dims) or len(set(self.dims)) != len(self.dims):
+            return None
+        order = tuple(other.dims.index(d) for d in self.dims)
+        moved = other.permuted(order)
+        if moved.extents != self.extents or moved.reduction != self.reduction:
+            return None
+
+        def rows(t: TensorAccess):
+            return sorted(zip(t.coef, t.const, t.shape))
+        if any(rows(a) != rows(b) for a, b in zip(self.tensors, moved.tensors)):
+            return None
+        return order
+
     def padded(self, pad: Mapping[str, int]) -> "Workload":
         """The operator on zero-padded loop extents (tensors grow to cover the new box)."""
         ext = tuple(e + int(pad.get(d, 0)) for d, e in zip(self.dims, self.extents))
