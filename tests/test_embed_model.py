@@ -109,6 +109,41 @@ def test_a_batchs_searches_run_concurrently_with_the_reference_solutions():
     assert len(threads) == 2
 
 
+def test_a_batch_of_1x1_convs_is_cut_apart_with_the_reference_solutions():
+    """A 1x1 filter's r and s have extent 1: under the stock mapping's cost bound no instruction
+    bit can walk them (that needs padding), so the model leaves them out of the bits' domains, and
+    MiniZinc fixes parts of each instance to constants that its common subexpression elimination
+    then shares between instances (an element of a parameter array at a fixed index, arrays of
+    constants). The batch is still cut apart, each instance with a copy of what it reads, and
+    each gets its reference solutions (nodes included)."""
+    cases = ([f"build/{n}/relaxed/{lay}" for n in ("C4", "C7", "DB29") for lay in ("NCHW", "NHWC")]
+             + ["build/C10/strict/NCHW", "build/DB31/strict/NHWC"])
+    got = _check_batched(cases, len(cases))
+    assert {got[c]["batch"] for c in cases} == {len(cases)}
+
+
+def _bit_domains(wl, instr, **kw):
+    import re
+
+    from tvm_csp_embed.solve import CONSTRAINT_SETS, build_data
+
+    text = build_data(wl, instr, CONSTRAINT_SETS["relaxed"], **kw)
+    sets = re.search(r"BDOM = \[(.*?)\];", text).group(1)
+    return [{wl.dims[int(d) - 1] for d in x.split(",") if d} for x in re.findall(r"\{([^}]*)\}", sets)]
+
+
+def test_an_extent_1_dim_leaves_the_bit_domains_only_below_the_cost_of_padding_it():
+    from tvm_csp_embed.solve import padding_cost
+
+    wl, instr = conv2d(1, 32, 7, 7, 32, 1, 1), gemm((1, 16, 16))     # n, r and s of extent 1
+    walked = set().union(*_bit_domains(wl, instr))
+    assert {"n", "r", "s"} <= walked                    # no cost bound: padding them may pay
+    assert {"n", "r", "s"} <= set().union(*_bit_domains(wl, instr, max_cost=padding_cost(1, 1)))
+    below = _bit_domains(wl, instr, max_cost=padding_cost(1, 1) - 1)
+    assert set().union(*below) == walked - {"n", "r", "s"} == {"k", "oh", "ow", "c"}
+    assert padding_cost(1, 1) == 1000                   # one doubling of an extent of 1
+
+
 def test_a_batch_with_an_infeasible_instance_is_flattened_one_by_one():
     # MiniZinc finds conv3/strict-no-pad infeasible while flattening; which instance failed cannot
     # be told in a batch, so its batch is flattened again one instance at a time

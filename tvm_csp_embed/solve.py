@@ -302,12 +302,14 @@ class _ModelData:
 
 def build_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str], *,
                commutative: bool = True, bound: bool = False, bound_stride: int = 1,
-               compat: bool = True) -> str:
+               compat: bool = True, max_cost: Optional[int] = None) -> str:
     """MiniZinc data (dzn text) for ``models/embed.mzn``.
 
     ``compat=False`` switches off the precomputed structural table of the dataflow edges
     (``COMPAT``, and the bit domains derived from it): the model's own edge constraints must then
-    keep every solution sound (:func:`tvm_csp_embed.verify.check_raw`).
+    keep every solution sound (:func:`tvm_csp_embed.verify.check_raw`). ``max_cost``, the cost
+    bound the solve posts, takes out of the bit domains the dims no solution within it can walk
+    (an extent-1 dim, whose padding costs more).
 
     Raises
     ------
@@ -316,12 +318,12 @@ def build_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str]
         the loop dims partitioned among a tensor's subscripts).
     """
     return _model_data(wl, instr, constraints, commutative=commutative, bound=bound,
-                       bound_stride=bound_stride, compat=compat).dzn
+                       bound_stride=bound_stride, compat=compat, max_cost=max_cost).dzn
 
 
 def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str], *,
                 commutative: bool = True, bound: bool = False, bound_stride: int = 1,
-                compat: bool = True) -> _ModelData:
+                compat: bool = True, max_cost: Optional[int] = None) -> _ModelData:
     bad = set(constraints) - set(CONSTRAINTS)
     if bad:
         raise ValueError(f"unknown constraint(s) {sorted(bad)}; known: {CONSTRAINTS}")
@@ -384,7 +386,12 @@ def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str
                 COMPAT.append(ok or not compat)
                 LINEAR.append(lin)
     # per-bit dims admissible under some binding: the dataflow edges (iso) and linear access
-    # (linear) are posted in full in the model; this only shrinks domains before flattening
+    # (linear) are posted in full in the model; this only shrinks domains before flattening.
+    # A bit walking dim d puts the corner node at d >= 1, within the padded extent: a dim of
+    # extent 1 needs padding, which costs at least padding_cost(1, 1) (every cost term is >= 0),
+    # so under a lower cost bound no bit walks it (a 1x1 filter's r and s)
+    walkable = [x + pm >= 2 and (x >= 2 or max_cost is None or padding_cost(1, 1) <= max_cost)
+                for x, pm in zip(ext, padmax)]
     bdom = []
     for b in range(NBIT):
         a = bax[b]
@@ -392,6 +399,8 @@ def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str
         for k in range(NB):
             for d in range(D):
                 i = (k * len(instr.axes) + a) * D + d
+                if not walkable[d]:
+                    continue
                 if ("iso" not in constraints or COMPAT[i]) and ("linear" not in constraints or LINEAR[i]):
                     dom.add(d + 1)
         bdom.append(dom)
@@ -569,7 +578,7 @@ def _launch(wl: Workload, instr: InstructionGraph, constraints, search, timeout,
     wlp = wl.permuted(order)
     inv = {old: new for new, old in enumerate(order)}
     md = _model_data(wlp, instr, constraints, commutative=commutative, bound=bound,
-                     bound_stride=bound_stride, compat=compat)
+                     bound_stride=bound_stride, compat=compat, max_cost=max_cost)
     ng = []
     for s in nogoods:
         conj = [f"bind = {s.binding}"]
@@ -924,7 +933,7 @@ class _Flat:
 def _job(p: Problem) -> _Job:
     cons = _constraint_set(p.mode, p.disable)
     md = _model_data(p.wl, p.instr, cons, commutative=p.commutative, bound=p.bound,
-                     bound_stride=p.bound_stride, compat=p.compat)
+                     bound_stride=p.bound_stride, compat=p.compat, max_cost=p.max_cost)
     return _Job(p, cons, md, _search_entries(p.instr, p.search, md, "iso" in cons))
 
 
@@ -1037,6 +1046,8 @@ _PREFIX = re.compile(r"i(\d+)_")
 _FIXED_VAR = re.compile(r"var (?:(-?\d+)\.\.\1: \w+[^=]*(?:= *-?\d+)?|bool: \w+[^=]*= *(?:true|false));$")
 
 
+#: a constraint's annotation naming the variable it defines
+_DEFINES = re.compile(r"defines_var\((\w+)\)")
 #: the definition of a two-entry array (``= [bind, cost]``)
 _OUT_ARRAY = re.compile(r"=\s*\[\s*([\w-]+)\s*,\s*([\w-]+)\s*\]\s*;$")
 #: a FlatZinc declaration up to its name (``var 1..4: x``, ``array [1..8] of var int: x``)
@@ -1054,9 +1065,12 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
     """Cut the FlatZinc of several independent instances (:func:`_combined`) into one FlatZinc per
     instance: its variables are those connected through constraints and array definitions to the
     names of its prefix; parameter arrays go to every instance that reads them; its search
-    annotation is its own entries of the combined one, and its goal its own. What is linked to no
-    instance's names (fixed variables, constraints on constants) is checked once and dropped.
-    None if something is linked to two instances, or what is linked to none fails."""
+    annotation is its own entries of the combined one, and its goal its own. A variable whose
+    value follows from parameters alone (MiniZinc's common subexpression elimination may share it
+    between instances) goes, like a parameter, with its definition to every instance that reads
+    it. What else is linked to no instance's names (fixed variables, constraints on constants) is
+    checked once and dropped. None if something is linked to two instances, or what is linked to
+    none fails."""
     K = len(n_entries)
     preds, body, solve_line = [], [], None
     for ln in fzn.split("\n"):
@@ -1091,6 +1105,31 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
         else:
             par[m.group(1)] = i
             alone.append(False)
+    # a variable MiniZinc defines from parameters alone (an element of a parameter array at a
+    # constant index, left unevaluated) is one value; common subexpression elimination shares it
+    # between instances that hold the same expression. It belongs to none: like a parameter, each
+    # instance that reads it gets it, with its definition
+    # (so is one assigned constants, or such variables, in its declaration)
+    shared: Dict[str, Optional[int]] = {}   # such a variable -> the line of its definition
+    while True:
+        known = len(shared)
+        for i, ln in enumerate(body):
+            m = _DEFINES.search(ln) if ln.startswith("constraint") else _DECL.match(ln)
+            name = m.group(1) if m else None
+            if (name not in var or name in shared or _PREFIX.match(name)
+                    or (not ln.startswith("constraint") and "=" not in ln)):
+                continue
+            if all(n == name or n in par or n in shared for n in _NAME.findall(ln)):
+                shared[name] = i if ln.startswith("constraint") else None
+        if len(shared) == known:
+            break
+    if shared:
+        skip = {i for i in shared.values() if i is not None} | {lines[n] for n in shared}
+        for n in shared:
+            par[n] = lines[n]
+        var = {n: x for x, n in enumerate(n for n in var if n not in shared)}
+    else:
+        skip = set()
     parent = list(range(len(var)))
 
     def find(x: int) -> int:
@@ -1100,7 +1139,10 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
         return x
     get, findall = var.get, _NAME.findall
     first = []                              # per line: the id of its first variable, or -1
-    for ln, single in zip(body, alone):
+    for i, (ln, single) in enumerate(zip(body, alone)):
+        if i in skip:
+            first.append(-1)
+            continue
         if single:
             first.append(var[_DECL.match(ln).group(1)])
             continue
@@ -1124,7 +1166,9 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
                 return None
     parts: List[List[str]] = [[] for _ in range(K)]
     detached: List[str] = []                # in no instance: checked once (below)
-    for ln, x in zip(body, first):
+    for i, (ln, x) in enumerate(zip(body, first)):
+        if i in skip:
+            continue
         if x < 0:
             if ln.startswith("constraint"):
                 detached.append(ln)         # on parameters alone
@@ -1137,8 +1181,24 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
         parts[k].append(ln)
 
     def pars(lines: List[str]) -> List[str]:
-        used = set(findall("\n".join(lines))) & par.keys()
-        return [body[i] for i in sorted(par[p] for p in used)]
+        """The declarations of the parameters (and shared variables) ``lines`` read, with what
+        those read in turn."""
+        used, todo = set(), set(findall("\n".join(lines))) & par.keys()
+        while todo:
+            used |= todo
+            more = "\n".join(body[par[p]] for p in todo)
+            more += "".join("\n" + body[shared[p]] for p in todo if shared.get(p) is not None)
+            todo = (set(findall(more)) & par.keys()) - used
+        # the parameters first, then the shared variables (FlatZinc declares them in that order)
+        return [body[par[p]] for p in sorted(used, key=lambda p: (p in shared, par[p]))]
+
+    def definitions(lines: List[str]) -> List[str]:
+        """The defining constraints of the shared variables ``lines`` read (after ``pars``)."""
+        if not shared:
+            return []
+        names = set(findall("\n".join(pars(lines) + lines)))
+        return [body[shared[n]] for n in sorted((n for n in names & shared.keys()
+                                                  if shared[n] is not None), key=shared.get)]
     # the search annotation: a seq_search of every instance's entries, in instance order
     m = re.match(r"solve\s*::\s*seq_search\(\[(.*)\]\)\s*satisfy;$", solve_line)
     if m is None:
@@ -1168,7 +1228,7 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
     for k in range(K):
         mine = entries[at:at + n_entries[k]]
         at += n_entries[k]
-        head = pars(parts[k])
+        head = pars(parts[k] + mine)     # (a search entry may name a fixed array)
         goal = "satisfy"
         if bnb[k]:
             # the cost is OUT's second entry: a variable, or a constant if flattening fixed it
@@ -1182,8 +1242,8 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
                 head.append(f"var {cost}..{cost}: i{k}_objective;")
                 cost = f"i{k}_objective"
             goal = f"minimize {cost}"
-        out.append("\n".join(preds + head + parts[k] + [f"solve :: seq_search([{','.join(mine)}]) {goal};"])
-                   + "\n")
+        out.append("\n".join(preds + head + parts[k] + definitions(parts[k] + mine)
+                             + [f"solve :: seq_search([{','.join(mine)}]) {goal};"]) + "\n")
     return out
 
 
