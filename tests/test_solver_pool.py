@@ -120,3 +120,60 @@ def test_solver_pool_size_names_the_variable(monkeypatch, value, message):
     monkeypatch.setenv(C.SOLVERS_ENV, value)
     with pytest.raises(ValueError, match=f"{C.SOLVERS_ENV}.*{message}"):
         C.solver_pool_size()
+
+
+def test_a_build_waiting_for_a_solve_prepares_the_operators_whose_solves_are_done(tmp_path,
+                                                                                    monkeypatch):
+    """While the first operator waits for its (slowed) solve, the build computes the candidates
+    of later operators whose solves are done (``cache.add_idle_work``); their plans, and the
+    output, are those of a build that does not (its idle work switched off)."""
+    monkeypatch.setenv(C.SOLVERS_ENV, "2")
+    real_batch, real_plan, real_candidates = C.solve_batch, S.CspGemmTemplate.plan, S.candidates
+    planning, early = [], []
+
+    def slow_batch(problems, searches=None):
+        if any("_c16_" in p.wl.name for p in problems):   # the first operator's solve
+            time.sleep(1.0)
+        return real_batch(problems, searches)
+
+    def plan(self, op, config):
+        planning.append(self._base(op))
+        try:
+            return real_plan(self, op, config)
+        finally:
+            planning.pop()
+
+    def spy(config, base, *args, **kwargs):
+        if planning and base != planning[-1]:
+            early.append(base)                # another operator's candidates, during a plan
+        return real_candidates(config, base, *args, **kwargs)
+    monkeypatch.setattr(C, "solve_batch", slow_batch)
+    monkeypatch.setattr(S.CspGemmTemplate, "plan", plan)
+    monkeypatch.setattr(S, "candidates", spy)
+    reports = []
+    for idle in (True, False):
+        monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path / str(idle)))
+        S._packed.cache_clear()
+        if not idle:
+            monkeypatch.setattr(C, "add_idle_work", lambda step: None)
+            monkeypatch.setattr(S, "add_idle_work", lambda step: None)
+        with vta_ext.build_options(strategy="csp-relaxed"):
+            ex = relax.build(_chain(), target="ext_vta")
+        reports.append(vta_ext.last_build_report())
+        if idle:
+            # the later operators' workloads (48 and 16 output channels) were prepared early
+            assert {dict(b.params)["k"] for b in early} >= {48, 16}
+            early.clear()
+        else:
+            assert not early
+    with_idle, without = ([(p.plan, p.detail) for p in r.placements if p.op == "relax.nn.conv2d"]
+                          for r in reports)
+    assert with_idle == without and len(with_idle) == 5
+    rng = np.random.default_rng(1)
+    x = rng.integers(-128, 128, (1, 16, 12, 12)).astype(np.int8)
+    ws = [rng.integers(-128, 128, s).astype(np.int8) for s in SHAPES]
+    ref = x
+    for w in ws:
+        ref = requantize(conv2d_nchw(ref, w, 1, 1), None, 8, (-128, 127))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in [x] + ws]).numpy()
+    np.testing.assert_array_equal(got, ref)

@@ -20,10 +20,11 @@ import json
 import os
 import tempfile
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from vta_ext.timing import phase
 
@@ -34,7 +35,8 @@ from .solve import (CONSTRAINT_SETS, MODEL, Problem, RawSolution, SolveResult, p
 from .workload import Workload
 
 __all__ = ["CACHE_ENV", "SOLVERS_ENV", "cache_dir", "cache_key", "CachedSolve", "SolveRequest",
-           "cached_embeddings", "permuted_embeddings", "solve_concurrently", "solver_pool_size", "clear_cache", "BATCH_SIZES",
+           "cached_embeddings", "permuted_embeddings", "solve_concurrently", "solved", "add_idle_work",
+           "remove_idle_work", "solver_pool_size", "clear_cache", "BATCH_SIZES",
            "batches"]
 
 #: environment variable naming the cache directory
@@ -128,7 +130,7 @@ def cached_embeddings(wl: Workload, instr: InstructionGraph, mode: str = "relaxe
     pending = _INFLIGHT.get(key) if use_cache else None
     if pending is not None:     # solving in the background pool (solve_concurrently): wait for it
         with phase("solve"):
-            pending.result()
+            _wait(pending)
     return _cached_or_solved(key, wl, instr, mode, solutions, timeout, cfg, max_cost, use_cache)
 
 
@@ -229,6 +231,38 @@ def solver_pool_size() -> int:
 
 #: solves running or queued in the background pool, by cache key (:func:`solve_concurrently`)
 _INFLIGHT: Dict[str, Future] = {}
+#: work a build does while it waits for a solve (:func:`add_idle_work`)
+_IDLE: List[Callable[[], bool]] = []
+
+
+def solved(key: str) -> bool:
+    """Whether the solve of cache key ``key`` is neither running nor queued in the background
+    pool, and its outcome is on disk (a timeout or a failure is not)."""
+    return key not in _INFLIGHT and (cache_dir() / f"{key}.json").exists()
+
+
+def add_idle_work(step: Callable[[], bool]) -> None:
+    """Have a thread that waits for a background solve (:func:`cached_embeddings`) call ``step``
+    meanwhile, again while it returns True (it did one unit of work; False: none is ready now),
+    until the solve is done. ``step`` must do only work that is needed anyway and gives the same
+    results whenever it runs (it fills caches); it removes itself (:func:`remove_idle_work`) when
+    it has nothing left."""
+    _IDLE.append(step)
+
+
+def remove_idle_work(step: Callable[[], bool]) -> None:
+    """Stop calling ``step`` (:func:`add_idle_work`); nothing if it is not registered."""
+    if step in _IDLE:
+        _IDLE.remove(step)
+
+
+def _wait(pending: Future) -> None:
+    """Wait for ``pending``, doing idle work (:func:`add_idle_work`) whenever some is ready: when
+    none is, until the next background solve ends."""
+    while not pending.done() and _IDLE:
+        if not any(step() for step in list(_IDLE)):
+            futures_wait([pending, *list(_INFLIGHT.values())], return_when=FIRST_COMPLETED)
+    pending.result()
 _POOL: Dict[Tuple[int, str], ThreadPoolExecutor] = {}
 _POOL_LOCK = threading.Lock()
 

@@ -212,6 +212,19 @@ def padding_cost(extent: int, pad: int) -> int:
     return round(PAD_WEIGHT * math.log2((extent + pad) / extent))
 
 
+def _padding_within(extent: int, most: int, max_cost: int) -> int:
+    """The largest padding of a loop dim of ``extent``, at most ``most``, whose
+    :func:`padding_cost` is within ``max_cost`` (0 if none is)."""
+    lo, hi = 0, most              # padding_cost grows with the padding: bisect
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if padding_cost(extent, mid) <= max_cost:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _bits(instr: InstructionGraph) -> Tuple[List[int], List[int]]:
     bax, bpos = [], []
     for a, L in enumerate(instr.log_sizes):
@@ -308,8 +321,8 @@ def build_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str]
     ``compat=False`` switches off the precomputed structural table of the dataflow edges
     (``COMPAT``, and the bit domains derived from it): the model's own edge constraints must then
     keep every solution sound (:func:`tvm_csp_embed.verify.check_raw`). ``max_cost``, the cost
-    bound the solve posts, takes out of the bit domains the dims no solution within it can walk
-    (an extent-1 dim, whose padding costs more).
+    bound the solve posts, ends each dim's padding domain where padding costs more (then an
+    extent-1 dim leaves the bits' domains: no bit can walk it).
 
     Raises
     ------
@@ -338,6 +351,11 @@ def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str
     Nmax = max(instr.sizes)
     use_pad = "pad" in constraints
     padmax = [max(Nmax - 1, x - 1) if use_pad else 0 for x in ext]
+    if max_cost is not None:
+        # every cost term is >= 0, so a solution within the bound pads no dim by more than the
+        # bound pays for: the padding's domain (and with it the cost table, the coordinate
+        # domains and the steps) ends there; an extent-1 dim that cannot be padded is not walked
+        padmax = [_padding_within(x, pm, max_cost) for x, pm in zip(ext, padmax)]
     padall = max(padmax)
     bax, bpos = _bits(instr)
     NBIT = len(bax)
@@ -388,10 +406,9 @@ def _model_data(wl: Workload, instr: InstructionGraph, constraints: Sequence[str
     # per-bit dims admissible under some binding: the dataflow edges (iso) and linear access
     # (linear) are posted in full in the model; this only shrinks domains before flattening.
     # A bit walking dim d puts the corner node at d >= 1, within the padded extent: a dim of
-    # extent 1 needs padding, which costs at least padding_cost(1, 1) (every cost term is >= 0),
-    # so under a lower cost bound no bit walks it (a 1x1 filter's r and s)
-    walkable = [x + pm >= 2 and (x >= 2 or max_cost is None or padding_cost(1, 1) <= max_cost)
-                for x, pm in zip(ext, padmax)]
+    # extent 1 needs padding (under a cost bound below padding_cost(1, 1), not allowed: a 1x1
+    # filter's r and s)
+    walkable = [x + pm >= 2 for x, pm in zip(ext, padmax)]
     bdom = []
     for b in range(NBIT):
         a = bax[b]
@@ -1110,17 +1127,22 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
     # between instances that hold the same expression. It belongs to none: like a parameter, each
     # instance that reads it gets it, with its definition
     # (so is one assigned constants, or such variables, in its declaration)
+    findall = _NAME.findall
+    names = [findall(ln) for ln in body]    # per line: the names it holds
     shared: Dict[str, Optional[int]] = {}   # such a variable -> the line of its definition
-    while True:
+    maybe = []                              # (line, variable): a definition or an assignment
+    for i, ln in enumerate(body):
+        if ln.startswith("constraint"):
+            m = _DEFINES.search(ln) if "defines_var" in ln else None
+        else:
+            m = _DECL.match(ln) if "=" in ln else None
+        if m and m.group(1) in var and not _PREFIX.match(m.group(1)):
+            maybe.append((i, m.group(1)))
+    while maybe:
         known = len(shared)
-        for i, ln in enumerate(body):
-            m = _DEFINES.search(ln) if ln.startswith("constraint") else _DECL.match(ln)
-            name = m.group(1) if m else None
-            if (name not in var or name in shared or _PREFIX.match(name)
-                    or (not ln.startswith("constraint") and "=" not in ln)):
-                continue
-            if all(n == name or n in par or n in shared for n in _NAME.findall(ln)):
-                shared[name] = i if ln.startswith("constraint") else None
+        for i, name in maybe:
+            if name not in shared and all(n == name or n in par or n in shared for n in names[i]):
+                shared[name] = i if body[i].startswith("constraint") else None
         if len(shared) == known:
             break
     if shared:
@@ -1137,7 +1159,7 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
-    get, findall = var.get, _NAME.findall
+    get = var.get
     first = []                              # per line: the id of its first variable, or -1
     for i, (ln, single) in enumerate(zip(body, alone)):
         if i in skip:
@@ -1146,7 +1168,7 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
         if single:
             first.append(var[_DECL.match(ln).group(1)])
             continue
-        ids = [x for x in map(get, findall(ln)) if x is not None]
+        ids = [x for x in map(get, names[i]) if x is not None]
         if not ids:
             first.append(-1)
             continue

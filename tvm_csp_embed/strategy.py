@@ -55,7 +55,7 @@ from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, Strategy
                               register_strategy, register_template, set_default_strategy)
 from vta_ext.timing import phase
 
-from .cache import solve_concurrently
+from .cache import add_idle_work, remove_idle_work, solve_concurrently, solved
 from .candidates import (CONV_LAYOUTS, DEFAULT_SOLUTIONS, DEFAULT_TIMEOUT, MODES, STRATEGY_NAMES,
                          Candidate, CspWorkload, _conv_params, _packed, _shape, bias_signature,  # noqa: F401
                          candidates, fold_candidate, fused_variants, layout_solves, operator_workload,
@@ -151,6 +151,7 @@ class CspGemmTemplate(OpTemplate):
         options = current_options()
         base = self._base(op)
         layouts = self._layouts(options.layout, base, config)
+        getattr(self, "_ahead", {}).pop(_ahead_key(base, layouts, op.epilogue), None)
         contender = self._stock_contender(op, config, options)
         cache = self._plan_cache(config, base, layouts, op, options, contender)
         if cache is not None:
@@ -207,16 +208,49 @@ class CspGemmTemplate(OpTemplate):
         from vta_ext.options import current_options
 
         options = current_options()
-        requests = []
+        requests, ahead = [], {}
         for op in ops:
             try:
                 base = self._base(op)
-                requests += [req for _, req, source in layout_solves(
-                    config, base, self.mode, self._layouts(options.layout, base, config),
-                    timeout=DEFAULT_TIMEOUT) if source is None]   # the others: permuted
+                layouts = self._layouts(options.layout, base, config)
+                mine = [req for _, req, source in layout_solves(
+                    config, base, self.mode, layouts, timeout=DEFAULT_TIMEOUT)
+                    if source is None]   # the others: permuted
             except Exception:  # noqa: BLE001 -- plan() meets the same error and reports it
                 continue
+            requests += mine
+            ahead.setdefault(_ahead_key(base, layouts, op.epilogue),
+                             (base, layouts, op.epilogue, [r.key for r in mine]))
         solve_concurrently(requests, wait=False)
+        remove_idle_work(getattr(self, "_idle", None))
+        self._ahead = ahead
+        self._idle = self._look_ahead(config, ahead)
+        add_idle_work(self._idle)
+
+    def _look_ahead(self, config, ahead: Dict[tuple, tuple]):
+        """Idle work (:func:`~.cache.add_idle_work`) while :meth:`plan` waits for a solve: the
+        candidates of the next operator in ``ahead`` whose solves are done (their packed
+        programs and knob points, kept in their caches for its own :meth:`plan`, which removes
+        it from ``ahead``)."""
+        def step() -> bool:
+            for key, (base, layouts, epilogue, keys) in ahead.items():
+                if all(map(solved, keys)):
+                    del ahead[key]
+                    with phase("plan"):
+                        try:
+                            candidates(config, base, self.mode, layouts, epilogue,
+                                       solutions=DEFAULT_SOLUTIONS, timeout=DEFAULT_TIMEOUT)
+                        except Exception:  # noqa: BLE001 -- its plan() reports it
+                            pass
+                    break
+            else:
+                if not ahead:
+                    remove_idle_work(step)
+                return False
+            if not ahead:
+                remove_idle_work(step)
+            return True
+        return step
 
     def _plan_cache(self, config, base: CspWorkload, layouts, op: MatchedOp, options, contender
                     ) -> Optional[PlanCache]:
@@ -315,6 +349,11 @@ class CspGemmTemplate(OpTemplate):
                          dict(tps.knobs) if tps else None,
                          dict(fb.knobs) if isinstance(fb, KnobPoint) else None,
                          dict(fast.knobs) if fast else None)
+
+
+def _ahead_key(base: CspWorkload, layouts, epilogue) -> tuple:
+    """What an operator's candidates depend on (:meth:`CspGemmTemplate._look_ahead`)."""
+    return base, tuple(layouts), repr(epilogue)
 
 
 def _op_text(cw: CspWorkload) -> str:
