@@ -177,3 +177,41 @@ def test_a_build_waiting_for_a_solve_prepares_the_operators_whose_solves_are_don
         ref = requantize(conv2d_nchw(ref, w, 1, 1), None, 8, (-128, 127))
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in [x] + ws]).numpy()
     np.testing.assert_array_equal(got, ref)
+
+
+def test_the_worker_process_gives_the_solvers_own_results_and_its_end_is_an_error():
+    """``cache.solve_batch`` runs ``solve.solve_batch`` in the solver's worker process: the same
+    solutions in the same order as in this process; a worker that ends fails its open batch with
+    a clear error, and the next batch starts a new worker."""
+    import importlib
+
+    from tvm_csp_embed import solve_worker as W
+    from tvm_csp_embed.instructions import gemm
+    from tvm_csp_embed.workload import conv2d
+
+    solve_mod = importlib.import_module("tvm_csp_embed.solve")
+    problems = [solve_mod.Problem(conv2d(1, c, 6, 6, 16, 3, 3, pad=(1, 1)), gemm((1, 16, 16)),
+                                  "relaxed", solutions=4, max_cost=4000) for c in (3, 8, 16)]
+    here = list(solve_mod.solve_batch(problems))
+    there = list(C.solve_batch(problems))
+    assert [r.status for r in there] == [r.status for r in here] == ["ok"] * 3
+    assert [[s.key() + (s.pad, s.cost) for s in r.solutions] for r in there] == \
+        [[s.key() + (s.pad, s.cost) for s in r.solutions] for r in here]
+    assert any(len(r.solutions) > 1 for r in here)
+    first = W._worker()
+    batch = C.solve_batch(problems)
+    first.proc.kill()
+    first.proc.wait()
+    with pytest.raises(RuntimeError, match="solver worker"):
+        list(batch)
+    again = list(C.solve_batch(problems[:1]))          # a new worker
+    assert W._worker() is not first and again[0].status == "ok"
+
+
+@pytest.mark.parametrize("value,message", [("low", "not a number"), ("25", "0 to 19")])
+def test_solver_nice_names_the_variable(monkeypatch, value, message):
+    from tvm_csp_embed import solve_worker as W
+
+    monkeypatch.setenv(W.NICE_ENV, value)
+    with pytest.raises(ValueError, match=f"{W.NICE_ENV}.*{message}"):
+        W.solver_nice()

@@ -30,8 +30,9 @@ from vta_ext.timing import phase
 
 from .embedding import Embedding, decode
 from .instructions import InstructionGraph
-from .solve import (CONSTRAINT_SETS, MODEL, Problem, RawSolution, SolveResult, permuted_solution, solve,
-                    solve_batch)
+from . import solve_worker
+from .solve import (CONSTRAINT_SETS, MODEL, Problem, RawSolution, SolveResult, permuted_solution,
+                    solve)
 from .workload import Workload
 
 __all__ = ["CACHE_ENV", "SOLVERS_ENV", "cache_dir", "cache_key", "CachedSolve", "SolveRequest",
@@ -293,6 +294,14 @@ def batches(items: Sequence[Any]) -> List[List[Any]]:
     return out
 
 
+def solve_batch(problems: Sequence[Problem], searches=None):
+    """:func:`tvm_csp_embed.solve.solve_batch` of ``problems`` in the solver's worker process
+    (:mod:`.solve_worker`), its searches on as many threads there as the executor ``searches``
+    has (default :func:`solver_pool_size`): the same results, in order."""
+    workers = getattr(searches, "_max_workers", None) or solver_pool_size()
+    return solve_worker.solve_batch(problems, workers)
+
+
 def solve_concurrently(requests: Sequence[SolveRequest], workers: Optional[int] = None,
                        wait: bool = True) -> int:
     """Solve the distinct requests that the disk cache does not hold yet (and that no earlier call
@@ -301,6 +310,8 @@ def solve_concurrently(requests: Sequence[SolveRequest], workers: Optional[int] 
     (:func:`tvm_csp_embed.solve.solve_batch`: the same embeddings as one solve each), ``workers``
     batches at a time (default :func:`solver_pool_size`); a batch's searches run on a second pool
     of ``workers`` threads, so they share the cores while the flattening of the next batch runs.
+    The batches run in the solver's worker process (:func:`solve_batch`), so that their Python
+    work does not hold up the caller's.
     A request that fails is left for the caller's own :func:`cached_embeddings` call to report.
 
     With ``wait=False`` the solves run in the background: a :func:`cached_embeddings` call for one
