@@ -169,3 +169,29 @@ def test_a_failing_problem_fails_alone():
 @pytest.mark.slow
 def test_batches_give_the_reference_solutions_everywhere():
     _check_batched(ER.cases("all"), 8)
+
+
+def test_an_enumeration_looks_first_then_runs_under_the_bound_it_found(monkeypatch):
+    """The 4 best embeddings of a 3-channel stem: ``solve_batch`` looks at the first 12 solutions,
+    then enumerates again under the 4th cheapest cost of those (``solve.FIRST_LOOK``); the result
+    is the single complete enumeration's (``solve``, one MiniZinc run, no first look)."""
+    import importlib
+
+    from tvm_csp_embed.solve import padding_cost
+
+    solve_mod = importlib.import_module("tvm_csp_embed.solve")
+    runs, real = [], solve_mod._gecode
+
+    def spy(path, args, *rest):
+        runs.append((path.name.endswith("_bounded.fzn"), list(args)))
+        return real(path, args, *rest)
+    monkeypatch.setattr(solve_mod, "_gecode", spy)
+    wl, instr = conv2d(1, 3, 33, 33, 64, 3, 3, stride=(2, 2)), gemm((1, 16, 16))
+    bound = padding_cost(3, 13)                          # the stock mapping's: 3 -> 16 channels
+    got = list(solve_batch([Problem(wl, instr, "relaxed", solutions=4, max_cost=bound)]))[0]
+    assert runs == [(False, ["-n", "12"]), (True, ["-a"])]
+    whole = solve(wl, instr, "relaxed", solutions=4, max_cost=bound)
+    assert got.status == whole.status == "ok" and len(whole.solutions) == 4
+    assert [(s.key(), s.pad, s.cost, s.optimal) for s in got.solutions] == \
+        [(s.key(), s.pad, s.cost, s.optimal) for s in whole.solutions]
+    assert [s.p for s in got.solutions] == [s.p for s in whole.solutions]
