@@ -21,6 +21,9 @@ from .workload import (ConformabilityError, Workload, conv2d, dense, depthwise_c
 from . import strategy as _strategy  # registers csp-strict / csp-relaxed; csp-relaxed becomes the default  # noqa: E402,F401
 from . import summary as _summary  # the CSP plans' words in the build report  # noqa: E402,F401
 from . import csp_reference as _csp_reference  # the CSP strategies' numpy references, for the tuner  # noqa: E402,F401
+from . import solve_worker as _solve_worker  # noqa: E402
+
+_solve_worker.start()   # the solver's worker process boots while the caller prepares its build
 
 __all__ = ["Workload", "ConformabilityError", "from_te", "from_primfunc", "matmul", "dense", "conv2d",
            "depthwise_conv2d", "InstructionGraph", "gemm", "alu_muladd", "solve", "SolveResult",

@@ -8,8 +8,9 @@ runs it the planning thread waits for Python's interpreter lock. :func:`solve_ba
 same function in one worker process per build process instead, so that work runs beside the
 planning on another core. The results are the same objects, in the same order.
 
-The worker is started on first use (``python -c``, importing only :mod:`tvm_csp_embed.solve` and
-what it needs, not TVM: about 0.1 s) and ends when its parent closes its input. It runs at a lower
+The worker is started by ``import tvm_csp_embed`` (:func:`start`; ``python -c``, importing only
+:mod:`tvm_csp_embed.solve` and what it needs, not TVM: about 0.2 s, in the background), or on
+first use in a process that has none (a forked child), and ends when its parent closes its input. It runs at a lower
 priority (``$TVM_CSP_EMBED_SOLVER_NICE``, default 10), and so do the MiniZinc and Gecode runs it
 starts: the planning thread goes first, and the solves use the cycles it leaves. It serves the
 batches it is sent concurrently, each on a thread of its own, and the searches of every batch on
@@ -30,7 +31,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
-__all__ = ["NICE_ENV", "DEFAULT_NICE", "solver_nice", "solve_batch", "serve"]
+__all__ = ["NICE_ENV", "DEFAULT_NICE", "solver_nice", "start", "solve_batch", "serve"]
 
 _HEADER = struct.Struct("<Q")
 #: environment variable: the niceness the worker (and so every MiniZinc and Gecode run of the
@@ -171,6 +172,16 @@ def _worker() -> _Worker:
             _WORKER = _Worker()
             atexit.register(_WORKER.close)
         return _WORKER
+
+
+def start() -> None:
+    """Start the worker now, so that a build's first solves do not wait for its start-up (about
+    0.2 s; ``import tvm_csp_embed`` calls this). A bad ``$TVM_CSP_EMBED_SOLVER_NICE`` is left for
+    the first solve to report."""
+    try:
+        _worker()
+    except (ValueError, OSError):
+        pass
 
 
 def solve_batch(problems: Sequence[Any], workers: int = 2) -> Iterator[Union[Any, Exception]]:
