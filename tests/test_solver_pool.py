@@ -43,6 +43,18 @@ def _chain():
     return bb.get()
 
 
+def _check_bit_exact(ex, seed: int) -> None:
+    """The chain built into ``ex`` on random inputs equals the numpy reference bit for bit."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (1, 16, 12, 12)).astype(np.int8)
+    ws = [rng.integers(-128, 128, s).astype(np.int8) for s in SHAPES]
+    ref = x
+    for w in ws:
+        ref = requantize(conv2d_nchw(ref, w, 1, 1), None, 8, (-128, 127))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in [x] + ws]).numpy()
+    np.testing.assert_array_equal(got, ref)
+
+
 def test_distinct_workloads_solved_concurrently_before_planning(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
     monkeypatch.setenv(C.SOLVERS_ENV, "2")
@@ -105,14 +117,7 @@ def test_distinct_workloads_solved_concurrently_before_planning(tmp_path, monkey
     assert peak[0] == 2
     assert len(planned) == 5 and while_planning, "planning did not overlap the later solves"
     assert vta_ext.last_build_report().placement() == [("relax.nn.conv2d", "vta")] * 5
-    rng = np.random.default_rng(0)
-    x = rng.integers(-128, 128, (1, 16, 12, 12)).astype(np.int8)
-    ws = [rng.integers(-128, 128, s).astype(np.int8) for s in SHAPES]
-    ref = x
-    for w in ws:
-        ref = requantize(conv2d_nchw(ref, w, 1, 1), None, 8, (-128, 127))
-    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in [x] + ws]).numpy()
-    np.testing.assert_array_equal(got, ref)
+    _check_bit_exact(ex, seed=0)
 
 
 @pytest.mark.parametrize("value,message", [("two", "not a number"), ("0", "1 or more")])
@@ -169,14 +174,7 @@ def test_a_build_waiting_for_a_solve_prepares_the_operators_whose_solves_are_don
     with_idle, without = ([(p.plan, p.detail) for p in r.placements if p.op == "relax.nn.conv2d"]
                           for r in reports)
     assert with_idle == without and len(with_idle) == 5
-    rng = np.random.default_rng(1)
-    x = rng.integers(-128, 128, (1, 16, 12, 12)).astype(np.int8)
-    ws = [rng.integers(-128, 128, s).astype(np.int8) for s in SHAPES]
-    ref = x
-    for w in ws:
-        ref = requantize(conv2d_nchw(ref, w, 1, 1), None, 8, (-128, 127))
-    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in [x] + ws]).numpy()
-    np.testing.assert_array_equal(got, ref)
+    _check_bit_exact(ex, seed=1)
 
 
 def test_the_worker_process_gives_the_solvers_own_results_and_its_end_is_an_error():

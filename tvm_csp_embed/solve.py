@@ -1219,10 +1219,11 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
         return [body[par[p]] for p in sorted(used, key=lambda p: (p in shared, par[p]))]
 
     def definitions(lines: List[str]) -> List[str]:
-        """The defining constraints of the shared variables ``lines`` read (after ``pars``)."""
+        """The defining constraints of the shared variables ``lines`` (an instance's lines with
+        their :func:`pars`) read."""
         if not shared:
             return []
-        names = set(findall("\n".join(pars(lines) + lines)))
+        names = set(findall("\n".join(lines)))
         return [body[shared[n]] for n in sorted((n for n in names & shared.keys()
                                                   if shared[n] is not None), key=shared.get)]
     # the search annotation: a seq_search of every instance's entries, in instance order
@@ -1255,6 +1256,7 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
         mine = entries[at:at + n_entries[k]]
         at += n_entries[k]
         head = pars(parts[k] + mine)     # (a search entry may name a fixed array)
+        defined = definitions(head + parts[k] + mine)
         goal = "satisfy"
         if bnb[k]:
             # the cost is OUT's second entry: a variable, or a constant if flattening fixed it
@@ -1268,7 +1270,7 @@ def _split(fzn: str, n_entries: Sequence[int], bnb: Sequence[bool], workdir: str
                 head.append(f"var {cost}..{cost}: i{k}_objective;")
                 cost = f"i{k}_objective"
             goal = f"minimize {cost}"
-        out.append("\n".join(preds + head + parts[k] + definitions(parts[k] + mine)
+        out.append("\n".join(preds + head + parts[k] + defined
                              + [f"solve :: seq_search([{','.join(mine)}]) {goal};"]) + "\n")
     return out
 
