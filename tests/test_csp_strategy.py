@@ -353,10 +353,23 @@ def test_knob_space_of_a_csp_operator():
     assert space.names and space.tps in space.points and space.fallback in space.points
     assert space.pruned and all("entries" in why or "micro-op" in why or "divide" in why
                                 for _, why in space.pruned)
+    # the lazily built points and reasons are those of the exhaustive per-point enumeration
+    from tvm_csp_embed.codegen.knobs import Pruned, enumerate_points
+
+    pg = csp_strategy.packed_of(cw, cfg)
+    every = list(enumerate_points(cfg, pg, csp_strategy.program_epilogue(cw, epilogue)))
+    valid = [p for p, r in every if not isinstance(r, Pruned)]
+    pruned = [(p, r.reason) for p, r in every if isinstance(r, Pruned)]
+    assert list(space.points) == valid and space.points == tuple(valid)
+    assert list(space.pruned) == pruned and space.pruned == pruned
+    assert len(space.points) == len(valid) and len(space.pruned) == len(pruned)
+    assert space.points[-1] == valid[-1] and space.pruned[-1] == pruned[-1]
+    assert space.points[1:4] == tuple(valid[1:4])
+    with pytest.raises(IndexError):
+        space.points[len(valid)]
     other = next(p for p in space.points if p != space.tps)
     compiled = [template.build(cfg, cw, epilogue, knobs) for knobs in (other, space.tps)]
     assert dict(vars(compiled[0].knobs)) == other
-    pg = csp_strategy.packed_of(cw, cfg)
     tensors = {"data": arrays[0], "weight": arrays[1]}
     packed = [pg.operands[r].host.pack_numpy(tensors[pg.operands[r].tensor]) for r in "AB"]
     bias = pg.bias_layout(arrays[2].shape).pack_numpy(arrays[2])

@@ -51,8 +51,9 @@ import numpy as np
 
 import vta_ext  # noqa: F401  (registers the stock strategy)
 from vta_ext.errors import TemplateRefusal
-from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, Strategy, get_template,
-                              register_strategy, register_template, set_default_strategy)
+from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, GridPoints, PrunedPoints, Strategy,
+                              get_template, register_strategy, register_template,
+                              set_default_strategy)
 from vta_ext.timing import phase
 
 from .cache import add_idle_work, remove_idle_work, solve_concurrently, solved
@@ -339,13 +340,13 @@ class CspGemmTemplate(OpTemplate):
         pg = packed_of(workload, config)
         epilogue = program_epilogue(workload, epilogue)
         grid = knob_grid(config, pg, epilogue)
-        points = grid.points(np.flatnonzero(grid.valid))
-        bad = np.flatnonzero(~grid.valid)
-        pruned = [(p, grid.why(i)) for p, i in zip(grid.points(bad), bad)]
+        # the dicts and reasons are built when read
+        points = GridPoints([(grid, np.flatnonzero(grid.valid))])
+        pruned = PrunedPoints([(grid, np.flatnonzero(~grid.valid))])
         tps = tps_point(config, pg, epilogue)
         fb = fallback_point(config, pg, epilogue)
         fast = cycle_point(config, pg, epilogue)
-        return KnobSpace(knob_names(pg), tuple(points), tuple(pruned),
+        return KnobSpace(knob_names(pg), points, pruned,
                          dict(tps.knobs) if tps else None,
                          dict(fb.knobs) if isinstance(fb, KnobPoint) else None,
                          dict(fast.knobs) if fast else None)

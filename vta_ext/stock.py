@@ -14,7 +14,8 @@ from tvm import relax
 from .errors import TemplateRefusal
 from .packing import (BlockedActivation, BlockedMatrix, FlatActivation, ceil_to,
                       pack_channel_bias, pack_conv_weight, pack_depthwise_weight, padding_text)
-from .strategy import KnobSpace, MatchedOp, OpPlan, OpTemplate, register_template
+from .strategy import (GridPoints, KnobSpace, MatchedOp, OpPlan, OpTemplate, PrunedPoints,
+                       register_template)
 
 __all__ = ["StockConv2d", "StockGroupConv2d", "StockDepthwiseConv2d", "StockDense", "StockPool",
            "StockAdd", "StockHswish", "StockUnary"]
@@ -61,18 +62,17 @@ def _gemm_knob_space(config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
 
     from .templates import tiling
 
-    points, pruned = [], []
+    points, pruned = [], []   # (grid, flat indices): the dicts and reasons are built when read
     for reuse in (False, True):
         grid = tiling.tiling_grid(config, workload, epilogue, reuse=reuse)
         # with reuse, the points without it are those of the space without reuse
         flat = np.flatnonzero(grid.reused) if reuse else np.arange(len(grid))
         valid = grid.reason[flat] < 0
-        points += grid.points(flat[valid])
-        bad = flat[~valid]
-        pruned += [(p, grid.why(i)) for p, i in zip(grid.points(bad), bad.tolist())]
+        points.append((grid, flat[valid]))
+        pruned.append((grid, flat[~valid]))
     tps = dataclasses.asdict(tiling.tps_knobs(config, workload, epilogue).knobs)
     fallback = dataclasses.asdict(tiling.fallback_knobs(config, workload, epilogue).knobs)
-    return KnobSpace(tuple(tps), tuple(points), tuple(pruned), tps, fallback)
+    return KnobSpace(tuple(tps), GridPoints(points), PrunedPoints(pruned), tps, fallback)
 
 
 class StockConv2d(_Stock):

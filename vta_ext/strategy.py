@@ -24,13 +24,14 @@ Only :class:`~vta_ext.errors.TemplateRefusal` keeps an operator on the CPU (see
 """
 from __future__ import annotations
 
+import collections.abc
 import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import TemplateRefusal, VTABuildError
 
-__all__ = ["MatchedOp", "OpPlan", "KnobSpace", "OpTemplate", "Strategy", "register_strategy",
+__all__ = ["MatchedOp", "OpPlan", "KnobSpace", "GridPoints", "PrunedPoints", "OpTemplate", "Strategy", "register_strategy",
            "register_template", "get_strategy", "get_template", "registered_strategies",
            "registered_templates", "default_strategy", "set_default_strategy",
            "register_plan_summary"]
@@ -125,6 +126,71 @@ class OpPlan:
 Point = Dict[str, Any]
 
 
+class GridPoints(collections.abc.Sequence):
+    """Knob points of knob grids, as dicts built on access: a knob space can hold tens of
+    thousands of points that a build or a task extraction never reads.
+
+    Parameters
+    ----------
+    parts : sequence of (grid, indices)
+        Grids in order, each with the flat indices of its points in enumeration order; a grid
+        answers ``points(indices)`` (the knob dicts) and ``why(index)`` (a pruned point's reason).
+
+    Compares equal to a tuple or list of the same items.
+    """
+
+    _CHUNK = 4096     # points built at a time while iterating
+
+    def __init__(self, parts: Sequence[Tuple[Any, Sequence[int]]] = ()) -> None:
+        self._parts = [(grid, idx) for grid, idx in parts if len(idx)]
+        self._len = sum(len(idx) for _, idx in self._parts)
+
+    def _items(self, grid: Any, indices: Sequence[int]) -> list:
+        return grid.points(indices)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _at(self, index: int):
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError(f"point {index} out of range ({self._len} points)")
+        for grid, idx in self._parts:
+            if index < len(idx):
+                return self._items(grid, idx[index:index + 1])[0]
+            index -= len(idx)
+        raise AssertionError("unreachable")
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(self._at(i) for i in range(*index.indices(self._len)))
+        return self._at(int(index))
+
+    def __iter__(self):
+        for grid, idx in self._parts:
+            for start in range(0, len(idx), self._CHUNK):
+                yield from self._items(grid, idx[start:start + self._CHUNK])
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (GridPoints, tuple, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._len} points)"
+
+
+class PrunedPoints(GridPoints):
+    """The pruned points of knob grids as ``(point, reason)`` pairs, built on access (see
+    :class:`GridPoints`; a reason is a formatted sentence)."""
+
+    def _items(self, grid: Any, indices: Sequence[int]) -> list:
+        return [(p, grid.why(i)) for p, i in zip(grid.points(indices), indices)]
+
+
 @dataclass(frozen=True)
 class KnobSpace:
     """The knob space of one operator instance (``config``, workload, epilogue) under a template.
@@ -136,10 +202,12 @@ class KnobSpace:
     ----------
     names : tuple of str
         The knob names, in the order of the template's knob type.
-    points : tuple of dict
-        The valid points: each fits the scratchpads, the micro-op buffer and the instruction fields.
-    pruned : tuple of (dict, str)
-        The points of the enumeration that break a limit, each with the reason; never measured.
+    points : sequence of dict
+        The valid points: each fits the scratchpads, the micro-op buffer and the instruction fields
+        (a :class:`GridPoints`, whose dicts are built when read, or a tuple).
+    pruned : sequence of (dict, str)
+        The points of the enumeration that break a limit, each with the reason; never measured
+        (a :class:`PrunedPoints` or a tuple).
     tps : dict or None
         The default point (the Tiling Parameter Search: fewest modelled DRAM bytes that fit).
     fallback : dict or None
@@ -150,8 +218,8 @@ class KnobSpace:
     """
 
     names: Tuple[str, ...] = ()
-    points: Tuple[Point, ...] = ()
-    pruned: Tuple[Tuple[Point, str], ...] = ()
+    points: Sequence[Point] = ()
+    pruned: Sequence[Tuple[Point, str]] = ()
     tps: Optional[Point] = None
     fallback: Optional[Point] = None
     default: Optional[Point] = None
