@@ -306,10 +306,10 @@ def cycles_bound(config, kind: str, op: MatchedOp, cand: Candidate) -> float:
     return sum(compute_work(config, cand.packed, ep).values())
 
 
-def stock_cycles_bound(config, kind: str, op: MatchedOp, plan) -> Optional[float]:
+def stock_cycles_bound(config, kind: str, op: MatchedOp, plan, knobs=None) -> Optional[float]:
     """A lower bound on the cycle model's count of the stock template's program for ``op``
-    (``plan``, :meth:`vta_ext.OpTemplate.plan`), known before it is built; None for a template
-    whose micro-op count this does not know.
+    (``plan``, :meth:`vta_ext.OpTemplate.plan`, built with ``knobs``, the knobs option), known
+    before it is built; None for a template whose micro-op count this does not know.
 
     The stock conv2d, group conv2d and dense templates run every micro-op of their (channel
     padded) workload exactly once, whatever the tiling
@@ -317,9 +317,17 @@ def stock_cycles_bound(config, kind: str, op: MatchedOp, plan) -> Optional[float
     output once and pass it once through every ALU stage of the epilogue
     (:func:`vta_ext.templates.tiling.output_blocks`), all on the compute module, as in
     :func:`cycles_bound`.
+
+    With the tiling ``knobs`` resolve to (:func:`vta_ext.templates.tiling.resolve_knobs`) the
+    input and weight bytes it loads are known exactly (:func:`vta_ext.templates.tiling.dram_bytes`),
+    and the load module moves them at ``MEM_BYTES_PER_CYCLE`` at best. With one virtual thread
+    the program also runs its loads and GEMMs one after the other: a load step overwrites the
+    buffers the GEMM before it reads, so it waits for that GEMM, and a GEMM waits for its loads.
+    Such a program takes at least its load bytes' cycles plus its micro-op cycles (the resets and
+    ALU passes may run under the next tile's loads, so they are not added).
     """
-    from vta_ext.templates.epilogue import alu_cycles, normalize_epilogue, simplify_epilogue
-    from vta_ext.templates.tiling import output_blocks, total_gemm_uops
+    from vta_ext.templates.epilogue import alu_cycles, has_bias, normalize_epilogue, simplify_epilogue
+    from vta_ext.templates.tiling import dram_bytes, output_blocks, resolve_knobs, total_gemm_uops
     from vta_ext.templates.workload import Conv2dWorkload, DenseWorkload, dense_as_conv2d
 
     wl = plan.workload
@@ -329,8 +337,19 @@ def stock_cycles_bound(config, kind: str, op: MatchedOp, plan) -> Optional[float
         return None
     blocks = output_blocks(config, wl)
     ep = simplify_epilogue(normalize_epilogue(op.epilogue))
-    return ((total_gemm_uops(config, wl) + blocks) * config.GEMM_CYCLES_PER_UOP
-            + blocks * alu_cycles(config, ep))
+    gemm = total_gemm_uops(config, wl) * config.GEMM_CYCLES_PER_UOP
+    compute = gemm + blocks * (config.GEMM_CYCLES_PER_UOP + alu_cycles(config, ep))
+    if knobs is None:
+        return compute
+    try:
+        k, _ = resolve_knobs(config, plan.workload, op.epilogue, knobs)
+    except Exception:  # noqa: BLE001 -- the build meets the same problem and reports it
+        return compute
+    nbytes = dram_bytes(config, wl, k, has_bias(ep))
+    loads = (nbytes["inp_load_nbytes"] + nbytes["wgt_load_nbytes"]) / config.MEM_BYTES_PER_CYCLE
+    if k.oc_nthread * k.h_nthread == 1:
+        return max(compute, loads + gemm)
+    return max(compute, loads)
 
 
 def choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: List[Candidate],
@@ -506,7 +525,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                          f"the best" if skipped else ""))
         stock, stock_skip = None, None
         if PRUNE_BY_BOUND and objective in ("cycles", "end-to-end") and contender is not None:
-            bound = stock_cycles_bound(config, kind, op, contender[0])
+            bound = stock_cycles_bound(config, kind, op, contender[0], contender[2])
             if bound is not None and objective == "end-to-end":
                 bound += host.layout_cycles(stock_host_bytes(op, contender[0]))
             if bound is not None and beaten(bound, agreement_points(
