@@ -74,8 +74,9 @@ class KnobPoint:
     insns : int
         Estimated instruction count (tie-breaker only).
     cycles : int
-        Estimated cycles of the program (:func:`_module_busy`, :func:`_pipeline`): the cycle
-        model's instruction durations summed per module and combined by the schedule's overlap.
+        Estimated cycles of the program (:func:`_load_busy`, :func:`_module_busy`,
+        :func:`_pipeline`): the cycle model's instruction durations summed per module and combined
+        by the schedule's overlap.
     """
 
     knobs: Dict[str, int]
@@ -282,29 +283,59 @@ def _kernel(pg: PackedGemm, k: Mapping[str, Any]):
     return uops, folded
 
 
-def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], order: int
-             ) -> Dict[str, Any]:
+def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], order: int,
+             common: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The modelled figures of the points ``k`` under loop order ``order`` (a structurally valid
-    order): ``sram`` (entries per scratchpad), ``uops``, ``folded``, ``bytes`` (per counter) and
-    ``insns``."""
+    order): ``sram`` (entries per scratchpad), ``uops``, ``folded``, ``bytes`` (per counter),
+    ``insns``, ``busy`` and ``cycles``.
+
+    ``common`` is :func:`_order_free` of the same ``pg``, ``ep`` and ``k`` (computed here when
+    None): :func:`knob_grid` measures every order of one grid and computes it once.
+    """
+    c = _order_free(cfg, pg, ep, k) if common is None else common
+    orders = loop_orders(pg, order)
+    res = orders.resident
+    loads, sram, nbytes, insns = c["loads"], c["sram"], c["bytes"], c["insns"]
+    if res is not None:
+        # the resident operand's cache sits at its outer loop (the other one stays at the load
+        # point): its tile, bytes and loads there replace the load point's
+        at_res = _inside_resident(pg, k, orders.outer, orders.resident_at)
+        mem, counter = ("inp", "inp_load_nbytes") if res == "A" else ("wgt", "wgt_load_nbytes")
+        loads = {**loads, res: _operand_loads(cfg, pg, res, at_res, at_res)}
+        sram = {**sram, mem: loads[res]["entries"] * c["threads"]}
+        nbytes = {**nbytes, counter: loads[res]["nbytes"]}
+        # the resident operand's loads leave the load steps: one per iteration of its loop
+        a_free = c["a_free"]
+        moved = c["a_loads"] if res == "A" else 1
+        res_insns = (math.prod(_region(d, at_res) for d in a_free[:-2]) if res == "A"
+                     and len(a_free) > 2 else 1)
+        iters = math.prod(at_res[n][0] for n in orders.outer[:orders.outer.index(orders.resident_at) + 1])
+        insns = insns + (iters * res_insns - c["stores"] * c["batch"] * c["steps"] * moved)
+    load, resident, res_loads = _load_busy(loads, res)
+    busy = {"load": load, "resident": resident, **c["busy"]}
+    return {"sram": sram, "uops": c["uops"], "folded": c["folded"], "bytes": nbytes, "insns": insns,
+            "busy": busy,
+            "cycles": _pipeline(busy, c["pipeline"], res_loads)}
+
+
+def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]) -> Dict[str, Any]:
+    """The figures of the points ``k`` that no loop order changes, with both operands' caches at
+    the load point (the stock order; :func:`_measure` replaces the resident operand's figures):
+    ``loads`` (:func:`_operand_loads` per operand), ``sram``, ``uops``, ``folded``, ``bytes``,
+    ``insns``, ``busy`` (the parts :func:`_module_busy` models), and the counts they come from
+    (``threads``, ``stores``, ``batch``, ``steps``, ``a_free``, ``a_loads``)."""
     from vta_ext.templates.epilogue import alu_count, has_bias, simplify_epilogue
 
     ep = simplify_epilogue(ep)      # the ALU passes the build runs (build_gemm)
     inside = _inside(pg, k)
-    orders = loop_orders(pg, order)
-    res = orders.resident
-    at_res = (_inside_resident(pg, k, orders.outer, orders.resident_at) if res is not None
-              else None)
     # scratchpad entries as the stock model counts them: a batch-like loop's whole tile, also when
     # the caches sit below it (the lowering then allocates less; counting the tile keeps TPS the
     # stock template's policy on the stock family)
     tiled = {**inside, **{n: (1, k[f"tile_{n}"]) for n in pg.c_loops() if pg.roles[n] in ("plain", "shared")}}
     threads = math.prod(k[f"vt_{n}"] for n in vt_loops(pg))
-    A, B, C = (pg.operands[r] for r in "ABC")
-    sram = {"inp": math.prod(_region(d, at_res if res == "A" else tiled) for d in _free_dims(A))
-            * threads,
-            "wgt": math.prod(_region(d, at_res if res == "B" else tiled) for d in _free_dims(B))
-            * threads}
+    loads = {role: _operand_loads(cfg, pg, role, inside, tiled) for role in "AB"}
+    sram = {"inp": loads["A"]["entries"] * threads, "wgt": loads["B"]["entries"] * threads}
+    A, C = pg.operands["A"], pg.operands["C"]
     c_loops = pg.c_loops()
     ext = {lp.name: lp.extent for lp in pg.loops}
     ctile = math.prod(k[f"tile_{n}"] for n in c_loops)
@@ -312,13 +343,7 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
     with_bias = has_bias(ep)
     sram["acc"] = (ctile + (bias_tile if with_bias else 0)) * threads
     uops, folded = _kernel(pg, k)
-    nbytes = {}
-    for role, op, counter, elem in (("A", A, "inp_load_nbytes", cfg.inp_elem_bytes),
-                                    ("B", B, "wgt_load_nbytes", cfg.wgt_elem_bytes)):
-        ins = at_res if role == res else inside
-        used = {v for d in op.dims for v, _ in d.terms}
-        repeat = math.prod(ins[lp.name][0] for lp in pg.loops if lp.name not in used)
-        nbytes[counter] = repeat * math.prod(_dim_sum(d, ins) for d in _free_dims(op)) * elem
+    nbytes = {"inp_load_nbytes": loads["A"]["nbytes"], "wgt_load_nbytes": loads["B"]["nbytes"]}
     stores = math.prod(ext[n] // k[f"tile_{n}"] for n in c_loops)
     nbytes["acc_load_nbytes"] = stores * bias_tile * cfg.acc_elem_bytes if with_bias else 0
     nbytes["out_store_nbytes"] = math.prod(d.extent for d in _free_dims(C)) * cfg.out_elem_bytes
@@ -331,16 +356,32 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
     c_free = _free_dims(C)
     per_tile_stores = math.prod(k[f"tile_{n}"] for n in c_loops[:-2]) if len(c_free) > 2 else 1
     insns = stores * (batch * steps * (a_loads + 2) + 2 + alu_count(cfg, ep) + per_tile_stores)
-    if res is not None:
-        # the resident operand's loads leave the load steps: one per iteration of its loop
-        moved = a_loads if res == "A" else 1
-        res_loads = (math.prod(_region(d, at_res) for d in a_free[:-2]) if res == "A"
-                     and len(a_free) > 2 else 1)
-        iters = math.prod(at_res[n][0] for n in orders.outer[:orders.outer.index(orders.resident_at) + 1])
-        insns += iters * res_loads - stores * batch * steps * moved
-    busy, res_loads = _module_busy(cfg, pg, ep, k, inside, at_res, res, nbytes, stores, batch * steps)
-    return {"sram": sram, "uops": uops, "folded": folded, "bytes": nbytes, "insns": insns,
-            "busy": busy, "cycles": _pipeline(busy, stores, batch * steps, threads, res_loads)}
+    busy = _module_busy(cfg, pg, ep, k, nbytes, stores, batch * steps)
+    return {"loads": loads, "sram": sram, "uops": uops, "folded": folded, "bytes": nbytes,
+            "insns": insns, "busy": busy,
+            "pipeline": _pipeline_terms(busy, stores, batch * steps, threads), "threads": threads, "stores": stores, "batch": batch, "steps": steps,
+            "a_free": a_free, "a_loads": a_loads}
+
+
+def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, Any]],
+                   tiled: Mapping[str, Tuple[Any, Any]]) -> Dict[str, Any]:
+    """The loads of operand ``role`` (``"A"``, ``inp``; ``"B"``, ``wgt``) with its cache computed
+    at ``ins`` (:func:`_inside` or :func:`_inside_resident`): ``entries`` (scratchpad entries of
+    one thread's tile, over the loops as ``tiled`` counts them), ``nbytes`` (DRAM bytes),
+    ``loads`` (load instructions issued) and ``busy``, the terms of their busy cycles in the order
+    :func:`_load_busy` adds them: the bytes at ``MEM_BYTES_PER_CYCLE``, an issue and a DMA overhead
+    per row (:func:`_dma_rows`) per instruction, a cycle per padding element."""
+    op = pg.operands[role]
+    elem = cfg.inp_elem_bytes if role == "A" else cfg.wgt_elem_bytes
+    issue, dma, bpc = cfg.INSN_ISSUE_CYCLES, cfg.DMA_OVERHEAD_CYCLES, cfg.MEM_BYTES_PER_CYCLE
+    free = _free_dims(op)
+    used = {v for d in op.dims for v, _ in d.terms}
+    repeat = math.prod(ins[lp.name][0] for lp in pg.loops if lp.name not in used)
+    nbytes = repeat * math.prod(_dim_sum(d, ins) for d in free) * elem
+    loads = math.prod(ins[lp.name][0] for lp in pg.loops)
+    box = loads * math.prod(_region(d, ins) for d in free)      # entries incl. DMA padding
+    return {"entries": math.prod(_region(d, tiled) for d in free), "nbytes": nbytes, "loads": loads,
+            "busy": (nbytes / bpc, loads * (issue + dma * _dma_rows(free, ins)), box - nbytes // elem)}
 
 
 def _dma_rows(dims, inside):
@@ -373,48 +414,66 @@ def compute_work(cfg, pg: PackedGemm, ep) -> Dict[str, int]:
             "alu": blocks * alu_cycles(cfg, ep)}
 
 
-def _module_busy(cfg, pg: PackedGemm, ep, k, inside, at_res, res, nbytes, stores, steps):
-    """``(busy, resident loads)``: the busy cycles of the program per part, as the cycle model's
+def _load_busy(loads: Mapping[str, Mapping[str, Any]], res: Optional[str]):
+    """``(load, resident, resident loads)``: the busy cycles of the input and weight loads of the
+    load steps, the same for the resident operand's loads (0 without one), as the cycle model's
     instruction durations (:func:`vta_ext.sim.cycles.insn_cycles`) sum over the schedule, and the
-    load instructions of the resident operand (0 without one). Parts: ``load`` (input and weight
-    loads of the load steps: issue, a DMA overhead per row, the bytes at ``MEM_BYTES_PER_CYCLE``, a
-    cycle per padding element), ``resident`` (the same for the resident operand's loads), ``gemm`` (every GEMM micro-op execution, an issue per load step), ``reset`` (one
-    micro-op per accumulator entry), ``epilogue`` (the ALU passes of
-    :func:`~vta_ext.templates.epilogue.alu_cycles` per accumulator entry and the bias loads, both on
-    the compute module) and ``store``."""
+    load instructions of the resident operand (0 without one); ``loads`` is
+    :func:`_operand_loads` per operand (``"A"``, ``"B"``), ``res`` the resident one or None."""
+    part = {"load": 0, "resident": 0}
+    res_loads = 0
+    for role in "AB":
+        name = "resident" if role == res else "load"
+        for term in loads[role]["busy"]:    # summed in this order (the floats round the same)
+            part[name] = part[name] + term
+        if role == res:
+            res_loads = loads[role]["loads"]
+    return part["load"], part["resident"], res_loads
+
+
+def _module_busy(cfg, pg: PackedGemm, ep, k, nbytes, stores, steps) -> Dict[str, Any]:
+    """The busy cycles of the program's parts other than the operands' loads (:func:`_load_busy`),
+    as the cycle model's instruction durations (:func:`vta_ext.sim.cycles.insn_cycles`) sum over
+    the schedule; no loop order changes them. Parts: ``gemm`` (every GEMM micro-op execution, an
+    issue per load step), ``reset`` (one micro-op per accumulator entry), ``epilogue`` (the ALU
+    passes of :func:`~vta_ext.templates.epilogue.alu_cycles` per accumulator entry and the bias
+    loads, both on the compute module) and ``store``."""
     from vta_ext.templates.epilogue import alu_count, has_bias
 
     issue, dma, bpc = cfg.INSN_ISSUE_CYCLES, cfg.DMA_OVERHEAD_CYCLES, cfg.MEM_BYTES_PER_CYCLE
-    A, B, C = (pg.operands[r] for r in "ABC")
-    load = {"load": 0, "resident": 0}
-    res_loads = 0
-    for role, op, counter, elem in (("A", A, "inp_load_nbytes", cfg.inp_elem_bytes),
-                                    ("B", B, "wgt_load_nbytes", cfg.wgt_elem_bytes)):
-        ins = at_res if role == res else inside
-        free = _free_dims(op)
-        loads = math.prod(ins[lp.name][0] for lp in pg.loops)      # load instructions issued
-        box = loads * math.prod(_region(d, ins) for d in free)      # entries incl. DMA padding
-        part = "resident" if role == res else "load"
-        load[part] = (load[part] + nbytes[counter] / bpc + loads * (issue + dma * _dma_rows(free, ins))
-                      + (box - nbytes[counter] // elem))
-        if role == res:
-            res_loads = loads
     work = compute_work(cfg, pg, ep)
     ext = {lp.name: lp.extent for lp in pg.loops}
     ctile = {n: (ext[n] // k[f"tile_{n}"], k[f"tile_{n}"]) for n in pg.c_loops()}
-    store_rows = _dma_rows(_free_dims(C), ctile)
-    return {"load": load["load"], "resident": load["resident"],
-            "gemm": work["gemm"] + stores * steps * issue,
+    store_rows = _dma_rows(_free_dims(pg.operands["C"]), ctile)
+    return {"gemm": work["gemm"] + stores * steps * issue,
             "reset": work["init"] + stores * issue,
             "epilogue": (work["alu"] + stores * alu_count(cfg, ep) * issue
                          + (nbytes["acc_load_nbytes"] / bpc + stores * (issue + dma)
                             if has_bias(ep) else 0)),
-            "store": nbytes["out_store_nbytes"] / bpc + stores * (issue + dma * store_rows)}, res_loads
+            "store": nbytes["out_store_nbytes"] / bpc + stores * (issue + dma * store_rows)}
 
 
-def _pipeline(busy, stores, steps, threads, res_loads=0):
-    """Estimated cycles of the program from the busy cycles of its parts (:func:`_module_busy`)
-    and the resident operand's load instructions ``res_loads`` (all threads; 0 without one).
+def _pipeline_terms(busy, stores, steps, threads) -> Dict[str, Any]:
+    """The terms of :func:`_pipeline` that the operands' loads do not change (so no loop order
+    does): from the busy cycles of :func:`_module_busy`, the store points ``stores``, the load
+    steps per store point ``steps`` and the virtual threads."""
+    t = threads
+    per = stores * steps
+    g = busy["gemm"] / per
+    r, e, s = busy["reset"] / stores, busy["epilogue"] / stores, busy["store"] / stores
+    ts = t * steps
+    # the last fill waits for the last thread's store of the group before; the first load of a
+    # thread waits for its fill
+    return {"t": t, "stores": stores, "per": per, "one_step": np.asarray(steps) == 1, "g": g,
+            "r": r, "s": s, "fills": np.maximum(t * r, r + s), "ts": ts, "ts1": ts - t + 1,
+            "tsg": ts * g, "te": t * e, "tss": t * s, "st": stores / t,
+            "single": np.asarray(t) == 1}
+
+
+def _pipeline(busy, p: Mapping[str, Any], res_loads=0):
+    """Estimated cycles of the program from the busy cycles of its parts (:func:`_load_busy`,
+    :func:`_module_busy`), the resident operand's load instructions ``res_loads`` (all threads;
+    0 without one) and the order-free terms ``p`` (:func:`_pipeline_terms`).
 
     One thread runs every instruction after the other (a load waits for the GEMM that frees its
     buffer, the next fill for the store): the sum. With ``t`` virtual threads the store points go in
@@ -430,28 +489,30 @@ def _pipeline(busy, stores, steps, threads, res_loads=0):
     load steps below it: those loads stall the first GEMM of the group that loads them (with one
     load step and one resident tile per store point they are load steps like the others)."""
     serial = sum(busy.values())
-    t = threads
-    per = stores * steps
-    # one load step per store point and a resident tile per store point: the resident loads are
-    # load steps like the others
-    folded = (np.asarray(steps) == 1) & (np.asarray(res_loads) >= stores)
-    exposed = np.where(folded, 0, busy["resident"])
-    l = (busy["load"] + busy["resident"] - exposed) / per
-    g = busy["gemm"] / per
-    r, e, s = busy["reset"] / stores, busy["epilogue"] / stores, busy["store"] / stores
-    # the last fill waits for the last thread's store of the group before; the first load of a
-    # thread waits for its fill
-    fills = np.maximum(t * r, r + s)
+    r, g, fills, ts = p["r"], p["g"], p["fills"], p["ts"]
 
     def group_of(first):    # a group whose load stream starts with ``first`` resident loads
-        loads = np.maximum(r + first + t * steps * l, fills + first + (t * steps - t + 1) * l)
-        compute = np.maximum(fills, r + first + l) + t * steps * g
-        return np.maximum(np.maximum(loads + g, compute) + t * e, t * s)
+        # (None: none; ``r + 0`` would round to ``r``, so that case skips the additions)
+        rf, ff = (r, fills) if first is None else (r + first, fills + first)
+        loads = np.maximum(rf + ts * l, ff + p["ts1"] * l)
+        compute = np.maximum(fills, rf + l) + p["tsg"]
+        return np.maximum(np.maximum(loads + g, compute) + p["te"], p["tss"])
 
-    group = group_of(0)
-    first = group_of(t * exposed / np.maximum(res_loads, 1))
-    piped = stores / t * group + np.asarray(res_loads) / t * (first - group) + s
-    return np.where(np.asarray(t) == 1, serial, piped)
+    if isinstance(res_loads, int) and res_loads == 0:
+        # no resident operand: nothing is exposed and every group is the same (the general
+        # formula below adds zeros, which leave these floats as they are)
+        l = busy["load"] / p["per"]
+        piped = p["st"] * group_of(None) + p["s"]
+    else:
+        # one load step per store point and a resident tile per store point: the resident loads
+        # are load steps like the others
+        folded = p["one_step"] & (np.asarray(res_loads) >= p["stores"])
+        exposed = np.where(folded, 0, busy["resident"])
+        l = (busy["load"] + busy["resident"] - exposed) / p["per"]
+        group = group_of(None)
+        first = group_of(p["t"] * exposed / np.maximum(res_loads, 1))
+        piped = p["st"] * group + np.asarray(res_loads) / p["t"] * (first - group) + p["s"]
+    return np.where(p["single"], serial, piped)
 
 
 def _fit_checks(cfg, m: Mapping[str, Any]) -> List[tuple]:
@@ -606,40 +667,37 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
         ax = [1] * len(free)
         ax[i] = -1
         k[n] = np.asarray(dom[n], dtype=np.int64).reshape(ax)
-    size = math.prod(shape)
     threads = np.broadcast_to(math.prod([k[f"vt_{n}"] for n in vt_loops(pg)] + [np.int64(1)]),
                               shape).reshape(-1)
-    cols = {"valid": [], "reason": [], "bytes": [], "insns": [], "cycles": []}
+    # ``order`` as the last (fastest) axis: the flat index is the enumeration order; each order
+    # writes its column, which broadcasts the figures that depend on a few knobs only
+    cols = {key: np.zeros(shape + (len(dom[ORDER_KNOB]),), dtype=np.int64)
+            for key in ("reason", "bytes", "insns", "cycles")}
     checks = []
-    for order in dom[ORDER_KNOB]:
+    common = None           # the figures no order changes, computed once
+    for j, order in enumerate(dom[ORDER_KNOB]):
         conds = _structural_checks(pg, k, order)
         m = None
         if not any(c is True for c, _ in conds):
-            m = _measure(cfg, pg, ep, k, order)
+            if common is None:
+                common = _order_free(cfg, pg, ep, k)
+            m = _measure(cfg, pg, ep, k, order, common)
             conds += _fit_checks(cfg, m)
-        reason = np.full(size, -1, dtype=np.int64)
-        for violated, why in conds:      # first violated condition of each point
-            flag = np.broadcast_to(np.asarray(violated), shape).reshape(-1)
-            reason[(reason < 0) & flag] = len(checks)
-            checks.append((order, violated, why))
-        cols["reason"].append(reason)
-        cols["valid"].append(reason < 0)
-        if m is None:
-            zeros = np.zeros(size, dtype=np.int64)
-            cols["bytes"].append(zeros)
-            cols["insns"].append(zeros)
-            cols["cycles"].append(zeros)
-        else:
-            total = sum(np.broadcast_to(np.asarray(v, dtype=np.int64), shape) for v in m["bytes"].values())
-            cols["bytes"].append(np.asarray(total, dtype=np.int64).reshape(-1))
-            cols["insns"].append(np.broadcast_to(np.asarray(m["insns"], dtype=np.int64), shape).reshape(-1))
-            cols["cycles"].append(np.broadcast_to(_cycles_int(np.asarray(m["cycles"], dtype=np.float64)),
-                                                  shape).reshape(-1))
-    # ``order`` as the last (fastest) axis: the flat index is the enumeration order
-    stack = {key: np.stack(v, axis=-1).reshape(-1) for key, v in cols.items()}
-    return KnobGrid(tuple(names), tuple(tuple(dom[n]) for n in names), stack["valid"],
-                    stack["reason"], stack["bytes"], stack["insns"],
-                    np.repeat(threads, len(dom[ORDER_KNOB])), stack["cycles"], tuple(checks))
+        # the first violated condition of each point: the conditions from last to first, each
+        # overriding the ones after it
+        reason = -1
+        for i in reversed(range(len(conds))):
+            reason = np.where(conds[i][0], len(checks) + i, reason)
+        cols["reason"][..., j] = reason
+        checks += [(order, violated, why) for violated, why in conds]
+        if m is not None:
+            cols["bytes"][..., j] = sum(np.asarray(v, dtype=np.int64) for v in m["bytes"].values())
+            cols["insns"][..., j] = np.asarray(m["insns"], dtype=np.int64)
+            cols["cycles"][..., j] = _cycles_int(np.asarray(m["cycles"], dtype=np.float64))
+    reason = cols["reason"].reshape(-1)
+    return KnobGrid(tuple(names), tuple(tuple(dom[n]) for n in names), reason < 0, reason,
+                    cols["bytes"].reshape(-1), cols["insns"].reshape(-1),
+                    np.repeat(threads, len(dom[ORDER_KNOB])), cols["cycles"].reshape(-1), tuple(checks))
 
 
 def search(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
