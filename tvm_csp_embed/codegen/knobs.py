@@ -662,17 +662,22 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     names = list(dom)
     free = names[:-1]                     # ``order`` is last: one grid per loop order
     shape = tuple(len(dom[n]) for n in free)
-    k = {}
-    for i, n in enumerate(free):
-        ax = [1] * len(free)
-        ax[i] = -1
-        k[n] = np.asarray(dom[n], dtype=np.int64).reshape(ax)
-    threads = np.broadcast_to(math.prod([k[f"vt_{n}"] for n in vt_loops(pg)] + [np.int64(1)]),
-                              shape).reshape(-1)
+    # the model runs over the grid with its axes sorted by their number of values (``inner``):
+    # every figure is elementwise, so the axis order changes no value, and numpy's broadcasting
+    # loops run several times faster with the long axes innermost than with the virtual-thread
+    # axes (2 values each) there
+    inner = sorted(free, key=lambda n: len(dom[n]))
+    to_domain = tuple(inner.index(n) for n in free)
+    k = {n: np.asarray(dom[n], dtype=np.int64).reshape([-1 if m == n else 1 for m in inner])
+         for n in inner}
+    threads = np.broadcast_to(_domain_view(math.prod([k[f"vt_{n}"] for n in vt_loops(pg)] + [np.int64(1)]),
+                                           to_domain), shape).reshape(-1)
     # ``order`` as the last (fastest) axis: the flat index is the enumeration order; each order
-    # writes its column, which broadcasts the figures that depend on a few knobs only
+    # writes its column (through a view in the model's axis order), which broadcasts the figures
+    # that depend on a few knobs only
     cols = {key: np.zeros(shape + (len(dom[ORDER_KNOB]),), dtype=np.int64)
             for key in ("reason", "bytes", "insns", "cycles")}
+    view = {key: col.transpose([free.index(n) for n in inner] + [len(free)]) for key, col in cols.items()}
     checks = []
     common = None           # the figures no order changes, computed once
     for j, order in enumerate(dom[ORDER_KNOB]):
@@ -688,16 +693,28 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
         reason = -1
         for i in reversed(range(len(conds))):
             reason = np.where(conds[i][0], len(checks) + i, reason)
-        cols["reason"][..., j] = reason
-        checks += [(order, violated, why) for violated, why in conds]
+        view["reason"][..., j] = reason
+        checks += [(order, violated, _why_in_domain(why, to_domain)) for violated, why in conds]
         if m is not None:
-            cols["bytes"][..., j] = sum(np.asarray(v, dtype=np.int64) for v in m["bytes"].values())
-            cols["insns"][..., j] = np.asarray(m["insns"], dtype=np.int64)
-            cols["cycles"][..., j] = _cycles_int(np.asarray(m["cycles"], dtype=np.float64))
+            view["bytes"][..., j] = sum(np.asarray(v, dtype=np.int64) for v in m["bytes"].values())
+            view["insns"][..., j] = np.asarray(m["insns"], dtype=np.int64)
+            view["cycles"][..., j] = _cycles_int(np.asarray(m["cycles"], dtype=np.float64))
     reason = cols["reason"].reshape(-1)
     return KnobGrid(tuple(names), tuple(tuple(dom[n]) for n in names), reason < 0, reason,
                     cols["bytes"].reshape(-1), cols["insns"].reshape(-1),
                     np.repeat(threads, len(dom[ORDER_KNOB])), cols["cycles"].reshape(-1), tuple(checks))
+
+
+def _domain_view(v, to_domain: Tuple[int, ...]):
+    """A figure of :func:`knob_grid`'s model grid (axes sorted by size) as a view with the axes in
+    knob domain order (``to_domain``: the model axis of each domain axis); scalars as they are."""
+    return np.transpose(v, to_domain) if isinstance(v, np.ndarray) and v.ndim == len(to_domain) else v
+
+
+def _why_in_domain(why, to_domain: Tuple[int, ...]):
+    """``why`` of a check over :func:`knob_grid`'s model grid, reading its values at a point of the
+    domain order (what :meth:`KnobGrid.why` indexes)."""
+    return lambda at: why(lambda v: at(_domain_view(v, to_domain)))
 
 
 def search(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
