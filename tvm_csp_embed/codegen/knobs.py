@@ -241,11 +241,25 @@ def _clipped_sum(dim, outers: Tuple[Tuple[int, int], ...]) -> int:
     return total
 
 
-def _dim_sum(dim, inside):
+def _prod(factors):
+    """The product of integer factors (ints or numpy integer arrays): :func:`math.prod`'s value
+    without multiplying in its start 1 or a factor that is the int 1 (each of those would be one
+    more numpy call on an array)."""
+    out = 1
+    for x in factors:
+        if type(x) is int and x == 1:
+            continue
+        out = x if type(out) is int and out == 1 else out * x
+    return out
+
+
+def _dim_sum(dim, inside, region=None):
     """Entries of one packed dim loaded over all outer iterations of its loops (clipped to the
-    stored range when the DMA pads it)."""
+    stored range when the DMA pads it); ``region``: :func:`_region` of ``dim`` at ``inside`` if the
+    caller has it."""
     if not dim.padded:
-        return math.prod(inside[v][0] for v, _ in dim.terms) * _region(dim, inside)
+        return (_prod(inside[v][0] for v, _ in dim.terms)
+                * (_region(dim, inside) if region is None else region))
     pairs = [inside[v] for v, _ in dim.terms]
     flat = [x for pair in pairs for x in pair]
     if not any(isinstance(x, np.ndarray) for x in flat):
@@ -259,7 +273,18 @@ def _dim_sum(dim, inside):
 
 
 def _region(dim, inside):
-    return sum(c * (inside[v][1] - 1) for v, c in dim.terms) + 1
+    """Entries of one packed dim one load brings in: ``1 + sum(c * (inner - 1))`` over its terms
+    ``(loop, c)``, with the loops' inner extents in ``inside`` (summed so that an array term costs
+    one numpy call, two after the first: the values are integers, so the order changes none)."""
+    span = 1
+    for v, c in dim.terms:
+        x = inside[v][1]
+        if isinstance(span, int):
+            step = x if c == 1 else c * x
+            span = step if span == c else step + (span - c)
+        else:
+            span = span + c * (x - 1)
+    return span
 
 
 def _free_dims(op):
@@ -277,6 +302,8 @@ def _kernel(pg: PackedGemm, k: Mapping[str, Any]):
     uops, folded, seen = 1, 0, 0
     for e in _kernel_extents(pg, k):
         big = e > 1
+        if big is False:            # a unit loop (an int extent): neither folds nor unrolls
+            continue
         uops = uops * np.where(big & (seen >= 2), e, 1)
         folded = np.where(big & (seen < 2), np.maximum(folded, e), folded)
         seen = seen + big
@@ -307,9 +334,9 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
         # the resident operand's loads leave the load steps: one per iteration of its loop
         a_free = c["a_free"]
         moved = c["a_loads"] if res == "A" else 1
-        res_insns = (math.prod(_region(d, at_res) for d in a_free[:-2]) if res == "A"
+        res_insns = (_prod(_region(d, at_res) for d in a_free[:-2]) if res == "A"
                      and len(a_free) > 2 else 1)
-        iters = math.prod(at_res[n][0] for n in orders.outer[:orders.outer.index(orders.resident_at) + 1])
+        iters = _prod(at_res[n][0] for n in orders.outer[:orders.outer.index(orders.resident_at) + 1])
         insns = insns + (iters * res_insns - c["stores"] * c["batch"] * c["steps"] * moved)
     load, resident, res_loads = _load_busy(loads, res)
     busy = {"load": load, "resident": resident, **c["busy"]}
@@ -332,35 +359,35 @@ def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]
     # the caches sit below it (the lowering then allocates less; counting the tile keeps TPS the
     # stock template's policy on the stock family)
     tiled = {**inside, **{n: (1, k[f"tile_{n}"]) for n in pg.c_loops() if pg.roles[n] in ("plain", "shared")}}
-    threads = math.prod(k[f"vt_{n}"] for n in vt_loops(pg))
+    threads = _prod(k[f"vt_{n}"] for n in vt_loops(pg))
     loads = {role: _operand_loads(cfg, pg, role, inside, tiled) for role in "AB"}
     sram = {"inp": loads["A"]["entries"] * threads, "wgt": loads["B"]["entries"] * threads}
     A, C = pg.operands["A"], pg.operands["C"]
     c_loops = pg.c_loops()
     ext = {lp.name: lp.extent for lp in pg.loops}
-    ctile = math.prod(k[f"tile_{n}"] for n in c_loops)
-    bias_tile = math.prod(k[f"tile_{n}"] for n in c_loops if n in pg.channel_loops)
+    ctile = _prod(k[f"tile_{n}"] for n in c_loops)
+    bias_tile = _prod(k[f"tile_{n}"] for n in c_loops if n in pg.channel_loops)
     with_bias = has_bias(ep)
     sram["acc"] = (ctile + (bias_tile if with_bias else 0)) * threads
     uops, folded = _kernel(pg, k)
     nbytes = {"inp_load_nbytes": loads["A"]["nbytes"], "wgt_load_nbytes": loads["B"]["nbytes"]}
-    stores = math.prod(ext[n] // k[f"tile_{n}"] for n in c_loops)
+    stores = _prod(ext[n] // k[f"tile_{n}"] for n in c_loops)
     nbytes["acc_load_nbytes"] = stores * bias_tile * cfg.acc_elem_bytes if with_bias else 0
     nbytes["out_store_nbytes"] = math.prod(d.extent for d in _free_dims(C)) * cfg.out_elem_bytes
     # instructions: per store point and batch step, the load steps (loads + GEMM), reset, ALU, stores
-    steps = math.prod(inside[lp.name][0] for lp in pg.loops if pg.roles[lp.name] == "ztile")
-    batch = math.prod(inside[n][0] // (ext[n] // k[f"tile_{n}"]) for n in c_loops
+    steps = _prod(inside[lp.name][0] for lp in pg.loops if pg.roles[lp.name] == "ztile")
+    batch = _prod(inside[n][0] // (ext[n] // k[f"tile_{n}"]) for n in c_loops
                       if pg.roles[n] in ("plain", "shared"))
     a_free = _free_dims(A)
-    a_loads = math.prod(_region(d, inside) for d in a_free[:-2]) if len(a_free) > 2 else 1
+    a_loads = _prod(_region(d, inside) for d in a_free[:-2]) if len(a_free) > 2 else 1
     c_free = _free_dims(C)
-    per_tile_stores = math.prod(k[f"tile_{n}"] for n in c_loops[:-2]) if len(c_free) > 2 else 1
+    per_tile_stores = _prod(k[f"tile_{n}"] for n in c_loops[:-2]) if len(c_free) > 2 else 1
     insns = stores * (batch * steps * (a_loads + 2) + 2 + alu_count(cfg, ep) + per_tile_stores)
     busy = _module_busy(cfg, pg, ep, k, nbytes, stores, batch * steps)
     return {"loads": loads, "sram": sram, "uops": uops, "folded": folded, "bytes": nbytes,
             "insns": insns, "busy": busy,
-            "pipeline": _pipeline_terms(busy, stores, batch * steps, threads), "threads": threads, "stores": stores, "batch": batch, "steps": steps,
-            "a_free": a_free, "a_loads": a_loads}
+            "pipeline": _pipeline_terms(busy, stores, batch * steps, threads), "threads": threads,
+            "stores": stores, "batch": batch, "steps": steps, "a_free": a_free, "a_loads": a_loads}
 
 
 def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, Any]],
@@ -371,28 +398,41 @@ def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, 
     ``loads`` (load instructions issued) and ``busy``, the terms of their busy cycles in the order
     :func:`_load_busy` adds them: the bytes at ``MEM_BYTES_PER_CYCLE``, an issue and a DMA overhead
     per row (:func:`_dma_rows`) per instruction, a cycle per padding element."""
-    op = pg.operands[role]
     elem = cfg.inp_elem_bytes if role == "A" else cfg.wgt_elem_bytes
     issue, dma, bpc = cfg.INSN_ISSUE_CYCLES, cfg.DMA_OVERHEAD_CYCLES, cfg.MEM_BYTES_PER_CYCLE
-    free = _free_dims(op)
-    used = {v for d in op.dims for v, _ in d.terms}
-    repeat = math.prod(ins[lp.name][0] for lp in pg.loops if lp.name not in used)
-    nbytes = repeat * math.prod(_dim_sum(d, ins) for d in free) * elem
-    loads = math.prod(ins[lp.name][0] for lp in pg.loops)
-    box = loads * math.prod(_region(d, ins) for d in free)      # entries incl. DMA padding
-    return {"entries": math.prod(_region(d, tiled) for d in free), "nbytes": nbytes, "loads": loads,
-            "busy": (nbytes / bpc, loads * (issue + dma * _dma_rows(free, ins)), box - nbytes // elem)}
+    free, unused = _operand_dims(pg, role)
+    regions = [_region(d, ins) for d in free]
+    repeat = _prod(ins[n][0] for n in unused)
+    nbytes = repeat * _prod(_dim_sum(d, ins, r) for d, r in zip(free, regions)) * elem
+    loads = _prod(ins[lp.name][0] for lp in pg.loops)
+    box = loads * _prod(regions)      # entries incl. DMA padding
+    # ``tiled`` differs from ``ins`` on a few loops only: the other dims keep their region
+    entries = _prod(r if all(tiled[v] is ins[v] for v, _ in d.terms) else _region(d, tiled)
+                        for d, r in zip(free, regions))
+    return {"entries": entries, "nbytes": nbytes, "loads": loads,
+            "busy": (nbytes / bpc, loads * (issue + dma * _dma_rows(free, regions)), box - nbytes // elem)}
 
 
-def _dma_rows(dims, inside):
+def _operand_dims(pg: PackedGemm, role: str) -> Tuple[list, Tuple[str, ...]]:
+    """``(free dims, unused loops)`` of operand ``role``: its packed dims that are not instruction
+    axes (:func:`_free_dims`) and the free loops none of its dims sees (its loads repeat over
+    them); once per program."""
+    def make():
+        op = pg.operands[role]
+        used = {v for d in op.dims for v, _ in d.terms}
+        return _free_dims(op), tuple(lp.name for lp in pg.loops if lp.name not in used)
+    return pg.memo(("knobs.operand_dims", role), make)
+
+
+def _dma_rows(dims, regions):
     """DRAM rows (the ``y_size`` of the 2-D DMAs, summed over the instructions) of one load of the
-    region ``inside`` selects in ``dims`` (outer to inner): the innermost dims the region covers
-    whole form one contiguous row with the first dim it does not; every dim outside that run
-    multiplies the rows."""
+    ``regions`` (:func:`_region`) of ``dims`` (outer to inner): the innermost dims the region
+    covers whole form one contiguous row with the first dim it does not; every dim outside that
+    run multiplies the rows."""
     rows, inner_whole = 1, True
-    for d in reversed(dims):
-        r = _region(d, inside)
-        rows = rows * np.where(inner_whole, 1, r)
+    for d, r in zip(reversed(dims), reversed(regions)):
+        if inner_whole is not True:     # (``rows * 1`` while the run of whole dims lasts)
+            rows = rows * np.where(inner_whole, 1, r)
         inner_whole = inner_whole & (r == d.extent)
     return rows
 
@@ -444,7 +484,8 @@ def _module_busy(cfg, pg: PackedGemm, ep, k, nbytes, stores, steps) -> Dict[str,
     work = compute_work(cfg, pg, ep)
     ext = {lp.name: lp.extent for lp in pg.loops}
     ctile = {n: (ext[n] // k[f"tile_{n}"], k[f"tile_{n}"]) for n in pg.c_loops()}
-    store_rows = _dma_rows(_free_dims(pg.operands["C"]), ctile)
+    c_free = _free_dims(pg.operands["C"])
+    store_rows = _dma_rows(c_free, [_region(d, ctile) for d in c_free])
     return {"gemm": work["gemm"] + stores * steps * issue,
             "reset": work["init"] + stores * issue,
             "epilogue": (work["alu"] + stores * alu_count(cfg, ep) * issue
