@@ -164,10 +164,23 @@ def _structural_reason(pg: PackedGemm, k: Mapping[str, int]) -> Optional[str]:
     return None
 
 
-def _structural_checks(pg: PackedGemm, k: Mapping[str, Any], order: int) -> List[tuple]:
+def _structural_checks(pg: PackedGemm, k: Mapping[str, Any], order: int,
+                       threads: Optional[List[tuple]] = None) -> List[tuple]:
     """``(violated, why)`` of the structural conditions of a point (or of a grid of points, with
     numpy arrays as knob values): ``violated`` is a bool or a bool array, ``why(at)`` the reason
-    with the values ``at`` extracts."""
+    with the values ``at`` extracts. ``threads``: :func:`_thread_checks` of ``pg`` and ``k`` if
+    the caller has them (no order changes them)."""
+    out = list(_thread_checks(pg, k) if threads is None else threads)
+    if order and loop_orders(pg, order).resident_at is None:
+        out.append((True, lambda at: f"order={order} ({ORDERS[order]}) needs an outer loop above the "
+                                     f"other operand's tiles to hold the resident tile, and this "
+                                     f"embedding has none"))
+    return out
+
+
+def _thread_checks(pg: PackedGemm, k: Mapping[str, Any]) -> List[tuple]:
+    """The conditions of :func:`_structural_checks` on the virtual threads: a thread count divides
+    its loop's outer tiles."""
     ext = {lp.name: lp.extent for lp in pg.loops}
     out = []
     for n in vt_loops(pg):
@@ -175,10 +188,6 @@ def _structural_checks(pg: PackedGemm, k: Mapping[str, Any], order: int) -> List
         outer = ext[n] // tile
         out.append((outer % t != 0, lambda at, n=n, t=t, outer=outer:
                     f"vt_{n}={at(t)} must divide {n}'s outer tiles ({ext[n]}/tile_{n} = {at(outer)})"))
-    if order and loop_orders(pg, order).resident_at is None:
-        out.append((True, lambda at: f"order={order} ({ORDERS[order]}) needs an outer loop above the "
-                                     f"other operand's tiles to hold the resident tile, and this "
-                                     f"embedding has none"))
     return out
 
 
@@ -265,11 +274,10 @@ def _dim_sum(dim, inside, region=None):
     if not any(isinstance(x, np.ndarray) for x in flat):
         return _clipped_sum(dim, tuple((int(o), int(i)) for o, i in pairs))
     grid = np.broadcast_arrays(*[np.asarray(x, dtype=np.int64) for x in flat])
-    out = np.empty(grid[0].shape, dtype=np.int64)
-    for idx in np.ndindex(out.shape):      # the loops of this dim only: a few points
-        vals = [int(g[idx]) for g in grid]
-        out[idx] = _clipped_sum(dim, tuple(zip(vals[::2], vals[1::2])))
-    return out
+    # the loops of this dim only: a few points, read as Python ints (no numpy scalars)
+    rows = zip(*[g.ravel().tolist() for g in grid])
+    return np.array([_clipped_sum(dim, tuple(zip(vals[::2], vals[1::2]))) for vals in rows],
+                    dtype=np.int64).reshape(grid[0].shape)
 
 
 def _region(dim, inside):
@@ -711,18 +719,18 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     to_domain = tuple(inner.index(n) for n in free)
     k = {n: np.asarray(dom[n], dtype=np.int64).reshape([-1 if m == n else 1 for m in inner])
          for n in inner}
-    threads = np.broadcast_to(_domain_view(math.prod([k[f"vt_{n}"] for n in vt_loops(pg)] + [np.int64(1)]),
-                                           to_domain), shape).reshape(-1)
     # ``order`` as the last (fastest) axis: the flat index is the enumeration order; each order
     # writes its column (through a view in the model's axis order), which broadcasts the figures
     # that depend on a few knobs only
     cols = {key: np.zeros(shape + (len(dom[ORDER_KNOB]),), dtype=np.int64)
-            for key in ("reason", "bytes", "insns", "cycles")}
+            for key in ("reason", "bytes", "insns", "cycles", "threads")}
     view = {key: col.transpose([free.index(n) for n in inner] + [len(free)]) for key, col in cols.items()}
+    view["threads"][...] = np.expand_dims(_prod(k[f"vt_{n}"] for n in vt_loops(pg)), -1)
     checks = []
-    common = None           # the figures no order changes, computed once
+    threads = _thread_checks(pg, k)         # what no order changes, computed once
+    common = None
     for j, order in enumerate(dom[ORDER_KNOB]):
-        conds = _structural_checks(pg, k, order)
+        conds = _structural_checks(pg, k, order, threads)
         m = None
         if not any(c is True for c, _ in conds):
             if common is None:
@@ -733,7 +741,10 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
         # overriding the ones after it
         reason = -1
         for i in reversed(range(len(conds))):
-            reason = np.where(conds[i][0], len(checks) + i, reason)
+            violated = conds[i][0]
+            if violated is False:       # (an int figure within its limit)
+                continue
+            reason = np.where(violated, len(checks) + i, reason)
         view["reason"][..., j] = reason
         checks += [(order, violated, _why_in_domain(why, to_domain)) for violated, why in conds]
         if m is not None:
@@ -743,7 +754,7 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     reason = cols["reason"].reshape(-1)
     return KnobGrid(tuple(names), tuple(tuple(dom[n]) for n in names), reason < 0, reason,
                     cols["bytes"].reshape(-1), cols["insns"].reshape(-1),
-                    np.repeat(threads, len(dom[ORDER_KNOB])), cols["cycles"].reshape(-1), tuple(checks))
+                    cols["threads"].reshape(-1), cols["cycles"].reshape(-1), tuple(checks))
 
 
 def _domain_view(v, to_domain: Tuple[int, ...]):
