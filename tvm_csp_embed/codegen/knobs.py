@@ -273,11 +273,10 @@ def _dim_sum(dim, inside, region=None):
     flat = [x for pair in pairs for x in pair]
     if not any(isinstance(x, np.ndarray) for x in flat):
         return _clipped_sum(dim, tuple((int(o), int(i)) for o, i in pairs))
-    grid = np.broadcast_arrays(*[np.asarray(x, dtype=np.int64) for x in flat])
-    # the loops of this dim only: a few points, read as Python ints (no numpy scalars)
-    rows = zip(*[g.ravel().tolist() for g in grid])
-    return np.array([_clipped_sum(dim, tuple(zip(vals[::2], vals[1::2]))) for vals in rows],
-                    dtype=np.int64).reshape(grid[0].shape)
+    grid = np.broadcast(*flat)       # the loops of this dim only: a few points
+    return np.array([_clipped_sum(dim, tuple(zip(vals[::2], vals[1::2])))
+                     for vals in (tuple(map(int, point)) for point in grid)],
+                    dtype=np.int64).reshape(grid.shape)
 
 
 def _region(dim, inside):
@@ -439,9 +438,15 @@ def _dma_rows(dims, regions):
     run multiplies the rows."""
     rows, inner_whole = 1, True
     for d, r in zip(reversed(dims), reversed(regions)):
-        if inner_whole is not True:     # (``rows * 1`` while the run of whole dims lasts)
+        # (the int cases without numpy calls: ``rows * 1`` while the run of whole dims lasts for
+        # every point, ``rows * r`` once it has ended for every point)
+        if inner_whole is False:
+            rows = _prod((rows, r))
+            continue
+        if inner_whole is not True:
             rows = rows * np.where(inner_whole, 1, r)
-        inner_whole = inner_whole & (r == d.extent)
+        whole = r == d.extent
+        inner_whole = whole if inner_whole is True else inner_whole & whole
     return rows
 
 
@@ -538,12 +543,12 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0):
     load steps below it: those loads stall the first GEMM of the group that loads them (with one
     load step and one resident tile per store point they are load steps like the others)."""
     serial = sum(busy.values())
-    r, g, fills, ts = p["r"], p["g"], p["fills"], p["ts"]
+    r, g, fills = p["r"], p["g"], p["fills"]
 
     def group_of(first):    # a group whose load stream starts with ``first`` resident loads
         # (None: none; ``r + 0`` would round to ``r``, so that case skips the additions)
         rf, ff = (r, fills) if first is None else (r + first, fills + first)
-        loads = np.maximum(rf + ts * l, ff + p["ts1"] * l)
+        loads = np.maximum(rf + tl, ff + t1l)
         compute = np.maximum(fills, rf + l) + p["tsg"]
         return np.maximum(np.maximum(loads + g, compute) + p["te"], p["tss"])
 
@@ -551,6 +556,7 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0):
         # no resident operand: nothing is exposed and every group is the same (the general
         # formula below adds zeros, which leave these floats as they are)
         l = busy["load"] / p["per"]
+        tl, t1l = p["ts"] * l, p["ts1"] * l     # the load stream of every thread's steps
         piped = p["st"] * group_of(None) + p["s"]
     else:
         # one load step per store point and a resident tile per store point: the resident loads
@@ -558,6 +564,7 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0):
         folded = p["one_step"] & (np.asarray(res_loads) >= p["stores"])
         exposed = np.where(folded, 0, busy["resident"])
         l = (busy["load"] + busy["resident"] - exposed) / p["per"]
+        tl, t1l = p["ts"] * l, p["ts1"] * l     # (the same in both groups)
         group = group_of(None)
         first = group_of(p["t"] * exposed / np.maximum(res_loads, 1))
         piped = p["st"] * group + np.asarray(res_loads) / p["t"] * (first - group) + p["s"]
