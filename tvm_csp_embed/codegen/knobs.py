@@ -417,7 +417,8 @@ def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, 
     entries = _prod(r if all(tiled[v] is ins[v] for v, _ in d.terms) else _region(d, tiled)
                         for d, r in zip(free, regions))
     return {"entries": entries, "nbytes": nbytes, "loads": loads,
-            "busy": (nbytes / bpc, loads * (issue + dma * _dma_rows(free, regions)), box - nbytes // elem)}
+            "busy": (nbytes / bpc, loads * (issue + dma * _dma_rows(free, regions)),
+                     box - nbytes // elem)}
 
 
 def _operand_dims(pg: PackedGemm, role: str) -> Tuple[list, Tuple[str, ...]]:
@@ -729,9 +730,11 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     # ``order`` as the last (fastest) axis: the flat index is the enumeration order; each order
     # writes its column (through a view in the model's axis order), which broadcasts the figures
     # that depend on a few knobs only
-    cols = {key: np.zeros(shape + (len(dom[ORDER_KNOB]),), dtype=np.int64)
+    cols = {key: np.zeros(shape + (len(dom[ORDER_KNOB]),),
+                          dtype=np.float64 if key == "cycles" else np.int64)
             for key in ("reason", "bytes", "insns", "cycles", "threads")}
-    view = {key: col.transpose([free.index(n) for n in inner] + [len(free)]) for key, col in cols.items()}
+    axes = [free.index(n) for n in inner] + [len(free)]
+    view = {key: col.transpose(axes) for key, col in cols.items()}
     view["threads"][...] = np.expand_dims(_prod(k[f"vt_{n}"] for n in vt_loops(pg)), -1)
     checks = []
     threads = _thread_checks(pg, k)         # what no order changes, computed once
@@ -757,11 +760,11 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
         if m is not None:
             view["bytes"][..., j] = sum(np.asarray(v, dtype=np.int64) for v in m["bytes"].values())
             view["insns"][..., j] = np.asarray(m["insns"], dtype=np.int64)
-            view["cycles"][..., j] = _cycles_int(np.asarray(m["cycles"], dtype=np.float64))
+            view["cycles"][..., j] = m["cycles"]     # (rounded for all orders at once)
     reason = cols["reason"].reshape(-1)
     return KnobGrid(tuple(names), tuple(tuple(dom[n]) for n in names), reason < 0, reason,
                     cols["bytes"].reshape(-1), cols["insns"].reshape(-1),
-                    cols["threads"].reshape(-1), cols["cycles"].reshape(-1), tuple(checks))
+                    cols["threads"].reshape(-1), _cycles_int(cols["cycles"]).reshape(-1), tuple(checks))
 
 
 def _domain_view(v, to_domain: Tuple[int, ...]):
