@@ -281,8 +281,9 @@ def _dim_sum(dim, inside, region=None):
 
 def _region(dim, inside):
     """Entries of one packed dim one load brings in: ``1 + sum(c * (inner - 1))`` over its terms
-    ``(loop, c)``, with the loops' inner extents in ``inside`` (summed so that an array term costs
-    one numpy call, two after the first: the values are integers, so the order changes none)."""
+    ``(loop, c)``, with the loops' inner extents in ``inside``. The int terms are summed first and
+    the first array term is added as ``c * inner + (sum - c)``: no numpy call for a lone term with
+    ``c == 1`` (most dims), at most two per array term (integers: the order changes no value)."""
     span = 1
     for v, c in dim.terms:
         x = inside[v][1]
@@ -356,8 +357,9 @@ def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]
     """The figures of the points ``k`` that no loop order changes, with both operands' caches at
     the load point (the stock order; :func:`_measure` replaces the resident operand's figures):
     ``loads`` (:func:`_operand_loads` per operand), ``sram``, ``uops``, ``folded``, ``bytes``,
-    ``insns``, ``busy`` (the parts :func:`_module_busy` models), and the counts they come from
-    (``threads``, ``stores``, ``batch``, ``steps``, ``a_free``, ``a_loads``)."""
+    ``insns``, ``busy`` (the parts :func:`_module_busy` models), ``pipeline``
+    (:func:`_pipeline_terms`), and the counts they come from (``threads``, ``stores``, ``batch``,
+    ``steps``, ``a_free``, ``a_loads``)."""
     from vta_ext.templates.epilogue import alu_count, has_bias, simplify_epilogue
 
     ep = simplify_epilogue(ep)      # the ALU passes the build runs (build_gemm)
@@ -384,7 +386,7 @@ def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]
     # instructions: per store point and batch step, the load steps (loads + GEMM), reset, ALU, stores
     steps = _prod(inside[lp.name][0] for lp in pg.loops if pg.roles[lp.name] == "ztile")
     batch = _prod(inside[n][0] // (ext[n] // k[f"tile_{n}"]) for n in c_loops
-                      if pg.roles[n] in ("plain", "shared"))
+                  if pg.roles[n] in ("plain", "shared"))
     a_free = _free_dims(A)
     a_loads = _prod(_region(d, inside) for d in a_free[:-2]) if len(a_free) > 2 else 1
     c_free = _free_dims(C)
@@ -415,7 +417,7 @@ def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, 
     box = loads * _prod(regions)      # entries incl. DMA padding
     # ``tiled`` differs from ``ins`` on a few loops only: the other dims keep their region
     entries = _prod(r if all(tiled[v] is ins[v] for v, _ in d.terms) else _region(d, tiled)
-                        for d, r in zip(free, regions))
+                    for d, r in zip(free, regions))
     return {"entries": entries, "nbytes": nbytes, "loads": loads,
             "busy": (nbytes / bpc, loads * (issue + dma * _dma_rows(free, regions)),
                      box - nbytes // elem)}
@@ -721,8 +723,8 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     shape = tuple(len(dom[n]) for n in free)
     # the model runs over the grid with its axes sorted by their number of values (``inner``):
     # every figure is elementwise, so the axis order changes no value, and numpy's broadcasting
-    # loops run several times faster with the long axes innermost than with the virtual-thread
-    # axes (2 values each) there
+    # loops pay their overhead per innermost run: a long tile axis there, not a virtual-thread
+    # axis of 2 values (the whole model about a third faster)
     inner = sorted(free, key=lambda n: len(dom[n]))
     to_domain = tuple(inner.index(n) for n in free)
     k = {n: np.asarray(dom[n], dtype=np.int64).reshape([-1 if m == n else 1 for m in inner])
@@ -737,10 +739,10 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     view = {key: col.transpose(axes) for key, col in cols.items()}
     view["threads"][...] = np.expand_dims(_prod(k[f"vt_{n}"] for n in vt_loops(pg)), -1)
     checks = []
-    threads = _thread_checks(pg, k)         # what no order changes, computed once
+    thread_checks = _thread_checks(pg, k)      # what no order changes, computed once
     common = None
     for j, order in enumerate(dom[ORDER_KNOB]):
-        conds = _structural_checks(pg, k, order, threads)
+        conds = _structural_checks(pg, k, order, thread_checks)
         m = None
         if not any(c is True for c, _ in conds):
             if common is None:
