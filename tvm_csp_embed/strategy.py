@@ -66,7 +66,7 @@ from .choice import (AGREEMENT_SLACK, CPU, CYCLE_RANKED, RANK_FACTOR, STOCK, STO
                      _choice_key, _contender_key, blocked_output, choose, host_relayout_seconds,
                      objective_key, plan_host_bytes)
 from .codegen.build import build_gemm
-from .codegen.knobs import KnobPoint, cycle_point, fallback_point, knob_grid, knob_names, tps_point
+from .codegen.knobs import KnobPoint, cached_grid, cycle_point, fallback_point, knob_names, tps_point
 from .codegen.knobs import seed_tps_point
 from .operators import LAYOUTS, OPERATOR_KINDS, operator_params, operator_text
 from .plan_cache import PLAN_VERSION, PlanCache, _SEARCHES
@@ -339,7 +339,7 @@ class CspGemmTemplate(OpTemplate):
             return stock.knob_space(config, stock.workload_from_dict(dict(workload.stock)), epilogue)
         pg = packed_of(workload, config)
         epilogue = program_epilogue(workload, epilogue)
-        grid = knob_grid(config, pg, epilogue)
+        grid = cached_grid(config, pg, epilogue)
         # the dicts and reasons are built when read
         points = GridPoints([(grid, np.flatnonzero(grid.valid))])
         pruned = PrunedPoints([(grid, np.flatnonzero(~grid.valid))])

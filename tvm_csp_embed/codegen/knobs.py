@@ -47,7 +47,8 @@ from .plan import AXIS_PREFIX, PackedGemm
 from .schedule import acc_init_of
 
 __all__ = ["KnobPoint", "Pruned", "KnobGrid", "knob_names", "knob_domain", "knob_defaults",
-           "check_point", "evaluate", "enumerate_points", "knob_grid", "search", "tps_point", "cycle_point", "seed_tps_point",
+           "check_point", "evaluate", "enumerate_points", "knob_grid", "cached_grid", "search",
+           "tps_point", "cycle_point", "seed_tps_point",
            "fallback_point", "compute_work", "BYTE_COUNTERS", "ORDER_KNOB"]
 
 #: the loop-order knob (values: :data:`~.loops.ORDERS`)
@@ -793,9 +794,7 @@ def search(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
         return None                 # no point of the domain has these values
     # one grid serves both objectives (a build asks for the TPS point to rank its candidates and
     # for the cycle point to build the chosen one)
-    fixed = dict(fixed or {})
-    grid = pg.memo(_tps_key(cfg, epilogue, fixed, "grid"),
-                   lambda: knob_grid(cfg, pg, epilogue, fixed))
+    grid = cached_grid(cfg, pg, epilogue, fixed)
     idx = np.flatnonzero(grid.valid)
     if not idx.size:
         return None
@@ -807,6 +806,15 @@ def search(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     res = evaluate(cfg, pg, epilogue, grid.point(best))
     assert isinstance(res, KnobPoint), res       # the grid and the point model are one model
     return res
+
+
+def cached_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
+                fixed: Optional[Mapping[str, int]] = None) -> KnobGrid:
+    """:func:`knob_grid`, computed once per (program, configuration value, epilogue, fixed knobs)
+    and kept with ``pg`` (:meth:`~.plan.PackedGemm.memo`): the searches of both objectives and the
+    tuner's knob space read the same grid."""
+    fixed = dict(fixed or {})
+    return pg.memo(_tps_key(cfg, epilogue, fixed, "grid"), lambda: knob_grid(cfg, pg, epilogue, fixed))
 
 
 def _tps_key(cfg, epilogue: Sequence[tuple], fixed: Mapping[str, int], objective: str = "bytes"
