@@ -14,9 +14,10 @@ saved as Relax JSON. Every build then runs in a new process that loads the modul
 * ``stock``: the stock templates (no persistent cache; every build is the same);
 * a CSP strategy ``cold``: a fresh, empty ``TVM_CSP_EMBED_CACHE`` per build (nothing solved,
   planned or chosen before);
-* a CSP strategy ``warm``: a new process on the cache the cold builds filled.
+* a CSP strategy ``warm``: a new process on the cache the cold build of its round filled.
 
-Wall time is min and median over ``--repeat`` builds. The breakdown is the median build's
+The builds run in ``--repeat`` rounds, each round every (strategy, state) once, so that a drift
+of the machine's speed shifts them alike. Wall time is min and median over the rounds. The breakdown is the median build's
 ``BuildReport.timings`` (:mod:`vta_ext.timing`, exclusive seconds): solve, plan, choice (timing
 candidates on the cycle model), knob search, code generation, the offload pass's own work, and TVM
 (everything outside the offload pass: TVM's passes, LLVM code generation of the host functions,
@@ -177,30 +178,31 @@ def main(argv=None) -> int:
         for name in args.models:
             module, data, ref = _prepare(name, args.size, work)
             stock_median = stock_e2e = None
-            for strategy in args.strategies:
-                states = ["-"] if strategy == "stock" else ["cold", "warm"]
-                shared = work / f"cache_{name}_{strategy}"
-                for state in states:
-                    runs = []
-                    for i in range(args.repeat):
-                        last = i == args.repeat - 1
-                        cache = (work / f"cache_{name}_{strategy}_{i}" if state == "cold" and not last
-                                 else shared)
-                        if state == "cold" and last:
-                            cache = shared         # the last cold build fills the warm cache
-                        runs.append(_child(module, data, ref, strategy, args.config, cache,
-                                           args.check and last, args.extract_tasks))
-                    row = _row(name, args.size, args.config, strategy, state, runs, args.check,
-                               stock_median, stock_e2e)
-                    if strategy == "stock":
-                        stock_median, stock_e2e = row["median_s"], row["end_to_end_cycles"]
-                        row["vs_stock"] = row["e2e_vs_stock"] = 1.0
-                    rows.append(row)
-                    print(f"{name:<20} {strategy:<12} {state:<5} {row['min_s']:>7.2f} "
-                          f"{row['median_s']:>8.2f} {row['vs_stock']:>7.2f} "
-                          + " ".join(f"{row[p.replace(' ', '_') + '_s']:>8.2f}" for p in PHASES)
-                          + f" {row['end_to_end_cycles']:>12,} {row['e2e_vs_stock']:>7.4f}"
-                          + f"  {row['bit_exact']}", flush=True)
+            cells = [(strategy, state) for strategy in args.strategies
+                     for state in (["-"] if strategy == "stock" else ["cold", "warm"])]
+            runs = {cell: [] for cell in cells}
+            # rounds: every (strategy, state) once per round, so that a machine that drifts
+            # (other load, frequency) shifts all of them alike and the ratios stay fair; round
+            # i's warm build runs on the cache its cold build filled
+            for i in range(args.repeat):
+                last = i == args.repeat - 1
+                for strategy, state in cells:
+                    cache = work / f"cache_{name}_{strategy}_{i}"
+                    runs[strategy, state].append(_child(module, data, ref, strategy, args.config,
+                                                        cache, args.check and last,
+                                                        args.extract_tasks))
+            for strategy, state in cells:
+                row = _row(name, args.size, args.config, strategy, state, runs[strategy, state],
+                           args.check, stock_median, stock_e2e)
+                if strategy == "stock":
+                    stock_median, stock_e2e = row["median_s"], row["end_to_end_cycles"]
+                    row["vs_stock"] = row["e2e_vs_stock"] = 1.0
+                rows.append(row)
+                print(f"{name:<20} {strategy:<12} {state:<5} {row['min_s']:>7.2f} "
+                      f"{row['median_s']:>8.2f} {row['vs_stock']:>7.2f} "
+                      + " ".join(f"{row[p.replace(' ', '_') + '_s']:>8.2f}" for p in PHASES)
+                      + f" {row['end_to_end_cycles']:>12,} {row['e2e_vs_stock']:>7.4f}"
+                      + f"  {row['bit_exact']}", flush=True)
     if args.csv:
         path = Path(args.csv)
         new = not path.exists()
