@@ -34,6 +34,7 @@ __all__ = ["CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK", "
            "PRUNE_BY_BOUND",
            "choose", "cycles_bound", "agree", "time_stock", "stock_refuses", "objective_key",
            "plan_host_bytes", "operand_pack_bytes", "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
+           "gc_paused",
            "stock_host_relayout_seconds"]
 
 #: candidates built and timed by the cycle model: at most this many, best static estimate first,
@@ -271,11 +272,13 @@ def stock_refuses(kind: str, op: MatchedOp, config) -> bool:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the block (if it runs). Building and timing
-    the candidates allocates hundreds of thousands of long-lived instruction records and no
-    reference cycles; each full collection the allocations trigger meanwhile would walk every
-    object of the process. Garbage is collected as usual once the block ends."""
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the block (if it runs; nested blocks leave it
+    to the outermost). Planning an operator (decoding embeddings, packed programs, knob grids)
+    and building and timing its candidates allocate hundreds of thousands of long-lived objects
+    and no reference cycles; each full collection the allocations trigger meanwhile would walk
+    every object of the process (about 0.1 s in a cold ResNet-18 build). Garbage is collected as
+    usual once the block ends."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -356,8 +359,8 @@ def choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: L
            op: MatchedOp, options, contender) -> Tuple[Any, str]:
     """The candidate the objective prefers (or :data:`STOCK`), and the sentence saying why
     (cached on disk). The parameters and the choice are :func:`_choose`'s; the cyclic garbage
-    collector pauses meanwhile (:func:`_gc_paused`)."""
-    with _gc_paused():
+    collector pauses meanwhile (:func:`gc_paused`)."""
+    with gc_paused():
         return _choose(kind, strategy, mode, config, base, layouts, usable, op, options, contender)
 
 

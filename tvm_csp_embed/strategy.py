@@ -63,8 +63,8 @@ from .candidates import (CONV_LAYOUTS, DEFAULT_SOLUTIONS, DEFAULT_TIMEOUT, MODES
                          packed_inputs, kept_twin, packed_of, program_epilogue, solve_request, stock_mapping_cost,
                          unfolded)
 from .choice import (AGREEMENT_SLACK, CPU, CYCLE_RANKED, RANK_FACTOR, STOCK, STOCK_COMPARED,
-                     _choice_key, _contender_key, blocked_output, choose, host_relayout_seconds,
-                     objective_key, plan_host_bytes)
+                     _choice_key, _contender_key, blocked_output, choose, gc_paused,
+                     host_relayout_seconds, objective_key, plan_host_bytes)
 from .codegen.build import build_gemm
 from .codegen.knobs import KnobPoint, cached_grid, cycle_point, fallback_point, knob_names, tps_point
 from .codegen.knobs import seed_tps_point
@@ -147,6 +147,11 @@ class CspGemmTemplate(OpTemplate):
                       f"{plan.description}; {text}", plan.padding)
 
     def plan(self, op: MatchedOp, config) -> OpPlan:
+        # the cyclic garbage collector pauses meanwhile (:func:`~.choice.gc_paused`)
+        with gc_paused():
+            return self._plan(op, config)
+
+    def _plan(self, op: MatchedOp, config) -> OpPlan:
         from vta_ext.options import current_options
 
         options = current_options()
