@@ -51,8 +51,8 @@ import numpy as np
 
 import vta_ext  # noqa: F401  (registers the stock strategy)
 from vta_ext.errors import TemplateRefusal
-from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, GridPoints, PrunedPoints, Strategy,
-                              get_template, register_strategy, register_template,
+from vta_ext.strategy import (GridPoints, KnobSpace, MatchedOp, OpPlan, OpTemplate, PrunedPoints,
+                              Strategy, get_template, register_strategy, register_template,
                               set_default_strategy)
 from vta_ext.timing import phase
 

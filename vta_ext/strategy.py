@@ -31,8 +31,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import TemplateRefusal, VTABuildError
 
-__all__ = ["MatchedOp", "OpPlan", "KnobSpace", "GridPoints", "PrunedPoints", "OpTemplate", "Strategy", "register_strategy",
-           "register_template", "get_strategy", "get_template", "registered_strategies",
+__all__ = ["MatchedOp", "OpPlan", "KnobSpace", "GridPoints", "PrunedPoints", "OpTemplate",
+           "Strategy", "register_strategy", "register_template", "get_strategy", "get_template", "registered_strategies",
            "registered_templates", "default_strategy", "set_default_strategy",
            "register_plan_summary"]
 
@@ -136,7 +136,8 @@ class GridPoints(collections.abc.Sequence):
         Grids in order, each with the flat indices of its points in enumeration order; a grid
         answers ``points(indices)`` (the knob dicts) and ``why(index)`` (a pruned point's reason).
 
-    Compares equal to a tuple or list of the same items.
+    Compares equal to a tuple or list of the same items. Once iterated to the end, the items are
+    kept (a tuner or a record check scans the points for membership again and again).
     """
 
     _CHUNK = 4096     # points built at a time while iterating
@@ -144,6 +145,7 @@ class GridPoints(collections.abc.Sequence):
     def __init__(self, parts: Sequence[Tuple[Any, Sequence[int]]] = ()) -> None:
         self._parts = [(grid, idx) for grid, idx in parts if len(idx)]
         self._len = sum(len(idx) for _, idx in self._parts)
+        self._all: Optional[tuple] = None
 
     def _items(self, grid: Any, indices: Sequence[int]) -> list:
         return grid.points(indices)
@@ -156,6 +158,8 @@ class GridPoints(collections.abc.Sequence):
             index += self._len
         if not 0 <= index < self._len:
             raise IndexError(f"point {index} out of range ({self._len} points)")
+        if self._all is not None:
+            return self._all[index]
         for grid, idx in self._parts:
             if index < len(idx):
                 return self._items(grid, idx[index:index + 1])[0]
@@ -168,9 +172,16 @@ class GridPoints(collections.abc.Sequence):
         return self._at(int(index))
 
     def __iter__(self):
+        if self._all is not None:
+            yield from self._all
+            return
+        items = []
         for grid, idx in self._parts:
             for start in range(0, len(idx), self._CHUNK):
-                yield from self._items(grid, idx[start:start + self._CHUNK])
+                chunk = self._items(grid, idx[start:start + self._CHUNK])
+                items += chunk
+                yield from chunk
+        self._all = tuple(items)
 
     def __eq__(self, other) -> bool:
         if isinstance(other, (GridPoints, tuple, list)):
