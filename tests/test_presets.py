@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from vta_ext.config import _TIMING_KEYS as _TIMING
 from vta_ext.config import CONFIG_DIR, VTAConfig, available_configs, load_config
 from vta_ext.isa import AluOp, MemType, Stage
 from vta_ext.runtime import CommandQueue, UopKernel
@@ -27,6 +28,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "isa.md"
 PRESETS = {
     "default": ((1, 16, 16), (15, 15, 18, 17), 6, (4, 5, 6), 8, 4, 1, 100, (True, True)),
     "apache": ((1, 16, 16), (15, 15, 18, 17), 6, (4, 5, 6), 8, 4, 1, 100, (False, False)),
+    # the Pynq HLS design: apache's ISA and geometry; timing fitted on its RTL (docs/isa.md)
+    "pynq": ((1, 16, 16), (15, 15, 18, 17), 6, (4, 5, 6), 8, 4, 1, 100, (False, False)),
     "pipelined": ((1, 16, 16), (15, 15, 18, 17), 6, (1, 1, 2), 8, 4, 1, 100, (True, True)),
     "2x16x16": ((2, 16, 16), (15, 15, 18, 17), 6, (4, 5, 6), 8, 4, 1, 100, (True, True)),
     "1x32x32": ((1, 32, 32), (15, 15, 20, 17), 8, (4, 5, 6), 32, 4, 1, 100, (True, True)),
@@ -73,6 +76,21 @@ def test_apache_is_default_without_extensions():
     assert {k for k in default if default[k] != apache[k]} == {"EXT_CLIP", "EXT_PAD_MIN"}
     # and the instruction layouts are the same, bit for bit
     assert load_config("default").layouts == load_config("apache").layouts
+
+
+def test_pynq_is_apache_without_acc8_and_mul_and_with_the_hazard_contract():
+    """The facts of ../shared/vta-hw/README.md: the HLS design ignores LOAD ACC_8BIT and ALU MUL,
+    and needs 3 micro-ops between two GEMM writes of one accumulator row, 2 between ALU writes."""
+    apache, pynq = load_config("apache"), load_config("pynq")
+    assert (pynq.ISA_ACC_8BIT_LOAD, pynq.ISA_ALU_MUL) == (False, False)
+    assert (pynq.ACC_DEP_DISTANCE_GEMM, pynq.ACC_DEP_DISTANCE_ALU) == (3, 2)
+    assert (apache.ISA_ACC_8BIT_LOAD, apache.ISA_ALU_MUL) == (True, True)
+    assert (apache.ACC_DEP_DISTANCE_GEMM, apache.ACC_DEP_DISTANCE_ALU) == (1, 1)
+    assert pynq.layouts == apache.layouts
+    a, p = apache.to_dict(), pynq.to_dict()
+    differ = {k for k in a if a[k] != p[k]}
+    assert differ - set(_TIMING) == {"TARGET", "ISA_ACC_8BIT_LOAD", "ISA_ALU_MUL",
+                                     "ACC_DEP_DISTANCE_GEMM", "ACC_DEP_DISTANCE_ALU"}
 
 
 @pytest.mark.parametrize("slow,fast", [("default", "pipelined"), ("1x32x32", "1x32x32_pipelined")])

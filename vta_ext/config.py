@@ -40,12 +40,18 @@ _LOG_KEYS = ("LOG_INP_WIDTH", "LOG_WGT_WIDTH", "LOG_ACC_WIDTH", "LOG_BATCH", "LO
              "LOG_ACC_BUFF_SIZE", "LOG_BUS_WIDTH")
 _TIMING_KEYS = ("GEMM_CYCLES_PER_UOP", "ALU_CYCLES_PER_UOP_IMM", "ALU_CYCLES_PER_UOP_VEC",
                 "MEM_BYTES_PER_CYCLE", "DMA_OVERHEAD_CYCLES", "INSN_ISSUE_CYCLES", "CLOCK_MHZ")
-_EXTENSION_KEYS = ("EXT_CLIP", "EXT_PAD_MIN")
+_EXTENSION_KEYS = ("EXT_CLIP", "EXT_PAD_MIN", "ISA_ACC_8BIT_LOAD", "ISA_ALU_MUL")
+#: the hazard contract: minimum micro-op distance between two writes to one accumulator row
+_HAZARD_KEYS = ("ACC_DEP_DISTANCE_GEMM", "ACC_DEP_DISTANCE_ALU")
 
-#: ISA extensions: the configuration key that enables each, and what it adds (docs/isa.md)
+#: optional ISA features: the configuration key that enables each, and what it adds
+#: (docs/isa.md). ``EXT_*`` are this project's extensions; ``ISA_*`` are apache instructions that
+#: a design may lack (the Vivado-HLS Pynq design silently ignores both, docs/devices.md)
 EXTENSIONS = {
     "EXT_CLIP": "CLIP (ALU opcode 5)",
     "EXT_PAD_MIN": "pad-with-minimum (LOAD flag pad_min, bit 58)",
+    "ISA_ACC_8BIT_LOAD": "LOAD of int8 data into the accumulator (memory type ACC_8BIT, 5)",
+    "ISA_ALU_MUL": "ALU MUL (opcode 4)",
 }
 
 
@@ -83,6 +89,14 @@ class VTAConfig:
     # VTA leaves zero, so enabling them never changes how an apache stream decodes or runs
     EXT_CLIP: bool = True
     EXT_PAD_MIN: bool = True
+    # apache instructions the design implements (false: the design lacks it; docs/isa.md)
+    ISA_ACC_8BIT_LOAD: bool = True
+    ISA_ALU_MUL: bool = True
+    # the hazard contract (docs/isa.md, "The hazard contract"): inside one GEMM / ALU instruction,
+    # two micro-ops that write one accumulator row must be at least this many micro-ops apart
+    # (1: no constraint). The Pynq HLS design needs 3 and 2 (measured on its RTL)
+    ACC_DEP_DISTANCE_GEMM: int = 1
+    ACC_DEP_DISTANCE_ALU: int = 1
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -104,7 +118,7 @@ class VTAConfig:
         if unknown:
             raise ConfigError(f"config {name!r}: unknown key(s) {unknown}; known keys are "
                               f"{sorted(known | {'LOG_BLOCK'})}")
-        for key in _LOG_KEYS + _TIMING_KEYS:
+        for key in _LOG_KEYS + _TIMING_KEYS + _HAZARD_KEYS:
             if key in data and (isinstance(data[key], bool) or not isinstance(data[key], int)):
                 raise ConfigError(f"config {name!r}: {key} must be an integer, got {data[key]!r}")
         for key in _EXTENSION_KEYS:
@@ -134,7 +148,7 @@ class VTAConfig:
         def fail(msg: str) -> None:
             raise ConfigError(f"config {self.name!r}: {msg}")
 
-        for key in _LOG_KEYS + _TIMING_KEYS:
+        for key in _LOG_KEYS + _TIMING_KEYS + _HAZARD_KEYS:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int):
                 fail(f"{key} must be an integer, got {value!r}")
@@ -144,7 +158,7 @@ class VTAConfig:
             if not isinstance(getattr(self, key), bool):
                 fail(f"{key} must be true or false, got {getattr(self, key)!r}")
         for key in ("GEMM_CYCLES_PER_UOP", "ALU_CYCLES_PER_UOP_IMM", "ALU_CYCLES_PER_UOP_VEC",
-                    "MEM_BYTES_PER_CYCLE", "CLOCK_MHZ"):
+                    "MEM_BYTES_PER_CYCLE", "CLOCK_MHZ") + _HAZARD_KEYS:
             if getattr(self, key) < 1:
                 fail(f"{key} must be at least 1, got {getattr(self, key)}")
         if (self.LOG_INP_WIDTH, self.LOG_WGT_WIDTH, self.LOG_ACC_WIDTH) != (3, 3, 5):
@@ -179,7 +193,8 @@ class VTAConfig:
         Callers raise it when ``getattr(self, key)`` is false; the message names the extension,
         the instruction and the configuration key that enables it.
         """
-        return (f"{insn_text} uses the ISA extension {EXTENSIONS[key]}, which configuration "
+        what = "the ISA extension" if key.startswith("EXT_") else "the instruction"
+        return (f"{insn_text} uses {what} {EXTENSIONS[key]}, which configuration "
                 f"{self.name!r} does not have; enable it with \"{key}\": true in the configuration "
                 f"(e.g. the 'default' preset), or do not use it")
 

@@ -84,7 +84,7 @@ class MissingExtensionError(RuntimeError_, TemplateRefusal):
     report gives this message.
 
     The message names the extension, the instruction and the configuration key
-    (``EXT_CLIP``, ``EXT_PAD_MIN``) that enables it.
+    (``EXT_CLIP``, ``EXT_PAD_MIN``, ``ISA_ACC_8BIT_LOAD``, ``ISA_ALU_MUL``) that enables it.
     """
 
 
@@ -374,6 +374,9 @@ class CommandQueue:
         if pad_min and not self.config.EXT_PAD_MIN:
             raise MissingExtensionError(self.config.missing_extension(
                 "EXT_PAD_MIN", f"LOAD {mem.name} with pad_min=True (load_2d)"))
+        if mem is MemType.ACC_8BIT and not self.config.ISA_ACC_8BIT_LOAD:
+            raise MissingExtensionError(self.config.missing_extension(
+                "ISA_ACC_8BIT_LOAD", "LOAD ACC_8BIT (load_2d)"))
         stage = _LOAD_STAGES[mem]
         insn = _new_mem(_LOAD, mem, dst_sram_index,
                         self._dram_base(src, src_elem_offset, mem, "load_2d"), bool(pad_min),
@@ -403,6 +406,9 @@ class CommandQueue:
         if kernel.mode == "alu" and kernel.alu_opcode == AluOp.CLIP and not self.config.EXT_CLIP:
             raise MissingExtensionError(self.config.missing_extension(
                 "EXT_CLIP", f"ALU CLIP (push_alu of {kernel!r})"))
+        if kernel.mode == "alu" and kernel.alu_opcode == AluOp.MUL and not self.config.ISA_ALU_MUL:
+            raise MissingExtensionError(self.config.missing_extension(
+                "ISA_ALU_MUL", f"ALU MUL (push_alu of {kernel!r})"))
         start, staging_offset = self._uops.place(kernel)
         if staging_offset is not None:
             size = len(kernel.uops)

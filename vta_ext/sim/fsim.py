@@ -468,6 +468,9 @@ class FunctionalSimulator:
         if pad_min and not self.config.EXT_PAD_MIN:
             raise self._error(i, self.config.missing_extension("EXT_PAD_MIN",
                                                                "LOAD with pad_min set"))
+        if mem == MemType.ACC_8BIT and not self.config.ISA_ACC_8BIT_LOAD:
+            raise self._error(i, self.config.missing_extension("ISA_ACC_8BIT_LOAD",
+                                                               "LOAD ACC_8BIT"))
         spec = self._load_specs.get(mem)
         if spec is None:
             raise self._error(i, f"LOAD of unknown memory type {mem}")
@@ -713,6 +716,8 @@ class FunctionalSimulator:
             raise self._error(i, f"unknown ALU opcode {op}")
         if op == AluOp.CLIP and not self.config.EXT_CLIP:
             raise self._error(i, self.config.missing_extension("EXT_CLIP", "ALU CLIP"))
+        if op == AluOp.MUL and not self.config.ISA_ALU_MUL:
+            raise self._error(i, self.config.missing_extension("ISA_ALU_MUL", "ALU MUL"))
         if op == AluOp.CLIP and not use_imm:
             raise self._error(i, "ALU CLIP takes its bounds from the immediate: use_imm must be 1")
         self._check_uops(i, bgn, end)
