@@ -247,3 +247,25 @@ def test_a_timeout_ends_a_run_that_loops_forever(libraries):
     assert lines[0].startswith(f"ERROR {libraries['fsim']}: VTADeviceRun(") \
         and "did not return within 1.0 s" in lines[0], proc.stdout
     assert lines[1].startswith(f"AGAIN {libraries['fsim']}: device refused"), proc.stdout
+
+
+def test_instructions_the_original_lacks_are_refused(libraries):
+    cfg = load_config("default")   # has the extensions and the full ISA
+    q = CommandQueue(cfg)
+    acc = q.alloc(cfg.acc_elem_bytes, "acc")
+    out = q.alloc(cfg.out_elem_bytes, "out")
+    q.load_2d(acc, 0, 1, 1, 1, 0, 0, 0, 0, 0, MemType.ACC)
+    mul = UopKernel("alu", alu_opcode=AluOp.MUL, use_imm=True, imm=3)
+    mul.push(0, 0)
+    q.push_alu(mul)
+    q.dep_push(Stage.COMPUTE, Stage.STORE)
+    q.dep_pop(Stage.COMPUTE, Stage.STORE)
+    q.store_2d(0, MemType.OUT, out, 0, 1, 1, 1)
+    program = q.synchronize()
+    program.write("acc", np.arange(cfg.acc_elem_bytes // 4, dtype=np.int32))
+    with pytest.raises(DeviceError, match=r"libvta_rtl\.so: cannot run this program \(instruction "
+                                          r"#\d+ is an ALU MUL .*vta_target\('pynq'\)"):
+        open_device(libraries["rtl"]).run_program(program)
+    open_device(libraries["fsim"]).run_program(program)   # the original fsim has MUL
+    assert np.array_equal(program.read("out", np.int8, (cfg.acc_elem_bytes // 4,)),
+                          (np.arange(cfg.acc_elem_bytes // 4) * 3).astype(np.int8))

@@ -51,7 +51,7 @@ from typing import Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from .config import VTAConfig
-from .isa import MemType, Opcode, unpack_fields
+from .isa import AluOp, MemType, Opcode, unpack_fields
 from .layout import HEADER, INSN_UNIT_BITS
 from .sim.stats import SimStats
 
@@ -191,6 +191,34 @@ def stream_stats(config: VTAConfig, raw: np.ndarray) -> SimStats:
     return stats
 
 
+def unsupported(config: VTAConfig, raw: np.ndarray, full_isa: bool) -> Optional[str]:
+    """Why the instruction words ``raw`` cannot run on an original VTA, or None.
+
+    No original VTA has this package's extensions (ALU ``CLIP``, LOAD ``pad_min``); the HLS
+    hardware (a Pynq board's bitstream, the RTL) also lacks ``ACC_8BIT`` loads and ALU ``MUL``,
+    which it would skip silently: they are refused unless ``full_isa`` (the original fsim)."""
+    words = _words(config, raw)
+    opcodes = unpack_fields(HEADER, words)["opcode"]
+    rows, mem = _memory_ops(config, words)
+    alu_rows = np.flatnonzero(opcodes == Opcode.ALU)
+    alu = unpack_fields(config.layouts["ALU"], words[alu_rows])["alu_opcode"]
+    found = [(int(rows[mem["pad_min"] != 0][0]), "LOAD with pad_min (extension EXT_PAD_MIN)")
+             if (mem["pad_min"] != 0).any() else None,
+             (int(alu_rows[alu == AluOp.CLIP][0]), "ALU CLIP (extension EXT_CLIP)")
+             if (alu == AluOp.CLIP).any() else None]
+    if not full_isa:
+        acc8 = (mem["memory_type"] == MemType.ACC_8BIT) & (opcodes[rows] == Opcode.LOAD)
+        found += [(int(rows[acc8][0]), "LOAD ACC_8BIT (ISA_ACC_8BIT_LOAD), which the HLS "
+                   "hardware skips") if acc8.any() else None,
+                  (int(alu_rows[alu == AluOp.MUL][0]), "ALU MUL (ISA_ALU_MUL), which the HLS "
+                   "hardware skips") if (alu == AluOp.MUL).any() else None]
+    found = [f for f in found if f is not None]
+    if not found:
+        return None
+    index, what = min(found)
+    return f"instruction #{index} is an {what}"
+
+
 # ---------------------------------------------------------------------- the library
 @dataclass
 class ProgramRun:
@@ -300,6 +328,12 @@ class Device:
         self._broken: Optional[str] = None
 
     # -------------------------------------------------------------- properties
+    @property
+    def full_isa(self) -> bool:
+        """Whether the library runs ``ACC_8BIT`` loads and ALU ``MUL`` (the original fsim, known
+        by its ``VTAFsimProfilerStatus``); the HLS hardware (a board, the RTL) does not."""
+        return "VTAFsimProfilerStatus" in self._fn
+
     @property
     def reports_cycles(self) -> bool:
         """Whether the library reports clock cycles (``VTARtlLastCycles``)."""
@@ -469,9 +503,14 @@ class DeviceSimulator:
             raise DeviceError(f"{dev.path}: instruction segment [{insn_phys:#x}, +{insn_count}) "
                               f"lies outside the DRAM image [{dram_base:#x}, "
                               f"{dram_base + dram.size:#x})")
+        original = dram[start:end].copy()
+        why = unsupported(cfg, original, dev.full_isa)
+        if why is not None:
+            raise DeviceError(f"{dev.path}: cannot run this program ({why}; configuration "
+                              f"{cfg.name!r}): build for the original VTA, "
+                              "vta_ext.vta_target('pynq'), whose operators never use it")
         with dev.lock:
             block = dev.block(dram.size)
-            original = dram[start:end].copy()
             words = relocate(cfg, original, block.phys - int(dram_base))
             fn = dev._fn
             fn["VTAMemCopyFromHost"](block.virt, dram.ctypes.data, dram.size)
