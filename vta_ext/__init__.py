@@ -21,6 +21,7 @@ from .options import build_options
 from .host import PYNQ_Z1, HostModel
 from .target import TARGET_TAG, install_pipeline_hook, register_target, vta_target
 from .quantize import QuantizationError, quantize_relax, quantize_torch
+from .device import DeviceError, open_device, run_on
 from . import executor as _executor  # registers the "vta_ext.run" packed function
 from . import stock as _stock  # registers the stock strategy's templates  # noqa: F401
 
@@ -40,6 +41,8 @@ __all__ = [
     "quantize_torch", "quantize_relax", "QuantizationError",
     # running
     "run_log", "clear_run_log", "FunctionalSimulator", "SimStats",
+    # devices with the original driver ABI (vta_ext.device)
+    "open_device", "run_on", "DeviceError",
     # the accelerator itself
     "CommandQueue", "UopKernel", "Program", "MissingExtensionError",
     "Opcode", "MemType", "AluOp", "Stage", "disassemble",

@@ -10,6 +10,8 @@ having built it rebuilds the stream from the key on first use and logs that it d
 
 Runs are thread-safe: the simulator of a configuration is a device, and one lock per device
 serialises the runs on it (each run writes the operator's DRAM image and the device's SRAMs).
+Inside :func:`vta_ext.run_on` the programs run on that device instead (a library with the
+original driver ABI, :mod:`vta_ext.device`), under the device's own lock.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import numpy as np
 import tvm_ffi
 
 from .config import VTAConfig
+from .device import active_device
 
 __all__ = ["op_key", "config_digest", "build_spec", "compiled_op", "OpRun", "run_log", "clear_run_log",
            "simulator_for", "cycle_report", "release"]
@@ -57,13 +60,20 @@ def op_key(kind: str, strategy: str, config: VTAConfig, workload, epilogue: Sequ
 
 @dataclass(frozen=True)
 class OpRun:
-    """One execution of a VTA operator: its key, simulator counters and wall time."""
+    """One execution of a VTA operator: its key, counters, wall time and where it ran.
+
+    ``device`` is the name of the device library it ran on (:func:`vta_ext.run_on`), "" for the
+    built-in simulator; ``device_cycles`` the device's own clock cycles summed over the
+    program's segments (e.g. the RTL's ``VTARtlLastCycles``), None when the device does not
+    report cycles. :attr:`cycles` is the cycle model's report either way."""
 
     op: str
     workload: dict
     stats: object
     seconds: float
     key: str = ""
+    device: str = ""
+    device_cycles: Optional[int] = None
 
     @property
     def strategy(self) -> str:
@@ -76,7 +86,10 @@ class OpRun:
         return cycle_report(self.key)
 
     def __repr__(self) -> str:
-        return f"OpRun({self.op}, {self.seconds * 1e3:.1f} ms, {self.stats})"
+        where = f", on {self.device}" if self.device else ""
+        if self.device_cycles is not None:
+            where += f" ({self.device_cycles:,} cycles)"
+        return f"OpRun({self.op}, {self.seconds * 1e3:.1f} ms{where}, {self.stats})"
 
 
 _RUN_LOG: List[OpRun] = []
@@ -149,9 +162,16 @@ def _execute(key: str, arrays: List[np.ndarray], out, spec: Optional[str] = None
     ``vta_ext.run_placed``; None: one array per operand)."""
     op = compiled_op(key)
     info = json.loads(key)
-    simulator = simulator_for(op.program.config)
-    with _DEVICE_LOCKS[config_digest(op.program.config)]:
+    device = active_device()
+    if device is None:
+        simulator = simulator_for(op.program.config)
+        lock = _DEVICE_LOCKS[config_digest(op.program.config)]
+    else:
+        simulator, lock = device.simulator(op.program.config), device.lock
+    with lock:
         inputs = arrays if spec is None else _placed_inputs(op.program, arrays, spec, info["op"])
+        if device is not None:
+            simulator.take_cycles()
         start = time.perf_counter()
         try:
             result, stats = op.run(*inputs, simulator=simulator)
@@ -161,7 +181,10 @@ def _execute(key: str, arrays: List[np.ndarray], out, spec: Optional[str] = None
         seconds = time.perf_counter() - start
         op.program.check_placed()
         np.from_dlpack(out)[...] = result
-    _RUN_LOG.append(OpRun(info["op"], info["workload"], stats, seconds, key))
+        device_cycles = sum(simulator.take_cycles()) \
+            if device is not None and device.reports_cycles else None
+    _RUN_LOG.append(OpRun(info["op"], info["workload"], stats, seconds, key,
+                          device.name if device is not None else "", device_cycles))
 
 
 def _placed_inputs(program, arrays: List[np.ndarray], spec: str, what: str) -> list:
