@@ -12,7 +12,8 @@ that resets its rows reads nothing.
 distance of 2 is wrong and 3 is right, for GEMM and for ALU, for the destination and the source.
 
 * :func:`first_violation` finds the first broken pair of an instruction (the simulator refuses the
-  program with it, naming the instruction and the row);
+  program with it, naming the instruction and the row); :func:`program_violations` scans a
+  built program statically;
 * :func:`cure` rewrites a micro-op kernel that breaks the contract into kernels that keep it and
   compute the same: reordered loops or micro-ops where the writes commute, else split into
   several instructions (the runtime applies it to every kernel it pushes, so no strategy or knob
@@ -26,7 +27,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["Violation", "distance_of", "operand_sequence", "first_violation", "kernel_violation",
-           "cure"]
+           "cure", "program_violations"]
 
 
 @dataclass(frozen=True)
@@ -215,3 +216,50 @@ def cure(kernel, distance: int, max_uops: int) -> list:
     if commutes:
         order = _round_robin(order)
     return _split(kernel, distance, order, max_uops)
+
+
+def program_violations(program, distances: Optional[Tuple[int, int]] = None) -> List[Tuple[int, Violation]]:
+    """Every GEMM / ALU instruction of ``program`` (a :class:`~vta_ext.runtime.Program`) that
+    breaks the contract, as ``(instruction index, first violation)``, read from the encoded
+    micro-ops the program loads (a static scan: nothing runs).
+
+    ``distances`` is ``(GEMM, ALU)``; default: the program's configuration's.
+    """
+    from .isa import AluInsn, GemmInsn, MemInsn, MemType, Opcode, decode_uops
+
+    cfg = program.config
+    gemm_d, alu_d = distances or (cfg.ACC_DEP_DISTANCE_GEMM, cfg.ACC_DEP_DISTANCE_ALU)
+    depth = cfg.uop_depth
+    dst_sram = np.zeros(depth, np.int64)
+    src_sram = np.zeros(depth, np.int64)
+    image, base, size = program.dram, program.dram_base, cfg.UOP_ELEM_BYTES
+    found = []
+    for i, insn in enumerate(program.insns):
+        kind = type(insn)
+        if kind is MemInsn:
+            if insn.opcode == Opcode.LOAD and insn.memory_type == MemType.UOP and insn.x_size:
+                start = insn.dram_base * size - base
+                uops = decode_uops(cfg, image[start:start + insn.x_size * size].tobytes())
+                at = insn.sram_base
+                dst_sram[at:at + len(uops)] = [u.dst_idx for u in uops]
+                src_sram[at:at + len(uops)] = [u.src_idx for u in uops]
+            continue
+        if kind is GemmInsn:
+            distance = 1 if insn.reset_reg else gemm_d
+        elif kind is AluInsn:
+            distance = alu_d
+        else:
+            continue
+        if distance <= 1 or insn.uop_end <= insn.uop_bgn:
+            continue
+        span = slice(insn.uop_bgn, insn.uop_end)
+        dst = operand_sequence(((insn.iter_out, insn.dst_factor_out),
+                                (insn.iter_in, insn.dst_factor_in)), dst_sram[span])
+        src = None
+        if kind is AluInsn and not insn.use_imm:
+            src = operand_sequence(((insn.iter_out, insn.src_factor_out),
+                                    (insn.iter_in, insn.src_factor_in)), src_sram[span])
+        violation = first_violation(dst, src, distance)
+        if violation is not None:
+            found.append((i, violation))
+    return found
