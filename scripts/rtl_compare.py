@@ -79,6 +79,11 @@ def network_module(name: str, size: int):
     return qm.mod, [data]
 
 
+def _numpy(out) -> list:
+    """The VM's output(s) as a list of numpy arrays."""
+    return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
+
+
 def _run(mod, inputs, config: str, strategy: str, device) -> tuple:
     """Build ``mod`` for ``config`` under ``strategy`` and run it on ``device``: (output, calls)."""
     options = {} if strategy == "default" else {"strategy": strategy}
@@ -89,18 +94,18 @@ def _run(mod, inputs, config: str, strategy: str, device) -> tuple:
     with vta_ext.run_on(device):
         out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
     calls = run_log()
-    return out.numpy(), calls
+    return _numpy(out), calls
 
 
 def measure(name: str, mod, inputs, config: str, device) -> List[Dict]:
     """Rows of every VTA call of ``mod`` under both strategies, checked against llvm."""
     vm = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
-    expected = vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+    expected = _numpy(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]))
     rows = []
     for strategy in STRATEGIES:
         start = time.perf_counter()
         got, calls = _run(mod, inputs, config, strategy, device)
-        exact = bool(np.array_equal(got, expected))
+        exact = all(np.array_equal(a, b) for a, b in zip(got, expected))
         for i, call in enumerate(calls):
             rows.append({"set": name, "call": i, "op": call.op,
                          "workload": _short(call.workload), "strategy": strategy,
