@@ -80,10 +80,10 @@ def test_apache_is_default_without_extensions():
 
 def test_pynq_is_apache_without_acc8_and_mul_and_with_the_hazard_contract():
     """The facts of ../shared/vta-hw/README.md: the HLS design ignores LOAD ACC_8BIT and ALU MUL,
-    and needs 3 micro-ops between two GEMM writes of one accumulator row, 2 between ALU writes."""
+    and needs 3 micro-ops between two GEMM writes of one accumulator row (README); ALU needs 3 as well (measured here, tests/test_hazard.py: the README says 2)."""
     apache, pynq = load_config("apache"), load_config("pynq")
     assert (pynq.ISA_ACC_8BIT_LOAD, pynq.ISA_ALU_MUL) == (False, False)
-    assert (pynq.ACC_DEP_DISTANCE_GEMM, pynq.ACC_DEP_DISTANCE_ALU) == (3, 2)
+    assert (pynq.ACC_DEP_DISTANCE_GEMM, pynq.ACC_DEP_DISTANCE_ALU) == (3, 3)
     assert (apache.ISA_ACC_8BIT_LOAD, apache.ISA_ALU_MUL) == (True, True)
     assert (apache.ACC_DEP_DISTANCE_GEMM, apache.ACC_DEP_DISTANCE_ALU) == (1, 1)
     assert pynq.layouts == apache.layouts

@@ -20,6 +20,7 @@ import numpy as np
 
 from .config import MAX_XFER, PAGE_BYTES, VTAConfig
 from .errors import TemplateRefusal
+from .hazard import cure, distance_of
 from .isa import (AluInsn, AluOp, FieldRangeError, FinishInsn, GemmInsn, Insn, MemInsn, MemType,
                   Opcode, Stage, Uop, clip_bounds, disassemble, encode_stream, encode_uops,
                   stage_of)
@@ -310,6 +311,8 @@ class CommandQueue:
         self._elem_bytes: Dict[int, int] = {}   # memory type -> element bytes (config.elem_bytes)
         self.buffers: Dict[str, DramBuffer] = {}
         self._next_page = 1  # physical address 0 is never valid
+        #: (kernel signature, distance) -> the kernels that keep the hazard contract
+        self._cured: Dict[tuple, List[UopKernel]] = {}
         self.segments: List[Segment] = []
         self._start_segment()
 
@@ -409,6 +412,20 @@ class CommandQueue:
         if kernel.mode == "alu" and kernel.alu_opcode == AluOp.MUL and not self.config.ISA_ALU_MUL:
             raise MissingExtensionError(self.config.missing_extension(
                 "ISA_ALU_MUL", f"ALU MUL (push_alu of {kernel!r})"))
+        distance = distance_of(self.config, kernel.mode)
+        if distance > 1:   # the hazard contract (vta_ext.hazard): push what keeps it instead
+            key = (kernel.signature(), distance)
+            cured = self._cured.get(key)
+            if cured is None:
+                cured = self._cured[key] = cure(kernel, distance, self.config.uop_depth)
+            if cured[0] is not kernel:
+                for part in cured:
+                    self._push_one(part)
+                return
+        self._push_one(kernel)
+
+    def _push_one(self, kernel: UopKernel) -> None:
+        """Append ``kernel``'s instruction (after its micro-op load if it is not resident)."""
         start, staging_offset = self._uops.place(kernel)
         if staging_offset is not None:
             size = len(kernel.uops)

@@ -62,6 +62,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..config import VTAConfig
+from ..hazard import distance_of, first_violation, operand_sequence
 from ..isa import (STAGE_QUEUES, TOKEN_QUEUES, AluOp, MemType, Opcode, Stage, clip_bounds,
                    decode_insn, insn_stage, stage_of, unpack_fields)
 from ..layout import DEP_FLAGS, HEADER
@@ -593,6 +594,21 @@ class FunctionalSimulator:
                 self._plan_elems += elems + 64
         return plan
 
+    def _check_hazard(self, i: int, mode: str, loops, dst: np.ndarray,
+                      src: Optional[tuple]) -> None:
+        """Refuse instruction ``i`` if it breaks the configuration's hazard contract
+        (:mod:`vta_ext.hazard`); ``src`` is ``(source loops, source micro-op indices)`` for an ALU
+        instruction that reads an accumulator source, else None."""
+        distance = distance_of(self.config, mode)
+        if distance <= 1:
+            return
+        rows = operand_sequence(loops, dst)
+        reads = None if src is None else operand_sequence(*src)
+        violation = first_violation(rows, reads, distance)
+        if violation is not None:
+            raise self._error(i, f"breaks the hazard contract of configuration "
+                                 f"{self.config.name!r}: {violation}")
+
     def _gemm(self, i: int) -> None:
         (bgn, end, n_out, n_in, d_out, d_in, s_out, s_in, w_out, w_in,
          reset) = self._stream.fields[i]
@@ -656,6 +672,7 @@ class FunctionalSimulator:
             return plan, sum(p.size for p in plan if type(p) is not tuple)
         self._check_index(i, "GEMM input", src, s_out, s_in, n_out, n_in, cfg.inp_depth)
         self._check_index(i, "GEMM weight", wgt, w_out, w_in, n_out, n_in, cfg.wgt_depth)
+        self._check_hazard(i, "gemm", ((n_out, d_out), (n_in, d_in)), dst, None)
         plan, elems = [], 0
         for y0, ny in self._y_chunks(n_out, n_in, end - bgn):
             steps = self._gemm_steps(dst + y0 * d_out, src + y0 * s_out, wgt + y0 * w_out, ny,
@@ -759,6 +776,8 @@ class FunctionalSimulator:
         dst_u, src_u = self._uop_dst[bgn:end], self._uop_src[bgn:end]
         self._check_index(i, "ALU destination", dst_u, d_out, d_in, n_out, n_in, depth)
         self._check_index(i, "ALU source", src_u, s_out, s_in, n_out, n_in, depth)
+        self._check_hazard(i, "alu", ((n_out, d_out), (n_in, d_in)), dst_u,
+                           None if use_imm else (((n_out, s_out), (n_in, s_in)), src_u))
         plan, elems = [], 0
         for y0, ny in self._y_chunks(n_out, n_in, end - bgn):
             dst = self._grid(dst_u + y0 * d_out, d_out, d_in, ny, n_in).reshape(-1)
