@@ -269,3 +269,40 @@ def test_instructions_the_original_lacks_are_refused(libraries):
     open_device(libraries["fsim"]).run_program(program)   # the original fsim has MUL
     assert np.array_equal(program.read("out", np.int8, (cfg.acc_elem_bytes // 4,)),
                           (np.arange(cfg.acc_elem_bytes // 4) * 3).astype(np.int8))
+
+
+# ---------------------------------------------------------------------- the command line
+def test_cli_run_on_a_device_prints_its_cycles(libraries, tmp_path, capsys):
+    import tvm
+    import vta_ext
+    from conftest import bind_constants
+    from tvm import relax
+
+    from vta_ext import cli
+
+    mod, arrays = conv_network()
+    x, w, b = arrays
+    mod = bind_constants(mod, w=w, b=b)
+    with vta_ext.build_options(strategy="stock"):
+        relax.build(mod, target=vta_ext.vta_target("pynq")).export_library(str(tmp_path / "m.so"))
+    np.save(tmp_path / "x.npy", x)
+    expected = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())[
+        "main"](tvm.runtime.tensor(x)).numpy()
+    assert cli.main(["run", str(tmp_path / "m.so"), "--inputs", str(tmp_path / "x.npy"),
+                     "--output", str(tmp_path / "y.npy"), "--device", str(libraries["rtl"]),
+                     "--mem-latency", "40"]) == 0
+    out = capsys.readouterr().out
+    assert np.array_equal(np.load(tmp_path / "y.npy"), expected)
+    calls = vta_ext.run_log()
+    assert calls and all(c.device == "libvta_rtl.so" for c in calls)
+    total = sum(c.device_cycles for c in calls)
+    assert f"device libvta_rtl.so: {total:,} cycles (the device's own count" in out
+    for i, c in enumerate(calls):
+        assert f"{c.cycles.total_cycles:>12,} {c.device_cycles:>13,}" in out
+    # a library that is not there, a latency without a device: one line naming it
+    assert cli.main(["run", str(tmp_path / "m.so"), "--inputs", str(tmp_path / "x.npy"),
+                     "--device", str(tmp_path / "absent.so")]) == 1
+    assert "absent.so" in capsys.readouterr().err
+    assert cli.main(["run", str(tmp_path / "m.so"), "--inputs", str(tmp_path / "x.npy"),
+                     "--mem-latency", "40"]) == 1
+    assert "--device" in capsys.readouterr().err

@@ -6,6 +6,7 @@ Subcommands (each with ``--help``)::
     vta-ext compile MODEL -o OUT.so [--config NAME|PATH.json] [--strategy S] [--records FILE]
                                     [--calibration X.npy] [--report REPORT.json]
     vta-ext run OUT.so --inputs X.npy [...] [--output Y.npy] [--repeat N]
+                       [--device LIB.so [--mem-latency N]]
     vta-ext tune MODEL --records FILE [--trials N] [--parallel K] [--config ...] [--strategy S]
     vta-ext report OUT.so|REPORT.json
 
@@ -432,6 +433,40 @@ def _efficiency_text(library: Path, calls, cycles: int) -> str:
     return f"; floor {floor:,.0f} cycles, efficiency {floor / cycles:.2f}"
 
 
+def _open_device(args):
+    """The device of ``--device``/``--mem-latency`` (None: the built-in simulator)."""
+    if args.device is None:
+        if args.mem_latency is not None:
+            raise CliError(f"--mem-latency {args.mem_latency}: give it with --device LIB (a "
+                           "library that models memory latency, the vta-hw RTL)")
+        return None
+    from .device import open_device
+
+    return open_device(_existing_file(args.device, "device library",
+                                      "give a shared library with the VTA driver ABI (see "
+                                      "docs/devices.md)"), mem_latency=args.mem_latency)
+
+
+def _running_on(device):
+    from contextlib import nullcontext
+
+    from .device import run_on
+
+    return nullcontext() if device is None else run_on(device)
+
+
+def _print_device_cycles(device, calls) -> None:
+    """Per call, the cycle model's cycles beside the device's; then the device's total."""
+    if not device.reports_cycles:
+        print(f"device {device.name}: {len(calls)} call(s) ran there; it reports no cycles")
+        return
+    print(f"{'call':>4}  {'operator':<10} {'model cycles':>12} {'device cycles':>13}")
+    for i, call in enumerate(calls):
+        print(f"{i:>4}  {call.op:<10} {call.cycles.total_cycles:>12,} {call.device_cycles:>13,}")
+    total = sum(c.device_cycles for c in calls)
+    print(f"device {device.name}: {total:,} cycles (the device's own count, one inference)")
+
+
 def cmd_run(args) -> int:
     """``vta-ext run``."""
     library = _existing_file(args.library, "library", "build one with vta-ext compile MODEL "
@@ -459,6 +494,7 @@ def cmd_run(args) -> int:
         raise CliError(f"--inputs: {len(arrays)} file(s) given, but {library.name} takes {arity} "
                        f"input(s) ({', '.join(names)}); give one .npy per input, in that order")
     tensors = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays]
+    device = _open_device(args)
     times: List[float] = []
     calls = []
     for i in range(args.repeat):
@@ -466,7 +502,8 @@ def cmd_run(args) -> int:
             clear_run_log()
         start = time.perf_counter()
         try:
-            result = vm["main"](*tensors)
+            with _running_on(device):
+                result = vm["main"](*tensors)
         except Exception as err:  # noqa: BLE001 - the VM's own check of the arguments
             found = _PARAM_CHECK.search(str(err))
             if found is None:
@@ -486,6 +523,8 @@ def cmd_run(args) -> int:
     cycles = sum(c.cycles.total_cycles for c in calls)
     print(f"VTA: {len(calls)} operator call(s), {cycles:,} cycles (cycle model, one inference)"
           f"{_efficiency_text(library, calls, cycles)}")
+    if device is not None:
+        _print_device_cycles(device, calls)
     ms = [t * 1e3 for t in times]
     if len(ms) == 1:
         print(f"wall time: {ms[0]:.1f} ms (one run; the first run in a process also builds the "
@@ -652,6 +691,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save the output here (.npz for several outputs)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="runs to time; min and median are printed (default: %(default)s)")
+    p.add_argument("--device", default=None, metavar="LIB.so",
+                   help="run the VTA operators on this library with the VTA driver ABI (a "
+                   "board's libvta.so, vta-hw's libvta_rtl.so or libvta_fsim.so) instead of the "
+                   "built-in simulator; its cycles are printed beside the model's")
+    p.add_argument("--mem-latency", type=int, default=None, metavar="N",
+                   help="with --device: memory latency in cycles (the vta-hw RTL)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("tune", parents=[common], help="tune a model's VTA operators",

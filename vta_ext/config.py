@@ -18,8 +18,8 @@ from typing import Any, Dict, Mapping, Union
 from .layout import (INSN_BITS, LOG_UOP_BITS, MAX_SRAM_ENTRIES, MEMOP_SRAM_ADDR_BITS, UOP_BITS,
                      Layout, LayoutOverflowError, MemType, instruction_layouts)
 
-__all__ = ["VTAConfig", "ConfigError", "CONFIG_DIR", "EXTENSIONS", "load_config",
-           "available_configs"]
+__all__ = ["VTAConfig", "ConfigError", "CONFIG_DIR", "EXTENSIONS", "DMA_KINDS", "STRUCTURE_KEYS",
+           "load_config", "available_configs"]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -38,8 +38,19 @@ class ConfigError(ValueError):
 _LOG_KEYS = ("LOG_INP_WIDTH", "LOG_WGT_WIDTH", "LOG_ACC_WIDTH", "LOG_BATCH", "LOG_BLOCK_IN",
              "LOG_BLOCK_OUT", "LOG_UOP_BUFF_SIZE", "LOG_INP_BUFF_SIZE", "LOG_WGT_BUFF_SIZE",
              "LOG_ACC_BUFF_SIZE", "LOG_BUS_WIDTH")
+#: the memory types of the cycle model's DMA costs: the prefix of their keys, in key order
+DMA_KINDS = ("INP", "WGT", "ACC", "UOP", "OUT")
+#: the structural keys of the cycle model (docs/isa.md, "Cycle model"): per DMA kind its bandwidth,
+#: its fixed cost per instruction and per row; per compute kind its fixed cost per instruction
+STRUCTURE_KEYS = (tuple(f"{k}_BYTES_PER_CYCLE" for k in DMA_KINDS)
+                  + tuple(f"{k}_INSN_CYCLES" for k in DMA_KINDS)
+                  + tuple(f"{k}_ROW_CYCLES" for k in DMA_KINDS)
+                  + ("GEMM_INSN_CYCLES", "ALU_INSN_CYCLES", "NOP_INSN_CYCLES", "FINISH_INSN_CYCLES",
+                     "PAD_ELEM_CYCLES", "MEM_LATENCY_CYCLES", "FETCH_CYCLES", "TOKEN_CYCLES",
+                     "POP_OFFSET_CYCLES"))
 _TIMING_KEYS = ("GEMM_CYCLES_PER_UOP", "ALU_CYCLES_PER_UOP_IMM", "ALU_CYCLES_PER_UOP_VEC",
-                "MEM_BYTES_PER_CYCLE", "DMA_OVERHEAD_CYCLES", "INSN_ISSUE_CYCLES", "CLOCK_MHZ")
+                "MEM_BYTES_PER_CYCLE", "DMA_OVERHEAD_CYCLES", "INSN_ISSUE_CYCLES",
+                "CLOCK_MHZ") + STRUCTURE_KEYS
 _EXTENSION_KEYS = ("EXT_CLIP", "EXT_PAD_MIN", "ISA_ACC_8BIT_LOAD", "ISA_ALU_MUL")
 #: the hazard contract: minimum micro-op distance between two writes to one accumulator row
 _HAZARD_KEYS = ("ACC_DEP_DISTANCE_GEMM", "ACC_DEP_DISTANCE_ALU")
@@ -85,6 +96,34 @@ class VTAConfig:
     DMA_OVERHEAD_CYCLES: int = 4
     INSN_ISSUE_CYCLES: int = 1
     CLOCK_MHZ: int = 100
+    # the cycle model's structure (docs/isa.md, "Cycle model"). The defaults make it the per-micro-op
+    # model of the original presets: every kind moves MEM_BYTES_PER_CYCLE and adds nothing to
+    # INSN_ISSUE_CYCLES (per instruction) and DMA_OVERHEAD_CYCLES (per row); no latency
+    INP_BYTES_PER_CYCLE: int = 0          # DMA bandwidth of each memory type (LOAD INP/WGT/ACC/UOP,
+    WGT_BYTES_PER_CYCLE: int = 0          # STORE OUT): at most MEM_BYTES_PER_CYCLE, the bus; 0 is
+    ACC_BYTES_PER_CYCLE: int = 0          # the bus rate (so a sweep of MEM_BYTES_PER_CYCLE moves
+    UOP_BYTES_PER_CYCLE: int = 0          # every type that does not say otherwise)
+    OUT_BYTES_PER_CYCLE: int = 0
+    INP_INSN_CYCLES: int = 0              # fixed cycles per LOAD/STORE instruction of the type, on
+    WGT_INSN_CYCLES: int = 0              # top of INSN_ISSUE_CYCLES
+    ACC_INSN_CYCLES: int = 0
+    UOP_INSN_CYCLES: int = 0
+    OUT_INSN_CYCLES: int = 0
+    INP_ROW_CYCLES: int = 0               # fixed cycles per DMA row of the type, on top of
+    WGT_ROW_CYCLES: int = 0               # DMA_OVERHEAD_CYCLES (and of MEM_LATENCY_CYCLES)
+    ACC_ROW_CYCLES: int = 0
+    UOP_ROW_CYCLES: int = 0
+    OUT_ROW_CYCLES: int = 0
+    GEMM_INSN_CYCLES: int = 0             # fixed cycles per GEMM, ALU, NOP (x_size 0) and FINISH,
+    ALU_INSN_CYCLES: int = 0              # on top of INSN_ISSUE_CYCLES
+    NOP_INSN_CYCLES: int = 0
+    FINISH_INSN_CYCLES: int = 0
+    PAD_ELEM_CYCLES: int = 1              # cycles per padding element a LOAD writes on chip
+    MEM_LATENCY_CYCLES: int = 0           # DRAM latency: paid once per DMA row (read or write
+    #                                       response) and once by the instruction fetch
+    FETCH_CYCLES: int = 0                 # from start to the first instruction in every module
+    TOKEN_CYCLES: int = 0                 # from a token's push to the moment it can be popped
+    POP_OFFSET_CYCLES: int = 0            # cycles of an instruction before it pops its tokens
     # ISA extensions present in this design (docs/isa.md, "Extensions"); they use bits that apache
     # VTA leaves zero, so enabling them never changes how an apache stream decodes or runs
     EXT_CLIP: bool = True
@@ -161,6 +200,12 @@ class VTAConfig:
                     "MEM_BYTES_PER_CYCLE", "CLOCK_MHZ") + _HAZARD_KEYS:
             if getattr(self, key) < 1:
                 fail(f"{key} must be at least 1, got {getattr(self, key)}")
+        for kind in DMA_KINDS:
+            # MEM_BYTES_PER_CYCLE is the bus: the floor and the estimates move every byte at it,
+            # so no memory type may be faster (0: at the bus rate)
+            if getattr(self, f"{kind}_BYTES_PER_CYCLE") > self.MEM_BYTES_PER_CYCLE:
+                fail(f"{kind}_BYTES_PER_CYCLE={getattr(self, f'{kind}_BYTES_PER_CYCLE')} exceeds the "
+                     f"bus, MEM_BYTES_PER_CYCLE={self.MEM_BYTES_PER_CYCLE}")
         if (self.LOG_INP_WIDTH, self.LOG_WGT_WIDTH, self.LOG_ACC_WIDTH) != (3, 3, 5):
             fail("LOG_INP_WIDTH/LOG_WGT_WIDTH/LOG_ACC_WIDTH must be 3/3/5 (int8 inputs and weights, "
                  f"int32 accumulators) for the templates, got {self.LOG_INP_WIDTH}/"
@@ -391,6 +436,11 @@ class VTAConfig:
             return self._elem_bytes_table[memory_type]
         except KeyError:
             raise ConfigError(f"unknown memory type {memory_type}") from None
+
+    def bytes_per_cycle(self, kind: str) -> int:
+        """The cycle model's DMA bandwidth of memory kind ``kind`` (one of :data:`DMA_KINDS`):
+        ``<kind>_BYTES_PER_CYCLE``, or the bus rate ``MEM_BYTES_PER_CYCLE`` where that is 0."""
+        return getattr(self, f"{kind}_BYTES_PER_CYCLE") or self.MEM_BYTES_PER_CYCLE
 
     def to_dict(self) -> Dict[str, Any]:
         """The JSON keys of this configuration (without the name)."""

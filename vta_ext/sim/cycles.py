@@ -2,24 +2,33 @@
 
 Load, compute and store are separate modules, each executing its instruction queue in order. They
 are linked by the four dependency-token queues (load→compute, compute→load, compute→store,
-store→compute): an instruction starts when its module is free and every token it pops has been
-pushed; its pushes happen when it finishes. Durations come from the configuration:
+store→compute): an instruction starts when its module is free and every token it pops can be
+popped; its pushes happen when it finishes. A pushed token can be popped ``TOKEN_CYCLES`` later,
+and an instruction pops ``POP_OFFSET_CYCLES`` after it starts (it reads its instruction word
+first), so a token pushed at ``t`` lets its popper start at ``t + TOKEN_CYCLES -
+POP_OFFSET_CYCLES`` (its module being free). Every module can start its first instruction ``FETCH_CYCLES + MEM_LATENCY_CYCLES`` after
+the start (the instruction fetch). Durations come from the configuration, with ``issue =
+INSN_ISSUE_CYCLES`` and, for a LOAD of memory type ``T`` (INP, WGT, ACC, UOP; ACC_8BIT counts as
+ACC) or a STORE (``T`` = OUT):
 
-* LOAD/STORE: ``INSN_ISSUE_CYCLES + y_size * DMA_OVERHEAD_CYCLES + ceil(DRAM bytes /
-  MEM_BYTES_PER_CYCLE)`` plus one cycle per padding element written into SRAM; a NOP takes the
-  issue cycles only;
-* GEMM: ``INSN_ISSUE_CYCLES + iter_out * iter_in * uops * GEMM_CYCLES_PER_UOP``;
-* ALU: the same with ``ALU_CYCLES_PER_UOP_IMM`` or ``ALU_CYCLES_PER_UOP_VEC``;
-* FINISH: ``INSN_ISSUE_CYCLES``.
+* LOAD/STORE: ``issue + T_INSN_CYCLES + y_size * (DMA_OVERHEAD_CYCLES + T_ROW_CYCLES +
+  MEM_LATENCY_CYCLES) + ceil(DRAM bytes / T_BYTES_PER_CYCLE) + PAD_ELEM_CYCLES * padding
+  elements`` (the padding elements a LOAD writes into SRAM; ``T_BYTES_PER_CYCLE`` 0 is
+  ``MEM_BYTES_PER_CYCLE``); a NOP (``x_size`` 0) takes ``issue + NOP_INSN_CYCLES``;
+* GEMM: ``issue + GEMM_INSN_CYCLES + iter_out * iter_in * uops * GEMM_CYCLES_PER_UOP``;
+* ALU: ``issue + ALU_INSN_CYCLES + iter_out * iter_in * uops * ALU_CYCLES_PER_UOP_IMM`` (or
+  ``ALU_CYCLES_PER_UOP_VEC`` without an immediate);
+* FINISH: ``issue + FINISH_INSN_CYCLES``.
 
-The schedule is a max-plus system, so the model is monotone: lower per-uop cycles or more bytes per
-cycle never increase the total. It is a model, not the hardware: see ``docs/isa.md`` for where the
-constants come from.
+Every structural key defaults to nothing added (bandwidth: the bus rate), which is the per-micro-op
+model of the original presets; the ``pynq`` preset's values are fitted on the RTL of the Pynq HLS
+design (``scripts/calibrate_rtl.py``). The schedule is a max-plus system, so the model is monotone:
+lower per-uop or per-instruction cycles, or more bytes per cycle, never increase the total. It is
+a model, not the hardware: see ``docs/isa.md`` for where the constants come from.
 """
 from __future__ import annotations
 
 import itertools
-import math
 import operator
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -149,18 +158,37 @@ class _Costs:
     (:meth:`of`): the one home of the durations of the module docstring."""
 
     def __init__(self, config: VTAConfig) -> None:
-        self.issue = config.INSN_ISSUE_CYCLES
-        self.dma = config.DMA_OVERHEAD_CYCLES
-        self.bytes_per_cycle = config.MEM_BYTES_PER_CYCLE
+        self.config = config
+        issue = self.issue = config.INSN_ISSUE_CYCLES
+        self.nop = issue + config.NOP_INSN_CYCLES
+        self.finish = issue + config.FINISH_INSN_CYCLES
+        self.gemm_fixed = issue + config.GEMM_INSN_CYCLES
+        self.alu_fixed = issue + config.ALU_INSN_CYCLES
         self.gemm = config.GEMM_CYCLES_PER_UOP
         self.alu_imm = config.ALU_CYCLES_PER_UOP_IMM
         self.alu_vec = config.ALU_CYCLES_PER_UOP_VEC
+        self.pad = config.PAD_ELEM_CYCLES
+        #: when every module can start its first instruction
+        self.fetch = config.FETCH_CYCLES + config.MEM_LATENCY_CYCLES
+        #: from a token's push to the earliest start of the instruction that pops it
+        self.token = config.TOKEN_CYCLES - config.POP_OFFSET_CYCLES
         self.macs_per_uop = config.BATCH * config.BLOCK_IN * config.BLOCK_OUT
         self.ops_per_uop = config.BATCH * config.BLOCK_OUT
-        self.elem_bytes = config.elem_bytes
-        self._elem: Dict[int, int] = {}    # memory type -> elem_bytes, filled on first use
+        #: (is a STORE, memory type) -> (element bytes, fixed cycles, cycles per row, bytes per
+        #: cycle, DRAM counter), filled on first use
+        self._mem: Dict[Tuple[bool, int], Tuple[int, int, int, int, str]] = {}
         #: the cost function of each instruction record type (:meth:`of` dispatches on it)
         self.by_type = {MemInsn: self.mem, GemmInsn: self.gemm_insn, AluInsn: self.alu_insn}
+
+    def _mem_entry(self, store: bool, mem: int) -> Tuple[int, int, int, int, str]:
+        cfg = self.config
+        kind = "OUT" if store else _DMA_KIND.get(mem, "INP")
+        entry = (cfg.elem_bytes(mem), self.issue + getattr(cfg, f"{kind}_INSN_CYCLES"),
+                 cfg.DMA_OVERHEAD_CYCLES + getattr(cfg, f"{kind}_ROW_CYCLES")
+                 + cfg.MEM_LATENCY_CYCLES, cfg.bytes_per_cycle(kind),
+                 "out" if store else (_MEM_NAMES.get(mem) or MemType(mem).name.lower()))
+        self._mem[store, mem] = entry
+        return entry
 
     def of(self, insn: Insn) -> Tuple[int, Optional[str], int, int, int]:
         """``(cycles, DRAM counter or None, DRAM bytes, MACs, ALU ops)`` of ``insn``: its duration
@@ -175,44 +203,43 @@ class _Costs:
             return self.gemm_insn(insn)
         if isinstance(insn, AluInsn):
             return self.alu_insn(insn)
-        return self.issue, None, 0, 0, 0
+        return self.finish, None, 0, 0, 0
 
     def mem(self, insn: MemInsn) -> Tuple[int, Optional[str], int, int, int]:
         """:meth:`of` a LOAD or STORE."""
         x = insn.x_size
         if x == 0:
-            return self.issue, None, 0, 0, 0
+            return self.nop, None, 0, 0, 0
         y = insn.y_size
-        mem = insn.memory_type
-        elem = self._elem.get(mem)
-        if elem is None:
-            elem = self._elem[mem] = self.elem_bytes(mem)
+        key = (insn.opcode == _STORE, insn.memory_type)
+        entry = self._mem.get(key)
+        if entry is None:
+            entry = self._mem_entry(*key)
+        elem, fixed, per_row, bytes_per_cycle, name = entry
         nbytes = x * y * elem
         pad_elems = ((insn.x_pad_0 + x + insn.x_pad_1) * (insn.y_pad_0 + y + insn.y_pad_1)
                      - x * y)
-        cycles = (self.issue + y * self.dma + pad_elems
-                  + math.ceil(nbytes / self.bytes_per_cycle))
-        if insn.opcode == _STORE:
-            name = "out"
-        else:
-            name = _MEM_NAMES.get(mem) or MemType(mem).name.lower()
+        cycles = fixed + y * per_row + pad_elems * self.pad + -(-nbytes // bytes_per_cycle)
         return cycles, name, nbytes, 0, 0
 
     def gemm_insn(self, insn: GemmInsn) -> Tuple[int, Optional[str], int, int, int]:
         """:meth:`of` a GEMM."""
         uops = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
-        return (self.issue + uops * self.gemm, None, 0,
+        return (self.gemm_fixed + uops * self.gemm, None, 0,
                 0 if insn.reset_reg else uops * self.macs_per_uop, 0)
 
     def alu_insn(self, insn: AluInsn) -> Tuple[int, Optional[str], int, int, int]:
         """:meth:`of` an ALU instruction."""
         uops = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
         per_uop = self.alu_imm if insn.use_imm else self.alu_vec
-        return self.issue + uops * per_uop, None, 0, 0, uops * self.ops_per_uop
+        return self.alu_fixed + uops * per_uop, None, 0, 0, uops * self.ops_per_uop
 
 
 _STORE = Opcode.STORE
 _MEM_NAMES = {m: m.name.lower() for m in MemType}
+#: LOAD memory type -> the DMA kind whose keys time it (docs/isa.md, "Cycle model")
+_DMA_KIND = {MemType.INP: "INP", MemType.WGT: "WGT", MemType.ACC: "ACC", MemType.ACC_8BIT: "ACC",
+             MemType.UOP: "UOP", MemType.OUT: "OUT"}
 
 
 def insn_cycles(config: VTAConfig, insn: Insn) -> int:
@@ -329,7 +356,8 @@ class CycleModel:
             else:
                 open_step[pos] = step
         heads = [0] * len(_STAGES)
-        ready = [0] * len(_STAGES)
+        ready = [costs.fetch] * len(_STAGES)
+        token_delay = costs.token
         busy = [0] * len(_STAGES)
         stall = [0] * len(_STAGES)
         tokens: List[List[int]] = [[] for _ in TOKEN_QUEUES]
@@ -360,7 +388,7 @@ class CycleModel:
                     free = start + cycles
                     worked += cycles
                     for q in pushes:
-                        tokens[q].append(free)
+                        tokens[q].append(free + token_delay)
                     if names:
                         seen += names
                     if timeline:
