@@ -58,9 +58,9 @@ from .sim.stats import SimStats
 __all__ = ["open_device", "run_on", "Device", "DeviceError", "DeviceSimulator", "ProgramRun",
            "active_device", "vta_hw_library", "stream_stats"]
 
-#: ``wait_cycles`` of ``VTADeviceRun`` by default: what the original runtime passes
-#: (``VTASynchronize(cmd, 1 << 31)``); a board's driver polls that many times, the RTL clocks at
-#: most that many cycles
+#: ``wait_cycles`` of ``VTADeviceRun`` by default: what TVM's generated code passes to the
+#: original runtime (``VTASynchronize(cmd, 1 << 31)``); a board's driver polls that many times,
+#: the RTL clocks at most that many cycles
 DEFAULT_WAIT_CYCLES = 1 << 31
 
 #: what a non-zero ``VTADeviceRun`` return means: positive codes are the RTL's (1 is also the
