@@ -337,3 +337,43 @@ def test_tuning_measures_on_the_rtl(libraries, tmp_path):
     assert "device" not in measure_point(task.spec(), best.knobs).to_dict()
     with pytest.raises(DeviceError, match="reports no cycles"):
         tune.LocalRunner(0, device=libraries["fsim"])
+
+
+# ---------------------------------------------------------------------- a whole network (slow)
+@pytest.mark.slow
+def test_resnet18_56_on_both_libraries_bit_exact(libraries):
+    import sys
+    import time
+    from pathlib import Path
+
+    import tvm
+    import vta_ext
+    from tvm import relax
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "relay_examples"))
+    from models import quantized_example
+
+    _, qm, _, data = quantized_example("resnet18", 56)
+    with vta_ext.build_options(strategy="stock"):
+        vm = relax.VirtualMachine(relax.build(qm.mod, target=vta_ext.vta_target("pynq")),
+                                  tvm.cpu())
+    x = tvm.runtime.tensor(data)
+    expected = relax.VirtualMachine(relax.build(qm.mod, target="llvm"), tvm.cpu())[
+        "main"](x)[0].numpy()
+    assert np.abs(expected).max() > 0
+    for kind in KINDS:
+        dev = open_device(libraries[kind])
+        vta_ext.clear_run_log()
+        start = time.perf_counter()
+        with vta_ext.run_on(dev):
+            got = vm["main"](x)[0].numpy()
+        seconds = time.perf_counter() - start
+        calls = vta_ext.run_log()
+        np.testing.assert_array_equal(got, expected, err_msg=f"ResNet-18 56x56 on {dev.name}")
+        assert calls and all(c.device == dev.name for c in calls)
+        if kind == "rtl":
+            cycles = [c.device_cycles for c in calls]
+            assert all(c > 0 for c in cycles)
+            model = sum(c.cycles.total_cycles for c in calls)
+            print(f"ResNet-18 56x56 on the RTL: {len(calls)} calls, {sum(cycles):,} cycles "
+                  f"(cycle model {model:,}), {seconds:.0f} s")

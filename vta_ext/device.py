@@ -434,6 +434,8 @@ class Device:
                                   f"for a program of {count} instructions (a deadlock on a "
                                   "library that loops forever, or a long program: raise "
                                   "timeout=); this device is refused from now on")
+            if not box:
+                raise DeviceError(f"{self.path}: {call} raised in its worker thread")
             rc, text, cycles = box[0]
         if rc != 0:
             self._free_device()  # a device left mid-program: the next run allocates a new one
@@ -446,7 +448,7 @@ class Device:
     def simulator(self, config: VTAConfig) -> "DeviceSimulator":
         """The adapter with the run signature of :class:`~vta_ext.sim.FunctionalSimulator`
         that runs programs of ``config`` on this device (one per configuration value)."""
-        key = repr(sorted(config.to_dict().items()))
+        key = repr(sorted(config.to_dict().items()))   # the configuration's value
         sim = self._simulators.get(key)
         if sim is None:
             sim = self._simulators[key] = DeviceSimulator(self, config)
