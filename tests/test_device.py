@@ -306,3 +306,74 @@ def test_cli_run_on_a_device_prints_its_cycles(libraries, tmp_path, capsys):
     assert cli.main(["run", str(tmp_path / "m.so"), "--inputs", str(tmp_path / "x.npy"),
                      "--mem-latency", "40"]) == 1
     assert "--device" in capsys.readouterr().err
+    tune_args = cli.build_parser().parse_args(["tune", "m.onnx", "--records", "r.json",
+                                               "--device", str(libraries["rtl"])])
+    assert tune_args.device == str(libraries["rtl"])
+
+
+# ---------------------------------------------------------------------- tuning on the device
+def test_tuning_measures_on_the_rtl(libraries, tmp_path):
+    import json
+
+    import vta_ext
+    from conftest import conv_module
+    from tvm_csp_embed import tune
+    from tvm_csp_embed.tune.measure import measure_point
+
+    rtl = libraries["rtl"]
+    (task,) = tune.extract_tasks(conv_module(1, 16, 16, 8, 3),
+                                 target=vta_ext.vta_target("pynq"), strategy="stock")
+    runner = tune.LocalRunner(0, device=rtl)
+    path = tmp_path / "rtl.json"
+    best = tune.RandomTuner(task, seed=0).tune(3, tune.measure_option(runner=runner),
+                                               callbacks=[tune.callback.log_to_file(path)])
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(records) == 4 and all(r["device"] == "libvta_rtl.so" for r in records)
+    assert best.verified and best.device == "libvta_rtl.so"      # verified on the RTL too
+    # the recorded cycles are the RTL's: the program of the best point run there by hand
+    compiled = task.template.build(task.config, task.workload, task.epilogue, dict(best.knobs))
+    assert best.cycles == open_device(rtl).run_program(compiled.program).cycles
+    assert best.cycles != measure_point(task.spec(), best.knobs).cycles   # not the model's
+    assert "device" not in measure_point(task.spec(), best.knobs).to_dict()
+    with pytest.raises(DeviceError, match="reports no cycles"):
+        tune.LocalRunner(0, device=libraries["fsim"])
+
+
+# ---------------------------------------------------------------------- a whole network (slow)
+@pytest.mark.slow
+def test_resnet18_56_on_both_libraries_bit_exact(libraries):
+    import sys
+    import time
+    from pathlib import Path
+
+    import tvm
+    import vta_ext
+    from tvm import relax
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "relay_examples"))
+    from models import quantized_example
+
+    _, qm, _, data = quantized_example("resnet18", 56)
+    with vta_ext.build_options(strategy="stock"):
+        vm = relax.VirtualMachine(relax.build(qm.mod, target=vta_ext.vta_target("pynq")),
+                                  tvm.cpu())
+    x = tvm.runtime.tensor(data)
+    expected = relax.VirtualMachine(relax.build(qm.mod, target="llvm"), tvm.cpu())[
+        "main"](x)[0].numpy()
+    assert np.abs(expected).max() > 0
+    for kind in KINDS:
+        dev = open_device(libraries[kind])
+        vta_ext.clear_run_log()
+        start = time.perf_counter()
+        with vta_ext.run_on(dev):
+            got = vm["main"](x)[0].numpy()
+        seconds = time.perf_counter() - start
+        calls = vta_ext.run_log()
+        np.testing.assert_array_equal(got, expected, err_msg=f"ResNet-18 56x56 on {dev.name}")
+        assert calls and all(c.device == dev.name for c in calls)
+        if kind == "rtl":
+            cycles = [c.device_cycles for c in calls]
+            assert all(c > 0 for c in cycles)
+            model = sum(c.cycles.total_cycles for c in calls)
+            print(f"ResNet-18 56x56 on the RTL: {len(calls)} calls, {sum(cycles):,} cycles "
+                  f"(cycle model {model:,}), {seconds:.0f} s")

@@ -8,6 +8,7 @@ Subcommands (each with ``--help``)::
     vta-ext run OUT.so --inputs X.npy [...] [--output Y.npy] [--repeat N]
                        [--device LIB.so [--mem-latency N]]
     vta-ext tune MODEL --records FILE [--trials N] [--parallel K] [--config ...] [--strategy S]
+                                      [--device LIB.so]
     vta-ext report OUT.so|REPORT.json
 
 ``MODEL`` is a float or QDQ ``.onnx`` file, or a ``.pt2`` archive of ``torch.export.save`` (a
@@ -577,10 +578,11 @@ def cmd_tune(args) -> int:
               f"{config.name!r}")
         return 0
     print(f"{len(tasks)} task(s) of {model.path} on {config.name!r}, {args.trials} trial(s) "
-          f"each, {args.parallel or 'no'} worker process(es); records -> {args.records}")
+          f"each, {args.parallel or 'no'} worker process(es); records -> {args.records}"
+          f"{'' if args.device is None else f'; cycles measured on {args.device}'}")
     tuner_class = {"xgb": tune.XGBTuner, "random": tune.RandomTuner,
                    "grid": tune.GridSearchTuner}[args.tuner]
-    runner = tune.LocalRunner(args.parallel)
+    runner = tune.LocalRunner(args.parallel, device=args.device)
     option = tune.measure_option(runner=runner)
     rows = []
     try:
@@ -712,6 +714,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measurement worker processes; 0: in this process (default: %(default)s)")
     p.add_argument("--tuner", choices=TUNERS, default="xgb", help="search (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tuner (default: %(default)s)")
+    p.add_argument("--device", default=None, metavar="LIB.so",
+                   help="measure the cycles on this library (the vta-hw RTL) instead of the "
+                   "cycle model, and verify the best point there; keep its records in their own "
+                   "file")
     build_choices(p)
     p.set_defaults(func=cmd_tune)
 

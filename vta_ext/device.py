@@ -58,9 +58,9 @@ from .sim.stats import SimStats
 __all__ = ["open_device", "run_on", "Device", "DeviceError", "DeviceSimulator", "ProgramRun",
            "active_device", "vta_hw_library", "stream_stats"]
 
-#: ``wait_cycles`` of ``VTADeviceRun`` by default: what the original runtime passes
-#: (``VTASynchronize(cmd, 1 << 31)``); a board's driver polls that many times, the RTL clocks at
-#: most that many cycles
+#: ``wait_cycles`` of ``VTADeviceRun`` by default: what TVM's generated code passes to the
+#: original runtime (``VTASynchronize(cmd, 1 << 31)``); a board's driver polls that many times,
+#: the RTL clocks at most that many cycles
 DEFAULT_WAIT_CYCLES = 1 << 31
 
 #: what a non-zero ``VTADeviceRun`` return means: positive codes are the RTL's (1 is also the
@@ -434,6 +434,8 @@ class Device:
                                   f"for a program of {count} instructions (a deadlock on a "
                                   "library that loops forever, or a long program: raise "
                                   "timeout=); this device is refused from now on")
+            if not box:
+                raise DeviceError(f"{self.path}: {call} raised in its worker thread")
             rc, text, cycles = box[0]
         if rc != 0:
             self._free_device()  # a device left mid-program: the next run allocates a new one
@@ -446,7 +448,7 @@ class Device:
     def simulator(self, config: VTAConfig) -> "DeviceSimulator":
         """The adapter with the run signature of :class:`~vta_ext.sim.FunctionalSimulator`
         that runs programs of ``config`` on this device (one per configuration value)."""
-        key = repr(sorted(config.to_dict().items()))
+        key = repr(sorted(config.to_dict().items()))   # the configuration's value
         sim = self._simulators.get(key)
         if sim is None:
             sim = self._simulators[key] = DeviceSimulator(self, config)

@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from .measure import MeasureResult, measure_point, verify_point
+from .measure import MeasureResult, measure_device, measure_point, verify_point
 
 __all__ = ["LocalRunner", "DaskRunner", "MeasureOption", "measure_option", "in_worker"]
 
@@ -92,13 +92,26 @@ class LocalRunner:
         Modules each worker imports at start, besides ``vta_ext`` and ``tvm_csp_embed``: those
         that register the strategies and templates being tuned. They are imported by name with
         this process's ``sys.path``.
+    device : str, optional
+        Path of a library with the VTA driver ABI that reports cycles (the vta-hw RTL,
+        :mod:`vta_ext.device`): points are measured there (its cycles, not the cycle model's)
+        and the best one is verified there, as AutoTVM measured on boards; each worker opens the
+        library once. Keep such records in their own file: device cycles and model cycles are
+        not comparable.
     """
 
-    def __init__(self, n_parallel: int = 1, imports: Sequence[str] = ()) -> None:
+    def __init__(self, n_parallel: int = 1, imports: Sequence[str] = (),
+                 device: Optional[str] = None) -> None:
         if n_parallel < 0:
             raise ValueError(f"n_parallel={n_parallel} must be >= 0")
         self.n_parallel = n_parallel
         self.imports = tuple(imports)
+        self.device = None
+        if device is not None:
+            from pathlib import Path
+
+            self.device = str(Path(device).resolve())
+            measure_device(self.device)   # a library that cannot measure fails here, once
         self._pool = None
         self._futures: Set[Future] = set()
 
@@ -129,7 +142,7 @@ class LocalRunner:
 
     def run(self, spec: Dict[str, Any], batch: Batch) -> Iterator[Tuple[int, MeasureResult]]:
         """Measure every point of ``batch``; yields ``(index, result)`` as they finish."""
-        return self.map(measure_point, [(spec, knobs) for knobs in batch],
+        return self.map(measure_point, [(spec, knobs, self.device) for knobs in batch],
                         lambda i, why: MeasureResult(dict(batch[i]), None,
                                                      "the measurement worker process died"))
 
@@ -173,9 +186,9 @@ class LocalRunner:
     def verify(self, spec: Dict[str, Any], knobs: Dict[str, Any], seed: int = 0) -> Optional[str]:
         """:func:`~.measure.verify_point` in a worker (or here with ``n_parallel=0``)."""
         if self.n_parallel == 0:
-            return verify_point(spec, knobs, seed)
+            return verify_point(spec, knobs, seed, self.device)
         try:
-            return self._submit(verify_point, spec, knobs, seed).result()
+            return self._submit(verify_point, spec, knobs, seed, self.device).result()
         except ChildProcessError:
             return "the verification worker process died"
 
@@ -191,7 +204,8 @@ class LocalRunner:
 
     def __repr__(self) -> str:
         where = "in this process" if self.n_parallel == 0 else f"{self.n_parallel} worker processes"
-        return f"LocalRunner({where})"
+        on = f", on {self.device}" if self.device else ""
+        return f"LocalRunner({where}{on})"
 
 
 class DaskRunner:

@@ -236,7 +236,7 @@ class Tuner:
             base = self.results[index]
             if problem is None:
                 verified = MeasureResult(dict(knobs), cycles, None, base.dram_bytes, base.insns,
-                                         base.build_seconds, verified=True)
+                                         base.build_seconds, verified=True, device=base.device)
                 self.verified_index = index
                 for cb in callbacks:
                     cb(self, [knobs], [verified])
