@@ -19,6 +19,7 @@ from .strategy import (KnobSpace, OpTemplate, Strategy, register_strategy, regis
                        registered_strategies)
 from .options import build_options
 from .host import PYNQ_Z1, HostModel
+from .plugins import available_strategies
 from .target import TARGET_TAG, install_pipeline_hook, register_target, vta_target
 from .quantize import QuantizationError, quantize_relax, quantize_torch
 from . import executor as _executor  # registers the "vta_ext.run" packed function
@@ -36,6 +37,7 @@ __all__ = [
     # building for VTA
     "build_options", "HostModel", "PYNQ_Z1", "last_build_report", "BuildReport", "TemplateRefusal", "VTABuildError",
     "Strategy", "OpTemplate", "KnobSpace", "register_strategy", "register_template", "registered_strategies",
+    "available_strategies",
     # quantisation
     "quantize_torch", "quantize_relax", "QuantizationError",
     # running

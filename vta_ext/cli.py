@@ -14,8 +14,10 @@ float model, or one converted by PT2E). Everything here is the Python API, calle
 shows: :func:`vta_ext.quantize.quantize_onnx` / :func:`~vta_ext.quantize.quantize_pt2e` /
 :func:`~vta_ext.quantize.quantize_relax`, ``tvm.relax.build(mod, target=vta_ext.vta_target(...))``
 inside :func:`vta_ext.build_options`, ``executable.export_library``, ``relax.VirtualMachine``, and
-:mod:`tvm_csp_embed.tune`. ``tvm_csp_embed`` is imported, so the default strategy is the Python
-API's (``csp-relaxed``).
+the tuner plugin's API (:func:`vta_ext.plugins.tuner_plugin`, e.g. :mod:`tvm_csp_embed.tune`). The
+installed strategy plugins are loaded (:func:`vta_ext.plugins.load_strategy_plugins`), so with
+``tvm_csp_embed`` installed the default strategy is the Python API's after ``import tvm_csp_embed``
+(``csp-relaxed``).
 
 An error ends the command with exit status 1 and one line on stderr naming the file, input,
 preset or option at fault and what to do; ``--debug`` shows the traceback instead. See
@@ -348,14 +350,25 @@ def report_to_json(report, **extra: Any) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ commands
-def _setup(config: str, strategy: Optional[str]):
-    """Import the stack (tvm_csp_embed registers the CSP strategies, as in the Python API) and
-    validate the configuration and the strategy before any slow work: ``(target, config)``."""
-    import tvm_csp_embed  # noqa: F401 - registers csp-strict / csp-relaxed (the default)
+def _tuner():
+    """The tuner API of the installed tuner plugin (:func:`vta_ext.plugins.tuner_plugin`)."""
+    from .plugins import MissingPluginError, tuner_plugin
 
+    try:
+        return tuner_plugin()
+    except MissingPluginError as err:
+        raise CliError(str(err)) from err
+
+
+def _setup(config: str, strategy: Optional[str]):
+    """Load the strategy plugins (e.g. the CSP strategies, which make csp-relaxed the default, as
+    in the Python API) and validate the configuration and the strategy before any slow work:
+    ``(target, config)``."""
     from . import build_options
+    from .plugins import load_strategy_plugins
     from .target import config_of_target, vta_target
 
+    load_strategy_plugins()
     target = vta_target(config)
     build_options(strategy=strategy)  # an unknown strategy: the error lists the registered ones
     return target, config_of_target(target)
@@ -375,11 +388,10 @@ def cmd_compile(args) -> int:
                        "--records FILE, or check the path")
     target, config = _setup(args.config, args.strategy)
     import tvm
-    from tvm_csp_embed import tune
 
     from . import build_options, last_build_report
 
-    records = tune.apply_history_best(args.records) if args.records else None
+    records = _tuner().apply_history_best(args.records) if args.records else None
     calibration = load_calibration(model, calibration_file, calibration_array)
     start = time.perf_counter()
     qm = model.quantize(calibration)
@@ -442,10 +454,12 @@ def cmd_run(args) -> int:
     if args.output is not None and Path(args.output).suffix not in (".npy", ".npz"):
         raise CliError(f"--output {args.output}: give a .npy file (or .npz for several outputs)")
     import tvm
-    import tvm_csp_embed  # noqa: F401 - registers the CSP templates the library's operators use
     from tvm import relax
 
     from . import clear_run_log, run_log
+    from .plugins import load_strategy_plugins
+
+    load_strategy_plugins()  # the templates of the library's operators (e.g. the CSP ones)
 
     try:
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
@@ -528,7 +542,7 @@ def cmd_tune(args) -> int:
         raise CliError(f"--trials {args.trials} / --parallel {args.parallel}: give trials >= 1 "
                        "and parallel >= 0 (0: measure in this process)")
     target, config = _setup(args.config, args.strategy)
-    from tvm_csp_embed import tune
+    tune = _tuner()
 
     calibration = load_calibration(model, args.calibration, calibration_array)
     qm = model.quantize(calibration)
@@ -609,7 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of an error instead of one line")
     parser.add_argument("-v", "--verbose", action="store_true",
-                        help="log at INFO level (vta_ext, tvm_csp_embed)")
+                        help="log at INFO level (vta_ext and its plugins)")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an error instead of one line")
