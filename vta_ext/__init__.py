@@ -23,6 +23,7 @@ from .plugins import available_strategies
 from .target import TARGET_TAG, install_pipeline_hook, register_target, vta_target
 from .quantize import QuantizationError, quantize_relax, quantize_torch
 from . import executor as _executor  # registers the "vta_ext.run" packed function
+from .trace import export_trace
 from . import stock as _stock  # registers the stock strategy's templates  # noqa: F401
 
 register_target()
@@ -41,7 +42,7 @@ __all__ = [
     # quantisation
     "quantize_torch", "quantize_relax", "QuantizationError",
     # running
-    "run_log", "clear_run_log", "FunctionalSimulator", "SimStats",
+    "run_log", "clear_run_log", "export_trace", "FunctionalSimulator", "SimStats",
     # the accelerator itself
     "CommandQueue", "UopKernel", "Program", "MissingExtensionError",
     "Opcode", "MemType", "AluOp", "Stage", "disassemble",

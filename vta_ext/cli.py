@@ -5,7 +5,7 @@ Subcommands (each with ``--help``)::
 
     vta-ext compile MODEL -o OUT.so [--config NAME|PATH.json] [--strategy S] [--records FILE]
                                     [--calibration X.npy] [--report REPORT.json]
-    vta-ext run OUT.so --inputs X.npy [...] [--output Y.npy] [--repeat N]
+    vta-ext run OUT.so --inputs X.npy [...] [--output Y.npy] [--repeat N] [--trace T.json]
     vta-ext tune MODEL --records FILE [--trials N] [--parallel K] [--config ...] [--strategy S]
     vta-ext report OUT.so|REPORT.json
 
@@ -453,6 +453,8 @@ def cmd_run(args) -> int:
         raise CliError(f"--repeat {args.repeat}: give a number of runs >= 1")
     if args.output is not None and Path(args.output).suffix not in (".npy", ".npz"):
         raise CliError(f"--output {args.output}: give a .npy file (or .npz for several outputs)")
+    if args.trace is not None and Path(args.trace).suffix != ".json":
+        raise CliError(f"--trace {args.trace}: give a .json file (e.g. --trace trace.json)")
     import tvm
     from tvm import relax
 
@@ -519,6 +521,13 @@ def cmd_run(args) -> int:
         else:
             np.save(path, outputs[0])
         print(f"wrote {path}")
+    if args.trace is not None and calls:
+        from .trace import export_trace
+
+        print(f"wrote {export_trace(args.trace, calls)} (the first run's {len(calls)} VTA call(s); "
+              "open it in https://ui.perfetto.dev or chrome://tracing)")
+    elif args.trace is not None:
+        _warn(f"--trace {args.trace}: not written, the model made no VTA call")
     return 0
 
 
@@ -666,6 +675,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save the output here (.npz for several outputs)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="runs to time; min and median are printed (default: %(default)s)")
+    p.add_argument("--trace", default=None, metavar="T.json",
+                   help="write the first run's VTA calls as a Chrome trace (cycle model; open in "
+                   "ui.perfetto.dev or chrome://tracing)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("tune", parents=[common], help="tune a model's VTA operators",
