@@ -9,8 +9,14 @@ setup(
     packages=find_packages(include=["vta_ext", "vta_ext.*", "tvm_csp_embed", "tvm_csp_embed.*"]),
     package_data={"vta_ext": ["configs/*.json"], "tvm_csp_embed": ["models/*.mzn"]},
     python_requires=">=3.10",
-    # the command line (vta_ext/cli.py; also python -m vta_ext)
-    entry_points={"console_scripts": ["vta-ext = vta_ext.cli:main"]},
+    entry_points={
+        # the command line (vta_ext/cli.py; also python -m vta_ext)
+        "console_scripts": ["vta-ext = vta_ext.cli:main"],
+        # tvm_csp_embed as a plugin of vta_ext (vta_ext/plugins.py): importing it registers the
+        # CSP strategies; its tune module is the tuner of vta-ext tune / compile --records
+        "vta_ext.strategies": ["csp = tvm_csp_embed"],
+        "vta_ext.tuners": ["csp = tvm_csp_embed.tune"],
+    },
     install_requires=[
         "apache-tvm==0.27.0.post1",
         "apache-tvm-ffi==0.1.14.post1",

@@ -250,6 +250,23 @@ def library(models):
     return d / "errors.so"
 
 
+def test_run_writes_a_trace_of_its_vta_calls(models, library, tmp_path, capsys):
+    """``run --trace``: the first run's VTA calls as a Chrome trace (the format's rules are
+    checked in tests/test_trace.py); one process per call, named by operator and strategy."""
+    path = tmp_path / "out" / "trace.json"
+    assert cli.main(["run", str(library), "--inputs", str(models["dir"] / "x.npy"), "--repeat", "2",
+                     "--trace", str(path)]) == 0
+    both = vta_ext.run_log()  # the two runs' calls
+    calls = both[:len(both) // 2]
+    assert [c.key for c in calls] == [c.key for c in both[len(calls):]]
+    assert f"wrote {path} (the first run's {len(calls)} VTA call(s)" in capsys.readouterr().out
+    data = json.loads(path.read_text())
+    names = [e["args"]["name"] for e in data["traceEvents"] if e["name"] == "process_name"]
+    assert len(names) == len(calls) > 0
+    assert all(n.startswith(f"{c.op} #{i}") and n.endswith(", stock)")
+               for i, (c, n) in enumerate(zip(calls, names), start=1))
+
+
 def test_errors_in_a_subprocess_are_one_line(models, library, tmp_path):
     """The process as a user runs it: a bad model file, a wrong input shape, an unknown preset."""
     d = models["dir"]
@@ -299,6 +316,8 @@ def _error_cases(d: Path, library: Path, tmp: Path):
                                                                   "float32"]),
         (["run", str(library), "--inputs", str(d / "x.npy"), str(d / "x.npy")],
          ["2 file(s)", "1 input(s)"]),
+        (["run", str(library), "--inputs", str(d / "x.npy"), "--trace", str(tmp / "t.txt")],
+         ["--trace", "t.txt", ".json"]),
         # unknown preset, bad configuration file, unknown strategy, missing records
         (["compile", onnx, "-o", out, "--config", "nope"], ["'nope'", "pipelined", "2x16x16"]),
         (["compile", onnx, "-o", out, "--config", str(tmp / "absent.json")], ["absent.json"]),

@@ -193,3 +193,37 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
     assert proc.returncode == 0, proc.stderr[-3000:]
     failed = proc.stdout.strip().splitlines()[-1].split()[1:]
     assert not failed, f"modules that fail to import alone: {failed}\n{proc.stderr[-3000:]}"
+
+
+def imports_of_package(path: Path, package: str) -> List[Tuple[int, str]]:
+    """``(line, imported module)`` of every ``import``/``from ... import`` of ``package`` (or a
+    module of it) in the file ``path``, at any depth (also inside functions); relative imports
+    stay in their own package and are not counted."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        else:
+            continue
+        found += [(node.lineno, n) for n in names if n == package or n.startswith(package + ".")]
+    return found
+
+
+def test_the_import_scan_finds_function_level_imports(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import os\nfrom . import tvm_csp_embed\ndef f():\n"
+                      "    from tvm_csp_embed.tune import x\n    import tvm_csp_embed as t\n")
+    assert imports_of_package(source, "tvm_csp_embed") == [(4, "tvm_csp_embed.tune"),
+                                                           (5, "tvm_csp_embed")]
+
+
+def test_vta_ext_never_imports_its_plugin_tvm_csp_embed():
+    """The lower package finds ``tvm_csp_embed`` through entry points (``vta_ext/plugins.py``),
+    never by an import (issue 30, item 1)."""
+    found = [f"{path.relative_to(REPO)}:{line} imports {name}"
+             for path, _ in modules(REPO, ("vta_ext",)).values()
+             for line, name in imports_of_package(path, "tvm_csp_embed")]
+    assert not found, ("vta_ext imports tvm_csp_embed (load it as a plugin through "
+                       "vta_ext.plugins instead): " + "; ".join(found))

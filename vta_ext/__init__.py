@@ -19,10 +19,12 @@ from .strategy import (KnobSpace, OpTemplate, Strategy, register_strategy, regis
                        registered_strategies)
 from .options import build_options
 from .host import PYNQ_Z1, HostModel
+from .plugins import available_strategies
 from .target import TARGET_TAG, install_pipeline_hook, register_target, vta_target
 from .quantize import QuantizationError, quantize_relax, quantize_torch
 from .device import DeviceError, open_device, run_on
 from . import executor as _executor  # registers the "vta_ext.run" packed function
+from .trace import export_trace
 from . import stock as _stock  # registers the stock strategy's templates  # noqa: F401
 
 register_target()
@@ -37,10 +39,11 @@ __all__ = [
     # building for VTA
     "build_options", "HostModel", "PYNQ_Z1", "last_build_report", "BuildReport", "TemplateRefusal", "VTABuildError",
     "Strategy", "OpTemplate", "KnobSpace", "register_strategy", "register_template", "registered_strategies",
+    "available_strategies",
     # quantisation
     "quantize_torch", "quantize_relax", "QuantizationError",
     # running
-    "run_log", "clear_run_log", "FunctionalSimulator", "SimStats",
+    "run_log", "clear_run_log", "export_trace", "FunctionalSimulator", "SimStats",
     # devices with the original driver ABI (vta_ext.device)
     "open_device", "run_on", "DeviceError",
     # the accelerator itself

@@ -5,7 +5,7 @@ Subcommands (each with ``--help``)::
 
     vta-ext compile MODEL -o OUT.so [--config NAME|PATH.json] [--strategy S] [--records FILE]
                                     [--calibration X.npy] [--report REPORT.json]
-    vta-ext run OUT.so --inputs X.npy [...] [--output Y.npy] [--repeat N]
+    vta-ext run OUT.so --inputs X.npy [...] [--output Y.npy] [--repeat N] [--trace T.json]
                        [--device LIB.so [--mem-latency N]]
     vta-ext tune MODEL --records FILE [--trials N] [--parallel K] [--config ...] [--strategy S]
                                       [--device LIB.so]
@@ -16,8 +16,10 @@ float model, or one converted by PT2E). Everything here is the Python API, calle
 shows: :func:`vta_ext.quantize.quantize_onnx` / :func:`~vta_ext.quantize.quantize_pt2e` /
 :func:`~vta_ext.quantize.quantize_relax`, ``tvm.relax.build(mod, target=vta_ext.vta_target(...))``
 inside :func:`vta_ext.build_options`, ``executable.export_library``, ``relax.VirtualMachine``, and
-:mod:`tvm_csp_embed.tune`. ``tvm_csp_embed`` is imported, so the default strategy is the Python
-API's (``csp-relaxed``).
+the tuner plugin's API (:func:`vta_ext.plugins.tuner_plugin`, e.g. :mod:`tvm_csp_embed.tune`). The
+installed strategy plugins are loaded (:func:`vta_ext.plugins.load_strategy_plugins`), so with
+``tvm_csp_embed`` installed the default strategy is the Python API's after ``import tvm_csp_embed``
+(``csp-relaxed``).
 
 An error ends the command with exit status 1 and one line on stderr naming the file, input,
 preset or option at fault and what to do; ``--debug`` shows the traceback instead. See
@@ -350,14 +352,25 @@ def report_to_json(report, **extra: Any) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ commands
-def _setup(config: str, strategy: Optional[str]):
-    """Import the stack (tvm_csp_embed registers the CSP strategies, as in the Python API) and
-    validate the configuration and the strategy before any slow work: ``(target, config)``."""
-    import tvm_csp_embed  # noqa: F401 - registers csp-strict / csp-relaxed (the default)
+def _tuner():
+    """The tuner API of the installed tuner plugin (:func:`vta_ext.plugins.tuner_plugin`)."""
+    from .plugins import MissingPluginError, tuner_plugin
 
+    try:
+        return tuner_plugin()
+    except MissingPluginError as err:
+        raise CliError(str(err)) from err
+
+
+def _setup(config: str, strategy: Optional[str]):
+    """Load the strategy plugins (e.g. the CSP strategies, which make csp-relaxed the default, as
+    in the Python API) and validate the configuration and the strategy before any slow work:
+    ``(target, config)``."""
     from . import build_options
+    from .plugins import load_strategy_plugins
     from .target import config_of_target, vta_target
 
+    load_strategy_plugins()
     target = vta_target(config)
     build_options(strategy=strategy)  # an unknown strategy: the error lists the registered ones
     return target, config_of_target(target)
@@ -377,11 +390,10 @@ def cmd_compile(args) -> int:
                        "--records FILE, or check the path")
     target, config = _setup(args.config, args.strategy)
     import tvm
-    from tvm_csp_embed import tune
 
     from . import build_options, last_build_report
 
-    records = tune.apply_history_best(args.records) if args.records else None
+    records = _tuner().apply_history_best(args.records) if args.records else None
     calibration = load_calibration(model, calibration_file, calibration_array)
     start = time.perf_counter()
     qm = model.quantize(calibration)
@@ -477,11 +489,15 @@ def cmd_run(args) -> int:
         raise CliError(f"--repeat {args.repeat}: give a number of runs >= 1")
     if args.output is not None and Path(args.output).suffix not in (".npy", ".npz"):
         raise CliError(f"--output {args.output}: give a .npy file (or .npz for several outputs)")
+    if args.trace is not None and Path(args.trace).suffix != ".json":
+        raise CliError(f"--trace {args.trace}: give a .json file (e.g. --trace trace.json)")
     import tvm
-    import tvm_csp_embed  # noqa: F401 - registers the CSP templates the library's operators use
     from tvm import relax
 
     from . import clear_run_log, run_log
+    from .plugins import load_strategy_plugins
+
+    load_strategy_plugins()  # the templates of the library's operators (e.g. the CSP ones)
 
     try:
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
@@ -545,6 +561,13 @@ def cmd_run(args) -> int:
         else:
             np.save(path, outputs[0])
         print(f"wrote {path}")
+    if args.trace is not None and calls:
+        from .trace import export_trace
+
+        print(f"wrote {export_trace(args.trace, calls)} (the first run's {len(calls)} VTA call(s); "
+              "open it in https://ui.perfetto.dev or chrome://tracing)")
+    elif args.trace is not None:
+        _warn(f"--trace {args.trace}: not written, the model made no VTA call")
     return 0
 
 
@@ -568,7 +591,7 @@ def cmd_tune(args) -> int:
         raise CliError(f"--trials {args.trials} / --parallel {args.parallel}: give trials >= 1 "
                        "and parallel >= 0 (0: measure in this process)")
     target, config = _setup(args.config, args.strategy)
-    from tvm_csp_embed import tune
+    tune = _tuner()
 
     calibration = load_calibration(model, args.calibration, calibration_array)
     qm = model.quantize(calibration)
@@ -650,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of an error instead of one line")
     parser.add_argument("-v", "--verbose", action="store_true",
-                        help="log at INFO level (vta_ext, tvm_csp_embed)")
+                        help="log at INFO level (vta_ext and its plugins)")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an error instead of one line")
@@ -699,6 +722,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "built-in simulator; its cycles are printed beside the model's")
     p.add_argument("--mem-latency", type=int, default=None, metavar="N",
                    help="with --device: memory latency in cycles (the vta-hw RTL)")
+    p.add_argument("--trace", default=None, metavar="T.json",
+                   help="write the first run's VTA calls as a Chrome trace (cycle model; open in "
+                   "ui.perfetto.dev or chrome://tracing)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("tune", parents=[common], help="tune a model's VTA operators",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import warnings
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -177,6 +178,11 @@ def _aten_name(node) -> str:
     return name[:-len(".default")] if name.endswith(".default") else name
 
 
+#: the FutureWarning that torch 2.13 issues inside ``ExportedProgram.run_decompositions`` (a
+#: regular expression for :func:`warnings.filterwarnings`)
+LEAFSPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+
+
 def import_exported_program(program, **kwargs) -> tvm.IRModule:
     """``from_exported_program`` that records the torch layer of every Relax binding.
 
@@ -193,7 +199,11 @@ def import_exported_program(program, **kwargs) -> tvm.IRModule:
     """
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
-    program = program.run_decompositions()
+    with warnings.catch_warnings():
+        # torch 2.13's run_decompositions deep-copies its own pytree LeafSpec objects, which warns
+        # (from copyreg.py) on every call; nothing the caller can change: silence that one here
+        warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, category=FutureWarning)
+        program = program.run_decompositions()
     importer = ExportedProgramImporter()
     mod = importer.from_exported_program(program, kwargs.get("keep_params_as_input", False),
                                          False, False, kwargs.get("custom_convert_map"))

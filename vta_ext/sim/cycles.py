@@ -67,6 +67,9 @@ class CycleReport:
     macs: int = 0
     alu_ops: int = 0
     timeline: List[Tuple[str, int, int, str]] = field(default_factory=list, repr=False)
+    #: with a timeline: the stream index of each timeline entry's instruction (a sum of reports
+    #: counts the streams back to back), for :mod:`vta_ext.trace`
+    timeline_index: List[int] = field(default_factory=list, repr=False)
 
     @property
     def milliseconds(self) -> float:
@@ -86,6 +89,9 @@ class CycleReport:
         out.alu_ops = self.alu_ops + other.alu_ops
         out.timeline = self.timeline + [(m, s + self.total_cycles, e + self.total_cycles, k)
                                         for m, s, e, k in other.timeline]
+        # with a timeline every instruction has one entry, so a stream's length is its entries'
+        out.timeline_index = self.timeline_index + [i + len(self.timeline)
+                                                    for i in other.timeline_index]
         return out
 
     def summary(self) -> str:
@@ -296,7 +302,8 @@ class CycleModel:
     config : VTAConfig
         Supplies every timing constant.
     record_timeline : bool
-        Keep (module, start, end, kind) for every instruction, for :meth:`CycleReport.plot_timeline`.
+        Keep (module, start, end, kind) for every instruction, for :meth:`CycleReport.plot_timeline`,
+        and its stream index (``CycleReport.timeline_index``).
     """
 
     def __init__(self, config: VTAConfig, record_timeline: bool = False) -> None:
@@ -394,6 +401,7 @@ class CycleModel:
                     if timeline:
                         report.timeline.append((_STAGES[pos].name.lower(), start, free,
                                                 _kind(insn)))
+                        report.timeline_index.append(queue[h][0])
                     h += 1
                 if h != head:
                     progressed = True
