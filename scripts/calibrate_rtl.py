@@ -212,7 +212,7 @@ def benchmarks(cfg: VTAConfig, quick: bool = False) -> List[Tuple[str, str, Call
         add("tiles", f"tiles n{n} x{x} u{u} {'double' if double else 'single'} alu{a}", tiles,
             n, x, u, double, a)
     if quick:
-        keep = {"empty", "inp n1 x8 y8", "wgt n1 x2 y2", "acc x4 y4 pads (2, 2, 2, 2)",
+        keep = {"empty", "inp n1 x8 y8", "wgt n3 x4 y5", "acc x4 y4 pads (2, 2, 2, 2)",
                 "store n1 x8 y8", "gemm n1 u8 o4 i4", "alu n1 u8 o4 i4", "uop+gemm n4 u32 distinct",
                 "pingpong COMPUTE-STORE n5", "tiles n4 x4 u4 double alu1"}
         out = [b for b in out if b[0] in keep]

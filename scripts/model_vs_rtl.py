@@ -77,8 +77,10 @@ def _conv(name, n, c, h, w, k, r, s, pad, stride) -> MatchedOp:
 def _dense(name, n, k, m) -> MatchedOp:
     x = relax.Var("x", relax.TensorType((n, k), "int8"))
     wt = relax.Var("w", relax.TensorType((m, k), "int8"))
+    # the core's own operand is the transposed weight (a leaf here: normalised without a scope)
+    wt_t = relax.Var("w_t", relax.TensorType((k, m), "int8"))
     bb = relax.BlockBuilder()
-    core = bb.normalize(relax.op.matmul(x, relax.op.permute_dims(wt), out_dtype="int32"))
+    core = bb.normalize(relax.op.matmul(x, wt_t, out_dtype="int32"))
     return MatchedOp("dense", core, [x, wt], None, EPILOGUE, name)
 
 
@@ -91,8 +93,9 @@ def _max_pool(name, c, hw, size, stride, pad) -> MatchedOp:
 
 def _avg_pool(name, c, hw) -> MatchedOp:
     x = relax.Var("x", relax.TensorType((1, c, hw, hw), "int8"))
+    x32 = relax.Var("x32", relax.TensorType((1, c, hw, hw), "int32"))   # astype(x, int32)
     bb = relax.BlockBuilder()
-    core = bb.normalize(relax.op.nn.avg_pool2d(relax.op.astype(x, "int32"), hw, 1, 0))
+    core = bb.normalize(relax.op.nn.avg_pool2d(x32, hw, 1, 0))
     return MatchedOp("avg_pool2d", core, [x], None, (("shr", 6),), name)
 
 

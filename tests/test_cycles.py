@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from vta_ext.config import load_config
+from vta_ext.config import VTAConfig, load_config
 from vta_ext.isa import AluOp, MemType, Stage
 from vta_ext.runtime import CommandQueue, UopKernel
 from vta_ext.sim.cycles import CycleModel, DeadlockError
@@ -53,23 +53,31 @@ def _gemm_program(cfg, tiles=1, double_buffer=False):
     return q.synchronize()
 
 
-def test_hand_computed_single_tile():
-    # default: issue 1, DMA overhead 4 per row, 8 B/cycle, GEMM 4 cycles per uop
-    q = CommandQueue(CFG)
-    inp, wgt, out = q.alloc(64, "inp"), q.alloc(1024, "wgt"), q.alloc(16, "out")
-    q.load_2d(inp, 0, 4, 1, 4, 0, 0, 0, 0, 0, MemType.INP)        # 1 + 4 + 64/8    = 13
-    q.load_2d(wgt, 0, 4, 1, 4, 0, 0, 0, 0, 0, MemType.WGT)        # 1 + 4 + 1024/8  = 133
+def _one_tile(cfg, inp_rows=1, inp_pad=0, out_rows=1):
+    """LOAD inp ``inp_rows`` rows x 4 (``inp_pad`` padding elements before each row), LOAD wgt
+    1 x 4, GEMM of 4 iterations, STORE ``out_rows`` rows x 1."""
+    q = CommandQueue(cfg)
+    inp, wgt, out = q.alloc(256, "inp"), q.alloc(1024, "wgt"), q.alloc(32, "out")
+    q.load_2d(inp, 0, 4, inp_rows, 4, inp_pad, 0, 0, 0, 0, MemType.INP)
+    q.load_2d(wgt, 0, 4, 1, 4, 0, 0, 0, 0, 0, MemType.WGT)
     q.dep_push(Stage.LOAD, Stage.COMPUTE)
     q.dep_pop(Stage.LOAD, Stage.COMPUTE)
     k = UopKernel("gemm")
     k.loop_begin(4, 0, 1, 1)
     k.push(0, 0, 0)
     k.loop_end()
-    q.push_gemm(k)                                                # uop load 1+4+1 = 6, GEMM 1 + 4*4 = 17
+    q.push_gemm(k)
     q.dep_push(Stage.COMPUTE, Stage.STORE)
     q.dep_pop(Stage.COMPUTE, Stage.STORE)
-    q.store_2d(0, MemType.OUT, out, 0, 1, 1, 1)                   # 1 + 4 + 16/8 = 7
-    report = CycleModel(CFG).run_program(q.synchronize())
+    q.store_2d(0, MemType.OUT, out, 0, 1, out_rows, 1)
+    return q.synchronize()
+
+
+def test_hand_computed_single_tile():
+    # default: issue 1, DMA overhead 4 per row, 8 B/cycle, GEMM 4 cycles per uop
+    # inp 1 + 4 + 64/8 = 13; wgt 1 + 4 + 1024/8 = 133; uop load 1+4+1 = 6, GEMM 1 + 4*4 = 17;
+    # store 1 + 4 + 16/8 = 7
+    report = CycleModel(CFG).run_program(_one_tile(CFG))
     # load 0-13-146, compute uop 146-152, gemm 152-169, store 169-176, compute NOP 176-177, FINISH 178
     assert report.total_cycles == 178
     assert report.modules["load"].busy == 13 + 133 + 1
@@ -133,3 +141,79 @@ def test_clip_is_timed_as_an_immediate_alu_op():
                    uop_end=2, iter_out=3, iter_in=4)
     assert insn_cycles(CFG, clip) == 1 + 3 * 4 * 2 * 5
     assert insn_cycles(load_config("pipelined"), clip) == 1 + 3 * 4 * 2 * 1
+
+
+# --------------------------------------------------------------------------- the RTL's structure
+#: round structural constants (not a preset's): per-kind fixed costs, per-row costs, per-type
+#: bandwidth, fetch and a token hop of TOKEN_CYCLES - POP_OFFSET_CYCLES = -4
+STRUCTURED = {"GEMM_CYCLES_PER_UOP": 1, "INSN_ISSUE_CYCLES": 0, "DMA_OVERHEAD_CYCLES": 0,
+              "INP_BYTES_PER_CYCLE": 8, "WGT_BYTES_PER_CYCLE": 4, "UOP_BYTES_PER_CYCLE": 4,
+              "OUT_BYTES_PER_CYCLE": 8, "INP_INSN_CYCLES": 9, "WGT_INSN_CYCLES": 5,
+              "UOP_INSN_CYCLES": 17, "OUT_INSN_CYCLES": 4, "INP_ROW_CYCLES": 19,
+              "WGT_ROW_CYCLES": 15, "OUT_ROW_CYCLES": 14, "GEMM_INSN_CYCLES": 19,
+              "NOP_INSN_CYCLES": 13, "FINISH_INSN_CYCLES": 11, "FETCH_CYCLES": 10,
+              "TOKEN_CYCLES": 0, "POP_OFFSET_CYCLES": 4}
+
+
+@pytest.mark.parametrize("latency", [0, 40])
+def test_hand_computed_structure(latency):
+    L = latency
+    cfg = VTAConfig.from_dict({**CFG.to_dict(), **STRUCTURED, "MEM_LATENCY_CYCLES": L})
+    report = CycleModel(cfg).run_program(_one_tile(cfg, inp_rows=2, inp_pad=1, out_rows=2))
+    # every module starts at the fetch, 10 + L.
+    # load: INP 9 + 2 rows x (19 + L) + 128 B / 8 + 2 padding elements = 65 + 2L;
+    #       WGT 5 + (15 + L) + 1024 B / 4 = 276 + L, pushes at 10 + L + 341 + 3L = 351 + 4L;
+    #       the closing LOAD NOP 13, pushes at 364 + 4L
+    # compute: the uop load pops at 351 + 4L - 4 = 347 + 4L and takes 17 + (0 + L) + 4 B / 4
+    #       = 18 + L -> 365 + 5L; GEMM 19 + 4 x 1 = 23 -> 388 + 5L, pushes
+    # store: starts at 388 + 5L - 4, takes 4 + 2 x (14 + L) + 32 B / 8 = 36 + 2L -> 420 + 7L
+    # compute: the NOP pops both (store's token: 416 + 7L), 13 -> 429 + 7L; FINISH 11
+    assert report.total_cycles == 440 + 7 * L
+    assert report.modules["load"].busy == (65 + 2 * L) + (276 + L) + 13
+    assert report.modules["compute"].busy == (18 + L) + 23 + 13 + 11
+    assert report.modules["store"].busy == 36 + 2 * L
+    assert report.modules["store"].stall == (384 + 5 * L) - (10 + L)
+
+
+def test_other_presets_take_the_structure_that_adds_nothing():
+    """docs/isa.md: every preset but pynq keeps its per-micro-op model; the structural keys add
+    nothing (bandwidth 0 = the bus rate, no fixed costs, no latency, one cycle per padding)."""
+    from vta_ext.config import STRUCTURE_KEYS, available_configs
+
+    for name in available_configs():
+        if name == "pynq":
+            continue
+        cfg = load_config(name)
+        for key in STRUCTURE_KEYS:
+            assert getattr(cfg, key) == (1 if key == "PAD_ELEM_CYCLES" else 0), (name, key)
+
+
+def test_structural_keys_are_monotone():
+    """More bandwidth, fewer fixed cycles or a longer pop offset never cost cycles."""
+    from vta_ext.config import DMA_KINDS
+
+    base = {**CFG.to_dict(), **STRUCTURED, "ACC_INSN_CYCLES": 10, "ACC_ROW_CYCLES": 19,
+            "ALU_INSN_CYCLES": 19, "MEM_LATENCY_CYCLES": 40}
+    program = _gemm_program(CFG, tiles=3, double_buffer=True)
+    total = CycleModel(VTAConfig.from_dict(base)).run_program(program).total_cycles
+    for key, value in base.items():
+        if key.endswith(("_INSN_CYCLES", "_ROW_CYCLES")) or key in (
+                "FETCH_CYCLES", "TOKEN_CYCLES", "MEM_LATENCY_CYCLES") and value:
+            cheaper = {**base, key: value - 1} if value else None
+        elif key == "POP_OFFSET_CYCLES":
+            cheaper = {**base, key: value + 1}
+        elif key in tuple(f"{k}_BYTES_PER_CYCLE" for k in DMA_KINDS) and value and value < 8:
+            cheaper = {**base, key: value * 2}
+        else:
+            continue
+        if cheaper is None:
+            continue
+        assert CycleModel(VTAConfig.from_dict(cheaper)).run_program(program).total_cycles <= \
+            total, key
+
+
+def test_a_type_faster_than_the_bus_is_refused():
+    from vta_ext.config import ConfigError
+
+    with pytest.raises(ConfigError, match="WGT_BYTES_PER_CYCLE=16 exceeds the bus"):
+        VTAConfig.from_dict({**CFG.to_dict(), "WGT_BYTES_PER_CYCLE": 16})
