@@ -26,6 +26,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .isa import AluInsn, GemmInsn, MemInsn, MemType, Opcode, decode_uops
+
 __all__ = ["Violation", "distance_of", "operand_sequence", "first_violation", "kernel_violation",
            "cure", "program_violations"]
 
@@ -104,9 +106,7 @@ def _instruction_loops(kernel) -> List[Tuple[int, int, int, int]]:
 
 def _like(kernel, loops, uops):
     """A kernel of ``kernel``'s kind with ``loops`` and ``uops`` (tuples dst, src, wgt)."""
-    from .runtime import UopKernel
-
-    new = UopKernel(kernel.mode, reset=kernel.reset, alu_opcode=kernel.alu_opcode,
+    new = type(kernel)(kernel.mode, reset=kernel.reset, alu_opcode=kernel.alu_opcode,
                     use_imm=kernel.use_imm, imm=kernel.imm)
     for loop in loops:
         new.loop_begin(*loop)
@@ -225,8 +225,6 @@ def program_violations(program, distances: Optional[Tuple[int, int]] = None) -> 
 
     ``distances`` is ``(GEMM, ALU)``; default: the program's configuration's.
     """
-    from .isa import AluInsn, GemmInsn, MemInsn, MemType, Opcode, decode_uops
-
     cfg = program.config
     gemm_d, alu_d = distances or (cfg.ACC_DEP_DISTANCE_GEMM, cfg.ACC_DEP_DISTANCE_ALU)
     depth = cfg.uop_depth
