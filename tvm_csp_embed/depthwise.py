@@ -35,6 +35,7 @@ ALU template).
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -228,6 +229,24 @@ class DepthwiseTemplate(OpTemplate):
         except KnobError as err:
             raise TemplateRefusal(f"knobs {knobs!r}: {err}") from err
         return cycle_report(key).total_cycles
+
+    def unit_cycles(self, key: str) -> Dict[str, Optional[int]]:
+        """Both units' modelled cycles for the compiled depthwise operator ``key``
+        (:func:`vta_ext.executor.op_key` of one of this template's plans), with its epilogue and
+        knobs: ``{"alu": cycles or None, "gemm": cycles or None}`` (None: the template refuses)."""
+        from vta_ext.config import VTAConfig
+
+        spec = json.loads(key)
+        wl = DepthwiseUnitWorkload(**spec["workload"])
+        cfg = VTAConfig.from_dict(spec["config_value"], name=spec["config"])
+        out: Dict[str, Optional[int]] = {}
+        for unit in UNITS:
+            try:
+                out[unit] = self.cycles(cfg, dataclasses.replace(wl, unit=unit), spec["epilogue"],
+                                        spec["knobs"])
+            except TemplateRefusal:
+                out[unit] = None
+        return out
 
     def _gemm_inputs(self, op: MatchedOp, config, wl: DepthwiseUnitWorkload):
         from vta_ext.packing import BlockedActivation, pack_channel_bias
