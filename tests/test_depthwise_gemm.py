@@ -262,3 +262,24 @@ def test_network_depthwise_layers_bit_exact(config):
 def test_network_depthwise_layers_on_the_rtl(rtl):
     for shape in network_depthwise_shapes():
         _on_rtl(rtl, shape)
+
+
+def test_the_gemm_unit_tunes_and_verifies(tmp_path):
+    """The block-diagonal program is a tuning task under csp-relaxed (the conv2d knobs); its best
+    point is verified against the grouped-conv numpy reference, and the tuned record is used by
+    the next build."""
+    from tvm_csp_embed import tune
+
+    mod, arrays, ref = case(32, 8, 3, 1, 1)
+    (task,) = tune.extract_tasks(mod, strategy="csp-relaxed")
+    assert task.kind == "depthwise_conv2d" and len(task.knob_space) > 1
+    path = tmp_path / "dw.json"
+    best = tune.RandomTuner(task, seed=0).tune(
+        4, tune.measure_option(runner=tune.LocalRunner(0)),
+        callbacks=[tune.callback.log_to_file(path)])
+    assert best.verified
+    with vta_ext.build_options(strategy="csp-relaxed"), tune.apply_history_best(path):
+        out = run(mod, vta_ext.vta_target("default"), arrays)
+    np.testing.assert_array_equal(out, ref)
+    p = depthwise_placement(vta_ext.last_build_report())
+    assert p.plan == "csp-relaxed GEMM block-diagonal" and "tuned record from" in p.detail

@@ -52,8 +52,10 @@ from vta_ext.templates.depthwise import DepthwiseConv2dWorkload
 from vta_ext.templates.errors import KnobError
 from vta_ext.templates.workload import Conv2dWorkload, GroupConv2dWorkload
 
+from .reference import register_reference
+
 __all__ = ["DepthwiseUnitWorkload", "DepthwiseTemplate", "UNITS", "diagonal_workload",
-           "diagonal_weight", "pack_diagonal_weight"]
+           "diagonal_weight", "pack_diagonal_weight", "gemm_reference"]
 
 #: the units that can run a depthwise convolution, in the order a tie is broken
 UNITS = ("alu", "gemm")
@@ -288,6 +290,21 @@ class DepthwiseTemplate(OpTemplate):
         return _gemm_knob_space(config, diagonal_workload(config, workload), epilogue)
 
 
+def gemm_reference(config, wl: DepthwiseUnitWorkload, epilogue, rng):
+    """The tuner's numpy reference of the block-diagonal program (``unit="gemm"``; the ALU
+    template has no knobs, so it is never a tuning task): the stock grouped conv2d reference on
+    :func:`diagonal_workload` (random weights in every lane of the tiles, a stronger check of
+    the program than diagonal ones)."""
+    from .reference import reference_for
+
+    if wl.unit != "gemm":
+        raise LookupError(f"no tuning reference for the {wl.unit} unit of a depthwise conv2d: its "
+                          "template has no knobs")
+    gw = diagonal_workload(config, wl)
+    kind = "group_conv2d" if isinstance(gw, GroupConv2dWorkload) else "conv2d"
+    return reference_for(kind, "stock")(config, gw, epilogue, rng)
+
+
 def plan_summary(template: OpTemplate, plan: OpPlan, config) -> str:
     """``"csp-relaxed GEMM block-diagonal"`` or ``"stock ALU (csp-relaxed chose it)"``."""
     if plan.workload.unit == "gemm":
@@ -297,3 +314,4 @@ def plan_summary(template: OpTemplate, plan: OpPlan, config) -> str:
 
 register_plan_summary(DepthwiseUnitWorkload, plan_summary)
 register_template("depthwise_conv2d", "csp-relaxed", DepthwiseTemplate("csp-relaxed"))
+register_reference("depthwise_conv2d", "csp-relaxed", gemm_reference)
