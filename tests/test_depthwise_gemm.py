@@ -176,7 +176,8 @@ def test_pynq_runs_depthwise_on_the_gemm_core_only():
     np.testing.assert_array_equal(out, ref)
     p = depthwise_placement(report)
     assert p.device == "vta" and p.plan == "csp-relaxed GEMM block-diagonal"
-    assert "the only unit that runs it" in p.detail and "pynq" in p.detail
+    assert "the only unit that runs it" in p.detail
+    assert "ALU MUL (opcode 4)" in p.detail and "ISA_ALU_MUL, ISA_ACC_8BIT_LOAD false" in p.detail
     cycles, _ = _timed(report, p)
     assert cycles["alu"] is None and cycles["gemm"] == report.cycles(p)
     with vta_ext.build_options(strategy="stock"):
