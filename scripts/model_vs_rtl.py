@@ -13,8 +13,9 @@ Sets (``--sets``):
 * ``resnet224`` / ``resnet56``: the ResNet-18 conv layers C1-C11 (facts §7.2) at a 224x224 input,
   and at 56x56 (every feature map a quarter: C1 at 56, C2 at 14, ...);
 * ``thin``: the 12 thin-channel DeepBench layers (input channels < 16, ``scripts/deepbench.py``);
-* ``mobilenet``: MobileNetV2's layers that ``pynq`` runs (the stem conv and every 1x1 conv; its
-  depthwise convs need ALU MUL, which pynq lacks, so they stay on the CPU);
+* ``mobilenet``: MobileNetV2's stem conv and 1x1 convs (its depthwise convs need ALU MUL on the
+  stock template, which pynq lacks; under ``csp-relaxed`` they run on the GEMM core,
+  ``tests/test_depthwise_gemm.py`` checks them on the RTL);
 * ``other``: a dense layer (ResNet-18's classifier) and pooling layers (a max pool and ResNet's
   global average pool; a layer ``pynq`` refuses is listed as refused).
 

@@ -81,8 +81,11 @@ def test_registration_and_default():
     assert default_strategy() == "csp-relaxed"
     assert get_template("conv2d", "csp-relaxed").strategy == "csp-relaxed"
     assert get_template("dense", "csp-strict").strategy == "csp-strict"
-    for kind in ("max_pool2d", "avg_pool2d", "add", "depthwise_conv2d"):
+    for kind in ("max_pool2d", "avg_pool2d", "add"):
         assert get_template(kind, "csp-relaxed").strategy == "stock", kind
+    # depthwise: the ALU template or the GEMM block-diagonal program (tvm_csp_embed.depthwise)
+    assert get_template("depthwise_conv2d", "csp-relaxed").strategy == "csp-relaxed"
+    assert get_template("depthwise_conv2d", "csp-strict").strategy == "stock"
     with pytest.raises(ValueError, match="unknown layout"):
         vta_ext.build_options(strategy="csp-relaxed", layout="NWHC")
 

@@ -212,9 +212,14 @@ def test_dilated_conv2d_floor_from_the_csp_parameters(config):
 # ------------------------------------------------------------------------------ ALU operators
 @pytest.mark.parametrize("config", ["default", "pipelined"])
 def test_depthwise_floor(config):
-    """1x32x8x8 depthwise 3x3 s1 p1 + bias, >> 6, clip: out 2048 = 128 blocks; per block 2*9-1 =
-    17 vector passes for the taps, 1 vector ADD for the bias, 2 immediate (shift, clip); memory
-    2048 + 32*9 + 32*4 + 2048 = 4,512 B."""
+    """1x32x8x8 depthwise 3x3 s1 p1 + bias, >> 6, clip: out 2048 = 128 blocks. The floor is the
+    smaller of two units' (both compute bound here):
+
+    * ALU taps: per block 2*9-1 = 17 vector passes, 1 vector ADD for the bias, 2 immediate
+      (shift, clip); memory 2048 + 32*9 + 32*4 + 2048 = 4,512 B;
+    * GEMM block-diagonal: per block 9 GEMM micro-ops and 2 immediate passes (the bias is the
+      accumulator's initial value); memory 2048 + 32*9*16 + 32*4 + 2048 = 8,832 B.
+    """
     c, hw = 32, 8
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, c, hw, hw), "int8"))
@@ -225,10 +230,30 @@ def test_depthwise_floor(config):
             out, extra = _tail(bb, y, "bias-shift-clip", c)
             out = bb.emit_output(out)
         bb.emit_func_output(out, params=[x, w] + extra)
-    p, report = built(bb.get(), config)
-    assert p.kind == "depthwise_conv2d"
-    _, imm, vec = CONSTANTS[config]
-    check(report, p, 0, 128 * (18 * vec + 2 * imm), 4512 / 8)
+    gemm, imm, vec = CONSTANTS[config]
+    alu_unit = (0, 128 * (18 * vec + 2 * imm), 4512 / 8)
+    gemm_unit = (128 * 9 * gemm, 128 * 2 * imm, 8832 / 8)
+    expected = min(alu_unit, gemm_unit, key=lambda u: max(u[0] + u[1], u[2]))
+    assert expected is gemm_unit      # on both presets the GEMM core is the faster unit
+    for strategy in ("stock", "csp-relaxed"):   # the floor is the operator's, not the plan's
+        p, report = built(bb.get(), config, strategy)
+        assert p.kind == "depthwise_conv2d"
+        check(report, p, *expected)
+
+
+def test_depthwise_floor_without_alu_mul():
+    """On a configuration without ALU MUL only the GEMM unit counts, even when the ALU's floor
+    would be lower (here: GEMM at 40 cycles per micro-op)."""
+    import dataclasses
+
+    base = vta_ext.load_config("default")
+    size = OperatorSize("depthwise_conv2d", 0, 2048, 2048, 32 * 9, 32, 9, (("shr", 6),))
+    slow = dataclasses.replace(base, GEMM_CYCLES_PER_UOP=40)
+    with_mul = operator_floor(slow, size)
+    assert with_mul.compute_gemm == 0 and with_mul.compute_alu == 128 * (17 * 6 + 5)
+    no_mul = operator_floor(dataclasses.replace(slow, ISA_ALU_MUL=False), size)
+    assert (no_mul.compute_gemm, no_mul.compute_alu) == (128 * 9 * 40, 128 * 5)
+    assert no_mul.memory == (2048 + 32 * 9 * 16 + 2048) / 8
 
 
 @pytest.mark.parametrize("config", ["default", "pipelined"])

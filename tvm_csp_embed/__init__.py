@@ -20,6 +20,7 @@ from .workload import (ConformabilityError, Workload, conv2d, dense, depthwise_c
                        from_te, matmul)
 from . import strategy as _strategy  # registers csp-strict / csp-relaxed; csp-relaxed becomes the default  # noqa: E402,F401
 from . import summary as _summary  # the CSP plans' words in the build report  # noqa: E402,F401
+from . import depthwise as _depthwise  # depthwise convs: ALU template or GEMM block-diagonal  # noqa: E402,F401
 from . import csp_reference as _csp_reference  # the CSP strategies' numpy references, for the tuner  # noqa: E402,F401
 from . import solve_worker as _solve_worker  # noqa: E402
 

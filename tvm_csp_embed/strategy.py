@@ -2,8 +2,9 @@
 
 ``import tvm_csp_embed`` registers both and makes ``csp-relaxed`` the default of
 ``relax.build(mod, target="ext_vta")``; ``vta_ext.build_options(strategy="stock")`` keeps the stock
-templates. Per matched operator (conv2d, group conv2d, dense; pools, the residual add and depthwise
-convolutions fall back to ``stock``):
+templates. Per matched operator (conv2d, group conv2d, dense; pools and the residual add fall back
+to ``stock``; depthwise convolutions choose between the ALU template and the GEMM core in
+:mod:`.depthwise` under ``csp-relaxed``):
 
 1. the operator becomes a :class:`~tvm_csp_embed.workload.Workload` in each candidate layout of its
    free dims (``build_options(layout=...)``: ``NCHW``, ``NHWC`` or ``auto`` = both; under

@@ -24,9 +24,18 @@ The ALU passes per output block, by operator:
   ALU instructions (:func:`~vta_ext.templates.epilogue.alu_ops`; shift + clip is two passes, a clip
   without ``EXT_CLIP`` or outside int8 two more). A bias that is the first stage is not counted: it
   can be the accumulator's initial value.
-* depthwise conv2d: ``2 * taps - 1`` vector passes (every tap a MUL, every tap but the first an
-  ADD into the sum), plus the epilogue with a leading bias counted (the sum already starts from
-  the first tap's product, so the bias is one more ADD).
+* depthwise conv2d: the smaller floor of the units that can run it (:func:`depthwise_floor`):
+
+  - ALU taps (with ``ISA_ALU_MUL``): ``2 * taps - 1`` vector passes (every tap a MUL, every tap
+    but the first an ADD into the sum), plus the epilogue with a leading bias counted (the sum
+    already starts from the first tap's product, so the bias is one more ADD);
+  - GEMM block-diagonal (with ``BLOCK_IN == BLOCK_OUT``; :mod:`tvm_csp_embed.depthwise`): the
+    grouped conv2d of ``BLOCK`` channels per group whose weight tile per (group, tap) is diagonal,
+    i.e. one GEMM micro-op per tap and output block (``taps * GEMM_CYCLES_PER_UOP`` per block),
+    the epilogue as a GEMM operator's (a leading bias is the accumulator's initial value), and
+    ``BLOCK_IN`` times the depthwise weight bytes (the diagonal tiles' zeros are moved too).
+
+  A banded embedding over the image width (not implemented) would have a floor of its own.
 * max pooling: ``taps - 1`` vector MAX passes (the first window element is the initial value).
 * average pooling: ``taps - 1`` vector ADD passes plus the division by a constant: at least a
   multiply and a shift (one shift for a power-of-two window): a lower bound, the exact
@@ -46,6 +55,7 @@ the possible splits is taken, so the floor stays a lower bound.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -55,12 +65,12 @@ from .config import VTAConfig
 from .templates.epilogue import VECTOR_STAGES, Epilogue, alu_ops, normalize_epilogue
 from .templates.workload import out_size
 
-__all__ = ["Floor", "OperatorSize", "operator_floor", "key_floor", "efficiency", "GEMM_KINDS",
-           "ALU_KINDS"]
+__all__ = ["Floor", "OperatorSize", "operator_floor", "depthwise_floor", "key_floor", "efficiency",
+           "GEMM_KINDS", "ALU_KINDS"]
 
 #: operator kinds that run on the GEMM core
 GEMM_KINDS = ("conv2d", "group_conv2d", "dilated_conv2d", "conv1d", "dense", "batch_matmul")
-#: operator kinds that run on the ALU only
+#: operator kinds that run on the ALU (a depthwise conv2d on the GEMM core too: :func:`depthwise_floor`)
 ALU_KINDS = ("depthwise_conv2d", "max_pool2d", "avg_pool2d", "add", "hswish", "clip")
 
 
@@ -213,7 +223,37 @@ def operator_floor(config: VTAConfig, size: OperatorSize) -> Floor:
     vectors = sum(st[0] in VECTOR_STAGES for st in size.epilogue)
     moved = (size.in_elements * cfg.INP_WIDTH + size.weight_elements * cfg.WGT_WIDTH
              + vectors * size.channels * cfg.ACC_WIDTH + size.out_elements * cfg.OUT_WIDTH) / 8
-    return Floor(gemm, alu, moved / cfg.MEM_BYTES_PER_CYCLE)
+    floor = Floor(gemm, alu, moved / cfg.MEM_BYTES_PER_CYCLE)
+    return depthwise_floor(cfg, size, floor) if size.kind == "depthwise_conv2d" else floor
+
+
+def depthwise_floor(config: VTAConfig, size: OperatorSize, alu: Floor) -> Floor:
+    """The floor of a depthwise conv2d: the smallest over the units that can run it.
+
+    Parameters
+    ----------
+    config : VTAConfig
+        The configuration.
+    size : OperatorSize
+        A ``depthwise_conv2d`` as written (``weight_elements`` = channels x taps).
+    alu : Floor
+        Its floor on the ALU taps (:func:`operator_floor`'s ALU passes).
+
+    Returns
+    -------
+    Floor
+        The smaller total of the ALU floor (when ``config`` has ``ISA_ALU_MUL``) and the GEMM
+        block-diagonal floor (when ``BLOCK_IN == BLOCK_OUT``): the floor of the grouped conv2d
+        with ``BLOCK_IN`` times the MACs and the weights (the diagonal tiles); the ALU floor when
+        neither unit applies (the operator then has no plan on VTA).
+    """
+    units = [alu] if config.ISA_ALU_MUL else []
+    if config.BLOCK_IN == config.BLOCK_OUT:
+        block = config.BLOCK_IN
+        units.append(operator_floor(config, dataclasses.replace(
+            size, kind="group_conv2d", macs=size.out_elements * size.taps * block,
+            weight_elements=size.weight_elements * block, taps=0)))
+    return min(units, key=lambda f: f.total) if units else alu
 
 
 def efficiency(floor: Floor, cycles: float) -> float:

@@ -45,6 +45,10 @@ def workload_text(kind: str, values: Dict[str, Any]) -> str:
         return f"{text} [{v.get('layout', '')} {v.get('mode', '')}]"
     if "in_features" in v:
         return f"{v['batch']}x{v['in_features']} -> {v['out_features']}"
+    if "kernel_h" in v and "channels" in v:   # a depthwise conv2d (tvm_csp_embed.depthwise)
+        unit = f" [{v['unit']}]" if "unit" in v else ""
+        return (f"{v['batch']}x{v['channels']}x{v['height']}x{v['width']} depthwise "
+                f"k{v['kernel_h']}x{v['kernel_w']} s{v['stride_h']} p{v['pad_h']}{unit}")
     if "kernel_h" in v:
         groups = f" g{v['groups']}" if v.get("groups", 1) > 1 else ""
         return (f"{v['batch']}x{v['in_channels']}x{v['height']}x{v['width']} -> "

@@ -46,7 +46,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from ..config import VTAConfig, load_config
+from ..config import EXTENSIONS, VTAConfig, load_config
 from ..isa import AluOp, MemType
 from ..layout import MAX_DMA_PAD
 from ..runtime import CommandQueue
@@ -59,7 +59,12 @@ from .knobs import knobs_from
 from .workload import ConvGeometry, window_size
 
 __all__ = ["DepthwiseConv2dWorkload", "DepthwiseKnobs", "CompiledDepthwiseConv2d",
-           "build_depthwise_conv2d", "AluTemplateError", "AluTemplateRefusal"]
+           "build_depthwise_conv2d", "AluTemplateError", "AluTemplateRefusal", "NEEDED_EXTENSIONS"]
+
+#: the ISA features the template's program uses: the taps' products (ALU MUL) and the int8 input
+#: windows and taps loaded into the accumulator (LOAD ACC_8BIT); a configuration without one is
+#: refused up front, naming all that are missing
+NEEDED_EXTENSIONS = ("ISA_ALU_MUL", "ISA_ACC_8BIT_LOAD")
 
 
 
@@ -109,6 +114,13 @@ def build_depthwise_conv2d(cfg: Union[VTAConfig, str], workload: DepthwiseConv2d
     if not isinstance(wl, DepthwiseConv2dWorkload):
         raise AluTemplateError(f"expected a DepthwiseConv2dWorkload, got {type(wl).__name__}")
     what = f"depthwise_conv2d {wl}"
+    missing = [key for key in NEEDED_EXTENSIONS if not getattr(cfg, key)]
+    if missing:
+        raise AluTemplateRefusal(
+            f"{what}: the ALU template needs {' and '.join(EXTENSIONS[k] for k in missing)}, "
+            f"which configuration {cfg.name!r} does not have ({', '.join(missing)} false); enable "
+            "them in the configuration, or build with strategy 'csp-relaxed', which runs "
+            "depthwise convs on the GEMM core")
     check_positive(wl, ("batch", "channels", "height", "width", "kernel_h", "kernel_w", "stride_h",
                         "stride_w"), what)
     require_multiple(wl.batch, cfg.BATCH, "batch", "BATCH", what)

@@ -1,0 +1,286 @@
+"""Depthwise convs under csp-relaxed (tvm_csp_embed.depthwise): the ALU template or the GEMM
+block-diagonal program per layer, bit-exact against an independent numpy depthwise convolution
+and the llvm build, on default, pipelined and pynq (and the RTL for pynq)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_csp_embed  # noqa: F401 -- registers the CSP strategies
+import vta_ext
+from tvm_csp_embed.depthwise import diagonal_weight
+from vta_ext.strategy import get_template
+
+PRESETS = ("default", "pipelined", "pynq")
+
+
+# ------------------------------------------------------------------------------ references
+def numpy_depthwise(x, w, stride, pad):
+    """Direct int64 depthwise convolution: x (N, C, H, W), w (C, 1, KH, KW)."""
+    n, c, h, wd = x.shape
+    kh, kw = w.shape[2:]
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    acc = np.zeros((n, c, oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            win = xp[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
+            acc += win * w[None, :, 0, i, j, None, None].astype(np.int64)
+    return acc
+
+
+def requantize(acc, bias, shift, clip):
+    """int32 wrap after each stage (bias add, arithmetic shift, clip), then int8."""
+    wrap = lambda a: (a + 2 ** 31) % 2 ** 32 - 2 ** 31  # noqa: E731
+    acc = wrap(wrap(acc + bias.reshape(1, -1, 1, 1).astype(np.int64)) >> shift)
+    return np.clip(acc, *clip).astype(np.int8)
+
+
+def module(c, hw, k, stride, pad, weight=None, bias=None, shift=8, clip=(-128, 127)):
+    """``main(x[, w, b])``: depthwise conv2d + bias, >> shift, clip, int8. Constant weight and
+    bias when given (a quantised model's), else parameters."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, hw, hw), "int8"))
+    params = [x]
+    if weight is None:
+        w = relax.Var("w", relax.TensorType((c, 1, k, k), "int8"))
+        b = relax.Var("b", relax.TensorType((1, c, 1, 1), "int32"))
+        params += [w, b]
+    else:
+        w, b = relax.const(weight), relax.const(bias)
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad, groups=c,
+                                           out_dtype="int32"))
+            y = bb.emit(relax.op.add(y, b))
+            y = bb.emit(relax.op.right_shift(y, relax.const(shift, "int32")))
+            y = bb.emit(relax.op.clip(y, *clip))
+            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def run(mod, target, arrays):
+    vm = relax.VirtualMachine(relax.build(mod, target=target), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+
+
+def case(c, hw, k, stride, pad, seed=0, constant=True):
+    """(module, arrays, numpy reference) of one depthwise layer with random int8 data."""
+    rng = np.random.default_rng(seed + c + hw + k)
+    x = rng.integers(-128, 128, (1, c, hw, hw)).astype(np.int8)
+    w = rng.integers(-128, 128, (c, 1, k, k)).astype(np.int8)
+    b = rng.integers(-5000, 5000, (1, c, 1, 1)).astype(np.int32)
+    ref = requantize(numpy_depthwise(x, w, stride, pad), b, 8, (-128, 127))
+    if constant:
+        return module(c, hw, k, stride, pad, w, b), [x], ref
+    return module(c, hw, k, stride, pad), [x, w, b], ref
+
+
+def vta_build(mod, arrays, config, **options):
+    """Output and build report of ``mod`` under csp-relaxed on ``config``."""
+    with vta_ext.build_options(strategy="csp-relaxed", **options):
+        out = run(mod, vta_ext.vta_target(config), arrays)
+    return out, vta_ext.last_build_report()
+
+
+def depthwise_placement(report):
+    (p,) = [p for p in report.placements if p.op == "relax.nn.conv2d"]
+    return p
+
+
+# ------------------------------------------------------------------------------ tests
+def test_diagonal_weight_computes_the_depthwise_conv():
+    """The block-diagonal grouped conv (numpy, per group) equals the depthwise conv; the padded
+    channels' weights are zero."""
+    rng = np.random.default_rng(1)
+    c, block = 20, 16
+    x = rng.integers(-128, 128, (1, 32, 6, 6)).astype(np.int8)
+    x[:, c:] = 0
+    w = rng.integers(-128, 128, (c, 1, 3, 3)).astype(np.int8)
+    oihw = diagonal_weight(w, 32, block)
+    assert not oihw[c:].any()
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    grouped = np.zeros((1, 32, 6, 6), np.int64)
+    for g in range(2):
+        for i in range(3):
+            for j in range(3):
+                grouped[:, g * block:(g + 1) * block] += np.einsum(
+                    "nchw,oc->nohw", xp[:, g * block:(g + 1) * block, i:i + 6, j:j + 6],
+                    oihw[g * block:(g + 1) * block, :, i, j].astype(np.int64))
+    np.testing.assert_array_equal(grouped[:, :c], numpy_depthwise(x[:, :c], w, 1, 1))
+
+
+#: small layers: the depthwise cases of tests/test_template_depthwise.py (strides, 5x5, all-padding
+#: windows) and channels that are not whole blocks (one group: the plain conv2d program)
+SMALL = [(32, 8, 3, 1, 1), (32, 9, 3, 2, 1), (48, 6, 5, 1, 2), (16, 5, 3, 1, 3), (24, 7, 3, 2, 1)]
+
+
+@pytest.mark.parametrize("config", PRESETS)
+@pytest.mark.parametrize("shape", SMALL, ids=lambda s: "c{}_hw{}_k{}_s{}_p{}".format(*s))
+def test_bit_exact_small(config, shape):
+    mod, arrays, ref = case(*shape)
+    out, report = vta_build(mod, arrays, config, objective="cycles")
+    np.testing.assert_array_equal(out, ref)
+    p = depthwise_placement(report)
+    assert p.device == "vta", str(report)
+    if config == "default":
+        np.testing.assert_array_equal(run(mod, "llvm", arrays), ref)
+
+
+def test_weights_given_at_run_time():
+    """A non-constant weight is expanded to the diagonal tiles by Relax code on the host."""
+    mod, arrays, ref = case(40, 10, 3, 1, 1, constant=False)
+    for config in ("default", "pynq"):
+        out, report = vta_build(mod, arrays, config)
+        np.testing.assert_array_equal(out, ref)
+        assert depthwise_placement(report).plan == "csp-relaxed GEMM block-diagonal"
+
+
+def _timed(report, p):
+    """Both units' modelled cycles of placement ``p`` (None: refused) and the unit it runs."""
+    key = report.key_of(p)
+    cycles = get_template("depthwise_conv2d", "csp-relaxed").unit_cycles(key)
+    return cycles, json.loads(key)["workload"]["unit"]
+
+
+@pytest.mark.parametrize("gemm_cycles", [4, 64])
+def test_choice_is_the_fewer_modelled_cycles(gemm_cycles):
+    """The unit chosen is the one whose built program the cycle model times faster: the GEMM
+    core on ``default``; the ALU template when the GEMM is made 16x slower."""
+    config = dataclasses.replace(vta_ext.load_config("default"), GEMM_CYCLES_PER_UOP=gemm_cycles)
+    mod, arrays, ref = case(32, 8, 3, 1, 1)
+    out, report = vta_build(mod, arrays, config)
+    np.testing.assert_array_equal(out, ref)
+    p = depthwise_placement(report)
+    cycles, unit = _timed(report, p)
+    assert unit == min(cycles, key=cycles.get)
+    assert unit == ("gemm" if gemm_cycles == 4 else "alu")
+    assert report.cycles(p) == cycles[unit]
+    assert "fewest cycles on the cycle model" in p.detail
+    assert p.plan == ("csp-relaxed GEMM block-diagonal" if unit == "gemm"
+                      else "stock ALU (csp-relaxed chose it)")
+    assert report.floor(p).total <= report.cycles(p)
+
+
+def test_pynq_runs_depthwise_on_the_gemm_core_only():
+    """pynq has neither ALU MUL nor ACC_8BIT loads: the ALU template refuses, the report says so
+    and the GEMM program runs; stock keeps the operator on the CPU."""
+    mod, arrays, ref = case(32, 8, 3, 1, 1)
+    out, report = vta_build(mod, arrays, "pynq")
+    np.testing.assert_array_equal(out, ref)
+    p = depthwise_placement(report)
+    assert p.device == "vta" and p.plan == "csp-relaxed GEMM block-diagonal"
+    assert "the only unit that runs it" in p.detail
+    assert "ALU MUL (opcode 4)" in p.detail and "ISA_ALU_MUL, ISA_ACC_8BIT_LOAD false" in p.detail
+    cycles, _ = _timed(report, p)
+    assert cycles["alu"] is None and cycles["gemm"] == report.cycles(p)
+    with vta_ext.build_options(strategy="stock"):
+        relax.build(mod, target=vta_ext.vta_target("pynq"))
+    assert depthwise_placement(vta_ext.last_build_report()).device == "cpu"
+
+
+@pytest.fixture(scope="module")
+def rtl():
+    from vta_ext.device import DeviceError, open_device, vta_hw_library
+
+    try:
+        return open_device(vta_hw_library("rtl"))
+    except DeviceError as err:
+        pytest.skip(f"the RTL library is not available: {err}")
+
+
+def _on_rtl(rtl, shape):
+    mod, arrays, ref = case(*shape)
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        vm = relax.VirtualMachine(relax.build(mod, target=vta_ext.vta_target("pynq")), tvm.cpu())
+    assert depthwise_placement(vta_ext.last_build_report()).device == "vta"
+    vta_ext.clear_run_log()
+    with vta_ext.run_on(rtl):
+        out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+    np.testing.assert_array_equal(out, ref)
+    (ran,) = vta_ext.run_log()
+    assert ran.device and ran.device_cycles, ran      # the RTL ran it and counted its cycles
+
+
+@pytest.mark.parametrize("shape", [(32, 9, 3, 2, 1), (24, 6, 5, 1, 2)],
+                         ids=lambda s: "c{}_hw{}_k{}_s{}_p{}".format(*s))
+def test_pynq_rtl_bit_exact(rtl, shape):
+    _on_rtl(rtl, shape)
+
+
+# ------------------------------------------------------------------------------ networks (slow)
+NETWORKS = ("mobilenet_v2", "mnasnet0_5", "efficientnet_b0", "shufflenet_v2_x0_5")
+
+
+def network_depthwise_shapes(size=224):
+    """The distinct depthwise conv2d layers ``(C, H, K, stride, pad)`` of :data:`NETWORKS` at
+    ``size``, read from the torch modules with forward hooks (square inputs and kernels)."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "relay_examples"))
+    from models import make_model
+
+    shapes = set()
+
+    def hook(m, inputs, _):
+        shapes.add((m.in_channels, int(inputs[0].shape[-1]), m.kernel_size[0], m.stride[0],
+                    m.padding[0]))
+
+    for name in NETWORKS:
+        model = make_model(name, size=size)
+        handles = [m.register_forward_hook(hook) for m in model.modules()
+                   if isinstance(m, torch.nn.Conv2d) and m.groups == m.in_channels == m.out_channels > 1]
+        with torch.no_grad():
+            model(torch.zeros(1, 3, size, size))
+        for h in handles:
+            h.remove()
+    return sorted(shapes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", PRESETS)
+def test_network_depthwise_layers_bit_exact(config):
+    """Every depthwise layer of MobileNetV2, MNASNet, EfficientNet-B0 and ShuffleNetV2 at 224,
+    against numpy and llvm."""
+    for shape in network_depthwise_shapes():
+        mod, arrays, ref = case(*shape)
+        out, report = vta_build(mod, arrays, config)
+        assert depthwise_placement(report).device == "vta", (shape, str(report))
+        np.testing.assert_array_equal(out, ref, err_msg=str(shape))
+        np.testing.assert_array_equal(run(mod, "llvm", arrays), ref, err_msg=str(shape))
+
+
+@pytest.mark.slow
+def test_network_depthwise_layers_on_the_rtl(rtl):
+    for shape in network_depthwise_shapes():
+        _on_rtl(rtl, shape)
+
+
+def test_the_gemm_unit_tunes_and_verifies(tmp_path):
+    """The block-diagonal program is a tuning task under csp-relaxed (the conv2d knobs); its best
+    point is verified against the grouped-conv numpy reference, and the tuned record is used by
+    the next build."""
+    from tvm_csp_embed import tune
+
+    mod, arrays, ref = case(32, 8, 3, 1, 1)
+    (task,) = tune.extract_tasks(mod, strategy="csp-relaxed")
+    assert task.kind == "depthwise_conv2d" and len(task.knob_space) > 1
+    path = tmp_path / "dw.json"
+    best = tune.RandomTuner(task, seed=0).tune(
+        4, tune.measure_option(runner=tune.LocalRunner(0)),
+        callbacks=[tune.callback.log_to_file(path)])
+    assert best.verified
+    with vta_ext.build_options(strategy="csp-relaxed"), tune.apply_history_best(path):
+        out = run(mod, vta_ext.vta_target("default"), arrays)
+    np.testing.assert_array_equal(out, ref)
+    p = depthwise_placement(vta_ext.last_build_report())
+    assert p.plan == "csp-relaxed GEMM block-diagonal" and "tuned record from" in p.detail

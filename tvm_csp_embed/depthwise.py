@@ -1,0 +1,317 @@
+"""Depthwise convolutions on the GEMM core: the block-diagonal embedding, chosen per layer against
+the stock ALU template.
+
+A depthwise conv2d over ``C`` channels is exactly a grouped conv2d with ``groups = C / BLOCK`` and
+``BLOCK = BLOCK_IN = BLOCK_OUT`` channels per group whose ``BLOCK x BLOCK`` weight tile per
+(group, tap) is diagonal: ``w[c, 0, r, s]`` on the diagonal, zeros elsewhere. One GEMM micro-op
+per tap then multiplies ``BLOCK`` channels of one pixel by that tile, so a 3x3 layer takes 9
+micro-ops per ``BATCH x BLOCK`` outputs (36 cycles on ``default`` at 4 cycles per micro-op)
+against the ALU template's MUL and ADD pass per tap (~17 vector passes, ~100 cycles). The price is
+weight traffic: ``BLOCK`` times the depthwise weights (2.3 KB per 16 channels of a 3x3 layer).
+
+* **Program**: the stock ``group_conv2d_packed`` template (:mod:`vta_ext.templates.group_conv2d`;
+  ``conv2d_packed`` when ``C <= BLOCK``, one group) on the workload of
+  :func:`diagonal_workload`; its conv stage runs the taps outside the pixel loops, so the micro-ops
+  writing one accumulator row are a tile's pixels apart (the hazard contract of ``pynq`` holds
+  without a cure for every tile of more than 3 pixels).
+* **Weights**: expanded to the block-diagonal OIHW tensor and packed like a conv2d kernel
+  (:func:`pack_diagonal_weight`); a constant weight (every quantised model's) is relayouted at
+  build time with numpy, any other in Relax on the host.
+* **Padding**: channels are padded to whole blocks, as the ALU template pads them; the padded
+  channels have zero weights.
+* **Choice** (:class:`DepthwiseTemplate`): both plans (``unit="alu"``: the stock ALU template,
+  ``unit="gemm"``: the block-diagonal program) take the activation and leave the output in the
+  same packed layout (``(N/b, C/BLOCK, H, W, b, BLOCK)``), and the same bias and multiplier
+  layout, so they differ only on VTA: each is built and timed on the cycle model (weight loads
+  included) and the fewer cycles win, the ALU template on a tie. A plan whose template refuses
+  (the ALU template on a configuration without ALU MUL or ACC_8BIT loads, ``pynq``) leaves the
+  other as the only one; when both refuse the operator stays on the CPU with both reasons. Under
+  the objective ``footprint`` the ALU template (``BLOCK`` times fewer weight bytes) is taken when
+  it builds. The report line says which unit ran and why.
+
+Registered for ``depthwise_conv2d`` under ``csp-relaxed`` (``csp-strict`` and ``stock`` keep the
+ALU template).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from vta_ext.errors import TemplateRefusal
+from vta_ext.packing import pack_conv_weight
+from vta_ext.stock import StockDepthwiseConv2d, _gemm_knob_space
+from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, register_plan_summary,
+                              register_template)
+from vta_ext.templates.depthwise import DepthwiseConv2dWorkload
+from vta_ext.templates.errors import KnobError
+from vta_ext.templates.workload import Conv2dWorkload, GroupConv2dWorkload
+
+from .reference import register_reference
+
+__all__ = ["DepthwiseUnitWorkload", "DepthwiseTemplate", "UNITS", "diagonal_workload",
+           "diagonal_weight", "pack_diagonal_weight", "gemm_reference"]
+
+#: the units that can run a depthwise convolution, in the order a tie is broken
+UNITS = ("alu", "gemm")
+#: how the build report names each unit's plan
+UNIT_TEXT = {"alu": "the stock ALU template (a MUL and an ADD pass per tap)",
+             "gemm": "GEMM block-diagonal (one micro-op per tap and pixel on a diagonal weight tile)"}
+
+
+@dataclass(frozen=True)
+class DepthwiseUnitWorkload(DepthwiseConv2dWorkload):
+    """A depthwise conv2d (batch and channels padded to whole blocks) and the unit that runs it:
+    ``"alu"`` (:func:`vta_ext.templates.depthwise.build_depthwise_conv2d`) or ``"gemm"`` (the
+    block-diagonal grouped conv2d of :func:`diagonal_workload`)."""
+
+    unit: str = "alu"
+
+    def __post_init__(self) -> None:
+        if self.unit not in UNITS:
+            raise ValueError(f"DepthwiseUnitWorkload.unit {self.unit!r}: one of {', '.join(UNITS)}")
+
+    @property
+    def depthwise(self) -> DepthwiseConv2dWorkload:
+        """The workload of the ALU template (this one without :attr:`unit`)."""
+        values = dataclasses.asdict(self)
+        del values["unit"]
+        return DepthwiseConv2dWorkload(**values)
+
+
+def _block(config) -> int:
+    """The diagonal block of ``config`` (``BLOCK_IN == BLOCK_OUT``), else a refusal."""
+    if config.BLOCK_IN != config.BLOCK_OUT:
+        raise TemplateRefusal(f"GEMM block-diagonal depthwise needs BLOCK_IN == BLOCK_OUT (square "
+                              f"diagonal tiles); {config.name} has {config.BLOCK_IN}x"
+                              f"{config.BLOCK_OUT}")
+    return config.BLOCK_IN
+
+
+def diagonal_workload(config, wl: DepthwiseConv2dWorkload):
+    """The grouped conv2d that computes depthwise ``wl`` with block-diagonal weights on ``config``.
+
+    Parameters
+    ----------
+    config : VTAConfig
+        Gives the block (``BLOCK_IN == BLOCK_OUT``).
+    wl : DepthwiseConv2dWorkload
+        Channels a multiple of the block.
+
+    Returns
+    -------
+    GroupConv2dWorkload or Conv2dWorkload
+        ``groups = channels / BLOCK`` of ``BLOCK`` channels each; a plain :class:`Conv2dWorkload`
+        for one group (``channels == BLOCK``).
+
+    Raises
+    ------
+    TemplateRefusal
+        For a configuration whose blocks are not square.
+    """
+    block = _block(config)
+    groups = wl.channels // block
+    values = dict(batch=wl.batch, height=wl.height, width=wl.width, in_channels=wl.channels,
+                  out_channels=wl.channels, kernel_h=wl.kernel_h, kernel_w=wl.kernel_w,
+                  pad_h=wl.pad_h, pad_w=wl.pad_w, stride_h=wl.stride_h, stride_w=wl.stride_w)
+    if groups == 1:
+        return Conv2dWorkload(**values)
+    return GroupConv2dWorkload(**values, groups=groups)
+
+
+def diagonal_weight(weight: np.ndarray, padded: int, block: int) -> np.ndarray:
+    """Depthwise weights ``(C, 1, KH, KW)`` -> the block-diagonal grouped kernel
+    ``(padded, block, KH, KW)`` (OIHW of ``padded / block`` groups): output channel ``c`` has
+    ``weight[c, 0]`` at input lane ``c % block`` of its group and zeros elsewhere; the channels
+    ``C..padded`` are zero.
+
+    >>> diagonal_weight(np.array([[[[1]]], [[[2]]], [[[3]]]], np.int8), 4, 2)[:, :, 0, 0].tolist()
+    [[1, 0], [0, 2], [3, 0], [0, 0]]
+    """
+    c, one, kh, kw = weight.shape
+    if one != 1:
+        raise ValueError(f"diagonal_weight: a depthwise weight is (C, 1, KH, KW), got {weight.shape}")
+    out = np.zeros((padded, block, kh, kw), weight.dtype)
+    out[np.arange(c), np.arange(c) % block] = weight[:, 0]
+    return out
+
+
+def pack_diagonal_weight(packer, weight, channels: int, padded: int, kh: int, kw: int, block: int):
+    """The packed block-diagonal kernel ``(padded/block, 1, KH, KW, block, block)`` of a depthwise
+    ``weight`` ``(C, 1, KH, KW)``: a constant is expanded now (:func:`diagonal_weight`), any other
+    operand by Relax code on the host (a multiply by the identity mask); then the conv2d kernel
+    packing (:func:`vta_ext.packing.pack_conv_weight`)."""
+    x = packer.operand(weight)
+    if isinstance(x, tvm.ir.expr.Constant):
+        oihw = relax.const(diagonal_weight(x.value.numpy(), padded, block), str(x.ty.dtype))
+    else:
+        dtype = str(x.ty.dtype)
+        flat = packer.emit(relax.op.reshape(x, (channels, 1, kh, kw)), "flat_weight")
+        if padded != channels:
+            flat = packer.emit(relax.op.nn.pad(flat, [0, padded - channels, 0, 0, 0, 0, 0, 0]),
+                               "pad_weight")
+        grouped = packer.emit(relax.op.reshape(flat, (padded // block, block, 1, kh, kw)),
+                              "group_weight")
+        mask = relax.const(np.eye(block, dtype=dtype).reshape(1, block, block, 1, 1), dtype)
+        diag = packer.emit(relax.op.multiply(grouped, mask), "diagonal_weight")
+        oihw = packer.emit(relax.op.reshape(diag, (padded, block, kh, kw)), "oihw_weight")
+    return pack_conv_weight(packer, oihw, (padded, block, kh, kw), padded, block, block, block)
+
+
+class DepthwiseTemplate(OpTemplate):
+    """``depthwise_conv2d`` under a CSP strategy: the ALU template or the GEMM block-diagonal
+    program, whichever the cycle model times faster (module docstring)."""
+
+    kind = "depthwise_conv2d"
+    workload_type = DepthwiseUnitWorkload
+
+    def __init__(self, strategy: str) -> None:
+        self.strategy = strategy
+        self.report_text = f"{strategy} depthwise"
+        self._stock = StockDepthwiseConv2d()
+
+    # ---------------------------------------------------------------- plan
+    def plan(self, op: MatchedOp, config) -> OpPlan:
+        from vta_ext.options import current_options
+
+        options = current_options()
+        stock = self._stock.plan(op, config)     # refuses dilation and asymmetric padding
+        base = dataclasses.asdict(stock.workload)
+        timed: Dict[str, int] = {}
+        refused: Dict[str, str] = {}
+        for unit in UNITS:
+            wl = DepthwiseUnitWorkload(**base, unit=unit)
+            try:
+                timed[unit] = self.cycles(config, wl, op.epilogue,
+                                          options.knobs_for(self.kind, self.strategy, wl, config)[0])
+            except TemplateRefusal as err:
+                refused[unit] = str(err)
+        if not timed:
+            raise TemplateRefusal(f"{self.strategy}: no unit runs this depthwise conv2d: "
+                                  + "; ".join(f"{UNIT_TEXT[u]}: {refused[u]}" for u in UNITS))
+        unit, why = self._choose(timed, refused, options.objective)
+        wl = DepthwiseUnitWorkload(**base, unit=unit)
+        inputs = stock.inputs if unit == "alu" else self._gemm_inputs(op, config, wl)
+        return OpPlan(wl, inputs, stock.out_layout,
+                      f"{stock.description}; {UNIT_TEXT[unit]} chosen by {self.strategy}: {why}",
+                      stock.padding, in_layout=stock.in_layout)
+
+    @staticmethod
+    def _choose(timed: Dict[str, int], refused: Dict[str, str], objective: str) -> Tuple[str, str]:
+        """The unit to run and the sentence saying why."""
+        def text(u):
+            return f"{timed[u]:,} cycles" if u in timed else f"refused ({refused[u]})"
+
+        if len(timed) == 1:
+            (unit,) = timed
+            other = next(u for u in UNITS if u != unit)
+            return unit, f"the only unit that runs it ({text(unit)}); {UNIT_TEXT[other]} {text(other)}"
+        if objective == "footprint":
+            return "alu", (f"smallest packed footprint (the ALU template's weights are 1/BLOCK of "
+                           f"the block-diagonal ones); GEMM {text('gemm')}, ALU {text('alu')}")
+        unit = min(UNITS, key=lambda u: (timed[u], UNITS.index(u)))
+        other = "gemm" if unit == "alu" else "alu"
+        return unit, (f"fewest cycles on the cycle model: {text(unit)} against {text(other)} "
+                      f"({timed[other] / max(timed[unit], 1):.2f}x) for {UNIT_TEXT[other]}; both "
+                      "take and leave the same packed layouts, so the host work is the same")
+
+    def cycles(self, config, wl: DepthwiseUnitWorkload, epilogue, knobs) -> int:
+        """Modelled cycles of ``wl``'s program (built and cached by the executor); a
+        :class:`TemplateRefusal` when its template refuses it."""
+        from vta_ext.executor import compiled_op, cycle_report, op_key
+
+        key = op_key(self.kind, self.strategy, config, wl, epilogue, knobs)
+        try:
+            compiled_op(key, config=config)
+        except KnobError as err:
+            raise TemplateRefusal(f"knobs {knobs!r}: {err}") from err
+        return cycle_report(key).total_cycles
+
+    def unit_cycles(self, key: str) -> Dict[str, Optional[int]]:
+        """Both units' modelled cycles for the compiled depthwise operator ``key``
+        (:func:`vta_ext.executor.op_key` of one of this template's plans), with its epilogue and
+        knobs: ``{"alu": cycles or None, "gemm": cycles or None}`` (None: the template refuses)."""
+        from vta_ext.config import VTAConfig
+
+        spec = json.loads(key)
+        wl = DepthwiseUnitWorkload(**spec["workload"])
+        cfg = VTAConfig.from_dict(spec["config_value"], name=spec["config"])
+        out: Dict[str, Optional[int]] = {}
+        for unit in UNITS:
+            try:
+                out[unit] = self.cycles(cfg, dataclasses.replace(wl, unit=unit), spec["epilogue"],
+                                        spec["knobs"])
+            except TemplateRefusal:
+                out[unit] = None
+        return out
+
+    def _gemm_inputs(self, op: MatchedOp, config, wl: DepthwiseUnitWorkload):
+        from vta_ext.packing import BlockedActivation, pack_channel_bias
+
+        data, weight = op.operands
+        n, c, h, w = (int(d) for d in data.ty.shape)
+        b, block = config.BATCH, _block(config)
+        act = BlockedActivation(n, c, h, w, b, block)
+
+        def inputs(packer):
+            d, kept = act.pack(packer, data)
+            packer.note_kept(kept)
+            args = [d, pack_diagonal_weight(packer, weight, c, wl.channels, wl.kernel_h,
+                                            wl.kernel_w, block)]
+            for vector in (op.bias, op.multiplier):
+                if vector is not None:
+                    args.append(pack_channel_bias(packer, vector, c, wl.channels, b, block))
+            return args
+
+        return inputs
+
+    # ---------------------------------------------------------------- build
+    def build(self, config, workload: DepthwiseUnitWorkload, epilogue: Sequence[tuple], knobs) -> Any:
+        if workload.unit == "alu":
+            from vta_ext.templates.depthwise import build_depthwise_conv2d
+
+            return build_depthwise_conv2d(config, workload.depthwise, tuple(epilogue), knobs)
+        from vta_ext.templates.conv2d import build_conv2d
+        from vta_ext.templates.group_conv2d import build_group_conv2d
+
+        gw = diagonal_workload(config, workload)
+        builder = build_group_conv2d if isinstance(gw, GroupConv2dWorkload) else build_conv2d
+        return builder(config, gw, tuple(epilogue), knobs)
+
+    def knob_space(self, config, workload: DepthwiseUnitWorkload, epilogue: Sequence[tuple]) -> KnobSpace:
+        """The GEMM conv2d knobs of the block-diagonal program; none for the ALU template."""
+        if workload.unit == "alu":
+            return KnobSpace()
+        return _gemm_knob_space(config, diagonal_workload(config, workload), epilogue)
+
+
+def gemm_reference(config, wl: DepthwiseUnitWorkload, epilogue, rng):
+    """The tuner's numpy reference of the block-diagonal program (``unit="gemm"``; the ALU
+    template has no knobs, so it is never a tuning task): the stock grouped conv2d reference on
+    :func:`diagonal_workload` (random weights in every lane of the tiles, a stronger check of
+    the program than diagonal ones)."""
+    from .reference import reference_for
+
+    if wl.unit != "gemm":
+        raise LookupError(f"no tuning reference for the {wl.unit} unit of a depthwise conv2d: its "
+                          "template has no knobs")
+    gw = diagonal_workload(config, wl)
+    kind = "group_conv2d" if isinstance(gw, GroupConv2dWorkload) else "conv2d"
+    return reference_for(kind, "stock")(config, gw, epilogue, rng)
+
+
+def plan_summary(template: OpTemplate, plan: OpPlan, config) -> str:
+    """``"csp-relaxed GEMM block-diagonal"`` or ``"stock ALU (csp-relaxed chose it)"``."""
+    if plan.workload.unit == "gemm":
+        return f"{template.strategy} GEMM block-diagonal"
+    return f"stock ALU ({template.strategy} chose it)"
+
+
+register_plan_summary(DepthwiseUnitWorkload, plan_summary)
+register_template("depthwise_conv2d", "csp-relaxed", DepthwiseTemplate("csp-relaxed"))
+register_reference("depthwise_conv2d", "csp-relaxed", gemm_reference)
