@@ -16,6 +16,9 @@ clip [0, 127]) is taken, and:
   and the chosen point (1 = the estimate picks the best point found);
 * the **Spearman** rank correlation of the estimate and the model over the sample.
 
+A sampled point whose program cannot be timed (a build error, a program the cycle model finds
+deadlocked) is printed, counted in ``failed`` and left out of the sample.
+
 Run it once per code state with ``--label`` (``before`` with ``--src`` a checkout of the code
 before the change, ``after`` on this tree); the model cycles of a point do not depend on the
 estimate, so they are kept in ``knob_ranking_points.json`` and not rebuilt. ``--report`` writes
@@ -52,7 +55,7 @@ def _paths(src: Path) -> None:
 
 
 OUT = REPO / "docs" / "figures"
-FIELDS = ["label", "layer", "sample", "chosen_knobs", "chosen_estimate", "chosen_model",
+FIELDS = ["label", "layer", "sample", "failed", "chosen_knobs", "chosen_estimate", "chosen_model",
           "best_model", "ratio", "spearman", "rtl_chosen", "rtl_best", "rtl_ratio"]
 
 
@@ -139,18 +142,27 @@ def run(label: str, names, sample: int, out: Path, rtl=()) -> list:
         by_layer = cache.setdefault(name, {})
 
         def timed(idx):
+            """The model cycles of the point's program, or the text of why it has none (a
+            build error, a program that deadlocks)."""
             key = json.dumps(grid.point(idx), sort_keys=True)
             if key not in by_layer:
-                by_layer[key] = model.run_program(build_gemm(cfg, pg, ep, grid.point(idx)).program
-                                                  ).total_cycles
+                try:
+                    by_layer[key] = model.run_program(build_gemm(cfg, pg, ep, grid.point(idx)
+                                                                 ).program).total_cycles
+                except Exception as err:  # noqa: BLE001 -- recorded, and the point left out
+                    by_layer[key] = f"{type(err).__name__}: {str(err)[:300]}"
             return by_layer[key]
+        failed = [(j, timed(j)) for j in picked if isinstance(timed(j), str)]
+        for j, why in failed:
+            print(f"  {name} {grid.point(j)}: no model cycles ({why})", flush=True)
+        picked = [j for j in picked if not isinstance(timed(j), str)]
         est = [int(grid.cycles[j]) for j in picked]
         mod = [timed(j) for j in picked]
         c_idx = int(valid[chosen_idx])
         c_model = timed(c_idx)
         best_i = int(np.argmin(mod))
         best = min(min(mod), c_model)
-        row = {"label": label, "layer": name, "sample": len(picked),
+        row = {"label": label, "layer": name, "sample": len(picked), "failed": len(failed),
                "chosen_knobs": json.dumps(chosen.knobs, sort_keys=True),
                "chosen_estimate": chosen.cycles, "chosen_model": c_model, "best_model": best,
                "ratio": round(c_model / best, 4), "spearman": round(spearman(est, mod), 4)}

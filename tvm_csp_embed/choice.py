@@ -338,7 +338,8 @@ def _compute_fixed(config, blocks: int, ep, init: str) -> float:
     t = timing(config)
     groups = -(-blocks // config.acc_depth)
     first = t.gemm_fixed if init == "reset" else t.dma("ACC").fixed
-    return t.fetch + t.finish + groups * (t.gemm_fixed + first + alu_count(config, ep) * t.alu_fixed)
+    return (t.fetch + t.finish
+            + groups * (t.gemm_fixed + first + alu_count(config, ep) * t.alu_fixed))
 
 
 def _memory_bounds(config, kind: str, workload, op: MatchedOp, data_kind: str) -> Tuple[float, ...]:

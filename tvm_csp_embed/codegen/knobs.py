@@ -465,11 +465,11 @@ def compute_work(cfg, pg: PackedGemm, ep) -> Dict[str, int]:
     """The compute module's micro-op cycles of any program of ``pg`` with the (simplified)
     epilogue ``ep``, whatever its knobs: ``gemm`` (every GEMM call of the embedding, one micro-op
     each, at ``GEMM_CYCLES_PER_UOP``), ``init`` (every accumulator entry initialised once: a reset
-    micro-op, or ``PAD_ELEM_CYCLES`` per padding element of a fill LOAD, :func:`~.schedule.acc_init_of`) and
-    ``alu`` (every accumulator entry through every ALU pass of ``ep``,
-    :func:`~vta_ext.templates.epilogue.alu_cycles`). The instruction issue cycles and the bias
-    loads, which depend on the knobs, are not in it, so the sum is a lower bound on the compute
-    module's busy cycles (:func:`_module_busy` adds them)."""
+    micro-op, or ``PAD_ELEM_CYCLES`` per padding element of a fill LOAD,
+    :func:`~.schedule.acc_init_of`) and ``alu`` (every accumulator entry through every ALU pass
+    of ``ep``, :func:`~vta_ext.templates.epilogue.alu_cycles`). The instructions' fixed cycles
+    and the bias loads, which depend on the knobs, are not in it, so the sum is a lower bound on
+    the compute module's busy cycles (:func:`_module_busy` adds them)."""
     from vta_ext.templates.epilogue import alu_cycles
 
     blocks = math.prod(d.extent for d in _free_dims(pg.operands["C"]))   # accumulator entries
@@ -489,6 +489,8 @@ def _load_busy(loads: Mapping[str, Mapping[str, Any]], res: Optional[str]):
     res_loads = 0
     for role in "AB":
         name = "resident" if role == res else "load"
+        # (an operand's busy cycles are one sum; with a power-of-two bandwidth every term is exact
+        # in binary, so the order of the additions changes no value)
         part[name] = part[name] + loads[role]["busy"]
         if role == res:
             res_loads = loads[role]["loads"]
