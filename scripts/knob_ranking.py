@@ -23,11 +23,13 @@ Run it once per code state with ``--label`` (``before`` with ``--src`` a checkou
 before the change, ``after`` on this tree); the model cycles of a point do not depend on the
 estimate, so they are kept in ``knob_ranking_points.json`` and not rebuilt. ``--report`` writes
 the table and the PNG from the CSV of both labels. ``--rtl LAYER...`` also runs, for those layers,
-the chosen points of every label and the best sampled point on the RTL
-(``vta_ext.device``, ``libvta_rtl.so``).
+the chosen point and the best sampled point on the RTL (``vta_ext.device``, ``libvta_rtl.so``);
+``--rtl-compare LAYER...`` runs the ``before`` and ``after`` chosen points of those layers (from
+the CSVs) on the cycle model and on the RTL (``knob_ranking_rtl.csv``).
 
     python scripts/knob_ranking.py --label after [--sample 24] [--layers C2 DB6] [--rtl C11 DB6]
     python scripts/knob_ranking.py --label before --src /tmp/knobs-main
+    python scripts/knob_ranking.py --rtl-compare C4 C7 C10
     python scripts/knob_ranking.py --report
 """
 from __future__ import annotations
@@ -56,7 +58,7 @@ def _paths(src: Path) -> None:
 
 OUT = REPO / "docs" / "figures"
 FIELDS = ["label", "layer", "sample", "failed", "chosen_knobs", "chosen_estimate", "chosen_model",
-          "best_model", "ratio", "spearman", "rtl_chosen", "rtl_best", "rtl_ratio"]
+          "best_model", "ratio", "spearman", "rtl_chosen", "rtl_best", "rtl_ratio", "note"]
 
 
 def layer_names():
@@ -161,12 +163,16 @@ def run(label: str, names, sample: int, out: Path, rtl=()) -> list:
         c_idx = int(valid[chosen_idx])
         c_model = timed(c_idx)
         best_i = int(np.argmin(mod))
-        best = min(min(mod), c_model)
         row = {"label": label, "layer": name, "sample": len(picked), "failed": len(failed),
                "chosen_knobs": json.dumps(chosen.knobs, sort_keys=True),
-               "chosen_estimate": chosen.cycles, "chosen_model": c_model, "best_model": best,
-               "ratio": round(c_model / best, 4), "spearman": round(spearman(est, mod), 4)}
-        if device is not None and name in rtl:
+               "chosen_estimate": chosen.cycles, "spearman": round(spearman(est, mod), 4)}
+        if isinstance(c_model, str):    # the chosen point's program cannot run: no ratio
+            print(f"  {name} chosen {chosen.knobs}: no model cycles ({c_model})", flush=True)
+            row.update(chosen_model="", best_model=min(mod), ratio="inf", note=c_model[:120])
+        else:
+            best = min(min(mod), c_model)
+            row.update(chosen_model=c_model, best_model=best, ratio=round(c_model / best, 4))
+        if device is not None and name in rtl and not isinstance(c_model, str):
             best_idx = picked[best_i] if mod[best_i] <= c_model else c_idx
             r_c = device.run_program(build_gemm(cfg, pg, ep, grid.point(c_idx)).program).cycles
             r_b = device.run_program(build_gemm(cfg, pg, ep, grid.point(best_idx)).program).cycles
@@ -179,7 +185,7 @@ def run(label: str, names, sample: int, out: Path, rtl=()) -> list:
             w = csv.DictWriter(f, ["layer", "knobs", "estimate", "model"])
             w.writeheader()
             w.writerows(points)
-        print(f"{label} {name} ({what}): chosen/best {row['ratio']:.3f}, spearman "
+        print(f"{label} {name} ({what}): chosen/best {float(row['ratio']):.3f}, spearman "
               f"{row['spearman']:.3f}" + (f", RTL chosen/best {row['rtl_ratio']:.3f}"
                                            if "rtl_ratio" in row else "")
               + f" [{time.perf_counter() - t0:.0f} s]", flush=True)
@@ -188,6 +194,47 @@ def run(label: str, names, sample: int, out: Path, rtl=()) -> list:
         write(rows, csv_path)
     if device is not None:
         device.close()
+    return rows
+
+
+RTL_FIELDS = ["layer", "label", "knobs", "model", "rtl", "model_vs_before", "rtl_vs_before"]
+
+
+def rtl_compare(names, out: Path) -> list:
+    """The chosen points of ``before`` and ``after`` (from their CSVs) of each layer of ``names``
+    built and run on the cycle model and on the RTL: ``knob_ranking_rtl.csv``."""
+    import model_vs_rtl as M
+    from tvm_csp_embed.codegen.build import build_gemm
+    from vta_ext.config import load_config
+    from vta_ext.device import open_device, vta_hw_library
+    from vta_ext.sim.cycles import CycleModel
+
+    cfg = load_config("pynq")
+    ops = dict(M.layers("resnet224") + M.layers("thin"))
+    chosen = {lb: {r["layer"]: r for r in read(out / f"knob_ranking_{lb}.csv")}
+              for lb in ("before", "after")}
+    device = open_device(vta_hw_library("rtl"))
+    rows = []
+    for name in names:
+        pg, ep, _ = program_space(ops[name], cfg)
+        got = {}
+        for lb in ("before", "after"):
+            knobs = json.loads(chosen[lb][name]["chosen_knobs"])
+            program = build_gemm(cfg, pg, ep, knobs).program
+            got[lb] = (knobs, CycleModel(cfg).run_program(program).total_cycles,
+                       device.run_program(program).cycles)
+        for lb, (knobs, model, rtl) in got.items():
+            rows.append({"layer": name, "label": lb, "knobs": json.dumps(knobs, sort_keys=True),
+                         "model": model, "rtl": rtl,
+                         "model_vs_before": round(model / got["before"][1], 4),
+                         "rtl_vs_before": round(rtl / got["before"][2], 4)})
+        print(f"{name}: after/before model {rows[-1]['model_vs_before']:.3f}, RTL "
+              f"{rows[-1]['rtl_vs_before']:.3f}", flush=True)
+        with open(out / "knob_ranking_rtl.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, RTL_FIELDS)
+            w.writeheader()
+            w.writerows(rows)
+    device.close()
     return rows
 
 
@@ -219,13 +266,17 @@ def report(out: Path, labels=("before", "after")) -> str:
         cells = []
         for lb in data:
             r = data[lb].get(n)
-            cells += ([f"{float(r['ratio']):.3f}", f"{float(r['spearman']):.3f}"] if r else ["", ""])
+            ratio = "deadlock" if r and r["ratio"] == "inf" else r and f"{float(r['ratio']):.3f}"
+            cells += [ratio, f"{float(r['spearman']):.3f}"] if r else ["", ""]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     summ = []
     for lb, rows in data.items():
-        ratios = [float(r["ratio"]) for r in rows.values()]
+        ratios = [float(r["ratio"]) for r in rows.values() if r["ratio"] != "inf"]
+        stuck = sum(r["ratio"] == "inf" for r in rows.values())
         rho = [float(r["spearman"]) for r in rows.values() if r["spearman"] not in ("", "nan")]
-        summ += [f"{geomean(ratios):.3f} (max {max(ratios):.3f})", f"{sum(rho) / len(rho):.3f}"]
+        summ += [f"{geomean(ratios):.3f} (max {max(ratios):.3f})"
+                 + (f", {stuck} chosen point(s) deadlock" if stuck else ""),
+                 f"{sum(rho) / len(rho):.3f}"]
     lines.append("| **geomean (max) / mean** | " + " | ".join(summ) + " |")
     rtl = [(lb, r) for lb, rows in data.items() for r in rows.values() if r.get("rtl_ratio")]
     if rtl:
@@ -235,6 +286,17 @@ def report(out: Path, labels=("before", "after")) -> str:
             lines.append(f"| {r['layer']} | {lb} | {int(r['chosen_model']):,} | "
                          f"{int(r['rtl_chosen']):,} | {int(r['best_model']):,} | "
                          f"{int(r['rtl_best']):,} | {float(r['rtl_ratio']):.3f} |")
+    if (out / "knob_ranking_rtl.csv").exists():
+        lines += ["", "| layer | chosen before: model | RTL | chosen after: model | RTL | "
+                      "after/before: model | RTL |", "|---|---|---|---|---|---|---|"]
+        by = {}
+        for r in read(out / "knob_ranking_rtl.csv"):
+            by.setdefault(r["layer"], {})[r["label"]] = r
+        for n, r in by.items():
+            b, a = r["before"], r["after"]
+            lines.append(f"| {n} | {int(b['model']):,} | {int(b['rtl']):,} | {int(a['model']):,} | "
+                         f"{int(a['rtl']):,} | {float(a['model_vs_before']):.3f} | "
+                         f"{float(a['rtl_vs_before']):.3f} |")
     plot(data, out)
     return "\n".join(lines)
 
@@ -250,8 +312,13 @@ def plot(data, out: Path) -> None:
     xs = range(len(layers))
     width = 0.8 / max(len(data), 1)
     for j, (lb, rows) in enumerate(data.items()):
-        axes[0].bar([x + j * width for x in xs], [float(rows[n]["ratio"]) for n in layers], width,
-                    label=lb)
+        axes[0].bar([x + j * width for x in xs],
+                    [float(rows[n]["ratio"]) if rows[n]["ratio"] != "inf" else 0 for n in layers],
+                    width, label=lb)
+        for x, n in zip(xs, layers):
+            if rows[n]["ratio"] == "inf":    # the chosen point's program deadlocks
+                axes[0].text(x + j * width, 1.0, f"{lb}: deadlock", rotation=90, fontsize=6,
+                             ha="center", va="bottom", color="tab:red")
         axes[1].bar([x + j * width for x in xs],
                     [float(rows[n]["spearman"]) if rows[n]["spearman"] != "nan" else 0
                      for n in layers], width, label=lb)
@@ -278,11 +345,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rtl", nargs="*", default=(), help="layers to also run on the RTL")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--report", action="store_true", help="the table and PNG of the CSVs")
+    ap.add_argument("--rtl-compare", nargs="*", metavar="LAYER",
+                    help="run the before and after chosen points of these layers on the RTL")
     args = ap.parse_args(argv)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     _paths(args.src.resolve())
     if args.report:
         print(report(args.out))
+        return 0
+    if args.rtl_compare:
+        rtl_compare(args.rtl_compare, args.out)
         return 0
     names = args.layers or layer_names()
     run(args.label, names, args.sample, args.out, args.rtl)
