@@ -214,7 +214,8 @@ def rtl_compare(names, out: Path) -> list:
     chosen = {lb: {r["layer"]: r for r in read(out / f"knob_ranking_{lb}.csv")}
               for lb in ("before", "after")}
     device = open_device(vta_hw_library("rtl"))
-    rows = []
+    path = out / "knob_ranking_rtl.csv"
+    rows = [r for r in read(path) if r["layer"] not in names] if path.exists() else []
     for name in names:
         pg, ep, _ = program_space(ops[name], cfg)
         got = {}
@@ -230,7 +231,7 @@ def rtl_compare(names, out: Path) -> list:
                          "rtl_vs_before": round(rtl / got["before"][2], 4)})
         print(f"{name}: after/before model {rows[-1]['model_vs_before']:.3f}, RTL "
               f"{rows[-1]['rtl_vs_before']:.3f}", flush=True)
-        with open(out / "knob_ranking_rtl.csv", "w", newline="") as f:
+        with open(path, "w", newline="") as f:
             w = csv.DictWriter(f, RTL_FIELDS)
             w.writeheader()
             w.writerows(rows)
