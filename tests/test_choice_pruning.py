@@ -55,7 +55,7 @@ _NEXT = re.compile(r"; next [^;]*")
 _STOCK = re.compile(r"; (stock template: |the stock template's plan not built)[^;]*")
 
 
-def _build(mod, exhaustive: bool, objective: str, monkeypatch):
+def _build(mod, exhaustive: bool, objective: str, monkeypatch, config=None):
     """Build ``mod`` under csp-relaxed with a fresh choice and plan cache; return the report and
     every ``(config, kind, op, usable candidates)`` the choice saw."""
     for sub in ("choices", "plans"):
@@ -70,7 +70,7 @@ def _build(mod, exhaustive: bool, objective: str, monkeypatch):
         m.setattr(choice, "PRUNE_BY_BOUND", not exhaustive)
         m.setattr(choice, "_choose", spy)
         with vta_ext.build_options(strategy="csp-relaxed", objective=objective):
-            relax.build(mod, target="ext_vta")
+            relax.build(mod, target="ext_vta" if config is None else vta_ext.vta_target(config))
     return vta_ext.last_build_report(), seen
 
 
@@ -93,10 +93,10 @@ def _chain_module(c: int, hw: int):
     return bb.get()
 
 
-def _case(layer, objective: str, monkeypatch):
+def _case(layer, objective: str, monkeypatch, config=None):
     mod = _module(*LAYERS[layer]) if isinstance(layer, str) else layer
-    pruned, seen_p = _build(mod, False, objective, monkeypatch)
-    full, seen_f = _build(mod, True, objective, monkeypatch)
+    pruned, seen_p = _build(mod, False, objective, monkeypatch, config)
+    full, seen_f = _build(mod, True, objective, monkeypatch, config)
     assert seen_p and seen_f, f"{layer}: the choice did not run"
     assert pruned.vta_keys == full.vta_keys
     assert pruned.vta_cycles == full.vta_cycles
@@ -124,6 +124,40 @@ def _case(layer, objective: str, monkeypatch):
 @pytest.mark.parametrize("layer", SAMPLE)
 def test_pruned_choice_is_exhaustive_choice(layer, monkeypatch):
     _case(layer, "end-to-end", monkeypatch)
+
+
+@pytest.mark.parametrize("layer", ("C11", "DB6", "C4"))
+def test_pruned_choice_is_exhaustive_choice_pynq(layer, monkeypatch):
+    """On pynq (per-kind DMA bandwidth, fixed cycles per instruction and per row): the bounds
+    stay below every timed program and the pruned choice is the exhaustive one."""
+    _case(layer, "cycles", monkeypatch, "pynq")
+
+
+def test_pynq_bound_counts_the_weights_at_their_bandwidth(monkeypatch):
+    """C11 on pynq: 512x512x3x3 = 2,359,296 B of weights moved once at WGT's 4 B/cycle (589,824
+    cycles) + one WGT DMA (5 + 15) + the input 512x7x7 = 25,088 B at INP's 8 (3,136 + 9 + 19) +
+    the fetch (10 + 0): 592,998 cycles, above the micro-op work (7x7x512x512x9 MACs / 256 = 451,584
+    GEMM cycles, 25,088 / 16 = 1,568 fill pad elements, 1,568 x (4 ALU passes x 2) = 12,544 ALU
+    cycles): every candidate that binds the data to INP gets that bound, at most the cycles of
+    its program."""
+    from vta_ext.config import load_config
+
+    _, seen = _build(_module(*LAYERS["C11"]), True, "cycles", monkeypatch, "pynq")
+    cfg = load_config("pynq")
+    assert (cfg.WGT_BYTES_PER_CYCLE, cfg.INP_BYTES_PER_CYCLE, cfg.FETCH_CYCLES) == (4, 8, 10)
+    load = 2359296 / 4 + 5 + 15 + 25088 / 8 + 9 + 19 + 10
+    checked = 0
+    for config, kind, op, usable, _, _ in seen:
+        for c in usable:
+            pg = c.packed
+            if pg.operands["A"].tensor != pg.embedding.workload.inputs[0].name:
+                continue
+            bound = choice.cycles_bound(config, kind, op, c)
+            assert bound == load, (c.label, bound)
+            if c.cycles is not None:
+                assert bound <= c.cycles
+                checked += 1
+    assert checked
 
 
 @pytest.mark.slow
@@ -221,8 +255,9 @@ def test_compute_work_is_the_programs_micro_op_cycles(layer, monkeypatch):
     assert checked >= 2
 
 
-@pytest.mark.parametrize("layer", ("C11", "C6", "C2"))
-def test_stock_bound_with_the_tiling_is_below_the_programs_cycles(layer):
+@pytest.mark.parametrize("layer,config", [("C11", "default"), ("C6", "default"), ("C2", "default"),
+                                          ("C11", "pynq"), ("C2", "pynq")])
+def test_stock_bound_with_the_tiling_is_below_the_programs_cycles(layer, config):
     """``stock_cycles_bound`` with the knobs: below the cycle model's count of the stock program
     for every sampled knob point (TPS, the fallback, and valid points of one and of two virtual
     threads); with one thread it adds the load bytes' cycles to the micro-op cycles, which on C11
@@ -237,7 +272,7 @@ def test_stock_bound_with_the_tiling_is_below_the_programs_cycles(layer):
     from vta_ext.templates.conv2d import build_conv2d
     from vta_ext.templates.workload import Conv2dWorkload
 
-    cfg = load_config("default")
+    cfg = load_config(config)
     n, c, h, w, k, kh, kw, pad, st, _ = LAYERS[layer]
     wl = Conv2dWorkload(n, h, w, c, k, kh, kw, pad[0], pad[1], st[0], st[1])
     epilogue = (("bias",), ("shr", 8), ("clip", -128, 127))
@@ -254,7 +289,7 @@ def test_stock_bound_with_the_tiling_is_below_the_programs_cycles(layer):
         bound = choice.stock_cycles_bound(cfg, "conv2d", op, plan, knobs)
         assert bound <= cycles, (layer, knobs, bound, cycles)
         ratios[str(knobs)] = (bound / cycles, choice.stock_cycles_bound(cfg, "conv2d", op, plan) / cycles)
-    if layer == "C11":
+    if (layer, config) == ("C11", "default"):
         tps = space.tps
         assert tps["oc_nthread"] * tps["h_nthread"] == 1
         new, old = ratios["tps"]

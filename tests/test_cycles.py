@@ -175,6 +175,28 @@ def test_hand_computed_structure(latency):
     assert report.modules["store"].stall == (384 + 5 * L) - (10 + L)
 
 
+@pytest.mark.parametrize("latency", [0, 40])
+def test_timing_rules_for_the_estimates_are_the_models(latency):
+    """``timing(cfg)``, what the knob estimate, the choice's bounds and the floor read: the
+    durations of test_hand_computed_structure, by hand (a DmaCost sums instructions: 2 INP LOADs
+    of 2 rows are 2 x (9 + 2 x (19 + L)) + their bytes / 8)."""
+    from vta_ext.sim.cycles import timing
+
+    L = latency
+    cfg = VTAConfig.from_dict({**CFG.to_dict(), **STRUCTURED, "MEM_LATENCY_CYCLES": L})
+    t = timing(cfg)
+    assert t is timing(VTAConfig.from_dict(cfg.to_dict()))       # one per configuration value
+    assert t.dma("INP").cycles(1, 2, 128, 2) == 65 + 2 * L
+    assert t.dma("WGT").cycles(1, 1, 1024) == 276 + L
+    assert t.dma("OUT").cycles(1, 2, 32) == 36 + 2 * L
+    assert t.dma("UOP").cycles(1, 1, 4) == 18 + L
+    assert t.dma("INP").cycles(2, 2, 256) == 2 * (9 + 2 * (19 + L)) + 32
+    assert (t.gemm_fixed, t.nop, t.finish, t.fetch) == (19, 13, 11, 10 + L)
+    # the bus rate where a kind says 0, and the per-micro-op model's issue and overhead
+    d = timing(CFG).dma("ACC")
+    assert (d.fixed, d.per_row, d.bytes_per_cycle, d.pad) == (1, 4, 8, 1)
+
+
 def test_other_presets_take_the_structure_that_adds_nothing():
     """docs/isa.md: every preset but pynq keeps its per-micro-op model; the structural keys add
     nothing (bandwidth 0 = the bus rate, no fixed costs, no latency, one cycle per padding)."""

@@ -290,23 +290,82 @@ def gc_paused() -> Iterator[None]:
 
 def cycles_bound(config, kind: str, op: MatchedOp, cand: Candidate) -> float:
     """A lower bound on the cycle model's count of any program of the candidate ``cand`` for
-    ``op`` (an operator of ``kind``), known before it is built.
+    ``op`` (an operator of ``kind``), known before it is built: the largest of the three
+    modules' bounds, each module running its instructions one after the other from the
+    instruction fetch on (:func:`vta_ext.sim.cycles.timing`).
 
-    The compute module runs its instructions one after the other, so the program takes at least
-    their summed durations (:func:`vta_ext.sim.cycles.insn_cycles`), and those are at least the
-    micro-op cycles that every program of ``cand.packed`` runs whatever its knobs
-    (:func:`~.codegen.knobs.compute_work`): every GEMM call of the embedding, the initialisation
-    of every accumulator entry, and every accumulator entry through every ALU pass of the
-    epilogue the program runs (without the bias stage when the bias is folded,
-    :func:`~.candidates.program_epilogue`; simplified as the build simplifies it).
+    * compute: the summed durations of its instructions are at least the micro-op cycles that
+      every program of ``cand.packed`` runs whatever its knobs
+      (:func:`~.codegen.knobs.compute_work`): every GEMM call of the embedding, the
+      initialisation of every accumulator entry, and every accumulator entry through every ALU
+      pass of the epilogue the program runs (without the bias stage when the bias is folded,
+      :func:`~.candidates.program_epilogue`; simplified as the build simplifies it); plus the
+      fixed cycles of the fewest instructions that can do it (:func:`_compute_fixed`) and the
+      FINISH;
+    * load: the operator's input and weights (as written, :func:`vta_ext.floor.key_floor`'s
+      sizes), each moved once at the bandwidth of the buffer the embedding binds it to (``A``:
+      ``INP``, ``B``: ``WGT``) in at least one DMA of one row
+      (:func:`vta_ext.floor.moved_cycles`);
+    * store: the output, the same way as ``OUT``.
     """
     from vta_ext.templates.epilogue import simplify_epilogue
 
     from .candidates import program_epilogue
-    from .codegen.knobs import compute_work
+    from .codegen.knobs import _free_dims, compute_work
 
     ep = simplify_epilogue(program_epilogue(cand.workload, op.epilogue))
-    return sum(compute_work(config, cand.packed, ep).values())
+    pg = cand.packed
+    blocks = math.prod(d.extent for d in _free_dims(pg.operands["C"]))
+    compute = (sum(compute_work(config, pg, ep).values())
+               + _compute_fixed(config, blocks, ep, "reset" if pg.embedding.mode == "strict"
+                                else "fill"))
+    data_in_a = pg.operands["A"].tensor == pg.embedding.workload.inputs[0].name
+    return max(compute, *_memory_bounds(config, kind, cand.workload, op,
+                                        "INP" if data_in_a else "WGT"))
+
+
+def _compute_fixed(config, blocks: int, ep, init: str) -> float:
+    """A lower bound on the fixed cycles of the compute module's instructions
+    (:func:`vta_ext.sim.cycles.timing`) of a program of ``blocks`` accumulator entries with the
+    (simplified) epilogue ``ep``: the instruction fetch, the FINISH and, for every group of at
+    most ``acc_depth`` entries (an instruction addresses the accumulator scratchpad only, so it
+    reaches at most that many entries), a GEMM, an initialisation (a reset GEMM, or an
+    accumulator fill LOAD of ``init`` ``"fill"``) and every ALU instruction of the epilogue
+    (:func:`~vta_ext.templates.epilogue.alu_count`)."""
+    from vta_ext.sim.cycles import timing
+    from vta_ext.templates.epilogue import alu_count
+
+    t = timing(config)
+    groups = -(-blocks // config.acc_depth)
+    first = t.gemm_fixed if init == "reset" else t.dma("ACC").fixed
+    return (t.fetch + t.finish
+            + groups * (t.gemm_fixed + first + alu_count(config, ep) * t.alu_fixed))
+
+
+def _memory_bounds(config, kind: str, workload, op: MatchedOp, data_kind: str) -> Tuple[float, ...]:
+    """``(load, store)`` lower bounds of a program of ``op`` (CSP ``workload``; its data bound to
+    the buffer ``data_kind``, ``INP`` or ``WGT``, the weights to the other): the module's fetch
+    plus the operator's tensors as written, each moved once (:func:`vta_ext.floor.moved_cycles`);
+    ``()`` for an operator whose sizes the floor does not know."""
+    from vta_ext.floor import GEMM_KINDS, _csp_size, moved_cycles
+    from vta_ext.quantize import call_macs
+    from vta_ext.sim.cycles import timing
+
+    if workload.stock or workload.op not in GEMM_KINDS:
+        return ()
+    try:
+        shape = [int(d) for d in op.core.ty.shape]
+        size = _csp_size(workload.op, dict(workload.params), call_macs(op.core), math.prod(shape),
+                         op.epilogue)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return ()
+    cfg = config
+    wgt_kind = "WGT" if data_kind == "INP" else "INP"
+    fetch = timing(cfg).fetch
+    load = (fetch + moved_cycles(cfg, data_kind, size.in_elements * cfg.INP_WIDTH / 8)
+            + moved_cycles(cfg, wgt_kind, size.weight_elements * cfg.WGT_WIDTH / 8))
+    store = fetch + moved_cycles(cfg, "OUT", size.out_elements * cfg.OUT_WIDTH / 8)
+    return load, store
 
 
 def stock_cycles_bound(config, kind: str, op: MatchedOp, plan, knobs=None) -> Optional[float]:
@@ -323,11 +382,16 @@ def stock_cycles_bound(config, kind: str, op: MatchedOp, plan, knobs=None) -> Op
 
     With the tiling ``knobs`` resolve to (:func:`vta_ext.templates.tiling.resolve_knobs`) the
     input and weight bytes it loads are known exactly (:func:`vta_ext.templates.tiling.dram_bytes`),
-    and the load module moves them at ``MEM_BYTES_PER_CYCLE`` at best. With one virtual thread
+    and the load module moves them at their kinds' bandwidths at best (``INP``, ``WGT``), in at
+    least one DMA of one row each (:func:`vta_ext.floor.moved_cycles`). With one virtual thread
     the program also runs its loads and GEMMs one after the other: a load step overwrites the
     buffers the GEMM before it reads, so it waits for that GEMM, and a GEMM waits for its loads.
-    Such a program takes at least its load bytes' cycles plus its micro-op cycles (the resets and
-    ALU passes may run under the next tile's loads, so they are not added).
+    Such a program takes at least its load cycles plus its GEMMs' cycles (the resets and ALU
+    passes may run under the next tile's loads, so they are not added).
+
+    The compute module's fixed instruction cycles (:func:`_compute_fixed`) are added to the
+    micro-op cycles, and each GEMM of the one-thread chain counts its fixed cycles too (at least
+    one GEMM per group of ``acc_depth`` output entries).
     """
     from vta_ext.templates.epilogue import alu_cycles, has_bias, normalize_epilogue, simplify_epilogue
     from vta_ext.templates.tiling import dram_bytes, output_blocks, resolve_knobs, total_gemm_uops
@@ -338,10 +402,15 @@ def stock_cycles_bound(config, kind: str, op: MatchedOp, plan, knobs=None) -> Op
         wl = dense_as_conv2d(wl)
     if not isinstance(wl, Conv2dWorkload):
         return None
+    from vta_ext.floor import moved_cycles
+    from vta_ext.sim.cycles import timing
+
     blocks = output_blocks(config, wl)
     ep = simplify_epilogue(normalize_epilogue(op.epilogue))
+    t = timing(config)
     gemm = total_gemm_uops(config, wl) * config.GEMM_CYCLES_PER_UOP
-    compute = gemm + blocks * (config.GEMM_CYCLES_PER_UOP + alu_cycles(config, ep))
+    compute = (gemm + blocks * (config.GEMM_CYCLES_PER_UOP + alu_cycles(config, ep))
+               + _compute_fixed(config, blocks, ep, "reset"))
     if knobs is None:
         return compute
     try:
@@ -349,9 +418,10 @@ def stock_cycles_bound(config, kind: str, op: MatchedOp, plan, knobs=None) -> Op
     except Exception:  # noqa: BLE001 -- the build meets the same problem and reports it
         return compute
     nbytes = dram_bytes(config, wl, k, has_bias(ep))
-    loads = (nbytes["inp_load_nbytes"] + nbytes["wgt_load_nbytes"]) / config.MEM_BYTES_PER_CYCLE
+    loads = t.fetch + (moved_cycles(config, "INP", nbytes["inp_load_nbytes"])
+                       + moved_cycles(config, "WGT", nbytes["wgt_load_nbytes"]))
     if k.oc_nthread * k.h_nthread == 1:
-        return max(compute, loads + gemm)
+        return max(compute, loads + gemm + -(-blocks // config.acc_depth) * t.gemm_fixed)
     return max(compute, loads)
 
 

@@ -201,8 +201,8 @@ class VTAConfig:
             if getattr(self, key) < 1:
                 fail(f"{key} must be at least 1, got {getattr(self, key)}")
         for kind in DMA_KINDS:
-            # MEM_BYTES_PER_CYCLE is the bus: the floor and the estimates move every byte at it,
-            # so no memory type may be faster (0: at the bus rate)
+            # MEM_BYTES_PER_CYCLE is the bus: no memory type may be faster (0: at the bus rate;
+            # the candidates' static estimate moves every byte at the bus rate)
             if getattr(self, f"{kind}_BYTES_PER_CYCLE") > self.MEM_BYTES_PER_CYCLE:
                 fail(f"{kind}_BYTES_PER_CYCLE={getattr(self, f'{kind}_BYTES_PER_CYCLE')} exceeds the "
                      f"bus, MEM_BYTES_PER_CYCLE={self.MEM_BYTES_PER_CYCLE}")

@@ -13,10 +13,20 @@ The floor is ``max(compute, memory)`` of the operator *as written* (no padding):
     window) ``ALU_CYCLES_PER_UOP_VEC``: the cycle model (:mod:`vta_ext.sim.cycles`) charges them
     so, and a floor must not charge a vector pass less than the hardware can do it in.
 
-* **memory** = every byte the operator must move once, ``/ MEM_BYTES_PER_CYCLE``: the input
-  elements it reads (a window that skips rows or columns, e.g. a 1x1 convolution of stride 2,
-  reads only the ones it touches), the weights, one int32 per output channel for each vector
-  epilogue stage (bias, multiplier), and the output.
+* **memory** = every tensor the operator must move, moved once, each at the bandwidth of the
+  memory kind it travels as (``<kind>_BYTES_PER_CYCLE``, 0 being the bus rate
+  ``MEM_BYTES_PER_CYCLE``), plus what any DMA of it costs at the least: one instruction of one
+  row, ``INSN_ISSUE_CYCLES + <kind>_INSN_CYCLES + DMA_OVERHEAD_CYCLES + <kind>_ROW_CYCLES +
+  MEM_LATENCY_CYCLES`` (:meth:`vta_ext.sim.cycles.DmaCost.cycles` of one instruction and one
+  row: the cycle model's own rule). The tensors: the input elements it reads (a window that
+  skips rows or columns, e.g. a 1x1 convolution of stride 2, reads only the ones it touches), the
+  weights, one int32 per output channel for each vector epilogue stage (bias, multiplier), and
+  the output. The output travels as ``OUT``. A GEMM operator's input and weights travel as
+  ``INP`` and ``WGT``, one each way round (an embedding may bind the weights to the input
+  buffer): the cheaper assignment is charged. The other tensors (an ALU operator's inputs, the
+  epilogue vectors, which a folded bias carries in the weights) are charged at the cheapest load
+  kind (``INP``, ``WGT``, ``ACC``). The sum charges every tensor to one memory port (the Pynq
+  design's modules share one AXI port).
 
 The ALU passes per output block, by operator:
 
@@ -66,7 +76,7 @@ from .templates.epilogue import VECTOR_STAGES, Epilogue, alu_ops, normalize_epil
 from .templates.workload import out_size
 
 __all__ = ["Floor", "OperatorSize", "operator_floor", "depthwise_floor", "key_floor", "efficiency",
-           "GEMM_KINDS", "ALU_KINDS"]
+           "GEMM_KINDS", "ALU_KINDS", "memory_floor", "moved_cycles", "cheapest_moved", "LOAD_KINDS"]
 
 #: operator kinds that run on the GEMM core
 GEMM_KINDS = ("conv2d", "group_conv2d", "dilated_conv2d", "conv1d", "dense", "batch_matmul")
@@ -85,7 +95,8 @@ class Floor:
     compute_alu : float
         ALU micro-ops of the passes the operator needs times their cycles per micro-op.
     memory : float
-        Bytes moved once over ``MEM_BYTES_PER_CYCLE``.
+        Every tensor moved once at its memory kind's bandwidth, plus one DMA instruction of one
+        row for each (module docstring).
     """
 
     compute_gemm: float
@@ -220,11 +231,43 @@ def operator_floor(config: VTAConfig, size: OperatorSize) -> Floor:
     imm, vec = alu_passes(cfg, size)
     alu = (size.out_elements / (cfg.BATCH * cfg.BLOCK_OUT)
            * (imm * cfg.ALU_CYCLES_PER_UOP_IMM + vec * cfg.ALU_CYCLES_PER_UOP_VEC))
-    vectors = sum(st[0] in VECTOR_STAGES for st in size.epilogue)
-    moved = (size.in_elements * cfg.INP_WIDTH + size.weight_elements * cfg.WGT_WIDTH
-             + vectors * size.channels * cfg.ACC_WIDTH + size.out_elements * cfg.OUT_WIDTH) / 8
-    floor = Floor(gemm, alu, moved / cfg.MEM_BYTES_PER_CYCLE)
+    floor = Floor(gemm, alu, memory_floor(cfg, size))
     return depthwise_floor(cfg, size, floor) if size.kind == "depthwise_conv2d" else floor
+
+
+#: the memory kinds a LOAD moves (``OUT`` is the STORE's)
+LOAD_KINDS = ("INP", "WGT", "ACC")
+
+
+def moved_cycles(config: VTAConfig, kind: str, nbytes: float) -> float:
+    """The fewest cycles in which DMAs of memory kind ``kind`` move ``nbytes`` (none if 0): the
+    bytes at the kind's bandwidth and one instruction of one row (the cycle model's
+    :meth:`~vta_ext.sim.cycles.DmaCost.cycles`)."""
+    from .sim.cycles import timing
+
+    return timing(config).dma(kind).cycles(1, 1, nbytes) if nbytes else 0
+
+
+def cheapest_moved(config: VTAConfig, nbytes: float, kinds: Sequence[str] = LOAD_KINDS) -> float:
+    """:func:`moved_cycles` of ``nbytes`` at the cheapest of ``kinds``."""
+    return min(moved_cycles(config, k, nbytes) for k in kinds)
+
+
+def memory_floor(config: VTAConfig, size: OperatorSize) -> float:
+    """The memory term of the floor of ``size`` (module docstring)."""
+    cfg = config
+    vectors = sum(st[0] in VECTOR_STAGES for st in size.epilogue)
+    inp = size.in_elements * cfg.INP_WIDTH / 8
+    wgt = size.weight_elements * cfg.WGT_WIDTH / 8
+    if size.kind in GEMM_KINDS:
+        operands = min(moved_cycles(cfg, "INP", inp) + moved_cycles(cfg, "WGT", wgt),
+                       moved_cycles(cfg, "WGT", inp) + moved_cycles(cfg, "INP", wgt))
+    elif size.kind == "add":        # its two inputs, each moved on its own
+        operands = 2 * cheapest_moved(cfg, inp / 2)
+    else:
+        operands = cheapest_moved(cfg, inp) + cheapest_moved(cfg, wgt)
+    return (operands + cheapest_moved(cfg, vectors * size.channels * cfg.ACC_WIDTH / 8)
+            + moved_cycles(cfg, "OUT", size.out_elements * cfg.OUT_WIDTH / 8))
 
 
 def depthwise_floor(config: VTAConfig, size: OperatorSize, alu: Floor) -> Floor:

@@ -351,7 +351,7 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
     busy = {"load": load, "resident": resident, **c["busy"]}
     return {"sram": sram, "uops": c["uops"], "folded": c["folded"], "bytes": nbytes, "insns": insns,
             "busy": busy,
-            "cycles": _pipeline(busy, c["pipeline"], res_loads)}
+            "cycles": _pipeline(busy, c["pipeline"], res_loads) + c["fetch"]}
 
 
 def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]) -> Dict[str, Any]:
@@ -361,6 +361,7 @@ def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]
     ``insns``, ``busy`` (the parts :func:`_module_busy` models), ``pipeline``
     (:func:`_pipeline_terms`), and the counts they come from (``threads``, ``stores``, ``batch``,
     ``steps``, ``a_free``, ``a_loads``)."""
+    from vta_ext.sim.cycles import timing
     from vta_ext.templates.epilogue import alu_count, has_bias, simplify_epilogue
 
     ep = simplify_epilogue(ep)      # the ALU passes the build runs (build_gemm)
@@ -394,10 +395,14 @@ def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]
     per_tile_stores = _prod(k[f"tile_{n}"] for n in c_loops[:-2]) if len(c_free) > 2 else 1
     insns = stores * (batch * steps * (a_loads + 2) + 2 + alu_count(cfg, ep) + per_tile_stores)
     busy = _module_busy(cfg, pg, ep, k, nbytes, stores, batch * steps)
+    t = timing(cfg)
     return {"loads": loads, "sram": sram, "uops": uops, "folded": folded, "bytes": nbytes,
             "insns": insns, "busy": busy,
             "pipeline": _pipeline_terms(busy, stores, batch * steps, threads), "threads": threads,
-            "stores": stores, "batch": batch, "steps": steps, "a_free": a_free, "a_loads": a_loads}
+            "stores": stores, "batch": batch, "steps": steps, "a_free": a_free, "a_loads": a_loads,
+            # the instruction fetch before the modules start (the FINISH instruction, the same
+            # on every point and every plan, is left out)
+            "fetch": t.fetch}
 
 
 def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, Any]],
@@ -405,11 +410,14 @@ def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, 
     """The loads of operand ``role`` (``"A"``, ``inp``; ``"B"``, ``wgt``) with its cache computed
     at ``ins`` (:func:`_inside` or :func:`_inside_resident`): ``entries`` (scratchpad entries of
     one thread's tile, over the loops as ``tiled`` counts them), ``nbytes`` (DRAM bytes),
-    ``loads`` (load instructions issued) and ``busy``, the terms of their busy cycles in the order
-    :func:`_load_busy` adds them: the bytes at ``MEM_BYTES_PER_CYCLE``, an issue and a DMA overhead
-    per row (:func:`_dma_rows`) per instruction, a cycle per padding element."""
+    ``loads`` (load instructions issued) and ``busy``, their busy cycles: the cycle model's
+    durations of those LOADs (:meth:`vta_ext.sim.cycles.DmaCost.cycles` of the operand's memory
+    kind, ``INP`` or ``WGT``: the bytes at its bandwidth, its fixed cycles per instruction and per
+    row, :func:`_dma_rows` rows per instruction, its cycles per padding element)."""
+    from vta_ext.sim.cycles import timing
+
     elem = cfg.inp_elem_bytes if role == "A" else cfg.wgt_elem_bytes
-    issue, dma, bpc = cfg.INSN_ISSUE_CYCLES, cfg.DMA_OVERHEAD_CYCLES, cfg.MEM_BYTES_PER_CYCLE
+    dma = timing(cfg).dma("INP" if role == "A" else "WGT")
     free, unused = _operand_dims(pg, role)
     regions = [_region(d, ins) for d in free]
     repeat = _prod(ins[n][0] for n in unused)
@@ -420,8 +428,7 @@ def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, 
     entries = _prod(r if all(tiled[v] is ins[v] for v, _ in d.terms) else _region(d, tiled)
                     for d, r in zip(free, regions))
     return {"entries": entries, "nbytes": nbytes, "loads": loads,
-            "busy": (nbytes / bpc, loads * (issue + dma * _dma_rows(free, regions)),
-                     box - nbytes // elem)}
+            "busy": dma.cycles(loads, _dma_rows(free, regions), nbytes, box - nbytes // elem)}
 
 
 def _operand_dims(pg: PackedGemm, role: str) -> Tuple[list, Tuple[str, ...]]:
@@ -458,16 +465,17 @@ def compute_work(cfg, pg: PackedGemm, ep) -> Dict[str, int]:
     """The compute module's micro-op cycles of any program of ``pg`` with the (simplified)
     epilogue ``ep``, whatever its knobs: ``gemm`` (every GEMM call of the embedding, one micro-op
     each, at ``GEMM_CYCLES_PER_UOP``), ``init`` (every accumulator entry initialised once: a reset
-    micro-op, or a cycle per padding element of a fill LOAD, :func:`~.schedule.acc_init_of`) and
-    ``alu`` (every accumulator entry through every ALU pass of ``ep``,
-    :func:`~vta_ext.templates.epilogue.alu_cycles`). The instruction issue cycles and the bias
-    loads, which depend on the knobs, are not in it, so the sum is a lower bound on the compute
-    module's busy cycles (:func:`_module_busy` adds them)."""
+    micro-op, or ``PAD_ELEM_CYCLES`` per padding element of a fill LOAD,
+    :func:`~.schedule.acc_init_of`) and ``alu`` (every accumulator entry through every ALU pass
+    of ``ep``, :func:`~vta_ext.templates.epilogue.alu_cycles`). The instructions' fixed cycles
+    and the bias loads, which depend on the knobs, are not in it, so the sum is a lower bound on
+    the compute module's busy cycles (:func:`_module_busy` adds them)."""
     from vta_ext.templates.epilogue import alu_cycles
 
     blocks = math.prod(d.extent for d in _free_dims(pg.operands["C"]))   # accumulator entries
     return {"gemm": pg.embedding.instruction_count * cfg.GEMM_CYCLES_PER_UOP,
-            "init": blocks * (cfg.GEMM_CYCLES_PER_UOP if acc_init_of(pg) == "reset" else 1),
+            "init": blocks * (cfg.GEMM_CYCLES_PER_UOP if acc_init_of(pg) == "reset"
+                              else cfg.PAD_ELEM_CYCLES),
             "alu": blocks * alu_cycles(cfg, ep)}
 
 
@@ -481,8 +489,9 @@ def _load_busy(loads: Mapping[str, Mapping[str, Any]], res: Optional[str]):
     res_loads = 0
     for role in "AB":
         name = "resident" if role == res else "load"
-        for term in loads[role]["busy"]:    # summed in this order (the floats round the same)
-            part[name] = part[name] + term
+        # (an operand's busy cycles are one sum; with a power-of-two bandwidth every term is exact
+        # in binary, so the order of the additions changes no value)
+        part[name] = part[name] + loads[role]["busy"]
         if role == res:
             res_loads = loads[role]["loads"]
     return part["load"], part["resident"], res_loads
@@ -494,21 +503,26 @@ def _module_busy(cfg, pg: PackedGemm, ep, k, nbytes, stores, steps) -> Dict[str,
     the schedule; no loop order changes them. Parts: ``gemm`` (every GEMM micro-op execution, an
     issue per load step), ``reset`` (one micro-op per accumulator entry), ``epilogue`` (the ALU
     passes of :func:`~vta_ext.templates.epilogue.alu_cycles` per accumulator entry and the bias
-    loads, both on the compute module) and ``store``."""
+    loads, both on the compute module) and ``store``. Every instruction adds its kind's fixed
+    cycles (:func:`vta_ext.sim.cycles.timing`): a GEMM per load step, a reset GEMM or an
+    accumulator fill LOAD per store point (:func:`~.schedule.acc_init_of`), the ALU passes, a bias
+    LOAD of one row, and the STOREs at the ``OUT`` kind's cost."""
+    from vta_ext.sim.cycles import timing
     from vta_ext.templates.epilogue import alu_count, has_bias
 
-    issue, dma, bpc = cfg.INSN_ISSUE_CYCLES, cfg.DMA_OVERHEAD_CYCLES, cfg.MEM_BYTES_PER_CYCLE
+    t = timing(cfg)
     work = compute_work(cfg, pg, ep)
+    init = t.gemm_fixed if acc_init_of(pg) == "reset" else t.dma("ACC").fixed
     ext = {lp.name: lp.extent for lp in pg.loops}
     ctile = {n: (ext[n] // k[f"tile_{n}"], k[f"tile_{n}"]) for n in pg.c_loops()}
     c_free = _free_dims(pg.operands["C"])
     store_rows = _dma_rows(c_free, [_region(d, ctile) for d in c_free])
-    return {"gemm": work["gemm"] + stores * steps * issue,
-            "reset": work["init"] + stores * issue,
-            "epilogue": (work["alu"] + stores * alu_count(cfg, ep) * issue
-                         + (nbytes["acc_load_nbytes"] / bpc + stores * (issue + dma)
+    return {"gemm": work["gemm"] + stores * steps * t.gemm_fixed,
+            "reset": work["init"] + stores * init,
+            "epilogue": (work["alu"] + stores * alu_count(cfg, ep) * t.alu_fixed
+                         + (t.dma("ACC").cycles(stores, 1, nbytes["acc_load_nbytes"])
                             if has_bias(ep) else 0)),
-            "store": nbytes["out_store_nbytes"] / bpc + stores * (issue + dma * store_rows)}
+            "store": t.dma("OUT").cycles(stores, store_rows, nbytes["out_store_nbytes"])}
 
 
 def _pipeline_terms(busy, stores, steps, threads) -> Dict[str, Any]:

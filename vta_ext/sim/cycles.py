@@ -28,6 +28,7 @@ a model, not the hardware: see ``docs/isa.md`` for where the constants come from
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections import defaultdict
@@ -38,7 +39,8 @@ from ..config import VTAConfig
 from ..isa import (STAGE_QUEUES, TOKEN_QUEUES, AluInsn, GemmInsn, Insn, MemInsn, MemType, Opcode,
                    Stage, insn_stage, stage_of)
 
-__all__ = ["CycleModel", "CycleReport", "ModuleTime", "DeadlockError", "insn_cycles"]
+__all__ = ["CycleModel", "CycleReport", "ModuleTime", "DeadlockError", "insn_cycles", "DmaCost",
+           "dma_cost", "timing"]
 
 
 class DeadlockError(RuntimeError):
@@ -159,9 +161,43 @@ class CycleReport:
         plt.close(fig)
 
 
+@dataclass(frozen=True)
+class DmaCost:
+    """What the LOADs or STOREs of one memory kind cost (module docstring): ``fixed`` cycles per
+    instruction (``INSN_ISSUE_CYCLES + T_INSN_CYCLES``), ``per_row`` per DMA row
+    (``DMA_OVERHEAD_CYCLES + T_ROW_CYCLES + MEM_LATENCY_CYCLES``), ``bytes_per_cycle`` (the kind's
+    bandwidth) and ``pad`` per padding element written on chip (``PAD_ELEM_CYCLES``)."""
+
+    fixed: int
+    per_row: int
+    bytes_per_cycle: int
+    pad: int
+
+    def cycles(self, insns, rows_per_insn, nbytes, pad_elems=0):
+        """Summed durations of ``insns`` DMAs of ``rows_per_insn`` rows each moving ``nbytes`` and
+        writing ``pad_elems`` padding elements in all (ints, floats or numpy arrays): the
+        module docstring's duration summed, with the bytes divided once (a fraction, where the
+        model rounds up per instruction: at most the model's sum). Computed as ``nbytes /
+        bytes_per_cycle + insns * (fixed + per_row * rows_per_insn) + pad * pad_elems``, without
+        the operations that add a 0 or multiply by a 1 (fast on numpy grids; the estimates that
+        use it, :mod:`tvm_csp_embed.codegen.knobs`, :mod:`tvm_csp_embed.choice`,
+        :mod:`vta_ext.floor`, stay as they were on a configuration whose structural keys are 0)."""
+        out = nbytes / self.bytes_per_cycle
+        per = self.fixed if self.per_row == 0 else (
+            self.fixed + (rows_per_insn if self.per_row == 1 else self.per_row * rows_per_insn))
+        if not (type(per) is int and per == 0):
+            out = out + (insns if type(per) is int and per == 1 else insns * per)
+        if not (type(pad_elems) is int and pad_elems == 0) and self.pad:
+            out = out + (pad_elems if self.pad == 1 else self.pad * pad_elems)
+        return out
+
+
 class _Costs:
     """The timing constants of one configuration, and what one instruction costs under them
-    (:meth:`of`): the one home of the durations of the module docstring."""
+    (:meth:`of`): the one home of the durations of the module docstring. Read them through
+    :func:`timing` (one per configuration): ``gemm_fixed``, ``alu_fixed``, ``nop``, ``finish``
+    (fixed cycles per instruction), ``fetch`` (when the modules start), ``gemm``, ``alu_imm``,
+    ``alu_vec`` (per micro-op), :meth:`dma` (a :class:`DmaCost` per memory kind)."""
 
     def __init__(self, config: VTAConfig) -> None:
         self.config = config
@@ -183,15 +219,25 @@ class _Costs:
         #: (is a STORE, memory type) -> (element bytes, fixed cycles, cycles per row, bytes per
         #: cycle, DRAM counter), filled on first use
         self._mem: Dict[Tuple[bool, int], Tuple[int, int, int, int, str]] = {}
+        self._dma: Dict[str, DmaCost] = {}
         #: the cost function of each instruction record type (:meth:`of` dispatches on it)
         self.by_type = {MemInsn: self.mem, GemmInsn: self.gemm_insn, AluInsn: self.alu_insn}
 
+    def dma(self, kind: str) -> "DmaCost":
+        """The :class:`DmaCost` of the DMAs of ``kind`` (a :data:`~vta_ext.config.DMA_KINDS`)."""
+        cost = self._dma.get(kind)
+        if cost is None:
+            cfg = self.config
+            cost = self._dma[kind] = DmaCost(
+                self.issue + getattr(cfg, f"{kind}_INSN_CYCLES"),
+                cfg.DMA_OVERHEAD_CYCLES + getattr(cfg, f"{kind}_ROW_CYCLES") + cfg.MEM_LATENCY_CYCLES,
+                cfg.bytes_per_cycle(kind), self.pad)
+        return cost
+
     def _mem_entry(self, store: bool, mem: int) -> Tuple[int, int, int, int, str]:
-        cfg = self.config
         kind = "OUT" if store else _DMA_KIND.get(mem, "INP")
-        entry = (cfg.elem_bytes(mem), self.issue + getattr(cfg, f"{kind}_INSN_CYCLES"),
-                 cfg.DMA_OVERHEAD_CYCLES + getattr(cfg, f"{kind}_ROW_CYCLES")
-                 + cfg.MEM_LATENCY_CYCLES, cfg.bytes_per_cycle(kind),
+        dma = self.dma(kind)
+        entry = (self.config.elem_bytes(mem), dma.fixed, dma.per_row, dma.bytes_per_cycle,
                  "out" if store else (_MEM_NAMES.get(mem) or MemType(mem).name.lower()))
         self._mem[store, mem] = entry
         return entry
@@ -246,6 +292,15 @@ _MEM_NAMES = {m: m.name.lower() for m in MemType}
 #: LOAD memory type -> the DMA kind whose keys time it (docs/isa.md, "Cycle model")
 _DMA_KIND = {MemType.INP: "INP", MemType.WGT: "WGT", MemType.ACC: "ACC", MemType.ACC_8BIT: "ACC",
              MemType.UOP: "UOP", MemType.OUT: "OUT"}
+
+
+@functools.lru_cache(maxsize=64)
+def timing(config: VTAConfig) -> _Costs:
+    """The timing constants of ``config`` (one object per configuration value): the cycle model's
+    own, for the estimates that sum instruction durations without a program
+    (:mod:`tvm_csp_embed.codegen.knobs`, the bounds of :mod:`tvm_csp_embed.choice`,
+    :mod:`vta_ext.floor`)."""
+    return _Costs(config)
 
 
 def insn_cycles(config: VTAConfig, insn: Insn) -> int:
