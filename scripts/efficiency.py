@@ -286,8 +286,9 @@ def network_breakdown(report, rtl_cycles: Dict[str, int] = None) -> List[Dict]:
     (:meth:`~vta_ext.BuildReport.floor`'s total), ``efficiency`` (floor / cycles), ``share`` (of
     the network's VTA cycles), ``loss`` (cycles - floor), ``padded_ops`` (operators whose packed
     layouts pad: :attr:`~vta_ext.report.OpPlacement.padding`), ``padding_cycles`` (the floor's
-    compute times the report's padding overhead, :meth:`~vta_ext.BuildReport.padding_overhead`:
-    the cycles the padded lanes cost at the least), ``worst_padding`` (the padding of the kind's
+    compute times the report's padding overhead, :meth:`~vta_ext.BuildReport.padding_overhead`;
+    of a depthwise conv, whose floor already counts its unit's work, the floor's compute times
+    the padded output elements' share: the cycles the padded lanes cost at the least), ``worst_padding`` (the padding of the kind's
     largest padding overhead); ``rtl_cycles`` per kind if given (kind -> device cycles).
     """
     groups: Dict[str, Dict] = {}
@@ -303,9 +304,15 @@ def network_breakdown(report, rtl_cycles: Dict[str, int] = None) -> List[Dict]:
         g["floor"] += floor.total
         if p.padding:
             g["padded_ops"] += 1
-            fraction, unit = report.padding_overhead(p)
-            if fraction:
+            if kind == "depthwise" and p.elements and p.packed_elements:
+                # the floor has the better unit's work already (the GEMM block-diagonal one: its
+                # MACs 16x the depthwise MACs), so only the padded channels count
+                fraction, unit = p.packed_elements / p.elements - 1, "elements"
+                part = floor.compute
+            else:
+                fraction, unit = report.padding_overhead(p)
                 part = floor.compute_gemm if unit == "MACs" else floor.compute_alu
+            if fraction:
                 g["padding_cycles"] += part * fraction
                 if fraction > g["worst"][0]:
                     g["worst"] = (fraction, f"{p.padding} (+{100 * fraction:.0f}% {unit})")
@@ -322,9 +329,10 @@ def network_breakdown(report, rtl_cycles: Dict[str, int] = None) -> List[Dict]:
                          padding_cycles=round(g["padding_cycles"], 1),
                          worst_padding=g["worst"][1],
                          rtl_cycles=(rtl_cycles or {}).get(kind, "")))
+    from vta_ext.report import LAYOUT_REASON
+
     cpu = [p for p in report.on_cpu if _refused(p)]
-    other = [p for p in report.on_cpu if not _refused(p)
-             and p.reason != __import__("vta_ext.report", fromlist=["x"]).LAYOUT_REASON]
+    other = [p for p in report.on_cpu if not _refused(p) and p.reason != LAYOUT_REASON]
     if rows:
         floor = sum(r["floor"] for r in rows)
         largest = max(rows, key=lambda r: r["loss"])
@@ -399,6 +407,8 @@ def network_tables(rows: List[Dict]) -> str:
     largest-loss kind, the CPU operators; then the RTL table if there are RTL rows."""
     by_case: Dict[Tuple[str, ...], Dict[str, Dict]] = {}
     for r in rows:
+        if r.get("rtl_cycles") not in (None, ""):
+            continue  # the RTL runs have a table of their own
         by_case.setdefault((r["config"], r["strategy"], r["network"], r["size"]), {})[
             r["kind"]] = r
     order = {n: i for i, n in enumerate(__import__("models").ISSUE11_MODELS)}
@@ -465,7 +475,6 @@ def plot_networks(rows: List[Dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     import models
 
-    rows = [r for r in rows if r.get("rtl_cycles") in (None, "") or r["kind"] != ""]
     cmap = plt.get_cmap("tab10")
     fig, axes = plt.subplots(len(NETWORK_CONFIGS), len(NETWORK_STRATEGIES),
                              figsize=(7 * len(NETWORK_STRATEGIES), 3.6 * len(NETWORK_CONFIGS)),
@@ -577,7 +586,9 @@ def run_networks(args, names: List[str]) -> int:
             f"(`BuildReport.cycles`) and floors (`BuildReport.floor`), summed; the kind sums add "
             f"up to the report's `vta_cycles` and `vta_floor` (`tests/test_efficiency_networks.py`). "
             f"Padding: the floor's compute times the report's padding overhead "
-            f"(`BuildReport.padding_overhead`), the cycles the padded lanes cost at the least. "
+            f"(`BuildReport.padding_overhead`; of a depthwise conv, whose floor counts its unit's "
+            f"work, the padded output channels' share), the cycles the padded lanes cost at the "
+            f"least. "
             f"'Refused' lists the operators VTA has a template for that stay on the CPU.\n"
             + network_tables(rows))
     if args.doc:
