@@ -1,0 +1,95 @@
+"""``scripts/efficiency.py --networks``: the breakdown of a network's VTA cycles and floor by
+operator kind.
+
+On MobileNetV2 at 32x32 (full depth; stem, 1x1, depthwise convs, residual adds, average pool and
+the classifier all on VTA): the kinds' cycles and floors add up to the build report's own totals
+(``vta_cycles`` sums the cycle reports of the build's keys, ``vta_floor`` the placements' floors),
+and every VTA placement lands in exactly one kind, the kind of the torch module it came from
+(its source layer) classified from the module's own attributes, not from the compiled key.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch.nn as nn
+import tvm
+
+import vta_ext
+import tvm_csp_embed  # noqa: F401 -- registers the CSP strategies
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "relay_examples"))
+from models import quantized_example  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("efficiency_script", REPO / "scripts" / "efficiency.py")
+efficiency = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(efficiency)
+
+
+def _torch_kind(module) -> str:
+    """The kind of a torch module by its own attributes (the reference)."""
+    if isinstance(module, nn.Conv2d):
+        if module.groups == 1:
+            return "gemm_conv" if module.kernel_size[0] * module.kernel_size[1] > 1 else "pointwise"
+        return "depthwise" if module.groups == module.in_channels else "grouped"
+    if isinstance(module, nn.Linear):
+        return "pointwise"
+    if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)):
+        return "pools"
+    raise AssertionError(f"no reference kind for {type(module).__name__}")
+
+
+@pytest.fixture(scope="module", params=[("default", "stock"), ("pynq", "csp-relaxed")])
+def built(request):
+    config, strategy = request.param
+    model, qmodel, _, _ = quantized_example("mobilenet_v2", 32)
+    with vta_ext.build_options(strategy=strategy):
+        tvm.relax.build(qmodel.mod, target=vta_ext.vta_target(config))
+    return model, vta_ext.last_build_report()
+
+
+def test_kinds_add_up_to_the_report_totals(built):
+    _, report = built
+    rows = {r["kind"]: r for r in efficiency.network_breakdown(report)}
+    kinds = [r for k, r in rows.items() if k != "total"]
+    assert sum(r["ops"] for r in kinds) == len(report.vta_keys) == rows["total"]["ops"]
+    assert sum(r["cycles"] for r in kinds) == report.vta_cycles == rows["total"]["cycles"]
+    assert sum(r["floor"] for r in kinds) == pytest.approx(report.vta_floor, rel=1e-6)
+    assert rows["total"]["floor"] == pytest.approx(report.vta_floor, rel=1e-6)
+    assert sum(r["share"] for r in kinds) == pytest.approx(1, abs=1e-3)
+    for r in kinds:
+        assert r["loss"] == pytest.approx(r["cycles"] - r["floor"], abs=0.1)
+        assert 0 < r["efficiency"] <= 1
+    largest = max(kinds, key=lambda r: r["loss"])
+    assert rows["total"]["largest_loss"] == largest["kind"]
+
+
+def test_each_placement_has_the_kind_of_its_torch_module(built):
+    model, report = built
+    seen = Counter()
+    for p in report.on_vta:
+        kind = efficiency.operator_kind(report, p)
+        assert kind in efficiency.KINDS
+        if p.op == "relax.add":
+            assert kind == "elementwise", p
+        else:
+            assert p.layer, f"{p.op} {p.name}: no source layer in the report"
+            layer = p.layer.split(" (aten")[0]  # "features.0.0 (aten::conv2d)"
+            if layer == "(top level) mean":  # MobileNetV2's x.mean((2, 3)): a global pool
+                assert kind == "pools", p
+            else:
+                assert kind == _torch_kind(model.get_submodule(layer)), (p.layer, p.reason)
+        seen[kind] += 1
+    # MobileNetV2: 1 stem conv, 17 depthwise (on pynq only under csp-relaxed: GEMM unit), 34 1x1
+    # convs + classifier; residual adds and the pool on VTA only where ACC_8BIT loads exist
+    assert seen["gemm_conv"] == 1 and seen["depthwise"] == 17 and seen["pointwise"] == 35
+    if report.config == "default":
+        assert seen["elementwise"] == 10 and seen["pools"] == 1
+    else:
+        total = {r["kind"]: r for r in efficiency.network_breakdown(report)}["total"]
+        assert "elementwise" not in seen and "pools" not in seen
+        assert total["cpu_refused"] == "10x add, 1x avg_pool2d"
