@@ -129,18 +129,26 @@ def _short(workload: dict) -> str:
 
 
 def _pairs(rows: List[Dict]) -> List[Dict]:
-    """One row per call: stock and default cycles side by side, and their ratios."""
-    by = {(r["set"], r["call"], r["strategy"]): r for r in rows}
+    """One row per layer: stock and default cycles side by side, and their ratios. The calls of
+    the two builds are paired by operator and occurrence (the k-th conv2d of each), so a call
+    that only one strategy places on VTA (a depthwise conv that stock leaves on the CPU on
+    ``pynq``) has no pair and is left out."""
+    by, seen = {}, {}
+    for r in rows:
+        nth = seen[(r["set"], r["strategy"], r["op"])] = \
+            seen.get((r["set"], r["strategy"], r["op"]), -1) + 1
+        by[(r["set"], r["op"], nth, r["strategy"])] = r
     out = []
-    for (name, call, strategy), r in by.items():
-        if strategy != "stock" or (name, call, "default") not in by:
+    for (name, op, nth, strategy), r in by.items():
+        if strategy != "stock" or (name, op, nth, "default") not in by:
             continue
-        d = by[(name, call, "default")]
-        out.append({"set": name, "call": call, "op": r["op"], "workload": r["workload"],
-                    "used": d["used"], "stock_rtl": r["rtl_cycles"], "default_rtl": d["rtl_cycles"],
-                    "speedup_rtl": r["rtl_cycles"] / d["rtl_cycles"],
-                    "speedup_model": r["model_cycles"] / d["model_cycles"],
-                    "model_err_default": d["model_cycles"] / d["rtl_cycles"] - 1})
+        d = by[(name, op, nth, "default")]
+        out.append({"set": name, "call": f"{op}#{nth}", "op": op, "workload": r["workload"],
+                    "used": d["used"], "stock_rtl": int(r["rtl_cycles"]),
+                    "default_rtl": int(d["rtl_cycles"]),
+                    "speedup_rtl": int(r["rtl_cycles"]) / int(d["rtl_cycles"]),
+                    "speedup_model": int(r["model_cycles"]) / int(d["model_cycles"]),
+                    "model_err_default": int(d["model_cycles"]) / int(d["rtl_cycles"]) - 1})
     return out
 
 
@@ -173,7 +181,7 @@ def plot(pairs: List[Dict], path: Path) -> None:
     ax.bar(xs - 0.2, [p["speedup_rtl"] for p in pairs], 0.4, label="RTL")
     ax.bar(xs + 0.2, [p["speedup_model"] for p in pairs], 0.4, label="model")
     ax.axhline(1, color="k", lw=0.8)
-    ax.set_xticks(xs, [f"{p['set'][:8]}#{p['call']}" for p in pairs], rotation=90, fontsize=6)
+    ax.set_xticks(xs, [f"{p['set'][:10]} {p['call']}" for p in pairs], rotation=90, fontsize=6)
     ax.set_ylabel("stock ÷ default cycles")
     ax.set_title("pynq: default strategy against stock, per VTA call")
     ax.legend()
@@ -191,7 +199,15 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="pynq")
     ap.add_argument("--mem-latency", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "figures" / "rtl_compare")
+    ap.add_argument("--from-csv", type=Path, nargs="+",
+                    help="table and plot the rows of earlier runs' CSVs instead of measuring")
     args = ap.parse_args(argv)
+    if args.from_csv:
+        rows = [r for path in args.from_csv for r in csv.DictReader(open(path))]
+        pairs = _pairs(rows)
+        plot(pairs, args.out.with_suffix(".png"))
+        print(table(pairs))
+        return 0
     device = open_device(vta_hw_library("rtl"), mem_latency=args.mem_latency)
     rows: List[Dict] = []
     for name in args.networks:
