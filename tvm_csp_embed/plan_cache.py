@@ -14,7 +14,7 @@ __all__ = ["PLAN_VERSION", "PlanCache"]
 logger = logging.getLogger("tvm_csp_embed")
 
 #: the plan cache's format: bump it when the choice rule changes what a key means
-PLAN_VERSION = 7
+PLAN_VERSION = 8   # 8: the knob estimate's RTL structure, the depthwise GEMM candidate
 
 #: the knob search behind each searching knob policy (the point a plan cache entry keeps)
 _SEARCHES = {"tps": tps_point, "cycles": cycle_point}
