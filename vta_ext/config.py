@@ -133,7 +133,7 @@ class VTAConfig:
     ISA_ALU_MUL: bool = True
     # the hazard contract (docs/isa.md, "The hazard contract"): inside one GEMM / ALU instruction,
     # two micro-ops that write one accumulator row must be at least this many micro-ops apart
-    # (1: no constraint). The Pynq HLS design needs 3 and 2 (measured on its RTL)
+    # (1: no constraint). The Pynq HLS design needs 3 and 3 (measured on its RTL, tests/test_hazard.py)
     ACC_DEP_DISTANCE_GEMM: int = 1
     ACC_DEP_DISTANCE_ALU: int = 1
 
