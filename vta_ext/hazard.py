@@ -90,18 +90,19 @@ def kernel_violation(kernel, distance: int) -> Optional[Violation]:
     """:func:`first_violation` of a :class:`~vta_ext.runtime.UopKernel` run as one instruction."""
     if distance <= 1 or (kernel.mode == "gemm" and kernel.reset):
         return None
-    loops = _instruction_loops(kernel)
-    dst = operand_sequence([(e, d) for e, d, _, _ in loops], [u.dst_idx for u in kernel.uops])
-    src = None
-    if kernel.mode == "alu" and not kernel.use_imm:
-        src = operand_sequence([(e, s) for e, _, s, _ in loops], [u.src_idx for u in kernel.uops])
-    return first_violation(dst, src, distance)
+    return first_violation(*_rows(kernel), distance)
 
 
-def _instruction_loops(kernel) -> List[Tuple[int, int, int, int]]:
-    """The kernel's loops as the instruction runs them, outermost first (an ALU kernel's single
-    loop is the inner one, which changes nothing here: one loop is one loop)."""
-    return list(kernel.loops)
+def _rows(kernel) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """The accumulator rows a kernel's micro-ops write, and those they read as a source (None
+    for GEMM and ALU immediates), in execution order. The kernel's loops are outermost first (an
+    ALU kernel's single loop is the inner one, which changes nothing here)."""
+    dst = operand_sequence([(e, d) for e, d, _, _ in kernel.loops],
+                           [u.dst_idx for u in kernel.uops])
+    if kernel.mode == "gemm" or kernel.use_imm:
+        return dst, None
+    return dst, operand_sequence([(e, s) for e, _, s, _ in kernel.loops],
+                                 [u.src_idx for u in kernel.uops])
 
 
 def _like(kernel, loops, uops):
@@ -147,17 +148,13 @@ def _commutes(kernel) -> bool:
     """Whether the kernel's micro-ops may run in any order: GEMM accumulation, and ALU kernels
     whose sources are never written by the kernel (each row then sees one operation applied
     repeatedly with fixed operands: MIN, MAX, ADD, SHR, MUL and CLIP commute with themselves)."""
-    if kernel.mode == "gemm" or kernel.use_imm:
-        return True
-    loops = _instruction_loops(kernel)
-    dst = operand_sequence([(e, d) for e, d, _, _ in loops], [u.dst_idx for u in kernel.uops])
-    src = operand_sequence([(e, s) for e, _, s, _ in loops], [u.src_idx for u in kernel.uops])
-    return not np.isin(src, dst).any()
+    dst, src = _rows(kernel)
+    return src is None or not np.isin(src, dst).any()
 
 
 def _candidates(kernel):
     """Reorderings of a commuting kernel, fewest micro-ops first: (loops, uops)."""
-    loops = _instruction_loops(kernel)
+    loops = list(kernel.loops)
     uops = [(u.dst_idx, u.src_idx, u.wgt_idx) for u in kernel.uops]
     if len(loops) == 2:
         yield [loops[1], loops[0]], uops
@@ -211,14 +208,15 @@ def cure(kernel, distance: int, max_uops: int) -> list:
             candidate = _like(kernel, loops, uops)
             if kernel_violation(candidate, distance) is None:
                 return [candidate]
-    loops = _instruction_loops(kernel)
+    loops = list(kernel.loops)
     order = _unrolled(kernel, loops, False)
     if commutes:
         order = _round_robin(order)
     return _split(kernel, distance, order, max_uops)
 
 
-def program_violations(program, distances: Optional[Tuple[int, int]] = None) -> List[Tuple[int, Violation]]:
+def program_violations(program, distances: Optional[Tuple[int, int]] = None
+                       ) -> List[Tuple[int, Violation]]:
     """Every GEMM / ALU instruction of ``program`` (a :class:`~vta_ext.runtime.Program`) that
     breaks the contract, as ``(instruction index, first violation)``, read from the encoded
     micro-ops the program loads (a static scan: nothing runs).
