@@ -1,13 +1,15 @@
 """Cycle model: hand-computed small programs, overlap under tokens, deadlock, monotonicity."""
 import dataclasses
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from vta_ext.config import VTAConfig, load_config
-from vta_ext.isa import AluOp, MemType, Stage
+from vta_ext.isa import TOKEN_QUEUES, AluOp, MemType, Stage
 from vta_ext.runtime import CommandQueue, UopKernel
 from vta_ext.sim.cycles import CycleModel, DeadlockError
+from vta_ext.sim.fsim import FunctionalSimulator
 
 CFG = load_config("default")
 
@@ -53,9 +55,10 @@ def _gemm_program(cfg, tiles=1, double_buffer=False):
     return q.synchronize()
 
 
-def _one_tile(cfg, inp_rows=1, inp_pad=0, out_rows=1):
+def _one_tile(cfg, inp_rows=1, inp_pad=0, out_rows=1, split=False):
     """LOAD inp ``inp_rows`` rows x 4 (``inp_pad`` padding elements before each row), LOAD wgt
-    1 x 4, GEMM of 4 iterations, STORE ``out_rows`` rows x 1."""
+    1 x 4, GEMM of 4 iterations, STORE ``out_rows`` rows x 1; with ``split`` the stream is
+    synchronised between the GEMM's token push and the store's pop."""
     q = CommandQueue(cfg)
     inp, wgt, out = q.alloc(256, "inp"), q.alloc(1024, "wgt"), q.alloc(32, "out")
     q.load_2d(inp, 0, 4, inp_rows, 4, inp_pad, 0, 0, 0, 0, MemType.INP)
@@ -68,6 +71,8 @@ def _one_tile(cfg, inp_rows=1, inp_pad=0, out_rows=1):
     k.loop_end()
     q.push_gemm(k)
     q.dep_push(Stage.COMPUTE, Stage.STORE)
+    if split:
+        q.synchronize()
     q.dep_pop(Stage.COMPUTE, Stage.STORE)
     q.store_2d(0, MemType.OUT, out, 0, 1, out_rows, 1)
     return q.synchronize()
@@ -114,6 +119,38 @@ def test_deadlock_is_reported():
     program = q.synchronize()
     with pytest.raises(DeadlockError, match="compute"):
         CycleModel(CFG).run_program(program)
+
+
+def split_tile(cfg, split=True):
+    """:func:`_one_tile` with random data, and (``split``) the compute -> store token in flight
+    across a segment boundary, as when a full instruction buffer closes a segment between two
+    virtual threads."""
+    program = _one_tile(cfg, split=split)
+    rng = np.random.default_rng(5)
+    program.write("inp", rng.integers(-128, 128, 256).astype(np.int8))
+    program.write("wgt", rng.integers(-128, 128, 1024).astype(np.int8))
+    return program
+
+
+def test_tokens_in_flight_carry_into_the_next_segment():
+    program = split_tile(CFG)
+    assert len(program.segments) == 2
+    model = CycleModel(CFG)
+    first = model.run(program.insns[:program.segments[0][1]])
+    # one g2s token pushed by the GEMM, popped by no store of the first segment
+    assert dict(zip(TOKEN_QUEUES, first.tokens_left)) == {"l2g": 0, "g2l": 0, "g2s": 1, "s2g": 0}
+    with pytest.raises(DeadlockError, match="store"):    # the second segment alone cannot run
+        model.run(program.insns[program.segments[0][1]:])
+    report = model.run_program(program)
+    assert report.tokens_left == (0, 0, 0, 0)
+    # the functional simulator keeps the token too: the split program stores what the one-segment
+    # program stores
+    whole = split_tile(CFG, split=False)
+    program.run(FunctionalSimulator(CFG))
+    whole.run(FunctionalSimulator(CFG))
+    np.testing.assert_array_equal(program.read("out", np.int8, (1, 16)),
+                                  whole.read("out", np.int8, (1, 16)))
+    assert program.read("out", np.int8, (1, 16)).any()
 
 
 @settings(max_examples=25, deadline=None)

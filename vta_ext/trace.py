@@ -159,29 +159,26 @@ def _call_events(run, pid: int, name: str, offset: float, flow_ids: List[int]
 
 
 def _flows(program, slices: Dict[int, dict], pid: int, flow_ids: List[int]) -> List[dict]:
-    """Flow events of the tokens pushed and popped, per program segment (each segment is timed
-    on its own, so no token crosses one)."""
+    """Flow events of the tokens pushed and popped, paired in order over the whole program (the
+    token counts persist across segments, as in the cycle model, fsim and the RTL)."""
     events = []
-    start = 0
-    for _, count in program.segments:
-        pushed: Dict[str, List[int]] = {}
-        popped: Dict[str, List[int]] = {}
-        for index in range(start, start + count):
-            pops, pushes = _token_queues(program.insns[index])
-            for q in pops:
-                popped.setdefault(q, []).append(index)
-            for q in pushes:
-                pushed.setdefault(q, []).append(index)
-        start += count
-        for queue, pushers in pushed.items():
-            for pusher, popper in zip(pushers, popped.get(queue, [])):
-                flow_ids[0] += 1
-                src, dst = slices[pusher], slices[popper]
-                common = {"name": queue, "cat": "token", "id": flow_ids[0], "pid": pid}
-                events.append({**common, "ph": "s", "tid": src["tid"],
-                               "ts": src["ts"] + src["dur"] / 2})
-                events.append({**common, "ph": "f", "bp": "e", "tid": dst["tid"],
-                               "ts": dst["ts"] + dst["dur"] / 2})
+    pushed: Dict[str, List[int]] = {}
+    popped: Dict[str, List[int]] = {}
+    for index, insn in enumerate(program.insns):
+        pops, pushes = _token_queues(insn)
+        for q in pops:
+            popped.setdefault(q, []).append(index)
+        for q in pushes:
+            pushed.setdefault(q, []).append(index)
+    for queue, pushers in pushed.items():
+        for pusher, popper in zip(pushers, popped.get(queue, [])):
+            flow_ids[0] += 1
+            src, dst = slices[pusher], slices[popper]
+            common = {"name": queue, "cat": "token", "id": flow_ids[0], "pid": pid}
+            events.append({**common, "ph": "s", "tid": src["tid"],
+                           "ts": src["ts"] + src["dur"] / 2})
+            events.append({**common, "ph": "f", "bp": "e", "tid": dst["tid"],
+                           "ts": dst["ts"] + dst["dur"] / 2})
     return events
 
 

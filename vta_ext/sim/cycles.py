@@ -72,6 +72,9 @@ class CycleReport:
     #: with a timeline: the stream index of each timeline entry's instruction (a sum of reports
     #: counts the streams back to back), for :mod:`vta_ext.trace`
     timeline_index: List[int] = field(default_factory=list, repr=False)
+    #: per token queue (:data:`~vta_ext.isa.TOKEN_QUEUES`), the tokens pushed and never popped by
+    #: the end of the stream(s): they persist into the next run, as fsim's and the RTL's do
+    tokens_left: Tuple[int, ...] = (0,) * len(TOKEN_QUEUES)
 
     @property
     def milliseconds(self) -> float:
@@ -89,6 +92,7 @@ class CycleReport:
                 out.dram_bytes[key] += value
         out.macs = self.macs + other.macs
         out.alu_ops = self.alu_ops + other.alu_ops
+        out.tokens_left = other.tokens_left
         out.timeline = self.timeline + [(m, s + self.total_cycles, e + self.total_cycles, k)
                                         for m, s, e, k in other.timeline]
         # with a timeline every instruction has one entry, so a stream's length is its entries'
@@ -365,8 +369,12 @@ class CycleModel:
         self.config = config
         self.record_timeline = record_timeline
 
-    def run(self, insns: Sequence[Insn]) -> CycleReport:
+    def run(self, insns: Sequence[Insn], carried: Sequence[int] = ()) -> CycleReport:
         """Time one stream (ending with FINISH); raises :class:`DeadlockError` if it cannot finish.
+
+        ``carried``: per token queue, the tokens an earlier run left (its report's
+        :attr:`CycleReport.tokens_left`); they can be popped from cycle 0, as the token counts of
+        fsim and of the RTL persist across runs.
 
         Each module runs its queue in order and an instruction starts at
         ``max(module free, every popped token's push time)``; its pushes happen when it ends. The
@@ -422,7 +430,7 @@ class CycleModel:
         token_delay = costs.token
         busy = [0] * len(_STAGES)
         stall = [0] * len(_STAGES)
-        tokens: List[List[int]] = [[] for _ in TOKEN_QUEUES]
+        tokens: List[List[int]] = [[0] * n for n in carried] or [[] for _ in TOKEN_QUEUES]
         popped = [0] * len(TOKEN_QUEUES)
         report = CycleReport(self.config)
         seen: List[str] = []
@@ -476,17 +484,21 @@ class CycleModel:
         report.total_cycles = max(ready)
         report.macs = macs
         report.alu_ops = alu_ops
+        report.tokens_left = tuple(len(t) - p for t, p in zip(tokens, popped))
         for pos, stage in enumerate(_STAGES):
             report.modules[stage.name.lower()] = ModuleTime(
                 busy[pos], stall[pos], report.total_cycles - busy[pos] - stall[pos], counts[pos])
         return report
 
     def run_program(self, program) -> CycleReport:
-        """Time every segment of a :class:`vta_ext.runtime.Program`, back to back."""
+        """Time every segment of a :class:`vta_ext.runtime.Program`, back to back; the tokens a
+        segment leaves carry into the next (a segment closed because the instruction buffer is
+        full can end with tokens in flight between two virtual threads)."""
         total: Optional[CycleReport] = None
         start = 0
         for _, count in program.segments:
-            part = self.run(program.insns[start:start + count])
+            part = self.run(program.insns[start:start + count],
+                            total.tokens_left if total is not None else ())
             start += count
             total = part if total is None else total + part
         return total
