@@ -149,3 +149,37 @@ def test_two_processes_build_the_same_model_at_once(tmp_path):
         assert "plan cache" not in err, err       # no half-written entry was ever read
     (entry,) = _entries(tmp_path)
     assert json.loads(entry.read_text())["key"] == entry.stem
+
+
+def test_other_code_plans_again(cache, monkeypatch):
+    """A plan chosen by other code is not served: the key holds the source digest, so a build
+    after a code change (here: another digest) plans again, into a second entry."""
+    from tvm_csp_embed import choice
+
+    _build_and_run()
+    assert len(_entries(cache)) == 1
+    _forget_in_memory()
+    calls = []
+    real = S.candidates
+    monkeypatch.setattr(S, "candidates", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(choice, "source_digest", lambda: "another code")
+    _build_and_run()
+    assert calls and len(_entries(cache)) == 2
+
+
+def test_source_digest_follows_every_source_file(monkeypatch):
+    from tvm_csp_embed.cache import source_digest
+
+    source_digest.cache_clear()
+    before = source_digest()
+    changed = Path(vta_ext.__file__).resolve().parent / "sim" / "cycles.py"
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes",
+                        lambda self: real(self) + (b"#" if self == changed else b""))
+    source_digest.cache_clear()
+    try:
+        assert source_digest() != before
+    finally:
+        monkeypatch.undo()
+        source_digest.cache_clear()
+    assert source_digest() == before

@@ -15,6 +15,7 @@ is not stored, so a later build with more time retries. The directory is
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -35,7 +36,7 @@ from .solve import (CONSTRAINT_SETS, MODEL, Problem, RawSolution, SolveResult, p
                     solve)
 from .workload import Workload
 
-__all__ = ["CACHE_ENV", "SOLVERS_ENV", "cache_dir", "cache_key", "CachedSolve", "SolveRequest",
+__all__ = ["CACHE_ENV", "SOLVERS_ENV", "cache_dir", "source_digest", "cache_key", "CachedSolve", "SolveRequest",
            "cached_embeddings", "permuted_embeddings", "solve_concurrently", "solved", "add_idle_work",
            "remove_idle_work", "solver_pool_size", "clear_cache", "BATCH_SIZES",
            "batches"]
@@ -45,6 +46,23 @@ CACHE_ENV = "TVM_CSP_EMBED_CACHE"
 #: environment variable bounding the MiniZinc processes a build runs at once (default: the cores)
 SOLVERS_ENV = "TVM_CSP_EMBED_SOLVERS"
 _VERSION = 1
+
+
+@functools.lru_cache(maxsize=None)
+def source_digest() -> str:
+    """A digest of the Python source of ``tvm_csp_embed`` and ``vta_ext`` (file names and bytes).
+
+    The plan and choice caches key it (:func:`~.choice._choice_key`): a plan chosen by other code
+    (a changed cycle model, knob estimate or choice rule) is never served, with no version number
+    to bump by hand. Read once per process (about 150 files, a few milliseconds)."""
+    import vta_ext
+
+    digest = hashlib.sha256()
+    for package in (Path(__file__).resolve().parent, Path(vta_ext.__file__).resolve().parent):
+        for path in sorted(package.rglob("*.py")):
+            digest.update(f"{package.name}/{path.relative_to(package).as_posix()}".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def cache_dir() -> Path:

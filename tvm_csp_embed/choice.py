@@ -25,7 +25,7 @@ import tvm
 from vta_ext.errors import TemplateRefusal
 from vta_ext.strategy import MatchedOp, OpPlan, get_template
 
-from .cache import _write, cache_dir
+from .cache import _write, cache_dir, source_digest
 from .candidates import (DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape, bias_signature,
                          data_layout, packed_inputs, unfolded)
 from .codegen.plan import PackedGemm
@@ -82,8 +82,9 @@ def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, e
     """The choice cache's key: the operator, the constraint set, the layouts, the objective, the
     epilogue, the knobs of every candidate, the ranking parameters, the configuration's value,
     the stock contender (its workload and knobs, or None when it is not compared), the packed
-    layout the input comes in from a previous VTA operator (layout agreement) and what the bias
-    fold depends on (:func:`~.candidates.bias_signature`).
+    layout the input comes in from a previous VTA operator (layout agreement), what the bias
+    fold depends on (:func:`~.candidates.bias_signature`) and the code that chooses
+    (:func:`~.cache.source_digest`).
 
     The epilogue enters as its shape (:func:`~vta_ext.templates.epilogue.epilogue_shape`): the
     programs of two epilogues of one shape time the same, so operators that differ only in their
@@ -95,7 +96,8 @@ def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, e
                        "agree": [AGREEMENT_SLACK, _layout_key(producer)],
                        "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
                        "objective": objective, "epilogue": epilogue_shape(config, epilogue),
-                       "knobs": knobs, "stock": stock, "config": config_digest(config)},
+                       "knobs": knobs, "stock": stock, "config": config_digest(config),
+                       "code": source_digest()},
                       sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 

@@ -13,7 +13,8 @@ __all__ = ["PLAN_VERSION", "PlanCache"]
 
 logger = logging.getLogger("tvm_csp_embed")
 
-#: the plan cache's format: bump it when the choice rule changes what a key means
+#: the plan cache entries' format: bump it when an entry's fields change meaning (a change of the
+#: code that chooses needs no bump: the key holds :func:`~.cache.source_digest`)
 PLAN_VERSION = 8   # 8: the knob estimate's RTL structure, the depthwise GEMM candidate
 
 #: the knob search behind each searching knob policy (the point a plan cache entry keeps)
@@ -24,8 +25,8 @@ class PlanCache:
     """One entry of the persistent plan cache: the plan chosen for an operator instance.
 
     The key is the choice cache's (:func:`_choice_key`: configuration value, operator, constraint
-    set, layouts, objective, epilogue, knobs option, the stock contender, the producer's layout) with
-    :data:`PLAN_VERSION`. An entry records the chosen embedding's workload (from which the packed
+    set, layouts, objective, epilogue, knobs option, the stock contender, the producer's layout, the
+    source digest of the code) with :data:`PLAN_VERSION`. An entry records the chosen embedding's workload (from which the packed
     program is rebuilt without the solver) and its TPS knob point (under the ``tps`` knobs option),
     or that the stock template was chosen or fallen back to, with the sentence saying why. A warm build reads it instead of solving, building the candidates
     and timing them; only the chosen plan's code is generated.
