@@ -110,7 +110,9 @@ def _diagonal_plan(op: MatchedOp, config, width: int) -> OpPlan:
                              int(op.core.attrs.strides[1]), groups=groups, group_width=width)
     desc = f"{n}x{c}x{h}x{w} * {o}x{width}x{kh}x{kw} g{groups} s{wl.stride_h} p{pad_h}"
     return OpPlan(wl, diagonal_inputs(op, config, wl, width),
-                  BlockedActivation(n, o, oh, ow, b, block), desc, padding_text(*act.padding()),
+                  BlockedActivation(n, o, oh, ow, b, block), desc,
+                  padding_text(*act.padding(), ("channels per group (lanes of the diagonal tile)",
+                                                width, block)),
                   in_layout=act)
 
 
