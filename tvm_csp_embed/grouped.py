@@ -154,11 +154,9 @@ class NarrowGroupTemplate(CspGemmTemplate):
             plans["diagonal"] = _diagonal_plan(op, config, width)
         except TemplateRefusal as err:
             refused["diagonal"] = str(err)
-        if options.objective == "footprint":
-            if "csp" in plans:
-                return self._described(plans["csp"], CSP_TEXT, f"objective footprint: the "
-                                       f"{DIAGONAL_TEXT} unit is not compared by footprint")
-            plans.pop("csp", None)
+        if options.objective == "footprint" and "csp" in plans:
+            return self._described(plans["csp"], CSP_TEXT, f"objective footprint: the "
+                                   f"{DIAGONAL_TEXT} unit is not compared by footprint")
         scored: Dict[str, _Scored] = {}
         for unit, plan in plans.items():
             try:
@@ -173,8 +171,10 @@ class NarrowGroupTemplate(CspGemmTemplate):
         unit = min(scored, key=lambda u: (scored[u].score, u != "csp"))
         best = scored[unit]
         if cpu is not None and cpu[0] < best.score:
+            units = [f"{s.text} for {self._name(u, width, config)}" for u, s in scored.items()]
+            units += [f"{self._name(u, width, config)} refused ({r})" for u, r in refused.items()]
             raise TemplateRefusal(f"{self.strategy}: end to end cheaper on the CPU: {cpu[1]}, "
-                                  f"against {best.text} for {self._name(unit, width, config)}")
+                                  f"against {'; '.join(units)}")
         other = "diagonal" if unit == "csp" else "csp"
         if other in scored:
             why = (f"{self._what(options)}: {best.text} against {scored[other].text} "
