@@ -242,6 +242,14 @@ def test_end_to_end_prices_the_host_and_the_cpu():
         assert "end to end cheaper on the CPU" in p.detail
 
 
+def test_combined_prices_the_measured_host_relayout():
+    mod, arrays, ref = case(128, 6, 32, 1)
+    out, report = vta_build(mod, arrays, "pipelined", objective="combined")
+    np.testing.assert_array_equal(out, ref)
+    p = conv_placement(report)
+    assert "fastest combined" in p.detail and p.detail.count(" ms (cycles ") >= 2
+
+
 def test_stride_pad_geometry_on_the_diagonal_unit(diagonal_only):
     """A 1x1 grouped conv of stride 2 and a 5x5 one with padding 2, 8-wide groups."""
     for c, hw, g, s, k, pad in ((64, 7, 8, 2, 1, 0), (32, 6, 4, 1, 5, 2)):

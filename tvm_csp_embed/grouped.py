@@ -17,8 +17,8 @@ is at most ``w / BLOCK`` where the GEMM bounds it.
   other grouped convs keep the CSP plan alone. The unit is refused, with the reason in the report
   line, when ``w`` does not divide ``BLOCK`` (a group would straddle two tiles; padding each group
   to the next divisor of ``BLOCK`` would need an activation layout padded inside the channels,
-  which no neighbouring operator hands over, so it is not done), when a group has more output
-  than input channels, or on a configuration whose blocks are not square.
+  which no neighbouring operator hands over, so it is not done), when a group has other than as
+  many output as input channels, or on a configuration whose blocks are not square.
 * **Layouts**: the activation and output in the stock blocked layout ``(N/b, C/BLOCK, H, W, b,
   BLOCK)`` (channels padded to whole blocks, the padded channels' weights zero); the weights
   expanded (:func:`~.depthwise.pack_diagonal_weight` with ``width = w``) at build time for a
