@@ -242,7 +242,9 @@ def test_end_to_end_prices_the_host_and_the_cpu():
         assert "end to end cheaper on the CPU" in p.detail
 
 
+@pytest.mark.slow
 def test_combined_prices_the_measured_host_relayout():
+    """(slow: the CSP choice measures the host relayout of each of its candidates, ~17 s)"""
     mod, arrays, ref = case(128, 6, 32, 1)
     out, report = vta_build(mod, arrays, "pipelined", objective="combined")
     np.testing.assert_array_equal(out, ref)
