@@ -128,8 +128,8 @@ def test_diagonal_weight_computes_the_grouped_conv(c, groups):
 
 
 #: ResNeXt-50 32x4d's narrow grouped layers (3x3, 32 groups of 4 and 8 channels, stride 1 and 2)
-#: at a small image size, and channels that are not whole blocks
-SMALL = [(128, 6, 32, 1), (256, 7, 32, 2), (256, 5, 32, 1), (40, 6, 5, 1), (24, 7, 6, 2)]
+#: at a small image size, channels that are not whole blocks, and groups of 2
+SMALL = [(128, 6, 32, 1), (256, 7, 32, 2), (256, 5, 32, 1), (40, 6, 5, 1), (24, 7, 6, 2), (32, 6, 16, 1)]
 
 
 def _id(s):
