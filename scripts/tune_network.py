@@ -128,10 +128,13 @@ def embedding_tasks(mod, tasks, args) -> List:
     # the footprint objective plans every operator on an embedding: its operator parameters
     with vta_ext.build_options(objective="footprint"):
         planned = tune.extract_tasks(mod, target=target, strategy=strategy)
-    on_embeddings = {(t.kind, t.workload.params) for t in tasks if not t.workload.stock}
+    # the depthwise and narrow grouped block-diagonal units' workloads are not CSP workloads
+    embedded = [t for t in tasks if isinstance(t.workload, CspWorkload)]
+    on_embeddings = {(t.kind, t.workload.params) for t in embedded if not t.workload.stock}
     config, mode, out = kept[0].config, MODES[strategy], []
     for t in planned:
-        if t.workload.stock or (t.kind, t.workload.params) in on_embeddings:
+        if (not isinstance(t.workload, CspWorkload) or t.workload.stock
+                or (t.kind, t.workload.params) in on_embeddings):
             continue
         base = CspWorkload(t.kind, t.workload.params)
         layouts = (["NCHW"] if t.kind == "dense" else

@@ -22,6 +22,7 @@ from . import strategy as _strategy  # registers csp-strict / csp-relaxed; csp-r
 from . import summary as _summary  # the CSP plans' words in the build report  # noqa: E402,F401
 from . import depthwise as _depthwise  # depthwise convs: ALU template or GEMM block-diagonal  # noqa: E402,F401
 from . import csp_reference as _csp_reference  # the CSP strategies' numpy references, for the tuner  # noqa: E402,F401
+from . import grouped as _grouped  # narrow grouped convs: CSP plan or GEMM block-diagonal  # noqa: E402,F401
 from . import solve_worker as _solve_worker  # noqa: E402
 
 _solve_worker.start()   # the solver's worker process boots while the caller prepares its build

@@ -55,7 +55,8 @@ from vta_ext.templates.workload import Conv2dWorkload, GroupConv2dWorkload
 from .reference import register_reference
 
 __all__ = ["DepthwiseUnitWorkload", "DepthwiseTemplate", "UNITS", "diagonal_workload",
-           "diagonal_weight", "pack_diagonal_weight", "gemm_reference"]
+           "diagonal_weight", "pack_diagonal_weight", "diagonal_inputs", "build_diagonal", "diagonal_reference",
+           "modelled_cycles", "gemm_reference"]
 
 #: the units that can run a depthwise convolution, in the order a tie is broken
 UNITS = ("alu", "gemm")
@@ -87,20 +88,22 @@ class DepthwiseUnitWorkload(DepthwiseConv2dWorkload):
 def _block(config) -> int:
     """The diagonal block of ``config`` (``BLOCK_IN == BLOCK_OUT``), else a refusal."""
     if config.BLOCK_IN != config.BLOCK_OUT:
-        raise TemplateRefusal(f"GEMM block-diagonal depthwise needs BLOCK_IN == BLOCK_OUT (square "
+        raise TemplateRefusal(f"GEMM block-diagonal needs BLOCK_IN == BLOCK_OUT (square "
                               f"diagonal tiles); {config.name} has {config.BLOCK_IN}x"
                               f"{config.BLOCK_OUT}")
     return config.BLOCK_IN
 
 
 def diagonal_workload(config, wl: DepthwiseConv2dWorkload):
-    """The grouped conv2d that computes depthwise ``wl`` with block-diagonal weights on ``config``.
+    """The grouped conv2d that computes depthwise ``wl`` with block-diagonal weights on ``config``
+    (or a grouped conv2d of narrow groups: :mod:`.grouped`; the program does not depend on the
+    group width, only its weights do).
 
     Parameters
     ----------
     config : VTAConfig
         Gives the block (``BLOCK_IN == BLOCK_OUT``).
-    wl : DepthwiseConv2dWorkload
+    wl : DepthwiseConv2dWorkload or workload with ``channels`` and the conv2d geometry
         Channels a multiple of the block.
 
     Returns
@@ -124,43 +127,105 @@ def diagonal_workload(config, wl: DepthwiseConv2dWorkload):
     return GroupConv2dWorkload(**values, groups=groups)
 
 
-def diagonal_weight(weight: np.ndarray, padded: int, block: int) -> np.ndarray:
-    """Depthwise weights ``(C, 1, KH, KW)`` -> the block-diagonal grouped kernel
-    ``(padded, block, KH, KW)`` (OIHW of ``padded / block`` groups): output channel ``c`` has
-    ``weight[c, 0]`` at input lane ``c % block`` of its group and zeros elsewhere; the channels
+def diagonal_weight(weight: np.ndarray, padded: int, block: int, width: int = 1) -> np.ndarray:
+    """Grouped weights ``(C, width, KH, KW)`` of groups of ``width`` channels (``width`` divides
+    ``block``; 1: depthwise) -> the block-diagonal grouped kernel ``(padded, block, KH, KW)``
+    (OIHW of ``padded / block`` groups): output channel ``c`` has ``weight[c, j]`` at input lane
+    ``(c - c % width) % block + j`` of its group and zeros elsewhere, so each ``block x block``
+    tile holds ``block / width`` groups' ``width x width`` blocks on its diagonal; the channels
     ``C..padded`` are zero.
 
     >>> diagonal_weight(np.array([[[[1]]], [[[2]]], [[[3]]]], np.int8), 4, 2)[:, :, 0, 0].tolist()
     [[1, 0], [0, 2], [3, 0], [0, 0]]
+    >>> diagonal_weight(np.arange(1, 9, dtype=np.int8).reshape(4, 2, 1, 1), 4, 4, 2)[..., 0, 0].tolist()
+    [[1, 2, 0, 0], [3, 4, 0, 0], [0, 0, 5, 6], [0, 0, 7, 8]]
     """
-    c, one, kh, kw = weight.shape
-    if one != 1:
-        raise ValueError(f"diagonal_weight: a depthwise weight is (C, 1, KH, KW), got {weight.shape}")
+    c, w, kh, kw = weight.shape
+    if w != width or block % width or c % width:
+        raise ValueError(f"diagonal_weight: a weight of groups of {width} channel(s) in a block of "
+                         f"{block} is (C, {width}, KH, KW) with C and {block} multiples of "
+                         f"{width}, got {weight.shape}")
     out = np.zeros((padded, block, kh, kw), weight.dtype)
-    out[np.arange(c), np.arange(c) % block] = weight[:, 0]
+    rows = np.arange(c)
+    for j in range(width):
+        out[rows, (rows - rows % width) % block + j] = weight[:, j]
     return out
 
 
-def pack_diagonal_weight(packer, weight, channels: int, padded: int, kh: int, kw: int, block: int):
-    """The packed block-diagonal kernel ``(padded/block, 1, KH, KW, block, block)`` of a depthwise
-    ``weight`` ``(C, 1, KH, KW)``: a constant is expanded now (:func:`diagonal_weight`), any other
-    operand by Relax code on the host (a multiply by the identity mask); then the conv2d kernel
-    packing (:func:`vta_ext.packing.pack_conv_weight`)."""
+def pack_diagonal_weight(packer, weight, channels: int, padded: int, kh: int, kw: int, block: int,
+                         width: int = 1):
+    """The packed block-diagonal kernel ``(padded/block, 1, KH, KW, block, block)`` of grouped
+    ``weight`` ``(C, width, KH, KW)`` (groups of ``width`` channels; 1: depthwise): a constant is
+    expanded now (:func:`diagonal_weight`), any other operand by Relax code on the host (a
+    multiply by the mask of the diagonal blocks); then the conv2d kernel packing
+    (:func:`vta_ext.packing.pack_conv_weight`)."""
     x = packer.operand(weight)
     if isinstance(x, tvm.ir.expr.Constant):
-        oihw = relax.const(diagonal_weight(x.value.numpy(), padded, block), str(x.ty.dtype))
+        oihw = relax.const(diagonal_weight(x.value.numpy(), padded, block, width), str(x.ty.dtype))
     else:
         dtype = str(x.ty.dtype)
-        flat = packer.emit(relax.op.reshape(x, (channels, 1, kh, kw)), "flat_weight")
+        per = block // width        # groups per tile
+        flat = packer.emit(relax.op.reshape(x, (channels, width, kh, kw)), "flat_weight")
         if padded != channels:
             flat = packer.emit(relax.op.nn.pad(flat, [0, padded - channels, 0, 0, 0, 0, 0, 0]),
                                "pad_weight")
-        grouped = packer.emit(relax.op.reshape(flat, (padded // block, block, 1, kh, kw)),
+        # (tile, output group in tile, output lane, 1, input lane, KH, KW) times the mask
+        # (1, output group, 1, input group, 1, 1, 1) of the tile's diagonal groups
+        grouped = packer.emit(relax.op.reshape(flat, (padded // block, per, width, 1, width, kh, kw)),
                               "group_weight")
-        mask = relax.const(np.eye(block, dtype=dtype).reshape(1, block, block, 1, 1), dtype)
+        mask = relax.const(np.eye(per, dtype=dtype).reshape(1, per, 1, per, 1, 1, 1), dtype)
         diag = packer.emit(relax.op.multiply(grouped, mask), "diagonal_weight")
         oihw = packer.emit(relax.op.reshape(diag, (padded, block, kh, kw)), "oihw_weight")
     return pack_conv_weight(packer, oihw, (padded, block, kh, kw), padded, block, block, block)
+
+
+def diagonal_inputs(op: MatchedOp, config, wl, width: int = 1):
+    """``inputs(packer)`` of the block-diagonal plan of ``op`` (:class:`vta_ext.strategy.OpPlan`):
+    the activation in the stock blocked layout, the weights of groups of ``width`` channels
+    expanded to the diagonal tiles (:func:`pack_diagonal_weight`), the bias and multiplier as the
+    stock templates pack them; ``wl`` gives the padded channels and the kernel."""
+    from vta_ext.packing import BlockedActivation, pack_channel_bias
+
+    data, weight = op.operands
+    n, c, h, w = (int(d) for d in data.ty.shape)
+    b, block = config.BATCH, _block(config)
+    act = BlockedActivation(n, c, h, w, b, block)
+
+    def inputs(packer):
+        d, kept = act.pack(packer, data)
+        packer.note_kept(kept)
+        args = [d, pack_diagonal_weight(packer, weight, c, wl.channels, wl.kernel_h, wl.kernel_w,
+                                        block, width)]
+        for vector in (op.bias, op.multiplier):
+            if vector is not None:
+                args.append(pack_channel_bias(packer, vector, c, wl.channels, b, block))
+        return args
+
+    return inputs
+
+
+def modelled_cycles(kind: str, strategy: str, config, wl, epilogue, knobs) -> int:
+    """Modelled cycles of the program of ``wl`` under ``(kind, strategy)`` (built and cached by
+    the executor); a :class:`TemplateRefusal` when its template refuses it or its knobs."""
+    from vta_ext.executor import compiled_op, cycle_report, op_key
+
+    key = op_key(kind, strategy, config, wl, epilogue, knobs)
+    try:
+        compiled_op(key, config=config)
+    except KnobError as err:
+        raise TemplateRefusal(f"knobs {knobs!r}: {err}") from err
+    return cycle_report(key).total_cycles
+
+
+def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
+    """The stock grouped conv2d program (``conv2d_packed`` for one group) of
+    :func:`diagonal_workload` of ``wl``."""
+    from vta_ext.templates.conv2d import build_conv2d
+    from vta_ext.templates.group_conv2d import build_group_conv2d
+
+    gw = diagonal_workload(config, wl)
+    builder = build_group_conv2d if isinstance(gw, GroupConv2dWorkload) else build_conv2d
+    return builder(config, gw, tuple(epilogue), knobs)
 
 
 class DepthwiseTemplate(OpTemplate):
@@ -196,7 +261,7 @@ class DepthwiseTemplate(OpTemplate):
                                   + "; ".join(f"{UNIT_TEXT[u]}: {refused[u]}" for u in UNITS))
         unit, why = self._choose(timed, refused, options.objective)
         wl = DepthwiseUnitWorkload(**base, unit=unit)
-        inputs = stock.inputs if unit == "alu" else self._gemm_inputs(op, config, wl)
+        inputs = stock.inputs if unit == "alu" else diagonal_inputs(op, config, wl)
         return OpPlan(wl, inputs, stock.out_layout,
                       f"{stock.description}; {UNIT_TEXT[unit]} chosen by {self.strategy}: {why}",
                       stock.padding, in_layout=stock.in_layout)
@@ -221,16 +286,8 @@ class DepthwiseTemplate(OpTemplate):
                       "take and leave the same packed layouts, so the host work is the same")
 
     def cycles(self, config, wl: DepthwiseUnitWorkload, epilogue, knobs) -> int:
-        """Modelled cycles of ``wl``'s program (built and cached by the executor); a
-        :class:`TemplateRefusal` when its template refuses it."""
-        from vta_ext.executor import compiled_op, cycle_report, op_key
-
-        key = op_key(self.kind, self.strategy, config, wl, epilogue, knobs)
-        try:
-            compiled_op(key, config=config)
-        except KnobError as err:
-            raise TemplateRefusal(f"knobs {knobs!r}: {err}") from err
-        return cycle_report(key).total_cycles
+        """Modelled cycles of ``wl``'s program (:func:`modelled_cycles`)."""
+        return modelled_cycles(self.kind, self.strategy, config, wl, epilogue, knobs)
 
     def unit_cycles(self, key: str) -> Dict[str, Optional[int]]:
         """Both units' modelled cycles for the compiled depthwise operator ``key``
@@ -250,38 +307,13 @@ class DepthwiseTemplate(OpTemplate):
                 out[unit] = None
         return out
 
-    def _gemm_inputs(self, op: MatchedOp, config, wl: DepthwiseUnitWorkload):
-        from vta_ext.packing import BlockedActivation, pack_channel_bias
-
-        data, weight = op.operands
-        n, c, h, w = (int(d) for d in data.ty.shape)
-        b, block = config.BATCH, _block(config)
-        act = BlockedActivation(n, c, h, w, b, block)
-
-        def inputs(packer):
-            d, kept = act.pack(packer, data)
-            packer.note_kept(kept)
-            args = [d, pack_diagonal_weight(packer, weight, c, wl.channels, wl.kernel_h,
-                                            wl.kernel_w, block)]
-            for vector in (op.bias, op.multiplier):
-                if vector is not None:
-                    args.append(pack_channel_bias(packer, vector, c, wl.channels, b, block))
-            return args
-
-        return inputs
-
     # ---------------------------------------------------------------- build
     def build(self, config, workload: DepthwiseUnitWorkload, epilogue: Sequence[tuple], knobs) -> Any:
         if workload.unit == "alu":
             from vta_ext.templates.depthwise import build_depthwise_conv2d
 
             return build_depthwise_conv2d(config, workload.depthwise, tuple(epilogue), knobs)
-        from vta_ext.templates.conv2d import build_conv2d
-        from vta_ext.templates.group_conv2d import build_group_conv2d
-
-        gw = diagonal_workload(config, workload)
-        builder = build_group_conv2d if isinstance(gw, GroupConv2dWorkload) else build_conv2d
-        return builder(config, gw, tuple(epilogue), knobs)
+        return build_diagonal(config, workload, epilogue, knobs)
 
     def knob_space(self, config, workload: DepthwiseUnitWorkload, epilogue: Sequence[tuple]) -> KnobSpace:
         """The GEMM conv2d knobs of the block-diagonal program; none for the ALU template."""
@@ -295,11 +327,17 @@ def gemm_reference(config, wl: DepthwiseUnitWorkload, epilogue, rng):
     template has no knobs, so it is never a tuning task): the stock grouped conv2d reference on
     :func:`diagonal_workload` (random weights in every lane of the tiles, a stronger check of
     the program than diagonal ones)."""
-    from .reference import reference_for
-
     if wl.unit != "gemm":
         raise LookupError(f"no tuning reference for the {wl.unit} unit of a depthwise conv2d: its "
                           "template has no knobs")
+    return diagonal_reference(config, wl, epilogue, rng)
+
+
+def diagonal_reference(config, wl, epilogue, rng):
+    """The stock grouped conv2d numpy reference on :func:`diagonal_workload` of ``wl`` (random
+    weights in every lane of the tiles)."""
+    from .reference import reference_for
+
     gw = diagonal_workload(config, wl)
     kind = "group_conv2d" if isinstance(gw, GroupConv2dWorkload) else "conv2d"
     return reference_for(kind, "stock")(config, gw, epilogue, rng)

@@ -4,7 +4,9 @@
 ``relax.build(mod, target="ext_vta")``; ``vta_ext.build_options(strategy="stock")`` keeps the stock
 templates. Per matched operator (conv2d, group conv2d, dense; pools and the residual add fall back
 to ``stock``; depthwise convolutions choose between the ALU template and the GEMM core in
-:mod:`.depthwise` under ``csp-relaxed``):
+:mod:`.depthwise` under ``csp-relaxed``, and grouped convolutions of fewer than ``BLOCK_IN``
+channels per group between this template's plan and the GEMM block-diagonal program in
+:mod:`.grouped`, whose template replaces this one for ``group_conv2d`` under ``csp-relaxed``):
 
 1. the operator becomes a :class:`~tvm_csp_embed.workload.Workload` in each candidate layout of its
    free dims (``build_options(layout=...)``: ``NCHW``, ``NHWC`` or ``auto`` = both; under

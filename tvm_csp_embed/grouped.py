@@ -1,0 +1,281 @@
+"""Grouped convolutions of narrow groups on the GEMM core: the block-diagonal unit, chosen per
+layer against the CSP plan.
+
+A grouped conv2d with ``w < BLOCK`` channels per group (ResNeXt-50 32x4d: ``w = 4`` and ``8``)
+is one the stock template refuses (it cannot pad inside a group); the CSP strategy embeds it
+(:class:`~.strategy.CspGemmTemplate`). The block-diagonal unit is the depthwise one
+(:mod:`.depthwise`) with groups of ``w`` channels: each ``BLOCK x BLOCK`` weight tile per (tile,
+tap) holds ``BLOCK / w`` groups' ``w x w`` blocks on its diagonal and zeros elsewhere, and the
+stock ``group_conv2d_packed`` template runs the grouped conv2d of ``BLOCK`` channels per group
+(:func:`~.depthwise.diagonal_workload`, :func:`~.depthwise.build_diagonal`). One GEMM micro-op per
+tap then computes ``BLOCK / w`` groups of one pixel; ``1 - w / BLOCK`` of its MACs are on the
+zero lanes, and the weights moved are ``BLOCK / w`` times the grouped weights (the zeros travel
+too). The floor (:mod:`vta_ext.floor`) counts the MACs as written, so the efficiency of this unit
+is at most ``w / BLOCK`` where the GEMM bounds it.
+
+* **Which layers**: ``w = C / groups < BLOCK`` with as many output as input channels per group;
+  other grouped convs keep the CSP plan alone. The unit is refused, with the reason in the report
+  line, when ``w`` does not divide ``BLOCK`` (a group would straddle two tiles; padding each group
+  to the next divisor of ``BLOCK`` would need an activation layout padded inside the channels,
+  which no neighbouring operator hands over, so it is not done), when a group has other than as
+  many output as input channels, or on a configuration whose blocks are not square.
+* **Layouts**: the activation and output in the stock blocked layout ``(N/b, C/BLOCK, H, W, b,
+  BLOCK)`` (channels padded to whole blocks, the padded channels' weights zero); the weights
+  expanded (:func:`~.depthwise.pack_diagonal_weight` with ``width = w``) at build time for a
+  constant, in Relax on the host otherwise.
+* **Choice** (:class:`NarrowGroupTemplate`): the CSP plan (the best embedding by the objective,
+  :func:`~.choice.choose`) and the block-diagonal program are both built and scored by the
+  objective: ``cycles``: the cycle model of each program with its weight loads; ``end-to-end``:
+  plus the host layout traffic each plan adds around the operator
+  (:func:`~.choice.plan_host_bytes`, :func:`~.choice.operand_pack_bytes`), and the CPU is the
+  third contender (the stock template refuses these convs); ``combined``: modelled seconds plus
+  the measured host relayout. The lower score wins, the CSP plan on a tie. Under ``footprint``
+  the units are not compared (the CSP plan stands; the report line says so). A unit that does
+  not build leaves the other; when neither does, the operator stays on the CPU with both reasons.
+
+Registered for ``group_conv2d`` under ``csp-relaxed`` (``csp-strict`` keeps the CSP plan alone).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+from vta_ext.errors import TemplateRefusal
+from vta_ext.packing import BlockedActivation, padding_text
+from vta_ext.stock import _gemm_knob_space, _symmetric_padding
+from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, register_plan_summary,
+                              register_template)
+from vta_ext.templates.workload import GroupConv2dWorkload
+
+from .candidates import CspWorkload, _shape, data_layout
+from .csp_reference import gemm_reference as csp_gemm_reference
+from .depthwise import (_block, build_diagonal, diagonal_inputs, diagonal_reference,
+                        diagonal_workload, modelled_cycles)
+from .reference import register_reference
+from .strategy import CspGemmTemplate
+
+__all__ = ["NarrowGroupWorkload", "NarrowGroupTemplate", "narrow_width"]
+
+#: how the build report names the two plans
+DIAGONAL_TEXT = "GEMM block-diagonal"
+CSP_TEXT = "the CSP plan"
+
+
+@dataclass(frozen=True)
+class NarrowGroupWorkload(GroupConv2dWorkload):
+    """A grouped conv2d of ``groups`` groups of ``group_width`` channels (channels padded to whole
+    blocks: ``in_channels == out_channels``, at least ``groups * group_width``) run by the
+    block-diagonal program. :attr:`groups` is the operator's own (the floor reads the operator
+    as written from it)."""
+
+    group_width: int = 1
+
+    @property
+    def channels(self) -> int:
+        """The padded channels (:func:`~.depthwise.diagonal_workload` reads them)."""
+        return self.in_channels
+
+
+def narrow_width(op: MatchedOp, config) -> Optional[int]:
+    """The channels per group of grouped ``op`` if they are fewer than ``BLOCK_IN`` (the
+    block-diagonal unit competes), else None."""
+    w = _shape(op.operands[1])[1]
+    return w if w < config.BLOCK_IN else None
+
+
+def _diagonal_plan(op: MatchedOp, config, width: int) -> OpPlan:
+    """The block-diagonal plan of ``op`` (groups of ``width`` channels), or a refusal saying why
+    the unit cannot run it."""
+    block = _block(config)
+    data, weight = op.operands
+    n, c, h, w = _shape(data)
+    o, _, kh, kw = _shape(weight)
+    groups = int(op.core.attrs.groups)
+    if o != c:
+        raise TemplateRefusal(f"{o // groups} output against {width} input channels per group: the "
+                              "diagonal tile holds whole groups only when they are equal")
+    if block % width:
+        raise TemplateRefusal(f"{width} channels per group do not divide the {block}-channel block "
+                              "(a group would straddle two weight tiles; padding each group would "
+                              "need a channel layout padded inside the activation)")
+    if any(int(d) != 1 for d in op.core.attrs.dilation):
+        raise TemplateRefusal(f"dilation {tuple(int(d) for d in op.core.attrs.dilation)}")
+    pad_h, pad_w = _symmetric_padding(op)
+    b = config.BATCH
+    act = BlockedActivation(n, c, h, w, b, block)
+    np_, cp = act.padded
+    _, _, oh, ow = _shape(op.core)
+    wl = NarrowGroupWorkload(np_, h, w, cp, cp, kh, kw, pad_h, pad_w, int(op.core.attrs.strides[0]),
+                             int(op.core.attrs.strides[1]), groups=groups, group_width=width)
+    desc = f"{n}x{c}x{h}x{w} * {o}x{width}x{kh}x{kw} g{groups} s{wl.stride_h} p{pad_h}"
+    return OpPlan(wl, diagonal_inputs(op, config, wl, width),
+                  BlockedActivation(n, o, oh, ow, b, block), desc,
+                  padding_text(*act.padding(), ("channels per group (lanes of the diagonal tile)",
+                                                width, block)),
+                  in_layout=act)
+
+
+@dataclass
+class _Scored:
+    """One contender: its plan, VTA cycles and score by the objective (lower is better)."""
+
+    plan: OpPlan
+    cycles: int
+    score: float
+    text: str
+
+
+class NarrowGroupTemplate(CspGemmTemplate):
+    """``group_conv2d`` under ``csp-relaxed``: the CSP plan or, for narrow groups, the
+    block-diagonal program, whichever the objective scores better (module docstring)."""
+
+    def __init__(self, strategy: str) -> None:
+        super().__init__("group_conv2d", strategy)
+
+    def workload_from_dict(self, values: Dict[str, Any]):
+        return NarrowGroupWorkload(**values) if "group_width" in values else CspWorkload(**values)
+
+    # ---------------------------------------------------------------- plan
+    def _plan(self, op: MatchedOp, config) -> OpPlan:
+        width = narrow_width(op, config)
+        if width is None:
+            return super()._plan(op, config)
+        from vta_ext.options import current_options
+
+        options = current_options()
+        refused: Dict[str, str] = {}
+        plans: Dict[str, OpPlan] = {}
+        try:
+            plans["csp"] = super()._plan(op, config)
+        except TemplateRefusal as err:
+            refused["csp"] = str(err)
+        try:
+            plans["diagonal"] = _diagonal_plan(op, config, width)
+        except TemplateRefusal as err:
+            refused["diagonal"] = str(err)
+        if options.objective == "footprint" and "csp" in plans:
+            return self._described(plans["csp"], CSP_TEXT, f"objective footprint: the "
+                                   f"{DIAGONAL_TEXT} unit is not compared by footprint")
+        scored: Dict[str, _Scored] = {}
+        for unit, plan in plans.items():
+            try:
+                scored[unit] = self._score(op, config, plan, options)
+            except TemplateRefusal as err:
+                refused[unit] = str(err)
+        cpu = self._cpu(op, config, options)
+        if not scored:
+            raise TemplateRefusal(f"{self.strategy}: no unit runs this grouped conv2d: "
+                                  f"{CSP_TEXT}: {refused.get('csp')}; {DIAGONAL_TEXT}: "
+                                  f"{refused.get('diagonal')}")
+        unit = min(scored, key=lambda u: (scored[u].score, u != "csp"))
+        best = scored[unit]
+        if cpu is not None and cpu[0] < best.score:
+            units = [f"{s.text} for {self._name(u, width, config)}" for u, s in scored.items()]
+            units += [f"{self._name(u, width, config)} refused ({r})" for u, r in refused.items()]
+            raise TemplateRefusal(f"{self.strategy}: end to end cheaper on the CPU: {cpu[1]}, "
+                                  f"against {'; '.join(units)}")
+        other = "diagonal" if unit == "csp" else "csp"
+        if other in scored:
+            why = (f"{self._what(options)}: {best.text} against {scored[other].text} "
+                   f"({scored[other].score / max(best.score, 1e-12):.2f}x) for "
+                   f"{self._name(other, width, config)}")
+        else:
+            why = (f"the only unit that runs it ({best.text}); {self._name(other, width, config)} "
+                   f"refused ({refused[other]})")
+        return self._described(best.plan, self._name(unit, width, config), why)
+
+    def _described(self, plan: OpPlan, name: str, why: str) -> OpPlan:
+        """``plan`` with the choice between the units (``name`` the chosen one) in its report
+        text."""
+        return dataclasses.replace(plan, description=f"{plan.description}; {name} chosen by "
+                                                     f"{self.strategy} over the other unit: {why}")
+
+    @staticmethod
+    def _name(unit: str, width: int, config) -> str:
+        if unit == "csp":
+            return CSP_TEXT
+        block = config.BLOCK_IN
+        per = f"{block // width} groups" if block % width == 0 else "groups"
+        return f"{DIAGONAL_TEXT} ({per} of {width} channels per {block}x{block} weight tile)"
+
+    @staticmethod
+    def _what(options) -> str:
+        return {"end-to-end": "fewest cycles end to end", "combined": "fastest combined"}.get(
+            options.objective, "fewest cycles on the cycle model")
+
+    def _score(self, op: MatchedOp, config, plan: OpPlan, options) -> _Scored:
+        """``plan`` built and scored by the objective (a refusal when it does not build)."""
+        from .choice import blocked_output, operand_pack_bytes, plan_host_bytes
+
+        knobs = options.knobs_for(self.kind, self.strategy, plan.workload, config)[0]
+        cycles = modelled_cycles(self.kind, self.strategy, config, plan.workload, op.epilogue,
+                                 knobs)
+        if options.objective == "end-to-end":
+            nbytes = (plan_host_bytes(op, plan.in_layout, plan.out_layout,
+                                      blocked_output(op, config))
+                      + operand_pack_bytes(op, plan.inputs))
+            score = cycles + options.host.layout_cycles(nbytes)
+            return _Scored(plan, cycles, score, f"{score:,.0f} cycles end to end ({cycles:,} VTA "
+                                                f"+ {nbytes:,} B host layout)")
+        if options.objective == "combined":
+            from .hosttime import relayout_seconds
+
+            src = getattr(plan.in_layout, "src_shape", _shape(op.operands[0]))
+            host = relayout_seconds(plan.in_layout, src, plan.out_layout, 5)[1]
+            score = cycles / (config.CLOCK_MHZ * 1e6) + host
+            return _Scored(plan, cycles, score, f"{score * 1e3:.3f} ms (cycles {cycles:,}, host "
+                                                f"{host * 1e3:.3f} ms)")
+        return _Scored(plan, cycles, cycles, f"{cycles:,} cycles")
+
+    def _cpu(self, op: MatchedOp, config, options) -> Optional[Tuple[float, str]]:
+        """``(score, text)`` of leaving ``op`` on the CPU under the ``end-to-end`` objective (as
+        :func:`~.choice.choose` prices it), else None."""
+        if options.objective != "end-to-end":
+            return None
+        from vta_ext.quantize import call_macs
+
+        from .choice import blocked_output, cpu_host_bytes
+
+        macs = call_macs(op.core)
+        layout = cpu_host_bytes(op, blocked_output(op, config))
+        host = options.host
+        score = host.cpu_cycles(macs) + host.layout_cycles(layout)
+        return score, (f"{score:,.0f} cycles ({macs:,} MACs and {layout:,} B host layout, host "
+                       f"model {host.name})")
+
+    def _plan_of(self, op: MatchedOp, config, cand, why: str, n_usable: int, notes) -> OpPlan:
+        """The CSP plan with the layout its activation is taken in (the host layout pricing of
+        the choice between the units needs it)."""
+        plan = super()._plan_of(op, config, cand, why, n_usable, notes)
+        return dataclasses.replace(plan, in_layout=data_layout(cand))
+
+    # ---------------------------------------------------------------- build
+    def build(self, config, workload, epilogue: Sequence[tuple], knobs) -> Any:
+        if isinstance(workload, NarrowGroupWorkload):
+            return build_diagonal(config, workload, epilogue, knobs)
+        return super().build(config, workload, epilogue, knobs)
+
+    def knob_space(self, config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
+        """The conv2d knobs of the block-diagonal program, or the CSP plan's."""
+        if isinstance(workload, NarrowGroupWorkload):
+            return _gemm_knob_space(config, diagonal_workload(config, workload), epilogue)
+        return super().knob_space(config, workload, epilogue)
+
+
+def reference(config, wl, epilogue, rng):
+    """The tuner's numpy reference: the stock grouped conv2d one on the block-diagonal program's
+    workload (:func:`~.depthwise.diagonal_reference`), or the CSP plan's."""
+    if isinstance(wl, NarrowGroupWorkload):
+        return diagonal_reference(config, wl, epilogue, rng)
+    return csp_gemm_reference(config, wl, epilogue, rng)
+
+
+def plan_summary(template: OpTemplate, plan: OpPlan, config) -> str:
+    """``"csp-relaxed GEMM block-diagonal w4"``."""
+    return f"{template.strategy} {DIAGONAL_TEXT} w{plan.workload.group_width}"
+
+
+register_plan_summary(NarrowGroupWorkload, plan_summary)
+register_template("group_conv2d", "csp-relaxed", NarrowGroupTemplate("csp-relaxed"))
+register_reference("group_conv2d", "csp-relaxed", reference)
