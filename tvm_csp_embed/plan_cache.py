@@ -14,7 +14,8 @@ __all__ = ["PLAN_VERSION", "PlanCache"]
 logger = logging.getLogger("tvm_csp_embed")
 
 #: the plan cache's format: bump it when the choice rule changes what a key means
-PLAN_VERSION = 8   # 8: the knob estimate's RTL structure, the depthwise GEMM candidate
+PLAN_VERSION = 9   # 9: the folded bias's lane constants written by the gather (end-to-end choice)
+#                   8: the knob estimate's RTL structure, the depthwise GEMM candidate
 
 #: the knob search behind each searching knob policy (the point a plan cache entry keeps)
 _SEARCHES = {"tps": tps_point, "cycles": cycle_point}
