@@ -228,23 +228,26 @@ def _chosen_data_layout(report, p):
     return fold_data_layout(packed_of(cw, load_config("default")))
 
 
-@pytest.mark.parametrize("shape, family", [
-    ((1, 25, 100, 5, 20, 2, 0), "fused-rs"),        # DeepBench DB0-like: 1 channel, 5x20 / 2
-    ((3, 8, 8, 3, 3, 1, 1), "fused-crs"),           # 3 channels, 3x3
-    ((3, 16, 16, 7, 7, 2, 3), "fused-crs"),         # the stem-like 7x7 / 2
+@pytest.mark.parametrize("shape, family, rows, objective", [
+    ((1, 25, 100, 5, 20, 2, 0, 16), "fused-rs", False, "cycles"),          # DB0-like: 5x20 / 2
+    ((1, 40, 151, 5, 20, (2, 8), 8, 32), "fused-rs", True, "end-to-end"),  # DeepBench DB107
+    ((3, 8, 8, 3, 3, 1, 1, 16), "fused-crs", False, "cycles"),             # 3 channels, 3x3
+    ((3, 16, 16, 7, 7, 2, 3, 16), "fused-crs", False, "cycles"),           # stem-like 7x7 / 2
 ])
-def test_lane_constants_come_with_the_gather_bit_exact(shape, family):
+def test_lane_constants_come_with_the_gather_bit_exact(shape, family, rows, objective):
     """The fused embeddings write the lane constants with copies the packing already makes (a
     ``concat`` in place of the reduction pad, or onto the source of the stencil unroll's ``take``,
-    which reads them at the spare lanes): no ``where`` pass. Built with the fold, the output
-    equals the llvm build's."""
-    c, h, w, kh, kw, stride, pad = shape
-    bias = np.random.default_rng(7).integers(-12_000, 12_000, 16)
-    mod, arrays = _rect_conv(c, h, w, kh, kw, stride=stride, padding=pad, bias=bias)
-    p, report = _build_and_compare(mod, arrays, objective="cycles")
+    which reads them at the spare lanes; on DB107, whose row unroll has no pad before it, as two
+    rows appended to the padded input before the column unroll, which the default objective takes
+    then): no ``where`` pass. Built with the fold, the output equals the llvm build's.""" 
+    c, h, w, kh, kw, stride, pad, o = shape
+    bias = np.random.default_rng(7).integers(-12_000, 12_000, o)
+    mod, arrays = _rect_conv(c, h, w, kh, kw, stride=stride, padding=pad, bias=bias, o=o)
+    p, report = _build_and_compare(mod, arrays, objective=objective)
     assert _lanes(p) > 0 and p.plan.startswith(f"csp-relaxed {family} "), (p.plan, p.detail)
     kinds = [st[0] for st in _chosen_data_layout(report, p).steps]
     assert "set" not in kinds and "concat" in kinds, kinds
+    assert (kinds.index("concat") < kinds.index("unroll")) == rows, (p.plan, kinds)
 
 
 def test_folded_fused_layouts_charge_what_their_relax_ops_write():

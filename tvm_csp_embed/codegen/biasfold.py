@@ -486,14 +486,63 @@ def _gathered(host: HostLayout, lanes: FoldLanes, consts: Tuple[int, ...]):
                 return None
         if len(p) != rest * math.prod(e for v, e in zip(pattern, st[2]) if v is None):
             return None
-        redirect.append((tuple(pattern), before[axis] + distinct.index(c)))
-    gather = st + (tuple(redirect),)
+        redirect.append((tuple(pattern), distinct.index(c)))
+    # the constants onto the take's source (in place of a pad of its end just before it)
     prev = steps[t - 1] if t else None
+    gather = st + (tuple((pat, before[axis] + v) for pat, v in redirect),)
     if prev is not None and prev[0] == "pad" and all(
             not any(w) for a, w in enumerate(prev[1]) if a != axis) and not prev[1][axis][0]:
         pad = ("concat", axis, (0,) * prev[1][axis][1] + distinct, "int8")
-        return steps[:t - 1] + (pad, gather) + steps[t + 1:]
-    return steps[:t] + (("concat", axis, distinct, "int8"), gather) + steps[t + 1:]
+        forms = [steps[:t - 1] + (pad, gather) + steps[t + 1:]]
+    else:
+        forms = [steps[:t] + (("concat", axis, distinct, "int8"), gather) + steps[t + 1:]]
+    # or as whole rows of an earlier, smaller tensor whose axis the reshape before the take fuses
+    # into the take's (outermost): the take reads the first element of each row
+    rows = _rows_before(host, t, axis, distinct)
+    if rows is not None:
+        prefix, inner = rows
+        gather = st + (tuple((pat, before[axis] + v * inner) for pat, v in redirect),)
+        forms.append(prefix + (gather,) + steps[t + 1:])
+    return min(forms, key=lambda f: HostLayout(host.src_shape, f).copied)
+
+
+def _rows_before(host: HostLayout, t: int, axis: int, values: Tuple[int, ...]):
+    """``(steps before step t, inner)``: the steps of ``host`` before step ``t`` with one row per
+    value of ``values`` appended (after the last pad) to the axis that one reshape fuses as the
+    outermost part of the source axis ``axis`` of step ``t`` (followed through transposes and the
+    lead axes of a stencil unroll), so that the source axis gains blocks of ``inner`` elements at
+    its end, the i-th block holding ``values[i]``; None when the axis cannot be followed."""
+    shapes, steps = host.shapes, host.steps
+    a, i, fused = axis, t - 1, None
+    while i >= 0:
+        st, before, after = steps[i], shapes[i], shapes[i + 1]
+        if st[0] == "pad" or _is_identity(st, before):
+            break
+        if st[0] == "reshape" and fused is None:
+            lead = math.prod(after[:a])
+            j = next((j for j in range(len(before)) if math.prod(before[:j]) == lead), None)
+            if j is None or after[a] % before[j] or math.prod(before[:j + 1]) > lead * after[a]:
+                return None
+            fused, a = (i, a, before[j]), j
+        elif st[0] == "permute":
+            a = st[1][a]
+        elif st[0] == "unroll" and len(st) == 5 and not st[1] <= a < st[1] + len(st[2]):
+            a = a if a < st[1] else a - len(st[2]) + 1
+        else:
+            return None
+        i -= 1
+    if fused is None:
+        return None
+    at, fused_axis, outer = fused
+    out = list(steps[:i + 1]) + [("concat", a, tuple(values), "int8")]
+    for j in range(i + 1, t):
+        if j == at:
+            shape = list(shapes[j + 1])
+            shape[fused_axis] = shape[fused_axis] // outer * (outer + len(values))
+            out.append(("reshape", tuple(shape)))
+        else:
+            out.append(steps[j])
+    return tuple(out), shapes[t][axis] // outer
 
 
 def _fold_layouts(pg: PackedGemm, bias: np.ndarray) -> Dict[str, HostLayout]:
