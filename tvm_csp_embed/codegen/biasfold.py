@@ -385,8 +385,8 @@ def fold_layouts(pg: PackedGemm, bias) -> Dict[str, HostLayout]:
 def fold_data_layout(pg: PackedGemm) -> HostLayout:
     """The host layout of the data operand with the bias folded in (it does not depend on the bias
     values): its own steps with the lane constants written by the copies they already make
-    (:func:`_gathered`), or else followed by a ``("set", ...)`` step. Computed once per program
-    (``pg.memo``).
+    (:func:`_gathered`), or followed by a ``("set", ...)`` step, whichever writes fewer elements
+    (:attr:`~.relayout.HostLayout.copied`). Computed once per program (``pg.memo``).
 
     Raises
     ------
@@ -402,10 +402,12 @@ def _fold_data_layout(pg: PackedGemm) -> HostLayout:
         raise ValueError(f"cannot fold the bias into {pg.embedding.mapping_str()}: {lanes}")
     dop = pg.operands[lanes.data]
     consts = tuple(int(v) for v in fold_constants(lanes.lanes))
-    steps = _gathered(dop.host, lanes, consts)
-    if steps is None:
-        steps = dop.host.steps + (("set", lanes.data_shape, lanes.data_index, consts, "int8"),)
-    return HostLayout(dop.host.src_shape, steps, dop.host.name)
+    forms = [dop.host.steps + (("set", lanes.data_shape, lanes.data_index, consts, "int8"),)]
+    gathered = _gathered(dop.host, lanes, consts)
+    if gathered is not None:
+        forms.insert(0, gathered)
+    layouts = [HostLayout(dop.host.src_shape, f, dop.host.name) for f in forms]
+    return min(layouts, key=lambda h: h.copied)
 
 
 def _lane_points(host: HostLayout, lanes: FoldLanes, j: int) -> np.ndarray:
