@@ -16,7 +16,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import bind_constants, conv_module, run_module
+from conftest import bind_constants, conv_chain, conv_module, run_module
 
 import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
 import vta_ext
@@ -197,6 +197,130 @@ def test_runtime_bias_and_strict_keep_the_add_and_say_why():
     mod, arrays = _conv(1, 12, 3, bias=np.arange(16) * 100)
     p, _ = _build_and_compare(mod, arrays, strategy="csp-strict")
     assert "bias kept on the ALU: csp-strict keeps the stock template's program" in p.detail
+
+
+# ------------------------------------------------------------------------------ gathered constants
+def _rect_conv(c, h, w, kh, kw, *, stride, padding, bias, seed=0, o=16):
+    """A constant-weight, constant-bias conv + bias + shr + clip of one ``(1, c, h, w)`` input and
+    ``(o, c, kh, kw)`` filters (DeepBench's thin layers have rectangular filters)."""
+    from tvm import relax
+
+    rng = np.random.default_rng(seed)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, h, w), "int8"))
+    wt = relax.const(rng.integers(-128, 128, (o, c, kh, kw)).astype(np.int8))
+    b = relax.const(np.asarray(bias, np.int32).reshape(1, o, 1, 1))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(conv_chain(bb, x, wt, b, stride=stride, padding=padding, shift=9,
+                                            clip=(-128, 127)))
+        bb.emit_func_output(out)
+    return bb.get(), [rng.integers(-128, 128, (1, c, h, w)).astype(np.int8)]
+
+
+def _chosen_data_layout(report, p):
+    """The host layout the build packed the chosen plan's activation with (lane constants in)."""
+    from tvm_csp_embed.candidates import CspWorkload, packed_of
+    from tvm_csp_embed.codegen.biasfold import fold_data_layout
+    from vta_ext.config import load_config
+
+    cw = CspWorkload(**json.loads(report.key_of(p))["workload"])
+    return fold_data_layout(packed_of(cw, load_config("default")))
+
+
+@pytest.mark.parametrize("shape, family, rows, objective", [
+    ((1, 25, 100, 5, 20, 2, 0, 16), "fused-rs", False, "cycles"),          # DB0-like: 5x20 / 2
+    ((1, 40, 151, 5, 20, (2, 8), 8, 32), "fused-rs", True, "end-to-end"),  # DeepBench DB107
+    ((3, 8, 8, 3, 3, 1, 1, 16), "fused-crs", False, "cycles"),             # 3 channels, 3x3
+    ((3, 16, 16, 7, 7, 2, 3, 16), "fused-crs", False, "cycles"),           # stem-like 7x7 / 2
+])
+def test_lane_constants_come_with_the_gather_bit_exact(shape, family, rows, objective):
+    """The fused embeddings write the lane constants with copies the packing already makes (a
+    ``concat`` in place of the reduction pad, or onto the source of the stencil unroll's ``take``,
+    which reads them at the spare lanes; on DB107, whose row unroll has no pad before it, as two
+    rows appended to the padded input before the column unroll, which the default objective takes
+    then): no ``where`` pass. Built with the fold, the output equals the llvm build's.""" 
+    c, h, w, kh, kw, stride, pad, o = shape
+    bias = np.random.default_rng(7).integers(-12_000, 12_000, o)
+    mod, arrays = _rect_conv(c, h, w, kh, kw, stride=stride, padding=pad, bias=bias, o=o)
+    p, report = _build_and_compare(mod, arrays, objective=objective)
+    assert _lanes(p) > 0 and p.plan.startswith(f"csp-relaxed {family} "), (p.plan, p.detail)
+    kinds = [st[0] for st in _chosen_data_layout(report, p).steps]
+    assert "set" not in kinds and "concat" in kinds, kinds
+    assert (kinds.index("concat") < kinds.index("unroll")) == rows, (p.plan, kinds)
+
+
+def test_folded_fused_layouts_charge_what_their_relax_ops_write():
+    """The host model charges a layout what its Relax ops write (``layout_traffic``). Hand count
+    for 1x3x8x8 * 16x3x3x3 p1, fused-crs with the data as A: pad to 3x10x10 (300), unroll rows
+    to 3x8x3x10 (720), unroll columns to 3x8x3x8x3 (1,728), transpose (1,728), the reduction
+    27 -> 32 (8x8x32 = 2,048), the lane transpose (2,048): 8,572 elements, the same with the
+    fold (the concat writes what the pad wrote), where a ``where`` over the packed input would
+    add 2,048. Fused-rs of 1x1x12x12 * 16x1x5x5 p2, data as A: pad to 16x16 (256), unroll
+    columns to 16x12x5 (960), transpose to 12 columns of 16 rows x 5 taps (960), 7 elements of
+    padding after each column's 80 (12 x 87 = 1,044), the row unroll to 12x12x32 (4,608) and the
+    lane transpose (4,608): 12,436; with the fold the concat in place of that padding writes the
+    two lane constants too (12 x 89 = 1,068): 12,460, where a ``where`` would add 4,608."""
+    import tvm
+    from tvm import relax
+
+    from tvm_csp_embed.candidates import CspWorkload, candidates
+    from tvm_csp_embed.codegen.biasfold import fold_data_layout, fold_lanes
+    from vta_ext.config import load_config
+    from vta_ext.host import VIEW_OPS, layout_traffic
+
+    cfg = load_config("default")
+    epilogue = (("bias",), ("shr", 9), ("clip", -128, 127))
+    for c, hw, k, layout, plain, folded in ((3, 8, 3, "fused-crs", 8_572, 8_572),
+                                            (1, 12, 5, "fused-rs", 12_436, 12_460)):
+        p = k // 2
+        base = CspWorkload("conv2d", (("n", 1), ("c", c), ("h", hw), ("w", hw), ("k", 16),
+                                      ("kh", k), ("kw", k), ("pt", p), ("pl", p), ("pb", p),
+                                      ("pr", p), ("sh", 1), ("sw", 1)))
+        cands, _ = candidates(cfg, base, "relaxed", [layout], epilogue)
+        cand = next(x for x in cands if x.label.startswith(f"{layout} x=1 y=k16 z=")
+                    and "A<-data" in x.label and "*" not in x.label.split()[3])
+        assert fold_lanes(cand.packed).data == "A"
+        layout_of = fold_data_layout(cand.packed)
+        assert layout_traffic(cand.packed.operands["A"].host) == plain
+        assert layout_traffic(layout_of) == folded
+
+        written, ops = [], []
+
+        class Packer:                 # the offload pass's packer interface, on a BlockBuilder
+            def __init__(self, bb):
+                self.bb = bb
+
+            def operand(self, expr):
+                return expr
+
+            def emit(self, expr, name):
+                var = self.bb.emit(expr, name)
+                ops.append(expr.op.name)
+                if expr.op.name not in VIEW_OPS:
+                    written.append(int(np.prod([int(d) for d in var.ty.shape])))
+                return var
+
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType(layout_of.src_shape, "int8"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                out = bb.emit_output(layout_of.pack(Packer(bb), x))
+            bb.emit_func_output(out)
+        assert sum(written) == folded, (layout, written)
+        assert "relax.where" not in ops and "relax.concat" in ops, ops
+        # the compiled packing holds the lane constants: the GEMM of the packed data with a weight
+        # vector that is 1 at the lanes' first reduction point only reads 1, of one at -128 reads
+        # -128, at every output position (independent of the source values)
+        src = np.random.default_rng(0).integers(-128, 128, layout_of.src_shape).astype(np.int8)
+        got = relax.VirtualMachine(relax.build(bb.get(), target="llvm"), tvm.cpu())["main"](
+            tvm.runtime.tensor(src)).numpy()
+        lanes = fold_lanes(cand.packed)
+        first = got[tuple(slice(None) if e == 1 else v for v, e in
+                                               zip(lanes.data_index[0], lanes.data_shape))]
+        rest = got[tuple(slice(None) if e == 1 else v for v, e in
+                         zip(lanes.data_index[-1], lanes.data_shape))]
+        assert (first == 1).all() and (rest == -128).all()
 
 
 # ------------------------------------------------------------------------------ counts

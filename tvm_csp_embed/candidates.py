@@ -397,14 +397,17 @@ def fold_candidate(op, cand: Candidate, kind: str) -> Candidate:
 
 def kept_twin(cand: Candidate) -> Candidate:
     """The embedding of a folded candidate with its bias kept on the ALU: offered next to it when
-    the objective prices host work, since the fold's lane constants cost a host pass over the
-    packed input (:class:`~.codegen.relayout.HostLayout`'s ``set`` step) that may outweigh the
-    ALU pass it saves."""
+    the objective prices host work, since writing the fold's lane constants may cost host layout
+    work (:func:`~.codegen.biasfold.fold_data_layout`: a ``concat`` onto a gather's source, or a
+    ``set`` pass over the packed input) that outweighs the ALU pass it saves."""
+    from vta_ext.host import layout_traffic
+
+    extra = layout_traffic(data_layout(cand)) - layout_traffic(data_layout(cand, folded=False))
     return Candidate(cand.workload.with_bias_lanes(0), cand.embedding, cand.packed,
                      estimate=cand.estimate, footprint=cand.footprint,
                      bias_note=(f"bias kept on the ALU: the objective prefers it to the fold into "
-                                f"{cand.workload.bias_lanes} lanes (its lane constants cost a host "
-                                f"pass over the packed input)"))
+                                f"{cand.workload.bias_lanes} lanes (its lane constants add "
+                                f"{extra:,} bytes of host layout traffic)"))
 
 
 def unfolded(cw: CspWorkload) -> CspWorkload:
@@ -434,12 +437,13 @@ def operand_layouts(op, cand: Candidate) -> Dict[str, Any]:
     return {pg.operands[r].tensor: pg.operands[r].host for r in "AB"}
 
 
-def data_layout(cand: Candidate):
+def data_layout(cand: Candidate, folded: bool = True):
     """The host layout of ``cand``'s data operand (its activation): the packed program's own, or
-    with the lane constants of a folded bias (:func:`~.codegen.biasfold.fold_data_layout`); the
-    same as ``operand_layouts(op, cand)`` gives for it, without the weights' bias digits."""
+    with the lane constants of a folded bias (:func:`~.codegen.biasfold.fold_data_layout`) unless
+    ``folded`` is False; the same as ``operand_layouts(op, cand)`` gives for it, without the
+    weights' bias digits."""
     pg = cand.packed
-    if cand.workload.bias_lanes:
+    if folded and cand.workload.bias_lanes:
         from .codegen.biasfold import fold_data_layout
 
         return fold_data_layout(pg)

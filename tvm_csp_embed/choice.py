@@ -92,7 +92,7 @@ def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, e
     from vta_ext.executor import config_digest
     from vta_ext.templates.epilogue import epilogue_shape
 
-    text = json.dumps({"v": 10, "bias": bias, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
+    text = json.dumps({"v": 11, "bias": bias, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
                        "agree": [AGREEMENT_SLACK, _layout_key(producer)],
                        "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
                        "objective": objective, "epilogue": epilogue_shape(config, epilogue),

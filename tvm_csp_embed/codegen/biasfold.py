@@ -15,7 +15,9 @@ wrapping is the same as that of the ALU add.
   (:class:`FoldLanes`), or why none can;
 * :func:`fold_decision`: the per-operator decision and the sentence the build report prints;
 * :func:`fold_layouts`: the data and weight host layouts with the constants and the digits written
-  in (a ``("set", ...)`` step of :class:`~.relayout.HostLayout`);
+  in (the data's constants by the copies its layout already makes where it can, a ``concat``
+  onto a stencil gather's source or in place of the reduction pad, else a ``("set", ...)`` step
+  of :class:`~.relayout.HostLayout`; the weights' digits by a ``set`` at build time);
 * :func:`fold_epilogue`: the epilogue the folded program runs (the bias stage dropped).
 
 A lane here is a *class* of packed data positions: the values of the packed data dims that only
@@ -33,7 +35,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .plan import AXIS_PREFIX, PackedGemm
-from .relayout import HostLayout
+from .relayout import HostLayout, _is_identity
 
 __all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "fold_range", "fold_constants", "fold_digits",
            "FoldLanes", "fold_lanes", "fold_decision", "fold_layouts", "fold_data_layout", "fold_epilogue",
@@ -381,22 +383,168 @@ def fold_layouts(pg: PackedGemm, bias) -> Dict[str, HostLayout]:
 
 
 def fold_data_layout(pg: PackedGemm) -> HostLayout:
-    """The host layout of the data operand with the bias folded in: its own layout plus the
-    ``("set", ...)`` step that writes the lane constants (it does not depend on the bias values).
+    """The host layout of the data operand with the bias folded in (it does not depend on the bias
+    values): its own steps with the lane constants written by the copies they already make
+    (:func:`_gathered`), or followed by a ``("set", ...)`` step, whichever writes fewer elements
+    (:attr:`~.relayout.HostLayout.copied`). Computed once per program (``pg.memo``).
 
     Raises
     ------
     ValueError
         If ``pg`` has no lane for the bias (:func:`fold_lanes`).
     """
+    return pg.memo("fold_data_layout", lambda: _fold_data_layout(pg))
+
+
+def _fold_data_layout(pg: PackedGemm) -> HostLayout:
     lanes = fold_lanes(pg)
     if isinstance(lanes, str):
         raise ValueError(f"cannot fold the bias into {pg.embedding.mapping_str()}: {lanes}")
     dop = pg.operands[lanes.data]
-    consts = fold_constants(lanes.lanes)
-    return HostLayout(dop.host.src_shape, dop.host.steps + (
-        ("set", lanes.data_shape, lanes.data_index, tuple(int(v) for v in consts), "int8"),),
-        dop.host.name)
+    consts = tuple(int(v) for v in fold_constants(lanes.lanes))
+    forms = [dop.host.steps + (("set", lanes.data_shape, lanes.data_index, consts, "int8"),)]
+    gathered = _gathered(dop.host, lanes, consts)
+    if gathered is not None:
+        forms.insert(0, gathered)
+    layouts = [HostLayout(dop.host.src_shape, f, dop.host.name) for f in forms]
+    return min(layouts, key=lambda h: h.copied)
+
+
+def _lane_points(host: HostLayout, lanes: FoldLanes, j: int) -> np.ndarray:
+    """Every packed data position of lane ``j`` (its class, at every value of the other dims):
+    an ``(n, ndim)`` int64 array."""
+    shape = host.shape
+    axes = [range(v, v + 1) if e > 1 or s == 1 else range(s)
+            for v, e, s in zip(lanes.data_index[j], lanes.data_shape, shape)]
+    grid = np.stack(np.meshgrid(*[np.asarray(a, dtype=np.int64) for a in axes], indexing="ij"))
+    return grid.reshape(len(shape), -1).T
+
+
+def _back(points: np.ndarray, step, before, after) -> np.ndarray:
+    """``points`` of a step's output mapped to its input, for a bijective view or transpose."""
+    if step[0] == "reshape":
+        flat = np.ravel_multi_index(tuple(points.T), tuple(after))
+        return np.stack(np.unravel_index(flat, tuple(before)), axis=1)
+    out = np.empty_like(points)
+    out[:, list(step[1])] = points                       # permute: after[i] = before[perm[i]]
+    return out
+
+
+def _gathered(host: HostLayout, lanes: FoldLanes, consts: Tuple[int, ...]):
+    """The steps of ``host`` with the lane constants written by the copies it already makes, or
+    None when they cannot be (then a ``set`` step writes them).
+
+    From the packed end the lane positions are followed back through reshapes and transposes (one
+    to one) to the last step that creates data:
+
+    * a ``pad`` of one axis's end whose padding holds every position of a lane at one index of
+      that axis (fused-crs: the reduction pad of 147 -> 160): it becomes a ``concat`` of the lane
+      constants and zeros, writing exactly what the pad wrote;
+    * a stencil ``unroll`` whose loops place every position of a lane at the loop points of one
+      pattern (fused-rs: the taps beyond 5 x 20 of the row unroll): the ``take`` reads the two
+      constants (:func:`fold_constants`'s two values) from a ``concat`` onto its source, which
+      stands in for a pad of that axis's end just before it, or is a step of its own (a pass over
+      the source, which the host model charges).
+    """
+    shapes, steps = host.shapes, host.steps
+    pts = [_lane_points(host, lanes, j) for j in range(lanes.lanes)]
+    t = len(steps) - 1
+    while t >= 0 and (steps[t][0] in ("reshape", "permute") or _is_identity(steps[t], shapes[t])):
+        if not _is_identity(steps[t], shapes[t]):
+            pts = [_back(p, steps[t], shapes[t], shapes[t + 1]) for p in pts]
+        t -= 1
+    if t < 0:
+        return None
+    st, before, after = steps[t], shapes[t], shapes[t + 1]
+    if st[0] == "pad":
+        padded = [a for a, w in enumerate(st[1]) if any(w)]
+        if len(padded) != 1 or st[1][padded[0]][0]:
+            return None
+        a = padded[0]
+        values = [0] * st[1][a][1]
+        rest = math.prod(after) // after[a]
+        for p, c in zip(pts, consts):
+            at = np.unique(p[:, a])
+            if len(at) != 1 or at[0] < before[a] or len(p) != rest:
+                return None
+            values[int(at[0]) - before[a]] = c
+        return steps[:t] + (("concat", a, tuple(values), "int8"),) + steps[t + 1:]
+    if st[0] != "unroll" or len(st) > 5:
+        return None
+    axis, k = st[1], len(st[2])
+    rest = math.prod(after) // math.prod(st[2])
+    distinct = tuple(dict.fromkeys(consts))
+    redirect = []
+    for p, c in zip(pts, consts):
+        loops = p[:, axis:axis + k]
+        pattern = []
+        for i, e in enumerate(st[2]):
+            vals = np.unique(loops[:, i])
+            if len(vals) == 1:
+                pattern.append(int(vals[0]))
+            elif len(vals) == e:
+                pattern.append(None)
+            else:
+                return None
+        if len(p) != rest * math.prod(e for v, e in zip(pattern, st[2]) if v is None):
+            return None
+        redirect.append((tuple(pattern), distinct.index(c)))
+    # the constants onto the take's source (in place of a pad of its end just before it)
+    prev = steps[t - 1] if t else None
+    gather = st + (tuple((pat, before[axis] + v) for pat, v in redirect),)
+    if prev is not None and prev[0] == "pad" and all(
+            not any(w) for a, w in enumerate(prev[1]) if a != axis) and not prev[1][axis][0]:
+        pad = ("concat", axis, (0,) * prev[1][axis][1] + distinct, "int8")
+        forms = [steps[:t - 1] + (pad, gather) + steps[t + 1:]]
+    else:
+        forms = [steps[:t] + (("concat", axis, distinct, "int8"), gather) + steps[t + 1:]]
+    # or as whole rows of an earlier, smaller tensor whose axis the reshape before the take fuses
+    # into the take's (outermost): the take reads the first element of each row
+    rows = _rows_before(host, t, axis, distinct)
+    if rows is not None:
+        prefix, inner = rows
+        gather = st + (tuple((pat, before[axis] + v * inner) for pat, v in redirect),)
+        forms.append(prefix + (gather,) + steps[t + 1:])
+    return min(forms, key=lambda f: HostLayout(host.src_shape, f).copied)
+
+
+def _rows_before(host: HostLayout, t: int, axis: int, values: Tuple[int, ...]):
+    """``(steps before step t, inner)``: the steps of ``host`` before step ``t`` with one row per
+    value of ``values`` appended (after the last pad) to the axis that one reshape fuses as the
+    outermost part of the source axis ``axis`` of step ``t`` (followed through transposes and the
+    lead axes of a stencil unroll), so that the source axis gains blocks of ``inner`` elements at
+    its end, the i-th block holding ``values[i]``; None when the axis cannot be followed."""
+    shapes, steps = host.shapes, host.steps
+    a, i, fused = axis, t - 1, None
+    while i >= 0:
+        st, before, after = steps[i], shapes[i], shapes[i + 1]
+        if st[0] == "pad" or _is_identity(st, before):
+            break
+        if st[0] == "reshape" and fused is None:
+            lead = math.prod(after[:a])
+            j = next((j for j in range(len(before)) if math.prod(before[:j]) == lead), None)
+            if j is None or after[a] % before[j] or math.prod(before[:j + 1]) > lead * after[a]:
+                return None
+            fused, a = (i, a, before[j]), j
+        elif st[0] == "permute":
+            a = st[1][a]
+        elif st[0] == "unroll" and len(st) == 5 and not st[1] <= a < st[1] + len(st[2]):
+            a = a if a < st[1] else a - len(st[2]) + 1
+        else:
+            return None
+        i -= 1
+    if fused is None:
+        return None
+    at, fused_axis, outer = fused
+    out = list(steps[:i + 1]) + [("concat", a, tuple(values), "int8")]
+    for j in range(i + 1, t):
+        if j == at:
+            shape = list(shapes[j + 1])
+            shape[fused_axis] = shape[fused_axis] // outer * (outer + len(values))
+            out.append(("reshape", tuple(shape)))
+        else:
+            out.append(steps[j])
+    return tuple(out), shapes[t][axis] // outer
 
 
 def _fold_layouts(pg: PackedGemm, bias: np.ndarray) -> Dict[str, HostLayout]:

@@ -7,17 +7,24 @@ a tuple of positional steps with every shape known,
 
 * ``("permute", perm)`` -- ``relax.op.permute_dims``;
 * ``("pad", ((lo, hi), ...))`` -- zero padding per axis (``relax.op.nn.pad``);
-* ``("unroll", axis, extents, coefs, const)`` -- stencil unrolling of one axis into
+* ``("unroll", axis, extents, coefs, const[, redirect])`` -- stencil unrolling of one axis into
   ``len(extents)`` axes, ``new[..., i_1, ..., i_k, ...] = old[..., const + sum(c_j * i_j), ...]``:
   one ``relax.op.take`` along the axis with a constant index tensor of shape ``extents`` (one
   host kernel for TVM to lower and LLVM to compile; the strided slices and stack this replaced
-  made one kernel per slice, about 0.9 s of CPU time per build for a 7x7 stem);
+  made one kernel per slice, about 0.9 s of CPU time per build for a 7x7 stem). The optional
+  ``redirect`` is a tuple of ``(pattern, index)``: the loop points that ``pattern`` (one value or
+  None, meaning every value, per loop) selects read source ``index`` instead (the folded bias's
+  lane constants, appended to the source by a ``concat`` step; the same ``take``);
+* ``("concat", axis, values, dtype)`` -- appending ``values`` along ``axis``, the same at every
+  position of the other axes (``relax.op.concat`` with a constant; with leading zeros it stands
+  in for a ``pad`` of that axis's end);
 * ``("reshape", shape)`` -- split and fuse;
 * ``("slice", ((begin, end), ...))`` -- cropping;
 * ``("broadcast", shape)`` -- repeating size-1 axes (the per-channel bias over the lanes);
 * ``("set", shape, index, values, dtype)`` -- writing constants: the positions ``index`` (tuples
   into ``shape``, which broadcasts to the tensor's) take ``values``, every other element is kept
-  (``relax.op.where`` with a constant mask; the folded bias of :mod:`.biasfold`).
+  (``relax.op.where`` with a constant mask; the folded bias of :mod:`.biasfold` where its lane
+  constants cannot come with a ``concat`` and a gather).
 
 The same steps have two backends: :meth:`HostLayout.pack` emits Relax ops through the offload
 pass's packer (``packer.emit(expr, name)``, ``packer.operand(expr)``) and :meth:`HostLayout.pack_numpy`
@@ -56,11 +63,15 @@ def step_shape(shape: Sequence[int], step: Step) -> Tuple[int, ...]:
     if kind == "pad":
         return tuple(s + lo + hi for s, (lo, hi) in zip(shape, step[1]))
     if kind == "unroll":
-        _, axis, extents, coefs, const = step
-        last = const + sum(c * (e - 1) for c, e in zip(coefs, extents))
+        _, axis, extents, coefs, const = step[:5]
+        last = max([const + sum(c * (e - 1) for c, e in zip(coefs, extents))]
+                   + [i for _, i in _redirect(step)])
         if const < 0 or last >= shape[axis]:
             raise ValueError(f"unroll of axis {axis} (size {shape[axis]}) reads index {last}")
         return shape[:axis] + tuple(extents) + shape[axis + 1:]
+    if kind == "concat":
+        axis = step[1]
+        return shape[:axis] + (shape[axis] + len(step[2]),) + shape[axis + 1:]
     if kind == "reshape":
         if math.prod(step[1]) != math.prod(shape):
             raise ValueError(f"reshape {shape} -> {tuple(step[1])} changes the size")
@@ -78,11 +89,20 @@ def step_shape(shape: Sequence[int], step: Step) -> Tuple[int, ...]:
     raise ValueError(f"unknown relayout step {kind!r}")
 
 
-def _unroll_indices(extents: Sequence[int], coefs: Sequence[int], const: int) -> np.ndarray:
+def _redirect(step: Step) -> Tuple[Tuple[Tuple[Any, ...], int], ...]:
+    """The ``(pattern, index)`` redirections of an unroll step (none when it has no sixth field)."""
+    return tuple(step[5]) if len(step) > 5 else ()
+
+
+def _unroll_indices(step: Step) -> np.ndarray:
     """The source index of every point of an unroll step's loops: an int32 array of shape
-    ``extents``, ``const + sum(coefs[j] * i_j)`` (the index tensor of the step's ``take``)."""
+    ``extents``, ``const + sum(coefs[j] * i_j)``, or the redirected index at the points a
+    redirection selects (the index tensor of the step's ``take``)."""
+    _, _, extents, coefs, const = step[:5]
     grid = np.indices(tuple(int(e) for e in extents), dtype=np.int64)
     idx = int(const) + np.tensordot(np.asarray(coefs, dtype=np.int64), grid, axes=1)
+    for pattern, index in _redirect(step):
+        idx[tuple(slice(None) if v is None else v for v in pattern)] = index
     return idx.astype(np.int32)
 
 
@@ -131,8 +151,9 @@ class HostLayout:
     @functools.cached_property
     def copied(self) -> int:
         """Elements the host writes to pack (or unpack) one tensor: the output of every Relax op
-        the steps emit that copies (pad, transpose, slice, broadcast, the take of a stencil
-        unroll, :func:`_step_copies`; a reshape is a view) (:func:`vta_ext.host.layout_traffic`)."""
+        the steps emit that copies (pad, transpose, slice, broadcast, concat, where, the take of a
+        stencil unroll, :func:`_step_copies`; a reshape is a view)
+        (:func:`vta_ext.host.layout_traffic`)."""
         shapes = self.shapes
         return sum(_step_copies(st, shapes[i], shapes[i + 1]) for i, st in enumerate(self.steps)
                    if st[0] != "reshape" and not _is_identity(st, shapes[i]))
@@ -249,6 +270,10 @@ def _numpy_step(x: np.ndarray, st: Step) -> np.ndarray:
     if kind == "set":
         mask, values = _set_arrays(st, x.dtype)
         return np.where(mask, values, x)
+    if kind == "concat":
+        return np.concatenate([x, _concat_block(x.shape, st)], axis=st[1])
+    if kind == "unroll" and _redirect(st):
+        return np.take(x, _unroll_indices(st), axis=st[1])
     if kind == "unroll":
         _, axis, extents, coefs, const = st
         j, others, starts = _unroll_plan(extents, coefs, const)
@@ -271,6 +296,18 @@ def _set_arrays(st: Step, dtype) -> Tuple[np.ndarray, np.ndarray]:
         mask[at] = True
         out[at] = np.asarray(values, dtype=np.int64).astype(dtype)
     return mask, out
+
+
+def _concat_block(shape: Sequence[int], st: Step) -> np.ndarray:
+    """The constant a ``("concat", axis, values, dtype)`` step appends to a tensor of ``shape``:
+    ``values`` along the axis, repeated over the others."""
+    _, axis, values, dtype = st
+    along = [1] * len(shape)
+    along[axis] = len(values)
+    full = list(shape)
+    full[axis] = len(values)
+    block = np.asarray(values, dtype=np.int64).astype(dtype).reshape(along)
+    return np.ascontiguousarray(np.broadcast_to(block, full))
 
 
 def _step_copies(st: Step, before: Sequence[int], after: Sequence[int]) -> int:
@@ -310,8 +347,10 @@ def _relax_step(emit, x, st: Step, before: Sequence[int], name: str):
     if kind == "set":
         mask, values = _set_arrays(st, np.dtype(st[4]))
         return bind(relax.op.where(relax.const(mask), relax.const(values, st[4]), x), name)
+    if kind == "concat":
+        block = relax.const(_concat_block(before, st), st[3])
+        return bind(relax.op.concat([x, block], axis=st[1]), name)
     if kind == "unroll":
-        _, axis, extents, coefs, const = st
-        return bind(relax.op.take(x, relax.const(_unroll_indices(extents, coefs, const)),
-                                  axis=axis, mode="clip"), name)
+        return bind(relax.op.take(x, relax.const(_unroll_indices(st)), axis=st[1], mode="clip"),
+                    name)
     raise ValueError(f"unknown relayout step {kind!r}")
