@@ -218,7 +218,7 @@ NETWORK_STRATEGIES = ("stock", "csp-relaxed")
 RTL_NETWORKS = {"resnet18": 56, "mobilenet_v2": 112}
 RTL_CONFIG = "pynq"
 NETWORK_FIELDS = ["network", "size", "config", "strategy", "kind", "ops", "cycles", "floor",
-                  "efficiency", "share", "loss", "padded_ops", "padding_cycles", "worst_padding",
+                  "efficiency", "structural", "share", "loss", "padded_ops", "padding_cycles", "worst_padding",
                   "largest_loss", "cpu_refused", "cpu_other", "rtl_cycles", "build_s"]
 
 
@@ -296,12 +296,13 @@ def network_breakdown(report, rtl_cycles: Dict[str, int] = None) -> List[Dict]:
         if p.call is None:
             continue
         kind = operator_kind(report, p)
-        g = groups.setdefault(kind, dict(kind=kind, ops=0, cycles=0, floor=0.0, padded_ops=0,
-                                         padding_cycles=0.0, worst=(0.0, "")))
+        g = groups.setdefault(kind, dict(kind=kind, ops=0, cycles=0, floor=0.0, structural=0.0,
+                                         padded_ops=0, padding_cycles=0.0, worst=(0.0, "")))
         floor = report.floor(p)
         g["ops"] += 1
         g["cycles"] += report.cycles(p)
         g["floor"] += floor.total
+        g["structural"] += floor.structural
         if p.padding:
             g["padded_ops"] += 1
             if kind == "depthwise" and p.elements and p.packed_elements:
@@ -324,6 +325,7 @@ def network_breakdown(report, rtl_cycles: Dict[str, int] = None) -> List[Dict]:
         g = groups[kind]
         rows.append(dict(kind=kind, ops=g["ops"], cycles=g["cycles"], floor=round(g["floor"], 1),
                          efficiency=round(g["floor"] / g["cycles"], 4),
+                         structural=round(g["structural"], 1),
                          share=round(g["cycles"] / total_cycles, 4),
                          loss=round(g["cycles"] - g["floor"], 1), padded_ops=g["padded_ops"],
                          padding_cycles=round(g["padding_cycles"], 1),
@@ -338,6 +340,7 @@ def network_breakdown(report, rtl_cycles: Dict[str, int] = None) -> List[Dict]:
         largest = max(rows, key=lambda r: r["loss"])
         rows.append(dict(kind="total", ops=sum(r["ops"] for r in rows), cycles=total_cycles,
                          floor=round(floor, 1), efficiency=round(floor / total_cycles, 4),
+                         structural=round(sum(r["structural"] for r in rows), 1),
                          share=1.0, loss=round(total_cycles - floor, 1),
                          padded_ops=sum(r["padded_ops"] for r in rows),
                          padding_cycles=round(sum(r["padding_cycles"] for r in rows), 1),
@@ -423,11 +426,13 @@ def network_tables(rows: List[Dict]) -> str:
             out.append(f"\n### `{config}`, {strategy}\n")
             out.append("Each kind: floor ÷ cycles (share of the network's VTA cycles). Largest "
                        "loss: the kind with the most cycles above its floor, its loss as a share "
-                       "of the network's cycles, and the part the padded lanes cost at the least.\n")
-            out.append("| network | size | VTA cycles | floor ÷ cycles | "
+                       "of the network's cycles, and the part the padded lanes cost at the least. "
+                       "Structural: the floor with the ALU operators' input loads serial with "
+                       "their passes (`Floor.structural`), ÷ cycles.\n")
+            out.append("| network | size | VTA cycles | floor ÷ cycles | structural | "
                        + " | ".join(KIND_LABELS[k] for k in KINDS)
                        + " | largest loss | refused, on the CPU |")
-            out.append("|---" * (6 + len(KINDS)) + "|")
+            out.append("|---" * (7 + len(KINDS)) + "|")
             for (_, _, network, size), kinds in cases:
                 total = kinds.get("total")
                 if total is None:
@@ -443,8 +448,11 @@ def network_tables(rows: List[Dict]) -> str:
                 note = f"{KIND_LABELS[big['kind']]} {100 * lost:.0f}%"
                 if pad >= 0.005:
                     note += f" (padding ≥ {100 * pad:.0f}%: {big['worst_padding']})"
+                structural = (f"{float(total['structural']) / float(total['cycles']):.3f}"
+                              if total.get("structural") not in (None, "") else "–")
                 out.append(f"| {network} | {size} | {_fmt_int(total['cycles'])} | "
-                           f"**{float(total['efficiency']):.3f}** | " + " | ".join(cells)
+                           f"**{float(total['efficiency']):.3f}** | {structural} | "
+                           + " | ".join(cells)
                            + f" | {note} | {total['cpu_refused'] or '–'} |")
     rtl = [r for r in rows if r.get("rtl_cycles") not in (None, "")]
     if rtl:

@@ -16,7 +16,7 @@ from tvm import relax
 
 import vta_ext
 import tvm_csp_embed  # noqa: F401 -- registers the CSP strategies
-from vta_ext.floor import Floor, OperatorSize, efficiency, operator_floor
+from vta_ext.floor import Floor, OperatorSize, efficiency, operator_floor, serial_floor
 from conftest import add_module
 from vta_ext.config import STRUCTURE_KEYS
 
@@ -295,6 +295,33 @@ def test_residual_add_floor(config):
     check(report, p, 0, 98 * (vec + 2 * imm), 588 + 3 * DMA)
 
 
+@pytest.mark.parametrize("config,per_row", [("default", 2), ("pipelined", 1)])
+def test_alu_inputs_enter_through_the_compute_module(config, per_row):
+    """The structural floor of an ALU operator adds its input rows' way into the accumulator:
+    a LOAD ACC_8BIT of 16 int8 lanes at 8 B/cycle (2 cycles) or an identity GEMM (4 cycles on
+    default, 1 on pipelined), the cheaper per row. Max pool 1x24x9x9 3x3 s2 p1: 24*81 = 1,944
+    input elements = 121.5 rows; the residual add of two 1x32x7x7: 196 rows. Both plans take
+    at least that many cycles on the cycle model."""
+    p, report = built(max_pool_module(24, 9, 3, 2, 1), config)
+    floor = report.floor(p)
+    assert floor.serial == 121.5 * per_row
+    assert floor.structural == max(floor.compute + 121.5 * per_row, floor.memory)
+    assert floor.structural > floor.total and report.cycles(p) >= floor.structural
+    p, report = built(add_module(1, 32, 7), config)
+    floor = report.floor(p)
+    assert floor.serial == 196 * per_row and report.cycles(p) >= floor.structural
+    # a GEMM operator's loads overlap on the load module: nothing serial
+    p, report = built(conv_module(1, 32, 14, 32, 3, 1, 1, "bias-shift-clip"), config)
+    assert report.floor(p).serial == 0 and report.floor(p).structural == report.floor(p).total
+
+
+def test_pynq_alu_inputs_take_the_identity_gemm():
+    """pynq has no ACC_8BIT load: only the identity GEMM, 1 cycle per row."""
+    cfg = vta_ext.load_config("pynq")
+    size = OperatorSize("add", 0, 1568, 3136)
+    assert serial_floor(cfg, size) == 196 * 1
+
+
 # ------------------------------------------------------------------------------ never above
 @pytest.mark.parametrize("config", ["default", "pipelined", "pynq"])
 @pytest.mark.parametrize("strategy", ["stock", "csp-relaxed"])
@@ -332,7 +359,9 @@ def test_floor_parts_and_sums():
     s = a + b
     assert (s.compute_gemm, s.compute_alu, s.memory, s.total) == (110, 20, 350, 350)
     assert a.as_dict() == {"compute_gemm": 100, "compute_alu": 20, "memory": 50, "total": 120,
-                           "bound": "compute"}
+                           "bound": "compute", "serial": 0.0, "structural": 120}
+    c = Floor(0, 20, 50, serial=40)
+    assert (c.total, c.structural, (a + c).serial) == (50, 60, 40)
     assert "120 cycles, compute bound" in repr(a)
     assert efficiency(a, 240) == 0.5
     with pytest.raises(ValueError, match="cycles 0 must be positive"):

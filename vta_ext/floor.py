@@ -75,7 +75,8 @@ from .config import VTAConfig
 from .templates.epilogue import VECTOR_STAGES, Epilogue, alu_ops, normalize_epilogue
 from .templates.workload import out_size
 
-__all__ = ["Floor", "OperatorSize", "operator_floor", "depthwise_floor", "key_floor", "efficiency",
+__all__ = ["Floor", "OperatorSize", "operator_floor", "depthwise_floor", "serial_floor",
+           "SERIAL_KINDS", "key_floor", "efficiency",
            "GEMM_KINDS", "ALU_KINDS", "memory_floor", "moved_cycles", "cheapest_moved", "LOAD_KINDS"]
 
 #: operator kinds that run on the GEMM core
@@ -97,11 +98,16 @@ class Floor:
     memory : float
         Every tensor moved once at its memory kind's bandwidth, plus one DMA instruction of one
         row for each (module docstring).
+    serial : float
+        Compute-module cycles an ALU operator spends besides its passes, bringing its inputs into
+        the accumulator (:func:`serial_floor`); 0 for the others. Not part of :attr:`total`:
+        it enters :attr:`structural`.
     """
 
     compute_gemm: float
     compute_alu: float
     memory: float
+    serial: float = 0.0
 
     @property
     def compute(self) -> float:
@@ -114,6 +120,14 @@ class Floor:
         return max(self.compute, self.memory)
 
     @property
+    def structural(self) -> float:
+        """``max(compute + serial, memory)``: :attr:`total` with the rule that the ALU reads only
+        the accumulator, which only the compute module writes, so an ALU operator's input loads
+        cannot overlap its passes (:func:`serial_floor`). Also no plan can beat it; the gap
+        between the two is structural (issue 32, item 3)."""
+        return max(self.compute + self.serial, self.memory)
+
+    @property
     def bound(self) -> str:
         """``"compute"`` or ``"memory"``: which term sets :attr:`total`."""
         return "compute" if self.compute >= self.memory else "memory"
@@ -122,12 +136,13 @@ class Floor:
         """The parts summed (the total of a sum is the max of the summed parts, which is at most
         the sum of the totals: operators of a network do not overlap on VTA)."""
         return Floor(self.compute_gemm + other.compute_gemm, self.compute_alu + other.compute_alu,
-                     self.memory + other.memory)
+                     self.memory + other.memory, self.serial + other.serial)
 
     def as_dict(self) -> Dict[str, Any]:
         """The parts, :attr:`total` and :attr:`bound` as JSON-able values."""
         return {"compute_gemm": self.compute_gemm, "compute_alu": self.compute_alu,
-                "memory": self.memory, "total": self.total, "bound": self.bound}
+                "memory": self.memory, "total": self.total, "bound": self.bound,
+                "serial": self.serial, "structural": self.structural}
 
     def __repr__(self) -> str:
         return (f"Floor({self.total:,.0f} cycles, {self.bound} bound: GEMM {self.compute_gemm:,.0f}"
@@ -231,7 +246,7 @@ def operator_floor(config: VTAConfig, size: OperatorSize) -> Floor:
     imm, vec = alu_passes(cfg, size)
     alu = (size.out_elements / (cfg.BATCH * cfg.BLOCK_OUT)
            * (imm * cfg.ALU_CYCLES_PER_UOP_IMM + vec * cfg.ALU_CYCLES_PER_UOP_VEC))
-    floor = Floor(gemm, alu, memory_floor(cfg, size))
+    floor = Floor(gemm, alu, memory_floor(cfg, size), serial_floor(cfg, size))
     return depthwise_floor(cfg, size, floor) if size.kind == "depthwise_conv2d" else floor
 
 
@@ -268,6 +283,36 @@ def memory_floor(config: VTAConfig, size: OperatorSize) -> float:
         operands = cheapest_moved(cfg, inp) + cheapest_moved(cfg, wgt)
     return (operands + cheapest_moved(cfg, vectors * size.channels * cfg.ACC_WIDTH / 8)
             + moved_cycles(cfg, "OUT", size.out_elements * cfg.OUT_WIDTH / 8))
+
+
+#: ALU operators whose inputs reach the ALU only through the accumulator (:func:`serial_floor`)
+SERIAL_KINDS = ("max_pool2d", "avg_pool2d", "add", "hswish", "clip")
+
+
+def serial_floor(config: VTAConfig, size: OperatorSize) -> float:
+    """The fewest compute-module cycles that bring the inputs of ALU operator ``size`` into the
+    accumulator (0 for the kinds outside :data:`SERIAL_KINDS`).
+
+    The ALU reads only the accumulator, and only compute-module instructions write it, one at a
+    time with the ALU's own: a ``LOAD ACC_8BIT`` of the int8 rows (with ``ISA_ACC_8BIT_LOAD``, at
+    the ``ACC`` bandwidth) or a GEMM through an identity weight tile from rows the load module
+    brought in (with ``BLOCK_IN == BLOCK_OUT``, ``GEMM_CYCLES_PER_UOP`` per row). An int32
+    ``LOAD ACC`` needs int32 data in DRAM, which no VTA operator stores. Per input row of
+    ``BATCH x BLOCK_OUT`` elements the cheaper way is charged, without any instruction or row
+    overhead.
+    """
+    if size.kind not in SERIAL_KINDS:
+        return 0.0
+    from .sim.cycles import timing
+
+    cfg = config
+    lanes = cfg.BATCH * cfg.BLOCK_OUT
+    per_row = []
+    if cfg.ISA_ACC_8BIT_LOAD:
+        per_row.append(timing(cfg).dma("ACC").cycles(0, 0, lanes * cfg.INP_WIDTH / 8))
+    if cfg.BLOCK_IN == cfg.BLOCK_OUT:
+        per_row.append(cfg.GEMM_CYCLES_PER_UOP)
+    return size.in_elements / lanes * min(per_row) if per_row else 0.0
 
 
 def depthwise_floor(config: VTAConfig, size: OperatorSize, alu: Floor) -> Floor:
