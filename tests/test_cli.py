@@ -154,6 +154,7 @@ def test_onnx_float_model_default_strategy(models, capsys):
     assert capsys.readouterr().out == shown
 
 
+@pytest.mark.slow
 def test_pt2e_model_on_another_preset_with_stock(models):
     from vta_ext.quantize import quantize_pt2e
 

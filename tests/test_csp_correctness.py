@@ -170,7 +170,8 @@ def _network(name, size):
     assert all("STOCK FALLBACK" not in p.detail for p in report.on_vta)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v1"])
+@pytest.mark.parametrize("name", ["resnet18",
+                                  pytest.param("mobilenet_v1", marks=pytest.mark.slow)])
 def test_whole_network_csp_relaxed_small(name):
     _network(name, 32)
 

@@ -249,6 +249,7 @@ def check_model(name: str, size: int, kwargs: dict) -> dict:
     return placed
 
 
+@pytest.mark.slow
 def test_mobilenet_v3_small_reduced():
     """The first four blocks of MobileNetV3-small (ReLU and Hardswish blocks, with and without
     squeeze-excitation, a residual add), its head, 10 classes: the fast run."""

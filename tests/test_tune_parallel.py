@@ -96,6 +96,7 @@ def test_dask_worker_killed_loses_no_record(tmp_path, monkeypatch, local_run):
     assert best.verified
 
 
+@pytest.mark.slow
 def test_workers_end_when_the_tuning_process_is_killed(tmp_path):
     """A tuning process killed with SIGKILL (no cleanup runs) does not leave its measurement
     workers behind: each ends within a few seconds, also in the middle of a long job."""
