@@ -14,7 +14,7 @@ __all__ = ["PLAN_VERSION", "PlanCache"]
 logger = logging.getLogger("tvm_csp_embed")
 
 #: the plan cache's format: bump it when the choice rule changes what a key means
-PLAN_VERSION = 8   # 8: the knob estimate's RTL structure, the depthwise GEMM candidate
+PLAN_VERSION = 9   # 9: csp-relaxed's stock plans at their searched point (stock_knobs)
 
 #: the knob search behind each searching knob policy (the point a plan cache entry keeps)
 _SEARCHES = {"tps": tps_point, "cycles": cycle_point}
