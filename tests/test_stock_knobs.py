@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import tvm
 from conftest import conv2d_nchw, conv_module, requantize
+from test_plan_cache import _forget_in_memory as _forget
+from test_plan_cache import cache  # noqa: F401  (the fixture: a fresh cache, nothing in memory)
 from tvm import relax
 
 import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
@@ -26,25 +28,6 @@ from vta_ext.executor import compiled_op, cycle_report, op_key
 
 #: (channels, groups, rows = columns): 16 channels a group, 3x3, padding 1
 GROUPED = [(64, 4, 14), (32, 2, 28)]
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A fresh plan / point cache and nothing in memory (as a new process)."""
-    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
-    _forget()
-    yield tmp_path
-    _forget()
-
-
-def _forget():
-    from tvm_csp_embed import strategy as S
-    from vta_ext import executor
-
-    executor._COMPILED.clear()
-    executor._CYCLES.clear()
-    S._packed.cache_clear()
-    stock_knobs._MEMO.clear()
 
 
 def _grouped_case(c, g, hw, seed=0):
