@@ -23,7 +23,8 @@ weight traffic: ``BLOCK`` times the depthwise weights (2.3 KB per 16 channels of
   ``unit="gemm"``: the block-diagonal program) take the activation and leave the output in the
   same packed layout (``(N/b, C/BLOCK, H, W, b, BLOCK)``), and the same bias and multiplier
   layout, so they differ only on VTA: each is built and timed on the cycle model (weight loads
-  included) and the fewer cycles win, the ALU template on a tie. A plan whose template refuses
+  included; the GEMM program under the knobs option ``cycles`` at its searched point,
+  :mod:`.stock_knobs`) and the fewer cycles win, the ALU template on a tie. A plan whose template refuses
   (the ALU template on a configuration without ALU MUL or ACC_8BIT loads, ``pynq``) leaves the
   other as the only one; when both refuse the operator stays on the CPU with both reasons. Under
   the objective ``footprint`` the ALU template (``BLOCK`` times fewer weight bytes) is taken when

@@ -26,7 +26,9 @@ to ``stock``; depthwise convolutions choose between the ALU template and the GEM
    tensors). The cycle model times up to :data:`CYCLE_RANKED` candidates, best static estimate
    first, within :data:`RANK_FACTOR` of the best (in practice all of them: the static estimate
    misjudges the operand-swapped embeddings). Under ``csp-relaxed`` the stock template's own plan
-   of the operator is timed too (the stock-family embedding may have been cut from the timed set,
+   of the operator is timed too, at the knob point it would be built at (under the knobs option
+   ``cycles`` the best of TPS and its two-thread variants, :mod:`.stock_knobs`; the ``stock``
+   strategy keeps TPS) (the stock-family embedding may have been cut from the timed set,
    or differ from the stock program in a few instructions) and is chosen when it is at least as
    fast: ``csp-relaxed`` is never slower than ``stock`` by its objective, and the report says
    ``stock template chosen by csp-relaxed: ...``. The choice is cached on disk next to the
