@@ -122,10 +122,8 @@ def _contender_key(contender) -> Any:
     when its point is searched (None: no contender)."""
     if contender is None:
         return None
-    from .stock_knobs import SEARCH_VERSION, SEARCHED
-
     return [dataclasses.asdict(contender[1]), contender[2]] + (
-        [] if contender.search is None else [["searched", SEARCH_VERSION, SEARCHED]])
+        [] if contender.search is None else [contender.search.key])
 
 
 class _Layout:

@@ -36,6 +36,7 @@ from vta_ext.errors import TemplateRefusal
 from vta_ext.templates.errors import KnobError
 
 from .cache import _write, cache_dir
+from .choice import STOCK_COMPARED, stock_cycles_bound
 
 __all__ = ["SEARCHED", "SEARCH_VERSION", "SearchedPoint", "StockSearch", "neighbourhood",
            "searched_point", "lowest_bound", "searches"]
@@ -87,6 +88,11 @@ class StockSearch:
     #: ``cycles_of(workload)``: the cycle model's count of that workload's program, built under
     #: the key the plan builds it with
     cycles_of: Callable[[Any], int]
+
+    @property
+    def key(self) -> list:
+        """What the caches key a contender's search by: the search's format and size."""
+        return ["searched", SEARCH_VERSION, SEARCHED]
 
     def point(self) -> SearchedPoint:
         """The searched point (:func:`searched_point`)."""
@@ -140,8 +146,6 @@ def neighbourhood(config, workload, epilogue: Sequence[tuple]) -> List[Dict[str,
 
 def _bound(config, workload, epilogue, knobs) -> Optional[float]:
     """:func:`~.choice.stock_cycles_bound` of ``workload`` built with ``knobs``."""
-    from .choice import stock_cycles_bound
-
     return stock_cycles_bound(config, "", SimpleNamespace(epilogue=tuple(epilogue)),
                               SimpleNamespace(workload=workload), knobs)
 
@@ -235,6 +239,4 @@ def searches(policy, mode: str) -> bool:
     a tuned record, explicit knobs or a policy name) under the constraint set ``mode`` searches
     its stock program's point: under ``cycles`` (the default policy) and the constraint set that
     compares the stock template (:data:`~.choice.STOCK_COMPARED`, ``csp-relaxed``)."""
-    from .choice import STOCK_COMPARED
-
     return mode in STOCK_COMPARED and isinstance(policy, str) and policy == "cycles"
