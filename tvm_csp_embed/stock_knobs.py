@@ -8,8 +8,8 @@ a conv2d, group conv2d or dense chosen against the embeddings or fallen back to,
 block-diagonal GEMM program of a depthwise conv2d, :mod:`.depthwise`) at a searched point:
 
 * the points: the TPS point and its two-thread variants (:func:`neighbourhood`): a thread knob
-  (``h_nthread`` or ``oc_nthread``) set to 2, with no tile or one inner tile halved, without and
-  with reuse-aware double buffering; only those the template's model says fit
+  (``h_nthread`` or ``oc_nthread``) set to 2, with no tile or one inner tile halved (reuse-aware
+  double buffering as TPS has it); only those the template's model says fit
   (:func:`vta_ext.templates.tiling.evaluate`);
 * the search (:func:`searched_point`): TPS is built and timed on the cycle model, then the others
   in the TPS order (fewest DRAM bytes first), at most :data:`SEARCHED` of them; a point whose lower
@@ -42,9 +42,9 @@ __all__ = ["SEARCHED", "SEARCH_VERSION", "SearchedPoint", "StockSearch", "neighb
            "searched_point", "lowest_bound", "searches"]
 
 #: points built and timed beyond TPS, at most
-SEARCHED = 8
+SEARCHED = 4
 #: the search's format: bump it when the neighbourhood or the rule changes (it keys the caches)
-SEARCH_VERSION = 1
+SEARCH_VERSION = 2
 #: the thread knobs a variant sets to 2, and the inner tiles it may halve
 THREADS = ("h_nthread", "oc_nthread")
 TILES = ("tile_h", "tile_w", "tile_co", "tile_ci")
@@ -125,22 +125,21 @@ def neighbourhood(config, workload, epilogue: Sequence[tuple]) -> List[Dict[str,
     variants = []
     for thread in (t for t in THREADS if t in base):
         for half in (None,) + tuple(t for t in TILES if t in base):
-            for reuse in (False, True):
-                k = dict(base, **{thread: 2}, reuse=reuse)
-                if half is not None:
-                    if base[half] % 2:
-                        continue
-                    k[half] = base[half] // 2
-                key = tuple(sorted(k.items()))
-                if key in seen:
+            k = dict(base, **{thread: 2})
+            if half is not None:
+                if base[half] % 2:
                     continue
-                seen.add(key)
-                try:
-                    res = tiling.evaluate(config, workload, epilogue, type(tps)(**k))
-                except KnobError:
-                    continue
-                if isinstance(res, tiling.TilingChoice):
-                    variants.append((res.total_bytes, res.insns, len(variants), k))
+                k[half] = base[half] // 2
+            key = tuple(sorted(k.items()))
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                res = tiling.evaluate(config, workload, epilogue, type(tps)(**k))
+            except KnobError:
+                continue
+            if isinstance(res, tiling.TilingChoice):
+                variants.append((res.total_bytes, res.insns, len(variants), k))
     return [base] + [k for *_, k in sorted(variants, key=lambda v: v[:3])]
 
 
