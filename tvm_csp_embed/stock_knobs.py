@@ -30,7 +30,7 @@ import json
 import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from vta_ext.errors import TemplateRefusal
 from vta_ext.templates.errors import KnobError
