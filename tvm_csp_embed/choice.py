@@ -30,8 +30,8 @@ from .candidates import (DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape, bias
                          data_layout, packed_inputs, unfolded)
 from .codegen.plan import PackedGemm
 
-__all__ = ["StockContender", "CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK", "STOCK", "CPU",
-           "PRUNE_BY_BOUND",
+__all__ = ["StockContender", "CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK",
+           "STOCK", "CPU", "PRUNE_BY_BOUND",
            "choose", "cycles_bound", "agree", "time_stock", "stock_refuses", "objective_key",
            "plan_host_bytes", "operand_pack_bytes", "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
            "gc_paused",
