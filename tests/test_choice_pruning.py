@@ -111,10 +111,10 @@ def _case(layer, objective: str, monkeypatch, config=None):
                 timed += 1
                 assert choice.cycles_bound(config, kind, op, c) <= c.cycles, (layer, c.label)
         if contender is not None:
-            plan, scw, knobs = contender
-            key = op_key(kind, strategy, config, scw, op.epilogue, knobs)
-            assert choice.stock_cycles_bound(config, kind, op, plan, knobs) <= \
-                cycle_report(key).total_cycles, (layer, "stock")
+            key = op_key(kind, strategy, config, contender.built(), op.epilogue, contender.knobs)
+            bound = (choice.stock_cycles_bound(config, kind, op, contender.plan, contender.knobs)
+                     if contender.search is None else contender.search.bound())
+            assert bound <= cycle_report(key).total_cycles, (layer, "stock")
     assert timed, f"{layer}: no candidate was timed"
     def built(seen):
         return sum(c.cycles is not None for *_, usable, _, _ in seen for c in usable)

@@ -223,15 +223,17 @@ def test_csp_relaxed_never_slower_than_stock():
     assert key2 == key and report2.on_vta[0].detail == detail
     # where an embedding is faster but the stock plan's bound does not rule that plan out, it is
     # timed too, the embedding is chosen and the report names the stock figure it beat (the
-    # default objective, end-to-end: the stock plan's VTA cycles and its host bytes)
+    # default objective, end-to-end: the stock plan's VTA cycles and its host bytes), the stock
+    # template at csp-relaxed's searched knob point: no slower than the stock strategy's TPS point
     mod = _conv_module(1, 16, 12, 12, 16, 3, 3, (1, 1), (1, 1))
     arrays = _inputs([(1, 16, 12, 12), (16, 16, 3, 3), (1, 16, 1, 1)])
     _, _, (stock_key,) = _build_run(mod, arrays, strategy="stock")
     _, report, (key,) = _build_run(mod, arrays, strategy="csp-relaxed")
-    assert cycle_report(key).total_cycles < cycle_report(stock_key).total_cycles
-    assert re.search(rf"stock template: [\d,]+ cycles end to end \("
-                     rf"{cycle_report(stock_key).total_cycles:,} VTA \+ [\d,]+ B host layout\)",
-                     report.on_vta[0].detail), report.on_vta[0].detail
+    m = re.search(r"stock template: [\d,]+ cycles end to end \(([\d,]+) VTA \+ [\d,]+ B host "
+                  r"layout\)", report.on_vta[0].detail)
+    assert m, report.on_vta[0].detail
+    searched = int(m.group(1).replace(",", ""))
+    assert cycle_report(key).total_cycles < searched <= cycle_report(stock_key).total_cycles
     # a thin conv: the stock plan pads 3 channels to 16, so a lower bound on its score exceeds the
     # best embedding's and it is not built; the bound is below what the stock build really costs
     mod = _conv_module(1, 3, 12, 12, 16, 3, 3, (1, 1), (1, 1))

@@ -42,12 +42,15 @@ def _reference(x, w, b):
 
 
 def _forget_in_memory():
-    """What a new process would not have: compiled operators, packed programs, cycle reports."""
+    """What a new process would not have: compiled operators, packed programs, cycle reports,
+    searched stock points."""
+    from tvm_csp_embed import stock_knobs
     from vta_ext import executor
 
     executor._COMPILED.clear()
     executor._CYCLES.clear()
     S._packed.cache_clear()
+    stock_knobs._MEMO.clear()
 
 
 def _build_and_run():

@@ -74,6 +74,10 @@ class CspWorkload:
         (:mod:`~tvm_csp_embed.codegen.biasfold`): the program runs the epilogue without its bias
         stage and the host layouts write the lane constants and digits; 0: the bias (if any)
         stays on the ALU.
+    stock_knobs : tuple of (str, Any)
+        With ``stock``: the knob point ``csp-relaxed`` searched for the stock template's program
+        (:mod:`~tvm_csp_embed.stock_knobs`), built under the knobs option ``cycles``; empty: the
+        template's own point (TPS).
     """
 
     op: str
@@ -86,6 +90,7 @@ class CspWorkload:
     pad: Tuple[int, ...] = ()
     stock: Tuple[Tuple[str, Any], ...] = ()
     bias_lanes: int = 0
+    stock_knobs: Tuple[Tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

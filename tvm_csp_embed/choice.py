@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, NamedTuple, Optional, Tuple
 
 import tvm
 
@@ -30,8 +30,8 @@ from .candidates import (DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape, bias
                          data_layout, packed_inputs, unfolded)
 from .codegen.plan import PackedGemm
 
-__all__ = ["CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK", "STOCK", "CPU",
-           "PRUNE_BY_BOUND",
+__all__ = ["StockContender", "CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK",
+           "STOCK", "CPU", "PRUNE_BY_BOUND",
            "choose", "cycles_bound", "agree", "time_stock", "stock_refuses", "objective_key",
            "plan_host_bytes", "operand_pack_bytes", "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
            "gc_paused",
@@ -102,9 +102,30 @@ def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, e
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+class StockContender(NamedTuple):
+    """The stock template's plan of an operator as it competes with the embeddings."""
+
+    #: the stock template's :class:`~vta_ext.strategy.OpPlan`
+    plan: OpPlan
+    #: the CSP workload that builds it, and the knobs option it is built with
+    workload: Any
+    knobs: Any
+    #: the search of its knob point (:class:`~.stock_knobs.StockSearch`), None: built at
+    #: ``knobs`` as the stock strategy builds it
+    search: Any = None
+
+    def built(self) -> Any:
+        """The workload the plan builds (with the searched point, if any); runs the search."""
+        return self.workload if self.search is None else self.search.placed()
+
+
 def _contender_key(contender) -> Any:
-    """The stock contender as the caches key it: its workload and knobs (None: no contender)."""
-    return None if contender is None else [dataclasses.asdict(contender[1]), contender[2]]
+    """The stock contender as the caches key it: its workload and knobs, and the search's format
+    when its point is searched (None: no contender)."""
+    if contender is None:
+        return None
+    return [dataclasses.asdict(contender[1]), contender[2]] + (
+        [] if contender.search is None else [contender.search.key])
 
 
 class _Layout:
@@ -600,7 +621,8 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                          f"the best" if skipped else ""))
         stock, stock_skip = None, None
         if PRUNE_BY_BOUND and objective in ("cycles", "end-to-end") and contender is not None:
-            bound = stock_cycles_bound(config, kind, op, contender[0], contender[2])
+            bound = (stock_cycles_bound(config, kind, op, contender.plan, contender.knobs)
+                     if contender.search is None else contender.search.bound())
             if bound is not None and objective == "end-to-end":
                 bound += host.layout_cycles(stock_host_bytes(op, contender[0]))
             if bound is not None and beaten(bound, agreement_points(
@@ -703,16 +725,17 @@ def agree(op: MatchedOp, ranked: List[Candidate], stock, contender, score, unit)
 def time_stock(kind: str, strategy: str, config, op: MatchedOp, contender, objective: str,
                dropped: List[str]):
     """The stock contender timed like a candidate (an object with ``cycles`` and
-    ``host_seconds``), or None when there is none or it does not build with the knobs option
-    (then the reason joins ``dropped``)."""
+    ``host_seconds``) at the point it is built at (:meth:`StockContender.built`), or None when
+    there is none or it does not build with the knobs option (then the reason joins
+    ``dropped``)."""
     from vta_ext.executor import compiled_op, cycle_report, op_key
     from vta_ext.templates.errors import KnobError
 
     if contender is None:
         return None
-    plan, scw, knobs = contender
-    k = op_key(kind, strategy, config, scw, op.epilogue, knobs)
+    plan, _, knobs, _ = contender
     try:
+        k = op_key(kind, strategy, config, contender.built(), op.epilogue, knobs)
         compiled_op(k, config=config)
     except (KnobError, TemplateRefusal) as err:
         dropped.append(f"stock template: {err}")

@@ -23,7 +23,8 @@ weight traffic: ``BLOCK`` times the depthwise weights (2.3 KB per 16 channels of
   ``unit="gemm"``: the block-diagonal program) take the activation and leave the output in the
   same packed layout (``(N/b, C/BLOCK, H, W, b, BLOCK)``), and the same bias and multiplier
   layout, so they differ only on VTA: each is built and timed on the cycle model (weight loads
-  included) and the fewer cycles win, the ALU template on a tie. A plan whose template refuses
+  included; the GEMM program under the knobs option ``cycles`` at its searched point,
+  :mod:`.stock_knobs`) and the fewer cycles win, the ALU template on a tie. A plan whose template refuses
   (the ALU template on a configuration without ALU MUL or ACC_8BIT loads, ``pynq``) leaves the
   other as the only one; when both refuse the operator stays on the CPU with both reasons. Under
   the objective ``footprint`` the ALU template (``BLOCK`` times fewer weight bytes) is taken when
@@ -52,7 +53,9 @@ from vta_ext.templates.depthwise import DepthwiseConv2dWorkload
 from vta_ext.templates.errors import KnobError
 from vta_ext.templates.workload import Conv2dWorkload, GroupConv2dWorkload
 
+from .candidates import MODES
 from .reference import register_reference
+from .stock_knobs import StockSearch, searches
 
 __all__ = ["DepthwiseUnitWorkload", "DepthwiseTemplate", "UNITS", "diagonal_workload",
            "diagonal_weight", "pack_diagonal_weight", "diagonal_inputs", "build_diagonal", "diagonal_reference",
@@ -69,19 +72,23 @@ UNIT_TEXT = {"alu": "the stock ALU template (a MUL and an ADD pass per tap)",
 class DepthwiseUnitWorkload(DepthwiseConv2dWorkload):
     """A depthwise conv2d (batch and channels padded to whole blocks) and the unit that runs it:
     ``"alu"`` (:func:`vta_ext.templates.depthwise.build_depthwise_conv2d`) or ``"gemm"`` (the
-    block-diagonal grouped conv2d of :func:`diagonal_workload`)."""
+    block-diagonal grouped conv2d of :func:`diagonal_workload`). ``knobs``: the GEMM program's
+    searched knob point (``(name, value)`` pairs, :mod:`.stock_knobs`), built under the knobs
+    option ``cycles``; empty: the template's own point (TPS)."""
 
     unit: str = "alu"
+    knobs: Tuple[Tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:
             raise ValueError(f"DepthwiseUnitWorkload.unit {self.unit!r}: one of {', '.join(UNITS)}")
+        object.__setattr__(self, "knobs", tuple(tuple(kv) for kv in self.knobs))
 
     @property
     def depthwise(self) -> DepthwiseConv2dWorkload:
-        """The workload of the ALU template (this one without :attr:`unit`)."""
+        """The workload of the ALU template (this one without :attr:`unit` and :attr:`knobs`)."""
         values = dataclasses.asdict(self)
-        del values["unit"]
+        del values["unit"], values["knobs"]
         return DepthwiseConv2dWorkload(**values)
 
 
@@ -219,12 +226,15 @@ def modelled_cycles(kind: str, strategy: str, config, wl, epilogue, knobs) -> in
 
 def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
     """The stock grouped conv2d program (``conv2d_packed`` for one group) of
-    :func:`diagonal_workload` of ``wl``."""
+    :func:`diagonal_workload` of ``wl``, at the point csp-relaxed searched (``wl.knobs``,
+    :mod:`.stock_knobs`) under the default knobs policy."""
     from vta_ext.templates.conv2d import build_conv2d
     from vta_ext.templates.group_conv2d import build_group_conv2d
 
     gw = diagonal_workload(config, wl)
     builder = build_group_conv2d if isinstance(gw, GroupConv2dWorkload) else build_conv2d
+    if getattr(wl, "knobs", ()) and knobs == "cycles":
+        knobs = dict(wl.knobs)
     return builder(config, gw, tuple(epilogue), knobs)
 
 
@@ -249,18 +259,23 @@ class DepthwiseTemplate(OpTemplate):
         base = dataclasses.asdict(stock.workload)
         timed: Dict[str, int] = {}
         refused: Dict[str, str] = {}
+        workloads: Dict[str, DepthwiseUnitWorkload] = {}
+        notes: Dict[str, str] = {}
         for unit in UNITS:
             wl = DepthwiseUnitWorkload(**base, unit=unit)
+            policy = options.knobs_for(self.kind, self.strategy, wl, config)[0]
             try:
-                timed[unit] = self.cycles(config, wl, op.epilogue,
-                                          options.knobs_for(self.kind, self.strategy, wl, config)[0])
+                wl, timed[unit], notes[unit] = self._timed_unit(config, wl, op.epilogue, policy)
             except TemplateRefusal as err:
                 refused[unit] = str(err)
+            workloads[unit] = wl
         if not timed:
             raise TemplateRefusal(f"{self.strategy}: no unit runs this depthwise conv2d: "
                                   + "; ".join(f"{UNIT_TEXT[u]}: {refused[u]}" for u in UNITS))
         unit, why = self._choose(timed, refused, options.objective)
-        wl = DepthwiseUnitWorkload(**base, unit=unit)
+        wl = workloads[unit]
+        if notes[unit]:
+            why += f"; {notes[unit]}"
         inputs = stock.inputs if unit == "alu" else diagonal_inputs(op, config, wl)
         return OpPlan(wl, inputs, stock.out_layout,
                       f"{stock.description}; {UNIT_TEXT[unit]} chosen by {self.strategy}: {why}",
@@ -285,6 +300,19 @@ class DepthwiseTemplate(OpTemplate):
                       f"({timed[other] / max(timed[unit], 1):.2f}x) for {UNIT_TEXT[other]}; both "
                       "take and leave the same packed layouts, so the host work is the same")
 
+    def _timed_unit(self, config, wl: DepthwiseUnitWorkload, epilogue, policy
+                    ) -> Tuple[DepthwiseUnitWorkload, int, str]:
+        """``wl``'s unit as the plan builds it under the knobs ``policy``: its workload (the GEMM
+        unit at its searched knob point when the build searches one, :mod:`.stock_knobs`), its
+        modelled cycles and the report's words for the searched point ("" if none)."""
+        if wl.unit != "gemm" or not searches(policy, MODES[self.strategy]):
+            return wl, self.cycles(config, wl, epilogue, policy), ""
+        search = StockSearch(config, diagonal_workload(config, wl), tuple(epilogue),
+                             lambda knobs: dataclasses.replace(wl, knobs=knobs),
+                             lambda w: self.cycles(config, w, epilogue, policy))
+        point = search.point()
+        return search.place(point.knobs), point.cycles, point.text(self.strategy)
+
     def cycles(self, config, wl: DepthwiseUnitWorkload, epilogue, knobs) -> int:
         """Modelled cycles of ``wl``'s program (:func:`modelled_cycles`)."""
         return modelled_cycles(self.kind, self.strategy, config, wl, epilogue, knobs)
@@ -292,17 +320,19 @@ class DepthwiseTemplate(OpTemplate):
     def unit_cycles(self, key: str) -> Dict[str, Optional[int]]:
         """Both units' modelled cycles for the compiled depthwise operator ``key``
         (:func:`vta_ext.executor.op_key` of one of this template's plans), with its epilogue and
-        knobs: ``{"alu": cycles or None, "gemm": cycles or None}`` (None: the template refuses)."""
+        knobs (the GEMM unit at the point the plan would build it at): ``{"alu": cycles or None,
+        "gemm": cycles or None}`` (None: the template refuses)."""
         from vta_ext.config import VTAConfig
 
         spec = json.loads(key)
         wl = DepthwiseUnitWorkload(**spec["workload"])
         cfg = VTAConfig.from_dict(spec["config_value"], name=spec["config"])
+        epilogue = tuple(tuple(stage) for stage in spec["epilogue"])
         out: Dict[str, Optional[int]] = {}
         for unit in UNITS:
             try:
-                out[unit] = self.cycles(cfg, dataclasses.replace(wl, unit=unit), spec["epilogue"],
-                                        spec["knobs"])
+                out[unit] = self._timed_unit(cfg, dataclasses.replace(wl, unit=unit, knobs=()),
+                                             epilogue, spec["knobs"])[1]
             except TemplateRefusal:
                 out[unit] = None
         return out

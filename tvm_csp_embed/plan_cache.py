@@ -15,8 +15,9 @@ logger = logging.getLogger("tvm_csp_embed")
 
 #: the plan cache entries' format: bump it when an entry's fields change meaning (a change of the
 #: code that chooses needs no bump: the key holds :func:`~.cache.source_digest`)
-PLAN_VERSION = 9   # 9: the folded bias's lane constants written by the gather (end-to-end choice)
-#                   8: the knob estimate's RTL structure, the depthwise GEMM candidate
+PLAN_VERSION = 10  # 10: csp-relaxed's stock plans at their searched point (stock_knobs)
+#                    9: the folded bias's lane constants written by the gather (end-to-end choice)
+#                    8: the knob estimate's RTL structure, the depthwise GEMM candidate
 
 #: the knob search behind each searching knob policy (the point a plan cache entry keeps)
 _SEARCHES = {"tps": tps_point, "cycles": cycle_point}

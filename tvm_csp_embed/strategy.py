@@ -28,7 +28,9 @@ channels per group between this template's plan and the GEMM block-diagonal prog
    tensors). The cycle model times up to :data:`CYCLE_RANKED` candidates, best static estimate
    first, within :data:`RANK_FACTOR` of the best (in practice all of them: the static estimate
    misjudges the operand-swapped embeddings). Under ``csp-relaxed`` the stock template's own plan
-   of the operator is timed too (the stock-family embedding may have been cut from the timed set,
+   of the operator is timed too, at the knob point it would be built at (under the knobs option
+   ``cycles`` the best of TPS and its two-thread variants, :mod:`.stock_knobs`; the ``stock``
+   strategy keeps TPS) (the stock-family embedding may have been cut from the timed set,
    or differ from the stock program in a few instructions) and is chosen when it is at least as
    fast: ``csp-relaxed`` is never slower than ``stock`` by its objective, and the report says
    ``stock template chosen by csp-relaxed: ...``. The choice is cached on disk next to the
@@ -66,13 +68,14 @@ from .candidates import (CONV_LAYOUTS, DEFAULT_SOLUTIONS, DEFAULT_TIMEOUT, MODES
                          packed_inputs, kept_twin, packed_of, program_epilogue, solve_request, stock_mapping_cost,
                          unfolded)
 from .choice import (AGREEMENT_SLACK, CPU, CYCLE_RANKED, RANK_FACTOR, STOCK, STOCK_COMPARED,
-                     _choice_key, _contender_key, blocked_output, choose, gc_paused,
+                     StockContender, _choice_key, _contender_key, blocked_output, choose, gc_paused,
                      host_relayout_seconds, objective_key, plan_host_bytes)
 from .codegen.build import build_gemm
 from .codegen.knobs import KnobPoint, cached_grid, cycle_point, fallback_point, knob_names, tps_point
 from .codegen.knobs import seed_tps_point
 from .operators import LAYOUTS, OPERATOR_KINDS, operator_params, operator_text
 from .plan_cache import PLAN_VERSION, PlanCache, _SEARCHES
+from .stock_knobs import StockSearch, searches
 from .solve import SolverError
 
 __all__ = ["MODES", "CspWorkload", "CspGemmTemplate", "Candidate", "PlanCache", "STRATEGY_NAMES",
@@ -138,7 +141,11 @@ class CspGemmTemplate(OpTemplate):
 
     def _stock(self, op: MatchedOp, config, reason: str, chosen: bool = False) -> OpPlan:
         """The stock template's plan: a fallback (no usable embedding), or ``chosen`` because it is
-        at least as good as every embedding by the objective."""
+        at least as good as every embedding by the objective. Under ``csp-relaxed`` and the knobs
+        option ``cycles`` its program is built at the searched point (:mod:`.stock_knobs`)."""
+        from vta_ext.options import current_options
+        from vta_ext.templates.errors import KnobError
+
         try:
             plan = get_template(self.kind, "stock").plan(op, config)
         except TemplateRefusal as err:  # a kind without a stock template (tvm_csp_embed.operators)
@@ -146,8 +153,36 @@ class CspGemmTemplate(OpTemplate):
                                   f"to for {self.kind}") from err
         text = (f"stock template chosen by {self.strategy}: {reason}" if chosen else
                 f"STOCK FALLBACK ({self.strategy}: {reason})")
-        return OpPlan(self._stock_workload(plan), plan.inputs, plan.out_layout,
-                      f"{plan.description}; {text}", plan.padding)
+        workload = self._stock_workload(plan)
+        search = self._search(plan, op, config, current_options())
+        if search is not None:
+            try:
+                point = search.point()
+            except (KnobError, TemplateRefusal) as err:
+                text += f"; knobs: the template's own (the point search failed: {err})"
+            else:
+                workload = search.place(point.knobs)
+                text += f"; {point.text(self.strategy)}"
+        return OpPlan(workload, plan.inputs, plan.out_layout, f"{plan.description}; {text}",
+                      plan.padding)
+
+    def _search(self, plan: OpPlan, op: MatchedOp, config, options) -> Optional[StockSearch]:
+        """The point search of the stock template's ``plan`` for ``op`` (:mod:`.stock_knobs`),
+        or None when the build does not search (:func:`~.stock_knobs.searches`)."""
+        scw = self._stock_workload(plan)
+        policy = options.knobs_for(self.kind, self.strategy, scw, config)[0]
+        if not searches(policy, self.mode):
+            return None
+
+        def cycles_of(workload: CspWorkload) -> int:
+            from vta_ext.executor import compiled_op, cycle_report, op_key
+
+            key = op_key(self.kind, self.strategy, config, workload, op.epilogue, policy)
+            compiled_op(key, config=config)
+            return cycle_report(key).total_cycles
+
+        return StockSearch(config, plan.workload, tuple(op.epilogue),
+                           lambda knobs: dataclasses.replace(scw, stock_knobs=knobs), cycles_of)
 
     def plan(self, op: MatchedOp, config) -> OpPlan:
         # the cyclic garbage collector pauses meanwhile (:func:`~.choice.gc_paused`)
@@ -296,10 +331,11 @@ class CspGemmTemplate(OpTemplate):
                            "cycles" if entry.get("policy") == "cycles" else "bytes")
         return self._plan_of(op, config, cand, entry["why"], int(entry["usable"]), list(entry["notes"]))
 
-    def _stock_contender(self, op: MatchedOp, config, options):
-        """``(plan, workload, knobs)`` of the stock template for ``op`` when the objective compares
-        it (cycles or combined, under a constraint set of :data:`STOCK_COMPARED`), else None (also
-        when the stock template refuses the operator)."""
+    def _stock_contender(self, op: MatchedOp, config, options) -> Optional[StockContender]:
+        """The stock template's contender for ``op`` when the objective compares it (cycles or
+        combined, under a constraint set of :data:`STOCK_COMPARED`), else None (also when the
+        stock template refuses the operator); with its point search when the build searches
+        one (:meth:`_search`), which runs only if the contender is timed."""
         if options.objective == "footprint" or self.mode not in STOCK_COMPARED:
             return None
         try:
@@ -307,7 +343,8 @@ class CspGemmTemplate(OpTemplate):
         except TemplateRefusal:
             return None
         scw = self._stock_workload(plan)
-        return plan, scw, options.knobs_for(self.kind, self.strategy, scw, config)[0]
+        return StockContender(plan, scw, options.knobs_for(self.kind, self.strategy, scw, config)[0],
+                              self._search(plan, op, config, options))
 
     def _choose(self, config, base, layouts, usable: List[Candidate], op: MatchedOp, options,
                 contender) -> Tuple[Any, str]:
@@ -337,6 +374,8 @@ class CspGemmTemplate(OpTemplate):
     def build(self, config, workload: CspWorkload, epilogue: Sequence[tuple], knobs) -> Any:
         if workload.stock:
             stock = get_template(self.kind, "stock")
+            if workload.stock_knobs and knobs == "cycles":    # the point csp-relaxed searched
+                knobs = dict(workload.stock_knobs)
             return stock.build(config, stock.workload_from_dict(dict(workload.stock)), epilogue, knobs)
         return build_gemm(config, packed_of(workload, config), program_epilogue(workload, epilogue),
                           knobs)

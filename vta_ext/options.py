@@ -9,7 +9,9 @@
   :func:`vta_ext.strategy.default_strategy`.
 * ``knobs``: ``"cycles"`` (default: the point of fewest estimated cycles that fits, ties broken by
   DRAM bytes, for templates with a cycle estimate of their knob points, the CSP templates; the
-  stock templates build their TPS point for it, see :mod:`vta_ext.templates.knobs`), ``"tps"``
+  stock templates build their TPS point for it, see :mod:`vta_ext.templates.knobs`, except the
+  stock-template programs ``csp-relaxed`` keeps, which it builds at a point searched on the cycle
+  model, :mod:`tvm_csp_embed.stock_knobs`), ``"tps"``
   (the Tiling Parameter Search, fewest DRAM bytes that fit), ``"fallback"`` (the original stack's
   fallback schedule) or an explicit knob dict, either flat (applied to every operator; each
   template validates it) or keyed by operator kind (``{"conv2d": {...}, "dense": {...}}``; kinds

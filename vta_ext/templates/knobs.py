@@ -7,7 +7,8 @@ Every template's ``build_<op>(cfg, workload, epilogue=(), knobs=None)`` takes ``
 * ``"cycles"`` -- the default knob policy of a build (:mod:`vta_ext.options`): a template with a
   cycle estimate of its knob points (the CSP templates) builds its point of fewest estimated
   cycles; the stock templates have none and build their ``"tps"`` point, as the original stack
-  does (the baseline stays the original's);
+  does (the baseline stays the original's; ``csp-relaxed`` passes the point it searched for the
+  stock programs it keeps explicitly, :mod:`tvm_csp_embed.stock_knobs`);
 * ``"fallback"`` -- the original stack's schedule without tuned records (GEMM templates: every
   inner tile 1, one thread, :func:`vta_ext.templates.tiling.fallback_knobs`);
 * the template's knob dataclass (:class:`Conv2dKnobs`, :class:`DenseKnobs`, ``PoolKnobs``, ...);

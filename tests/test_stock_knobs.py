@@ -1,0 +1,170 @@
+"""csp-relaxed builds the stock templates' GEMM programs it keeps at a searched knob point
+(``tvm_csp_embed.stock_knobs``); the stock strategy keeps the TPS point.
+
+* a grouped conv (16 channels a group, a MobileNet D-layer in small) whose plan is the stock
+  template chosen by csp-relaxed, and a depthwise conv on the GEMM block-diagonal unit, built at
+  the searched point: bit-exact against an independent numpy convolution and the llvm build;
+* the searched point's program is no slower on the cycle model than the same template built at
+  its TPS point (two real builds), and faster where the TPS point runs one thread;
+* the stock strategy builds the TPS point, one thread for these layers;
+* a warm build reads the point from the cache and searches nothing.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+from conftest import conv2d_nchw, conv_module, requantize
+from test_plan_cache import _forget_in_memory as _forget
+from test_plan_cache import cache  # noqa: F401  (the fixture: a fresh cache, nothing in memory)
+from tvm import relax
+
+import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
+import vta_ext
+from tvm_csp_embed import stock_knobs
+from vta_ext.executor import compiled_op, cycle_report, op_key
+
+#: (channels, groups, rows = columns): 16 channels a group, 3x3, padding 1
+GROUPED = [(64, 4, 14), (32, 2, 28)]
+
+
+def _grouped_case(c, g, hw, seed=0):
+    rng = np.random.default_rng(seed + c + hw)
+    x = rng.integers(-128, 128, (1, c, hw, hw)).astype(np.int8)
+    w = rng.integers(-128, 128, (c, c // g, 3, 3)).astype(np.int8)
+    b = rng.integers(-3000, 3000, (1, c, 1, 1)).astype(np.int32)
+    ref = requantize(conv2d_nchw(x, w, 1, 1, groups=g), b, 8, (0, 127))
+    return conv_module(1, c, c, hw, 3, groups=g), [x, w, b], ref
+
+
+def _run(mod, target, arrays):
+    vm = relax.VirtualMachine(relax.build(mod, target=target), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+
+
+def _build(mod, arrays, config, strategy="csp-relaxed", **options):
+    with vta_ext.build_options(strategy=strategy, **options):
+        out = _run(mod, vta_ext.vta_target(config), arrays)
+    report = vta_ext.last_build_report()
+    (p,) = [p for p in report.placements if p.call is not None]
+    return out, report, p
+
+
+def _threads(key: str) -> int:
+    k = compiled_op(key).knobs
+    return k.oc_nthread * k.h_nthread
+
+
+def _tps_cycles(key: str) -> int:
+    """Cycles of the stock template's program of compiled operator ``key`` built at its TPS
+    point (the knobs option ``tps``, which the search leaves alone)."""
+    spec = json.loads(key)
+    cfg = vta_ext.load_config(spec["config"])
+    workload = spec["workload"]
+    if spec["op"] == "depthwise_conv2d":
+        workload = dict(workload, knobs=())
+        tps = op_key(spec["op"], spec["strategy"], cfg, workload, spec["epilogue"], "tps")
+    else:
+        stock = dict(workload["stock"])
+        tps = op_key(spec["op"], "stock", cfg, stock, spec["epilogue"], "tps")
+    return cycle_report(tps).total_cycles
+
+
+@pytest.mark.parametrize("config", ("pipelined", "default"))
+@pytest.mark.parametrize("shape", GROUPED, ids=lambda s: "c{}_g{}_hw{}".format(*s))
+def test_grouped_stock_plan_at_searched_point_is_bit_exact_and_faster(cache, config, shape):
+    mod, arrays, ref = _grouped_case(*shape)
+    out, report, p = _build(mod, arrays, config)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(_run(mod, "llvm", arrays), ref)
+    assert p.device == "vta" and "stock template chosen by csp-relaxed" in p.detail
+    assert "knobs searched by csp-relaxed" in p.detail
+    key = report.key_of(p)
+    assert _threads(key) == 2
+    # one thread at TPS: the searched two-thread point overlaps loads and GEMMs, so it is faster
+    assert report.cycles(p) < _tps_cycles(key)
+
+
+@pytest.mark.parametrize("shape", GROUPED[:1], ids=lambda s: "c{}_g{}_hw{}".format(*s))
+def test_stock_strategy_builds_the_tps_point(cache, shape):
+    """The stock strategy is the baseline: its program is the template's TPS point (one thread
+    here), whatever csp-relaxed searched for the same operator before."""
+    from vta_ext.templates import tiling
+
+    mod, arrays, ref = _grouped_case(*shape)
+    _build(mod, arrays, "pipelined")                       # csp-relaxed searches first
+    out, report, p = _build(mod, arrays, "pipelined", strategy="stock")
+    np.testing.assert_array_equal(out, ref)
+    key = report.key_of(p)
+    spec = json.loads(key)
+    template = vta_ext.strategy.get_template(spec["op"], "stock")
+    wl = template.workload_from_dict(spec["workload"])
+    tps = tiling.tps_knobs(vta_ext.load_config("pipelined"), wl, spec["epilogue"]).knobs
+    assert compiled_op(key).knobs == tps
+    assert _threads(key) == 1
+    assert "knobs searched" not in p.detail
+
+
+def test_knobs_tps_searches_nothing(cache, monkeypatch):
+    """Under the knobs option ``tps`` csp-relaxed builds the stock template's own point."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("knobs='tps' must not search")
+    monkeypatch.setattr(stock_knobs, "_search", forbidden)
+    mod, arrays, ref = _grouped_case(*GROUPED[0])
+    out, report, p = _build(mod, arrays, "pipelined", knobs="tps")
+    np.testing.assert_array_equal(out, ref)
+    assert "knobs searched" not in p.detail and _threads(report.key_of(p)) == 1
+
+
+def test_warm_build_searches_nothing(cache, monkeypatch):
+    mod, arrays, ref = _grouped_case(*GROUPED[0])
+    _, cold, p_cold = _build(mod, arrays, "pipelined")
+    assert list((cache / "stock_points").glob("*.json"))
+    _forget()
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a warm build must not search the point again")
+    monkeypatch.setattr(stock_knobs, "_search", forbidden)
+    out, warm, p_warm = _build(mod, arrays, "pipelined")
+    np.testing.assert_array_equal(out, ref)
+    assert warm.key_of(p_warm) == cold.key_of(p_cold)
+    assert warm.cycles(p_warm) == cold.cycles(p_cold)
+
+
+@pytest.mark.parametrize("config", ("pipelined", "default"))
+def test_depthwise_gemm_unit_at_searched_point(cache, config):
+    """A depthwise conv on the GEMM block-diagonal unit: built at the searched point,
+    bit-exact against numpy and llvm, no slower than the unit at TPS."""
+    from test_depthwise_gemm import case
+
+    mod, arrays, ref = case(96, 28, 3, 1, 1)
+    out, report, p = _build(mod, arrays, config)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(_run(mod, "llvm", arrays), ref)
+    assert p.plan == "csp-relaxed GEMM block-diagonal"
+    assert "knobs searched by csp-relaxed" in p.detail
+    key = report.key_of(p)
+    assert report.cycles(p) <= _tps_cycles(key)
+    if config == "pipelined":
+        assert _threads(key) == 2 and report.cycles(p) < _tps_cycles(key)
+
+
+def test_neighbourhood_starts_at_tps_and_fits():
+    """TPS first, then distinct two-thread variants, every one a valid point of the template."""
+    from vta_ext.templates import tiling
+    from vta_ext.templates.knobs import Conv2dKnobs
+    from vta_ext.templates.workload import GroupConv2dWorkload
+
+    cfg = vta_ext.load_config("pipelined")
+    wl = GroupConv2dWorkload(batch=1, height=28, width=28, in_channels=32, out_channels=32,
+                             kernel_h=3, kernel_w=3, pad_h=1, pad_w=1, stride_h=1, stride_w=1,
+                             groups=2)
+    ep = (("bias",), ("shr", 8), ("clip", 0, 127))
+    points = stock_knobs.neighbourhood(cfg, wl, ep)
+    assert Conv2dKnobs(**points[0]) == tiling.tps_knobs(cfg, wl, ep).knobs
+    assert len({tuple(sorted(p.items())) for p in points}) == len(points) > 1
+    for p in points[1:]:
+        assert p["oc_nthread"] * p["h_nthread"] >= 2
+        assert isinstance(tiling.evaluate(cfg, wl, ep, Conv2dKnobs(**p)), tiling.TilingChoice)

@@ -1,0 +1,244 @@
+"""The knob point ``csp-relaxed`` builds the stock templates' GEMM programs at.
+
+The ``stock`` strategy builds every template at its TPS point (fewest modelled DRAM bytes that
+fit, :func:`vta_ext.templates.tiling.tps_knobs`): the original stack's point, and the baseline. It
+is often one virtual thread, so loads and compute do not overlap. ``csp-relaxed`` plays AutoTVM's
+part of tuning the free loops, and builds the stock-template programs it keeps (the stock plan of
+a conv2d, group conv2d or dense chosen against the embeddings or fallen back to, and the
+block-diagonal GEMM program of a depthwise conv2d, :mod:`.depthwise`) at a searched point:
+
+* the points: the TPS point and its two-thread variants (:func:`neighbourhood`): a thread knob
+  (``h_nthread`` or ``oc_nthread``) set to 2, with no tile or one inner tile halved (reuse-aware
+  double buffering as TPS has it); only those the template's model says fit
+  (:func:`vta_ext.templates.tiling.evaluate`);
+* the search (:func:`searched_point`): TPS is built and timed on the cycle model, then the others
+  in the TPS order (fewest DRAM bytes first), at most :data:`SEARCHED` of them (each costs a
+  build); a point whose lower bound (:func:`~.choice.stock_cycles_bound`) is not below the best
+  timed is not built. The fewest
+  cycles win, TPS on a tie, so the point is never slower on the cycle model than TPS.
+
+The result (knobs, its cycles and TPS's) is kept in memory and on disk (``stock_points/`` in the
+cache directory, keyed by the configuration's value, the stock workload and the epilogue's shape,
+:func:`~vta_ext.templates.epilogue.epilogue_shape`), so a warm build neither builds nor times the
+points again. Under any other knobs option (``tps``, ``fallback``, explicit knobs, tuned records)
+nothing is searched.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from vta_ext.errors import TemplateRefusal
+from vta_ext.templates.errors import KnobError
+
+from .cache import _write, cache_dir
+from .choice import STOCK_COMPARED, stock_cycles_bound
+
+__all__ = ["SEARCHED", "SEARCH_VERSION", "SearchedPoint", "StockSearch", "neighbourhood",
+           "searched_point", "lowest_bound", "searches"]
+
+#: points built and timed beyond TPS, at most: the first variant (fewest DRAM bytes) was within
+#: 0.4 % of the best of the first five on ResNet-18 C2-C11, MobileNet D1-D9 and every fourth
+#: DeepBench row, on default and pipelined, and each point costs a build
+SEARCHED = 1
+#: the search's format: bump it when the neighbourhood or the rule changes (it keys the caches)
+SEARCH_VERSION = 3
+#: the thread knobs a variant sets to 2, and the inner tiles it may halve
+THREADS = ("h_nthread", "oc_nthread")
+TILES = ("tile_h", "tile_w", "tile_co", "tile_ci")
+
+_MEMO: Dict[str, "SearchedPoint"] = {}
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SearchedPoint:
+    """The point a stock template's program is built at under ``csp-relaxed``."""
+
+    #: the knobs, as ``(name, value)`` pairs of the template's knob dataclass
+    knobs: Tuple[Tuple[str, Any], ...]
+    #: its cycles on the cycle model, and the TPS point's
+    cycles: int
+    tps_cycles: int
+    #: points built and timed, and points in the neighbourhood
+    timed: int
+    points: int
+
+    def text(self, strategy: str) -> str:
+        """The build report's words for the knobs' origin."""
+        changed = " ".join(f"{k}={v}" for k, v in self.knobs if v not in (1, False)) or "all 1"
+        gain = (f"{self.cycles:,} cycles against {self.tps_cycles:,} at TPS"
+                if self.cycles < self.tps_cycles else f"TPS kept, {self.cycles:,} cycles")
+        return (f"knobs searched by {strategy} ({changed}): {gain}; {self.timed} of "
+                f"{self.points} points around TPS timed on the cycle model")
+
+
+@dataclass(frozen=True)
+class StockSearch:
+    """The point search of one operator's stock program, as the plan and the choice use it."""
+
+    config: Any
+    #: the stock template's workload, and the operator's epilogue
+    workload: Any
+    epilogue: Tuple[tuple, ...]
+    #: ``place(knobs)``: the workload the plan builds at ``knobs`` (``(name, value)`` pairs)
+    place: Callable[[Tuple[Tuple[str, Any], ...]], Any]
+    #: ``cycles_of(workload)``: the cycle model's count of that workload's program, built under
+    #: the key the plan builds it with
+    cycles_of: Callable[[Any], int]
+
+    @property
+    def key(self) -> list:
+        """What the caches key a contender's search by: the search's format and size."""
+        return ["searched", SEARCH_VERSION, SEARCHED]
+
+    def point(self) -> SearchedPoint:
+        """The searched point (:func:`searched_point`)."""
+        return searched_point(self.config, self.workload, self.epilogue,
+                              lambda knobs: self.cycles_of(self.place(tuple(sorted(knobs.items())))))
+
+    def placed(self) -> Any:
+        """The workload the plan builds: at the searched point."""
+        return self.place(self.point().knobs)
+
+    def bound(self) -> Optional[float]:
+        """A lower bound on the program's cycles at the searched point (:func:`lowest_bound`)."""
+        return lowest_bound(self.config, self.workload, self.epilogue)
+
+
+def neighbourhood(config, workload, epilogue: Sequence[tuple]) -> List[Dict[str, Any]]:
+    """The TPS point of the stock GEMM ``workload`` and its two-thread variants that fit, TPS
+    first, the variants in the TPS order (fewest modelled DRAM bytes, then fewest instructions).
+
+    Raises
+    ------
+    TemplateRefusal
+        When no point fits (the template's own refusal).
+    """
+    from vta_ext.templates import tiling
+
+    tps = tiling.tps_knobs(config, workload, epilogue).knobs
+    base = dataclasses.asdict(tps)
+    seen = {tuple(sorted(base.items()))}
+    variants = []
+    for thread in (t for t in THREADS if t in base):
+        for half in (None,) + tuple(t for t in TILES if t in base):
+            k = dict(base, **{thread: 2})
+            if half is not None:
+                if base[half] % 2:
+                    continue
+                k[half] = base[half] // 2
+            key = tuple(sorted(k.items()))
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                res = tiling.evaluate(config, workload, epilogue, type(tps)(**k))
+            except KnobError:
+                continue
+            if isinstance(res, tiling.TilingChoice):
+                variants.append((res.total_bytes, res.insns, len(variants), k))
+    return [base] + [k for *_, k in sorted(variants, key=lambda v: v[:3])]
+
+
+def _bound(config, workload, epilogue, knobs) -> Optional[float]:
+    """:func:`~.choice.stock_cycles_bound` of ``workload`` built with ``knobs``."""
+    return stock_cycles_bound(config, "", SimpleNamespace(epilogue=tuple(epilogue)),
+                              SimpleNamespace(workload=workload), knobs)
+
+
+def lowest_bound(config, workload, epilogue: Sequence[tuple]) -> Optional[float]:
+    """A lower bound on the cycles of ``workload``'s program at any point of its
+    :func:`neighbourhood` (the least of their bounds), so at the point :func:`searched_point`
+    takes; None when the bound is not known."""
+    try:
+        points = neighbourhood(config, workload, epilogue)
+    except TemplateRefusal:
+        return None
+    bounds = [_bound(config, workload, epilogue, k) for k in points]
+    return None if any(b is None for b in bounds) else min(bounds)
+
+
+def _key(config, workload, epilogue) -> str:
+    from vta_ext.executor import config_digest
+    from vta_ext.templates.epilogue import epilogue_shape
+
+    text = json.dumps({"v": SEARCH_VERSION, "searched": SEARCHED, "config": config_digest(config),
+                       "workload": [type(workload).__name__, dataclasses.asdict(workload)],
+                       "epilogue": epilogue_shape(config, epilogue)}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def searched_point(config, workload, epilogue: Sequence[tuple],
+                   cycles: Callable[[Dict[str, Any]], int]) -> SearchedPoint:
+    """The point the stock GEMM template's program of ``workload`` is built at (module
+    docstring), from the caches or searched now.
+
+    Parameters
+    ----------
+    config : VTAConfig
+    workload : Conv2dWorkload, GroupConv2dWorkload or DenseWorkload
+        The stock template's workload.
+    epilogue : sequence of tuples
+    cycles : callable
+        ``cycles(knobs)``: the cycle model's count of the program built at the knob dict
+        ``knobs`` (a :class:`KnobError` or :class:`TemplateRefusal` drops the point). The caller
+        builds it under the key it will build the chosen point with, so that point is built once.
+
+    Raises
+    ------
+    TemplateRefusal
+        When the TPS point does not build (the template refuses the workload).
+    """
+    key = _key(config, workload, epilogue)
+    with _LOCK:
+        hit = _MEMO.get(key)
+    if hit is not None:
+        return hit
+    path = cache_dir() / "stock_points" / f"{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        hit = SearchedPoint(tuple((k, v) for k, v in data["knobs"]), int(data["cycles"]),
+                            int(data["tps_cycles"]), int(data["timed"]), int(data["points"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        hit = _search(config, workload, epilogue, cycles)
+        _write(path, {"knobs": [list(kv) for kv in hit.knobs], "cycles": hit.cycles,
+                      "tps_cycles": hit.tps_cycles, "timed": hit.timed, "points": hit.points})
+    with _LOCK:
+        _MEMO[key] = hit
+    return hit
+
+
+def _search(config, workload, epilogue, cycles) -> SearchedPoint:
+    points = neighbourhood(config, workload, epilogue)
+    tps = points[0]
+    best, best_cycles = tps, cycles(tps)   # refuses as the template does
+    tps_cycles = best_cycles
+    timed = 1
+    for k in points[1:]:
+        if timed > SEARCHED:
+            break
+        bound = _bound(config, workload, epilogue, k)
+        if bound is not None and bound >= best_cycles:
+            continue
+        try:
+            c = cycles(k)
+        except (KnobError, TemplateRefusal):
+            continue
+        timed += 1
+        if c < best_cycles:
+            best, best_cycles = k, c
+    return SearchedPoint(tuple(sorted(best.items())), best_cycles, tps_cycles, timed, len(points))
+
+
+def searches(policy, mode: str) -> bool:
+    """Whether an operator built with the knobs ``policy`` (:meth:`vta_ext.BuildOptions.knobs_for`:
+    a tuned record, explicit knobs or a policy name) under the constraint set ``mode`` searches
+    its stock program's point: under ``cycles`` (the default policy) and the constraint set that
+    compares the stock template (:data:`~.choice.STOCK_COMPARED`, ``csp-relaxed``)."""
+    return mode in STOCK_COMPARED and isinstance(policy, str) and policy == "cycles"
