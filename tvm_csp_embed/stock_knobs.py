@@ -18,8 +18,8 @@ block-diagonal GEMM program of a depthwise conv2d, :mod:`.depthwise`) at a searc
   cycles win, TPS on a tie, so the point is never slower on the cycle model than TPS.
 
 The result (knobs, its cycles and TPS's) is kept in memory and on disk (``stock_points/`` in the
-cache directory, keyed by the configuration's value, the stock workload and the epilogue's shape,
-:func:`~vta_ext.templates.epilogue.epilogue_shape`), so a warm build neither builds nor times the
+cache directory, keyed by the configuration's value, the stock workload, the epilogue's shape,
+:func:`~vta_ext.templates.epilogue.epilogue_shape`, and the code, :func:`~.cache.source_digest`), so a warm build neither builds nor times the
 points again. Under any other knobs option (``tps``, ``fallback``, explicit knobs, tuned records)
 nothing is searched.
 """
@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from vta_ext.errors import TemplateRefusal
 from vta_ext.templates.errors import KnobError
 
-from .cache import _write, cache_dir
+from .cache import _write, cache_dir, source_digest
 from .choice import STOCK_COMPARED, stock_cycles_bound
 
 __all__ = ["SEARCHED", "SEARCH_VERSION", "SearchedPoint", "StockSearch", "neighbourhood",
@@ -170,7 +170,8 @@ def _key(config, workload, epilogue) -> str:
 
     text = json.dumps({"v": SEARCH_VERSION, "searched": SEARCHED, "config": config_digest(config),
                        "workload": [type(workload).__name__, dataclasses.asdict(workload)],
-                       "epilogue": epilogue_shape(config, epilogue)}, sort_keys=True, default=str)
+                       "epilogue": epilogue_shape(config, epilogue), "code": source_digest()},
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
