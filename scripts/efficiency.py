@@ -169,6 +169,45 @@ def table(rows: List[Dict]) -> str:
     return "\n".join(lines)
 
 
+def case_lanes(set_name: str, case: str) -> Tuple[int, int]:
+    """``(output channels, input channels per group x kernel taps)`` of a layer case (the
+    ``resnet``, ``mobilenet`` and ``deepbench`` sets)."""
+    import tune_figures as tf
+
+    if set_name == "deepbench":
+        from deepbench import read_layers
+
+        r = next(r for r in read_layers() if f"DB{r['id']}" == case)
+        return r["k"], r["c"] * r["filter_h"] * r["filter_w"]
+    v = tf.C1_REAL[1] if case == "C1" else tf.LAYERS[case][1]
+    return (v["out_channels"],
+            v["in_channels"] // v.get("groups", 1) * v["kernel_h"] * v["kernel_w"])
+
+
+def lane_filling(rows: List[Dict], block_in: int = 16, block_out: int = 16) -> str:
+    """Issue 32's lane-filling layers: the layer cases with the bias + shift + clip epilogue whose
+    output channels are at least ``block_out`` and whose input channels per group x taps are at
+    least ``block_in``; per configuration and strategy geomean / min / count below :data:`LOW`,
+    and the cases below it."""
+    groups: Dict[Tuple[str, str], List[Tuple[float, str]]] = {}
+    for r in rows:
+        if (r.get("set") not in ("resnet", "mobilenet", "deepbench")
+                or r.get("epilogue") != "bias-shift-clip" or r.get("efficiency") in (None, "")):
+            continue
+        out_ch, reduction = case_lanes(r["set"], r["case"])
+        if out_ch >= block_out and reduction >= block_in:
+            groups.setdefault((r["config"], r["strategy"]), []).append(
+                (float(r["efficiency"]), r["case"]))
+    lines = ["| config | strategy | lane-filling layers | geomean floor/cycles | min | below 0.6 |",
+             "|---|---|---|---|---|---|"]
+    for (config, strategy), values in sorted(groups.items()):
+        effs = [v for v, _ in values]
+        low = ", ".join(c for v, c in sorted(values) if v < LOW)
+        lines.append(f"| {config} | {strategy} | {len(values)} | {geomean(effs):.3f} | "
+                     f"{min(effs):.3f} | {sum(v < LOW for v in effs)}{': ' + low if low else ''} |")
+    return "\n".join(lines)
+
+
 def plot(rows: List[Dict], path: Path) -> None:
     """Efficiency per case, sorted, one line per configuration and strategy, a panel per set."""
     import matplotlib
@@ -705,6 +744,8 @@ def main(argv=None) -> int:
     print(f"\n## Efficiency: floor / modelled cycles (scripts/efficiency.py, "
           f"{time.strftime('%Y-%m-%d')})\n")
     print(table(rows))
+    print("\nLane-filling layers (issue 32):\n")
+    print(lane_filling(rows))
     print(f"\nwrote {csv_path} and {png_path}")
     return 0
 

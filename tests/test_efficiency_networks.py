@@ -93,3 +93,20 @@ def test_each_placement_has_the_kind_of_its_torch_module(built):
         total = {r["kind"]: r for r in efficiency.network_breakdown(report)}["total"]
         assert "elementwise" not in seen and "pools" not in seen
         assert total["cpu_refused"] == "10x add, 1x avg_pool2d"
+
+
+def test_lane_filling_layers_by_their_shapes():
+    """C1 (3 -> 64, 7x7: 147 reduction lanes), D1 (16 channels a group, 3x3: 144), DB0 (1 -> 32,
+    5x20: 100) fill the lanes. Only the cases with the bias + shift + clip epilogue count."""
+    assert efficiency.case_lanes("resnet", "C1") == (64, 3 * 7 * 7)
+    assert efficiency.case_lanes("mobilenet", "D1") == (32, 16 * 3 * 3)
+    assert efficiency.case_lanes("deepbench", "DB0") == (32, 1 * 5 * 20)
+    rows = [dict(set="resnet", case="C1", epilogue="bias-shift-clip", config="default",
+                 strategy="csp-relaxed", efficiency="0.5"),
+            dict(set="mobilenet", case="D1", epilogue="bias-shift-clip", config="default",
+                 strategy="csp-relaxed", efficiency="0.8"),
+            dict(set="deepbench", case="DB0", epilogue="none", config="default",
+                 strategy="csp-relaxed", efficiency="0.1")]
+    text = efficiency.lane_filling(rows)
+    # geomean of 0.5 and 0.8 is 0.632; the DB0 row without the epilogue is left out
+    assert "| default | csp-relaxed | 2 | 0.632 | 0.500 | 1: C1 |" in text
