@@ -466,8 +466,9 @@ def network_tables(rows: List[Dict]) -> str:
             out.append("Each kind: floor ÷ cycles (share of the network's VTA cycles). Largest "
                        "loss: the kind with the most cycles above its floor, its loss as a share "
                        "of the network's cycles, and the part the padded lanes cost at the least. "
-                       "Structural: the floor with the ALU operators' input loads serial with "
-                       "their passes (`Floor.structural`), ÷ cycles.\n")
+                       "Structural: the floor with the compute module's serial work (ALU "
+                       "operators' input loads, GEMM operators' accumulator initialisation; "
+                       "`Floor.structural`) ÷ cycles.\n")
             out.append("| network | size | VTA cycles | floor ÷ cycles | structural | "
                        + " | ".join(KIND_LABELS[k] for k in KINDS)
                        + " | largest loss | refused, on the CPU |")

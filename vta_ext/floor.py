@@ -99,9 +99,9 @@ class Floor:
         Every tensor moved once at its memory kind's bandwidth, plus one DMA instruction of one
         row for each (module docstring).
     serial : float
-        Compute-module cycles an ALU operator spends besides its passes, bringing its inputs into
-        the accumulator (:func:`serial_floor`); 0 for the others. Not part of :attr:`total`:
-        it enters :attr:`structural`.
+        Compute-module cycles besides the passes that no other module can take over: an ALU
+        operator's inputs into the accumulator, a GEMM operator's accumulator initialisation
+        (:func:`serial_floor`). Not part of :attr:`total`: it enters :attr:`structural`.
     """
 
     compute_gemm: float
@@ -121,10 +121,11 @@ class Floor:
 
     @property
     def structural(self) -> float:
-        """``max(compute + serial, memory)``: :attr:`total` with the rule that the ALU reads only
-        the accumulator, which only the compute module writes, so an ALU operator's input loads
-        cannot overlap its passes (:func:`serial_floor`). Also no plan can beat it; the gap
-        between the two is structural (issue 32, item 3)."""
+        """``max(compute + serial, memory)``: :attr:`total` with the compute module's own work
+        that cannot overlap its passes (:func:`serial_floor`: the accumulator is written only by
+        the compute module, so an ALU operator's inputs and a GEMM operator's initial values
+        pass through it). Also no plan can beat it; the gap between the two is structural
+        (issue 32, item 3)."""
         return max(self.compute + self.serial, self.memory)
 
     @property
@@ -290,23 +291,34 @@ SERIAL_KINDS = ("max_pool2d", "avg_pool2d", "add", "hswish", "clip")
 
 
 def serial_floor(config: VTAConfig, size: OperatorSize) -> float:
-    """The fewest compute-module cycles that bring the inputs of ALU operator ``size`` into the
-    accumulator (0 for the kinds outside :data:`SERIAL_KINDS`).
+    """The fewest compute-module cycles operator ``size`` needs besides its GEMM and ALU passes,
+    which no other module can take over (the rest of :attr:`Floor.structural`).
 
-    The ALU reads only the accumulator, and only compute-module instructions write it, one at a
-    time with the ALU's own: a ``LOAD ACC_8BIT`` of the int8 rows (with ``ISA_ACC_8BIT_LOAD``, at
-    the ``ACC`` bandwidth) or a GEMM through an identity weight tile from rows the load module
-    brought in (with ``BLOCK_IN == BLOCK_OUT``, ``GEMM_CYCLES_PER_UOP`` per row). An int32
-    ``LOAD ACC`` needs int32 data in DRAM, which no VTA operator stores. Per input row of
-    ``BATCH x BLOCK_OUT`` elements the cheaper way is charged, without any instruction or row
-    overhead.
+    * An ALU operator (:data:`SERIAL_KINDS`) reads only the accumulator, and only compute-module
+      instructions write it: every input row enters by a ``LOAD ACC_8BIT`` of its int8 lanes
+      (with ``ISA_ACC_8BIT_LOAD``, at the ``ACC`` bandwidth) or by a GEMM through an identity
+      weight tile from rows the load module brought in (``BLOCK_IN == BLOCK_OUT``,
+      ``GEMM_CYCLES_PER_UOP`` a row); an int32 ``LOAD ACC`` needs int32 data in DRAM, which no
+      VTA operator stores.
+    * A GEMM operator accumulates (a GEMM adds to its accumulator row; there is no overwriting
+      GEMM), so every output row starts from a value a compute-module instruction wrote: a fill
+      (``PAD_ELEM_CYCLES`` a row), a reset GEMM (``GEMM_CYCLES_PER_UOP``) or an immediate ALU
+      pass (``ALU_CYCLES_PER_UOP_IMM``); a bias loaded as the initial value is a DMA of int32
+      lanes, no cheaper.
+
+    The cheaper way per row is charged, without any instruction or row overhead; 0 for the other
+    kinds (a depthwise conv2d's ALU unit: its floor is the smaller unit's, left as it is).
     """
-    if size.kind not in SERIAL_KINDS:
-        return 0.0
     from .sim.cycles import timing
 
     cfg = config
     lanes = cfg.BATCH * cfg.BLOCK_OUT
+    if size.kind in GEMM_KINDS:
+        init = [cfg.GEMM_CYCLES_PER_UOP, cfg.ALU_CYCLES_PER_UOP_IMM]
+        init.append(cfg.PAD_ELEM_CYCLES)
+        return size.out_elements / lanes * min(init)
+    if size.kind not in SERIAL_KINDS:
+        return 0.0
     per_row = []
     if cfg.ISA_ACC_8BIT_LOAD:
         per_row.append(timing(cfg).dma("ACC").cycles(0, 0, lanes * cfg.INP_WIDTH / 8))
