@@ -136,6 +136,11 @@ def _id(s):
     return "c{}_hw{}_g{}_s{}".format(*s)
 
 
+#: the default run takes groups of 4 (stride 1), 8 (stride 2) and 2; the others run with -m slow
+SMALL = [s if s in ((128, 6, 32, 1), (256, 7, 32, 2), (32, 6, 16, 1)) else
+         pytest.param(s, marks=pytest.mark.slow, id=_id(s)) for s in SMALL]
+
+
 @pytest.mark.parametrize("config", PRESETS)
 @pytest.mark.parametrize("shape", SMALL, ids=_id)
 def test_bit_exact_small_chosen(config, shape):
