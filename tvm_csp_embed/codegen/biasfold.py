@@ -447,19 +447,31 @@ def _gathered(host: HostLayout, lanes: FoldLanes, consts: Tuple[int, ...]):
       the source, which the host model charges).
     """
     shapes, steps = host.shapes, host.steps
-    pts = [_lane_points(host, lanes, j) for j in range(lanes.lanes)]
     t = len(steps) - 1
     while t >= 0 and (steps[t][0] in ("reshape", "permute") or _is_identity(steps[t], shapes[t])):
-        if not _is_identity(steps[t], shapes[t]):
-            pts = [_back(p, steps[t], shapes[t], shapes[t + 1]) for p in pts]
         t -= 1
     if t < 0:
         return None
     st, before, after = steps[t], shapes[t], shapes[t + 1]
+    # the forms below need one of these steps; decide before following the (many) lane points
     if st[0] == "pad":
         padded = [a for a, w in enumerate(st[1]) if any(w)]
         if len(padded) != 1 or st[1][padded[0]][0]:
             return None
+    elif st[0] != "unroll" or len(st) > 5:
+        return None
+    def mapped():
+        """Each lane's points at step ``t``'s output, one lane at a time, so that a layout that
+        fails on its first lane costs one lane's points (they are millions on large layers)."""
+        for j in range(lanes.lanes):
+            p = _lane_points(host, lanes, j)
+            for u in range(len(steps) - 1, t, -1):
+                if not _is_identity(steps[u], shapes[u]):
+                    p = _back(p, steps[u], shapes[u], shapes[u + 1])
+            yield p
+
+    pts = mapped()
+    if st[0] == "pad":
         a = padded[0]
         values = [0] * st[1][a][1]
         rest = math.prod(after) // after[a]
@@ -469,8 +481,6 @@ def _gathered(host: HostLayout, lanes: FoldLanes, consts: Tuple[int, ...]):
                 return None
             values[int(at[0]) - before[a]] = c
         return steps[:t] + (("concat", a, tuple(values), "int8"),) + steps[t + 1:]
-    if st[0] != "unroll" or len(st) > 5:
-        return None
     axis, k = st[1], len(st[2])
     rest = math.prod(after) // math.prod(st[2])
     distinct = tuple(dict.fromkeys(consts))
