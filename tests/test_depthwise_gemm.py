@@ -284,3 +284,25 @@ def test_the_gemm_unit_tunes_and_verifies(tmp_path):
     np.testing.assert_array_equal(out, ref)
     p = depthwise_placement(vta_ext.last_build_report())
     assert p.plan == "csp-relaxed GEMM block-diagonal" and "tuned record from" in p.detail
+
+
+def test_warm_build_times_no_unit(tmp_path, monkeypatch):
+    """The chosen unit is kept on disk: a warm build (nothing in memory) builds and times
+    neither unit again, places the same plan and stays bit-exact against numpy."""
+    from tvm_csp_embed import depthwise
+    from vta_ext import executor
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    mod, arrays, ref = case(32, 9, 3, 2, 1)
+    cold_out, cold = vta_build(mod, arrays, "pipelined")
+    assert len(list((tmp_path / "units").glob("*.json"))) == 1
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a warm build must not time the units again")
+    monkeypatch.setattr(depthwise.DepthwiseTemplate, "_timed_unit", forbidden)
+    warm_out, warm = vta_build(mod, arrays, "pipelined")
+    np.testing.assert_array_equal(warm_out, ref)
+    np.testing.assert_array_equal(cold_out, ref)
+    assert depthwise_placement(warm) == depthwise_placement(cold)

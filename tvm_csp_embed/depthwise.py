@@ -238,6 +238,54 @@ def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
     return builder(config, gw, tuple(epilogue), knobs)
 
 
+class _UnitCache:
+    """One persistent entry of a depthwise conv2d's chosen unit (``<cache_dir>/units/``): its
+    workload (the unit and the searched knob point) and the sentence saying why, so that a warm
+    build neither builds nor times the units again."""
+
+    def __init__(self, key: str) -> None:
+        from .cache import cache_dir
+
+        self.path = cache_dir() / "units" / f"{key}.json"
+
+    def load(self) -> Optional[Dict[str, Any]]:
+        """The entry, or None (none yet, or unreadable: the units are timed again)."""
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(data, dict) and {"workload", "why"} <= set(data)
+        return data if ok else None
+
+    def store(self, entry: Dict[str, Any]) -> None:
+        """Write ``entry`` atomically."""
+        from .cache import _write
+
+        _write(self.path, entry)
+
+
+def _unit_cache(template, config, base: Dict[str, Any], epilogue, options) -> Optional[_UnitCache]:
+    """The unit cache entry of one depthwise conv2d: keyed by the configuration's value, the
+    workload, the epilogue's shape, the objective, each unit's knobs option and the code
+    (:func:`~.cache.source_digest`); None with tuned records (looked up per unit)."""
+    import hashlib
+
+    from vta_ext.executor import config_digest
+    from vta_ext.templates.epilogue import epilogue_shape
+
+    from .cache import source_digest
+
+    if options.records is not None:
+        return None
+    policies = [options.knobs_for(template.kind, template.strategy,
+                                  DepthwiseUnitWorkload(**base, unit=u), config)[0] for u in UNITS]
+    text = json.dumps({"v": 1, "strategy": template.strategy, "config": config_digest(config),
+                       "base": base, "epilogue": epilogue_shape(config, epilogue),
+                       "objective": options.objective, "knobs": policies,
+                       "code": source_digest()}, sort_keys=True, default=str)
+    return _UnitCache(hashlib.sha256(text.encode()).hexdigest()[:32])
+
+
 class DepthwiseTemplate(OpTemplate):
     """``depthwise_conv2d`` under a CSP strategy: the ALU template or the GEMM block-diagonal
     program, whichever the cycle model times faster (module docstring)."""
@@ -257,6 +305,12 @@ class DepthwiseTemplate(OpTemplate):
         options = current_options()
         stock = self._stock.plan(op, config)     # refuses dilation and asymmetric padding
         base = dataclasses.asdict(stock.workload)
+        cache = _unit_cache(self, config, base, op.epilogue, options)
+        hit = cache.load() if cache is not None else None
+        if hit is not None:      # a warm build: the unit and its point as chosen before
+            wl = DepthwiseUnitWorkload(**{**hit["workload"], "knobs": tuple(
+                tuple(kv) for kv in hit["workload"]["knobs"])})
+            return self._plan_of(op, config, stock, wl, hit["why"])
         timed: Dict[str, int] = {}
         refused: Dict[str, str] = {}
         workloads: Dict[str, DepthwiseUnitWorkload] = {}
@@ -276,9 +330,15 @@ class DepthwiseTemplate(OpTemplate):
         wl = workloads[unit]
         if notes[unit]:
             why += f"; {notes[unit]}"
-        inputs = stock.inputs if unit == "alu" else diagonal_inputs(op, config, wl)
+        if cache is not None:
+            cache.store({"workload": dataclasses.asdict(wl), "why": why})
+        return self._plan_of(op, config, stock, wl, why)
+
+    def _plan_of(self, op: MatchedOp, config, stock: OpPlan, wl: DepthwiseUnitWorkload,
+                 why: str) -> OpPlan:
+        inputs = stock.inputs if wl.unit == "alu" else diagonal_inputs(op, config, wl)
         return OpPlan(wl, inputs, stock.out_layout,
-                      f"{stock.description}; {UNIT_TEXT[unit]} chosen by {self.strategy}: {why}",
+                      f"{stock.description}; {UNIT_TEXT[wl.unit]} chosen by {self.strategy}: {why}",
                       stock.padding, in_layout=stock.in_layout)
 
     @staticmethod
