@@ -224,18 +224,24 @@ def add_module(n, c, hw):
 
 
 def conv_module(n, c, o, hw, k, *, stride=1, padding=1, bias=True, shift=8, clip=(0, 127),
-                groups=1, dilation=1, order=("bias", "shr", "clip")):
-    """A one-conv Relax module ``main(x, w[, b])`` with the requantisation tail."""
+                groups=1, dilation=1, order=("bias", "shr", "clip"), constants=None):
+    """A one-conv Relax module ``main(x, w[, b])`` with the requantisation tail; with
+    ``constants = (weight, bias)`` (numpy arrays, a quantised model's) ``main(x)`` binds them as
+    Relax constants."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((n, c, hw, hw), "int8"))
-    w = relax.Var("w", relax.TensorType((o, c // groups, k, k), "int8"))
-    params = [x, w]
-    b = None
-    if bias:
-        b = relax.Var("b", relax.TensorType((1, o, 1, 1), "int32"))
-        params.append(b)
+    params = [x]
+    if constants is not None:
+        w, b = (relax.const(a) for a in constants)
+    else:
+        w = relax.Var("w", relax.TensorType((o, c // groups, k, k), "int8"))
+        params.append(w)
+        b = None
+        if bias:
+            b = relax.Var("b", relax.TensorType((1, o, 1, 1), "int32"))
+            params.append(b)
     with bb.function("main", params):
         with bb.dataflow():
             y = conv_chain(bb, x, w, b, stride=stride, padding=padding, shift=shift, clip=clip,
@@ -243,3 +249,27 @@ def conv_module(n, c, o, hw, k, *, stride=1, padding=1, bias=True, shift=8, clip
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     return bb.get()
+
+
+def conv_layer_shapes(names, size, keep, shape_of):
+    """The distinct ``shape_of(module, input)`` of the torch ``Conv2d`` modules for which
+    ``keep(module)`` holds, over the networks ``names`` of ``relay_examples/models.py`` run once
+    at a ``size`` x ``size`` input (forward hooks), sorted."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "relay_examples"))
+    from models import make_model
+
+    shapes = set()
+    for name in names:
+        model = make_model(name, size=size)
+        handles = [m.register_forward_hook(lambda m, inputs, _: shapes.add(shape_of(m, inputs[0])))
+                   for m in model.modules() if isinstance(m, torch.nn.Conv2d) and keep(m)]
+        with torch.no_grad():
+            model(torch.zeros(1, 3, size, size))
+        for h in handles:
+            h.remove()
+    return sorted(shapes)

@@ -13,6 +13,7 @@ from tvm import relax
 
 import tvm_csp_embed  # noqa: F401 -- registers the CSP strategies
 import vta_ext
+from conftest import conv_layer_shapes, conv_module, requantize
 from tvm_csp_embed.depthwise import diagonal_weight
 from vta_ext.strategy import get_template
 
@@ -34,35 +35,11 @@ def numpy_depthwise(x, w, stride, pad):
     return acc
 
 
-def requantize(acc, bias, shift, clip):
-    """int32 wrap after each stage (bias add, arithmetic shift, clip), then int8."""
-    wrap = lambda a: (a + 2 ** 31) % 2 ** 32 - 2 ** 31  # noqa: E731
-    acc = wrap(wrap(acc + bias.reshape(1, -1, 1, 1).astype(np.int64)) >> shift)
-    return np.clip(acc, *clip).astype(np.int8)
-
-
 def module(c, hw, k, stride, pad, weight=None, bias=None, shift=8, clip=(-128, 127)):
     """``main(x[, w, b])``: depthwise conv2d + bias, >> shift, clip, int8. Constant weight and
     bias when given (a quantised model's), else parameters."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, c, hw, hw), "int8"))
-    params = [x]
-    if weight is None:
-        w = relax.Var("w", relax.TensorType((c, 1, k, k), "int8"))
-        b = relax.Var("b", relax.TensorType((1, c, 1, 1), "int32"))
-        params += [w, b]
-    else:
-        w, b = relax.const(weight), relax.const(bias)
-    with bb.function("main", params):
-        with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad, groups=c,
-                                           out_dtype="int32"))
-            y = bb.emit(relax.op.add(y, b))
-            y = bb.emit(relax.op.right_shift(y, relax.const(shift, "int32")))
-            y = bb.emit(relax.op.clip(y, *clip))
-            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
-        bb.emit_func_output(out)
-    return bb.get()
+    return conv_module(1, c, c, hw, k, stride=stride, padding=pad, shift=shift, clip=clip,
+                       groups=c, constants=None if weight is None else (weight, bias))
 
 
 def run(mod, target, arrays):
@@ -221,29 +198,10 @@ NETWORKS = ("mobilenet_v2", "mnasnet0_5", "efficientnet_b0", "shufflenet_v2_x0_5
 def network_depthwise_shapes(size=224):
     """The distinct depthwise conv2d layers ``(C, H, K, stride, pad)`` of :data:`NETWORKS` at
     ``size``, read from the torch modules with forward hooks (square inputs and kernels)."""
-    import sys
-    from pathlib import Path
-
-    import torch
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "relay_examples"))
-    from models import make_model
-
-    shapes = set()
-
-    def hook(m, inputs, _):
-        shapes.add((m.in_channels, int(inputs[0].shape[-1]), m.kernel_size[0], m.stride[0],
-                    m.padding[0]))
-
-    for name in NETWORKS:
-        model = make_model(name, size=size)
-        handles = [m.register_forward_hook(hook) for m in model.modules()
-                   if isinstance(m, torch.nn.Conv2d) and m.groups == m.in_channels == m.out_channels > 1]
-        with torch.no_grad():
-            model(torch.zeros(1, 3, size, size))
-        for h in handles:
-            h.remove()
-    return sorted(shapes)
+    return conv_layer_shapes(
+        NETWORKS, size, lambda m: m.groups == m.in_channels == m.out_channels > 1,
+        lambda m, x: (m.in_channels, int(x.shape[-1]), m.kernel_size[0], m.stride[0],
+                      m.padding[0]))
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from tvm import relax
 
 import tvm_csp_embed  # noqa: F401 -- registers the CSP strategies
 import vta_ext
+from conftest import conv2d_nchw, conv_layer_shapes, conv_module, requantize
 from tvm_csp_embed.depthwise import diagonal_weight
 from tvm_csp_embed.strategy import CspGemmTemplate
 from vta_ext.errors import TemplateRefusal
@@ -23,52 +24,15 @@ SHIFT, CLIP = 8, (-128, 127)
 
 # ------------------------------------------------------------------------------ references
 def numpy_grouped(x, w, groups, stride, pad):
-    """Direct int64 grouped convolution: x (N, C, H, W), w (O, C / groups, KH, KW)."""
-    n, c, h, wd = x.shape
-    o, per, kh, kw = w.shape
-    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
-    acc = np.zeros((n, o, oh, ow), np.int64)
-    out_per = o // groups
-    for g in range(groups):
-        xs = xp[:, g * per:(g + 1) * per]
-        ws = w[g * out_per:(g + 1) * out_per].astype(np.int64)
-        for i in range(kh):
-            for j in range(kw):
-                win = xs[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
-                acc[:, g * out_per:(g + 1) * out_per] += np.einsum("nchw,oc->nohw", win, ws[:, :, i, j])
-    return acc
-
-
-def requantize(acc, bias):
-    """int32 wrap after each stage (bias add, arithmetic shift), clip, then int8."""
-    wrap = lambda a: (a + 2 ** 31) % 2 ** 32 - 2 ** 31  # noqa: E731
-    acc = wrap(wrap(acc + bias.reshape(1, -1, 1, 1).astype(np.int64)) >> SHIFT)
-    return np.clip(acc, *CLIP).astype(np.int8)
+    """Direct int64 grouped convolution (:func:`conftest.conv2d_nchw`)."""
+    return conv2d_nchw(x, w, stride, pad, groups=groups)
 
 
 def module(c, hw, groups, k, stride, pad, weight=None, bias=None):
     """``main(x[, w, b])``: grouped conv2d + bias, >> SHIFT, clip, int8. Constant weight and bias
     when given (a quantised model's), else parameters."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, c, hw, hw), "int8"))
-    params = [x]
-    if weight is None:
-        w = relax.Var("w", relax.TensorType((c, c // groups, k, k), "int8"))
-        b = relax.Var("b", relax.TensorType((1, c, 1, 1), "int32"))
-        params += [w, b]
-    else:
-        w, b = relax.const(weight), relax.const(bias)
-    with bb.function("main", params):
-        with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad, groups=groups,
-                                           out_dtype="int32"))
-            y = bb.emit(relax.op.add(y, b))
-            y = bb.emit(relax.op.right_shift(y, relax.const(SHIFT, "int32")))
-            y = bb.emit(relax.op.clip(y, *CLIP))
-            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
-        bb.emit_func_output(out)
-    return bb.get()
+    return conv_module(1, c, c, hw, k, stride=stride, padding=pad, shift=SHIFT, clip=CLIP,
+                       groups=groups, constants=None if weight is None else (weight, bias))
 
 
 def case(c, hw, groups, stride, k=3, pad=1, seed=0, constant=True):
@@ -77,7 +41,7 @@ def case(c, hw, groups, stride, k=3, pad=1, seed=0, constant=True):
     x = rng.integers(-128, 128, (1, c, hw, hw)).astype(np.int8)
     w = rng.integers(-128, 128, (c, c // groups, k, k)).astype(np.int8)
     b = rng.integers(-5000, 5000, (1, c, 1, 1)).astype(np.int32)
-    ref = requantize(numpy_grouped(x, w, groups, stride, pad), b)
+    ref = requantize(numpy_grouped(x, w, groups, stride, pad), b, SHIFT, CLIP)
     if constant:
         return module(c, hw, groups, k, stride, pad, w, b), [x], ref
     return module(c, hw, groups, k, stride, pad), [x, w, b], ref
@@ -301,29 +265,13 @@ def test_pynq_rtl_bit_exact(rtl, shape, diagonal_only):
 def resnext_narrow_shapes(size=224):
     """The distinct narrow grouped layers ``(C, H, groups, stride)`` of ResNeXt-50 32x4d at
     ``size`` (3x3, padding 1), read from the torch module with forward hooks."""
-    import sys
-    from pathlib import Path
-
-    import torch
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "relay_examples"))
-    from models import make_model
-
-    shapes = set()
-
-    def hook(m, inputs, _):
+    def shape_of(m, x):
         assert m.kernel_size == (3, 3) and m.padding == (1, 1)
-        shapes.add((m.in_channels, int(inputs[0].shape[-1]), m.groups, m.stride[0]))
+        return m.in_channels, int(x.shape[-1]), m.groups, m.stride[0]
 
-    model = make_model("resnext50_32x4d", size=size)
-    handles = [m.register_forward_hook(hook) for m in model.modules()
-               if isinstance(m, torch.nn.Conv2d) and 1 < m.groups < m.in_channels
-               and m.in_channels // m.groups < 16]
-    with torch.no_grad():
-        model(torch.zeros(1, 3, size, size))
-    for h in handles:
-        h.remove()
-    return sorted(shapes)
+    return conv_layer_shapes(
+        ["resnext50_32x4d"], size,
+        lambda m: 1 < m.groups < m.in_channels and m.in_channels // m.groups < 16, shape_of)
 
 
 @pytest.mark.slow
