@@ -314,9 +314,8 @@ def serial_floor(config: VTAConfig, size: OperatorSize) -> float:
     cfg = config
     lanes = cfg.BATCH * cfg.BLOCK_OUT
     if size.kind in GEMM_KINDS:
-        init = [cfg.GEMM_CYCLES_PER_UOP, cfg.ALU_CYCLES_PER_UOP_IMM]
-        init.append(cfg.PAD_ELEM_CYCLES)
-        return size.out_elements / lanes * min(init)
+        init = min(cfg.PAD_ELEM_CYCLES, cfg.GEMM_CYCLES_PER_UOP, cfg.ALU_CYCLES_PER_UOP_IMM)
+        return size.out_elements / lanes * init
     if size.kind not in SERIAL_KINDS:
         return 0.0
     per_row = []
