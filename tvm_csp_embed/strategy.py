@@ -2,8 +2,9 @@
 
 ``import tvm_csp_embed`` registers both and makes ``csp-relaxed`` the default of
 ``relax.build(mod, target="ext_vta")``; ``vta_ext.build_options(strategy="stock")`` keeps the stock
-templates. Per matched operator (conv2d, group conv2d, dense; pools and the residual add fall back
-to ``stock``; depthwise convolutions choose between the ALU template and the GEMM core in
+templates. Per matched operator (conv2d, group conv2d, dense; average pools and the residual add
+fall back to ``stock``; max pools choose between the ALU template's direct and separable schedules
+in :mod:`.pool` under ``csp-relaxed``; depthwise convolutions choose between the ALU template and the GEMM core in
 :mod:`.depthwise` under ``csp-relaxed``, and grouped convolutions of fewer than ``BLOCK_IN``
 channels per group between this template's plan and the GEMM block-diagonal program in
 :mod:`.grouped`, whose template replaces this one for ``group_conv2d`` under ``csp-relaxed``):

@@ -46,7 +46,11 @@ The ALU passes per output block, by operator:
     ``BLOCK_IN`` times the depthwise weight bytes (the diagonal tiles' zeros are moved too).
 
   A banded embedding over the image width (not implemented) would have a floor of its own.
-* max pooling: ``taps - 1`` vector MAX passes (the first window element is the initial value).
+* max pooling: the fewer vector MAX passes of the plans that can run it
+  (:func:`max_pool_passes`): the direct plan's ``taps - 1`` (the first window element is the
+  initial value) and, with ``EXT_PAD_MIN``, the separable plan's
+  (:func:`vta_ext.templates.pool.separable_passes` per output, less the output's initial value:
+  ``(pool_h - 1) * columns / out_cols + pool_w - 1`` over the input columns the windows read).
 * average pooling: ``taps - 1`` vector ADD passes plus the division by a constant: at least a
   multiply and a shift (one shift for a power-of-two window): a lower bound, the exact
   truncating division takes more.
@@ -75,7 +79,8 @@ from .config import VTAConfig
 from .templates.epilogue import VECTOR_STAGES, Epilogue, alu_ops, normalize_epilogue
 from .templates.workload import out_size
 
-__all__ = ["Floor", "OperatorSize", "operator_floor", "depthwise_floor", "serial_floor",
+__all__ = ["Floor", "OperatorSize", "operator_floor", "depthwise_floor", "max_pool_passes",
+           "serial_floor",
            "SERIAL_KINDS", "key_floor", "efficiency",
            "GEMM_KINDS", "ALU_KINDS", "memory_floor", "moved_cycles", "cheapest_moved", "LOAD_KINDS"]
 
@@ -175,6 +180,10 @@ class OperatorSize:
     body : tuple
         Immediate stages the operator itself runs before its epilogue (hardswish: the add and
         clip of ``clip(x + offset, lo, hi)``).
+    window : tuple
+        A max pool's ``(pool_h, pool_w, out_rows, out_cols, columns)``, ``columns`` the input
+        columns its windows read (:func:`max_pool_passes`); ``()``: unknown (only the direct plan
+        is counted) or another kind.
     """
 
     kind: str
@@ -186,6 +195,7 @@ class OperatorSize:
     taps: int = 0
     epilogue: Epilogue = ()
     body: Epilogue = ()
+    window: Tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in GEMM_KINDS + ALU_KINDS:
@@ -217,7 +227,7 @@ def alu_passes(config: VTAConfig, size: OperatorSize) -> Tuple[int, int]:
     if size.kind == "depthwise_conv2d":
         vec += 2 * size.taps - 1
     elif size.kind == "max_pool2d":
-        vec += size.taps - 1
+        vec += max_pool_passes(config, size)
     elif size.kind == "avg_pool2d":
         vec += size.taps - 1
         imm += 1 if size.taps & (size.taps - 1) == 0 else 2
@@ -226,6 +236,34 @@ def alu_passes(config: VTAConfig, size: OperatorSize) -> Tuple[int, int]:
     elif size.kind == "hswish":
         vec += 1
     return imm, vec
+
+
+def max_pool_passes(config: VTAConfig, size: OperatorSize) -> float:
+    """Vector MAX passes per output block of the max pool ``size`` at the least: the fewer of
+    the plans that can run it.
+
+    Parameters
+    ----------
+    config : VTAConfig
+        The separable plan needs ``EXT_PAD_MIN`` (its output rows start from the lane minimum).
+    size : OperatorSize
+        A ``max_pool2d``; the separable plan counts only with its :attr:`~OperatorSize.window`.
+
+    Returns
+    -------
+    float
+        ``taps - 1`` (the direct plan, the first window element the initial value), or the
+        separable plan's :func:`~vta_ext.templates.pool.separable_passes` per output less one
+        (the output's initial value), whichever is smaller.
+    """
+    from .templates.pool import separable_passes
+
+    direct = size.taps - 1
+    if not (size.window and config.EXT_PAD_MIN):
+        return direct
+    pool_h, pool_w, out_rows, out_cols, columns = size.window
+    outputs = out_rows * out_cols
+    return min(direct, separable_passes(pool_h, pool_w, columns, out_rows, out_cols) / outputs - 1)
 
 
 def operator_floor(config: VTAConfig, size: OperatorSize) -> Floor:
@@ -426,11 +464,14 @@ def _stock_sizes(kind: str, wl: Dict[str, Any], macs: int, elements: int, config
             sizes.append(OperatorSize(kind, macs, elements, n * per_group * groups * plane,
                                       o * per_group * kh * kw, o, epilogue=epilogue))
         return sizes
+    window = ()
+    if kind == "max_pool2d":
+        window = (kh, kw, oh, ow, touched(w, kw, wl["pad_w"], wl["stride_w"], ow))
     for n, c in _splits(elements // (oh * ow), wl["batch"], wl["channels"], config,
                         config.BLOCK_OUT):
         weights = c * kh * kw if kind == "depthwise_conv2d" else 0
         sizes.append(OperatorSize(kind, 0, elements, n * c * plane, weights, c, kh * kw,
-                                  epilogue=epilogue))
+                                  epilogue=epilogue, window=window))
     return sizes
 
 

@@ -338,7 +338,7 @@ class Strategy:
         One line for ``repr`` and error messages.
     fallback : str or None
         The strategy that handles operator kinds this one registers no template for (the CSP
-        strategies fall back to ``"stock"`` for pools and element-wise operators).
+        strategies fall back to ``"stock"`` for average pools and element-wise operators).
     """
 
     name: str

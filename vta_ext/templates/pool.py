@@ -28,6 +28,32 @@ batch block; the last tiles along C and H may be smaller):
 4. The epilogue stages (:mod:`vta_ext.templates.epilogue`: shr / clip / min / max / add), then
    STORE, which truncates the int32 lanes to int8.
 
+Max pooling has a second schedule, ``schedule="separable"`` (:data:`MAX_POOL_SCHEDULES`; the
+default ``"direct"`` is step 2 above, the stock strategy's program). Step 2 becomes three
+instructions per tile:
+
+a. **height**, in place: ``x[oh*stride_h, c] = max_i x[oh*stride_h + i, c]`` for ``i = 1 ..
+   pool_h-1``, over the tile's output rows and the input columns that hold data and that a
+   window reads (the DMA's padding columns are already the lane minimum): one ALU MAX with the
+   micro-ops ``(channel block, i)`` innermost, so output row ``oh`` reads the rows
+   ``oh*stride_h + i`` before the iteration ``oh + 1`` overwrites row ``(oh+1)*stride_h``
+   (overlapping windows, ``stride_h < pool_h``, share those rows);
+b. **fill**: one padding-only LOAD (``y_size`` 0, ``pad_min``) writes the lane minimum into the
+   tile's output rows (``PAD_ELEM_CYCLES`` a row, against the MUL imm + ADD copy);
+c. **width**: ``out[oh, ow] = max_j x[oh*stride_h, ow*stride_w + j]`` for ``j = 0 ..
+   pool_w-1``: one ALU MAX into the output rows.
+
+A column shared by two windows (``stride_w < pool_w``) is reduced along the height once, per
+output row: per channel block the schedule runs :func:`separable_passes` vector passes,
+``pool_h-1`` per (output row, input column) and ``pool_w`` per output, against
+``pool_h*pool_w`` (and the MUL imm) of the direct one. Reducing the height first costs the same
+in every tile (the rows two tiles share are loaded twice but reduced per output row). ResNet-18's
+3x3 stride-2 pool: 2*2 + 3 = 7 passes per output against 10; 3x3 stride 1: 2 + 3. It needs ``EXT_PAD_MIN`` (the fill) and no scratch beyond the direct schedule's, and
+refuses average pooling (:class:`AluTemplateRefusal`). On a configuration with an accumulator
+hazard distance (``pynq``, which has no ACC_8BIT loads for pools anyway) the runtime's cure
+(:func:`vta_ext.hazard.cure`) keeps the in-place width pass in its order: its sources are
+written by the kernel, so it is split, never reordered.
+
 Output rows rotate through ``slots`` (default 2) accumulator regions so the store of one tile
 overlaps the next tile's work; the compute→store and store→compute tokens are managed by
 :class:`~vta_ext.templates.alu_program.StorePipeline` (all loads are compute-module loads, so they
@@ -69,7 +95,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import numpy as np
 
@@ -86,7 +112,34 @@ from .knobs import knobs_from
 from .workload import out_size, window_size
 
 __all__ = ["PoolWorkload", "PoolKnobs", "CompiledPool", "build_max_pool2d", "build_avg_pool2d",
-           "choose_reciprocal", "avg_divisors", "AluTemplateError", "AluTemplateRefusal"]
+           "choose_reciprocal", "avg_divisors", "AluTemplateError", "AluTemplateRefusal",
+           "MAX_POOL_SCHEDULES", "separable_passes"]
+
+#: the schedules of :func:`build_max_pool2d`: ``"direct"`` (the stock program: copy the first
+#: window element, then one MAX per other element) and ``"separable"`` (module docstring)
+MAX_POOL_SCHEDULES = ("direct", "separable")
+
+
+def separable_passes(pool_h: int, pool_w: int, cols: float, out_rows: int, out_cols: int) -> float:
+    """Vector MAX passes (micro-op iterations) of the separable max pool on one channel block.
+
+    Parameters
+    ----------
+    pool_h, pool_w : int
+        The window.
+    cols : float
+        The input columns reduced along the height (the columns the windows read that hold
+        data).
+    out_rows, out_cols : int
+        The output rows and columns.
+
+    Returns
+    -------
+    float
+        ``(pool_h - 1) * out_rows * cols`` along the height plus ``pool_w * out_rows * out_cols``
+        along the width (into output rows that start from the lane minimum).
+    """
+    return (pool_h - 1) * out_rows * cols + pool_w * out_rows * out_cols
 
 
 
@@ -190,7 +243,53 @@ def choose_reciprocal(divisors, max_abs_per_element: int = 128,
                              "int32")
 
 
-def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPool:
+def _check_schedule(cfg: VTAConfig, schedule: str, is_max: bool, what: str) -> bool:
+    """Whether ``schedule`` is the separable one; refuse it where it cannot run."""
+    if schedule not in MAX_POOL_SCHEDULES:
+        raise AluTemplateError(f"{what}: schedule {schedule!r}; one of "
+                               f"{', '.join(MAX_POOL_SCHEDULES)}")
+    if schedule != "separable":
+        return False
+    if not is_max:
+        raise AluTemplateRefusal(f"{what}: the separable schedule is a max pool's (an average "
+                                 "pool keeps the direct window sum)")
+    if not cfg.EXT_PAD_MIN:
+        raise AluTemplateRefusal(
+            f"{what}: the separable schedule starts the output rows from the lane minimum (a "
+            "padding-only LOAD with pad_min): "
+            + cfg.missing_extension("EXT_PAD_MIN", "LOAD ACC_8BIT with pad_min=True"))
+    return True
+
+
+def separable_columns(wl: PoolWorkload) -> Tuple[int, int]:
+    """``(first, count)``: the columns of the padded input rows that the separable schedule
+    reduces along the height: those that hold data (input or ceil-mode padding) and that a
+    window reads."""
+    last = min(wl.pad_w + wl.width, (wl.out_width - 1) * wl.stride_w + wl.pool_w)
+    return wl.pad_w, max(0, last - wl.pad_w)
+
+
+def _separable_reduce(q: CommandQueue, wl: PoolWorkload, fill_src, windows, dst, out_rows: int,
+                      row_len: int) -> None:
+    """Steps a-c of the separable schedule (module docstring) for one tile.
+
+    ``windows``: the accumulator row of each channel block's input window; ``dst``: of its
+    output rows; ``row_len``: accumulator rows per input row (the padded width); ``fill_src``: a
+    DRAM buffer the padding-only LOAD names (it reads nothing).
+    """
+    first, count = separable_columns(wl)
+    sh, sw, out_cols = wl.stride_h * row_len, wl.stride_w, wl.out_width
+    if wl.pool_h > 1 and count:
+        alu(q, AluOp.MAX, [(w + first, w + first + i * row_len) for w in windows
+                           for i in range(1, wl.pool_h)], [(out_rows, sh, sh), (count, 1, 1)])
+    size = len(dst) * out_rows * out_cols
+    q.load_2d(fill_src, 0, size, 0, size, 0, 1, 0, 0, dst[0], MemType.ACC_8BIT, pad_min=True)
+    alu(q, AluOp.MAX, [(d, w + j) for d, w in zip(dst, windows) for j in range(wl.pool_w)],
+        [(out_rows, out_cols, sh), (out_cols, 1, sw)])
+
+
+def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
+                schedule: str = "direct") -> CompiledPool:
     t0 = time.perf_counter()
     what = f"{mode}_pool2d {wl}"
     cfg = load_config(cfg)
@@ -202,6 +301,7 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
     _check(cfg, wl, what)
     kn = knobs_from(knobs, PoolKnobs, {"tps": PoolKnobs, "fallback": PoolKnobs})
     is_max = mode == "max"
+    separable = _check_schedule(cfg, schedule, is_max, what)
     padded = wl.pad_h > 0 or wl.pad_w > 0
     if is_max and padded and not cfg.EXT_PAD_MIN:
         raise AluTemplateRefusal(
@@ -214,6 +314,8 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
     PH, PW, SH, SW = wl.pad_h, wl.pad_w, wl.stride_h, wl.stride_w
     P = wl.pool_h * wl.pool_w
     Wp = W + 2 * PW
+    # micro-ops per channel block of the widest ALU kernel
+    kernel_uops = max(wl.pool_h - 1, wl.pool_w) if separable else P
 
     # ---- division plan (average pooling)
     div = None
@@ -245,11 +347,11 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
     slots = check_slots(kn.slots, what)
     uop_cap = min(MAX_KERNEL_UOPS, cfg.uop_depth // 4)
     th, tc, slots = choose_row_tiles(
-        what, cfg, usage, OH, CB, slots, kn.tile_h, kn.tile_c, uop_cap // P,
+        what, cfg, usage, OH, CB, slots, kn.tile_h, kn.tile_c, uop_cap // kernel_uops,
         f"{wl.pool_h} input rows of {Wp} elements + outputs")
-    if tc * P > max(uop_cap, P):
-        raise KnobError(f"{what}: knob tile_c={tc} needs {tc * P} micro-ops per kernel (max "
-                        f"{uop_cap}); valid tile_c: 1..{max(1, uop_cap // P)}")
+    if tc * kernel_uops > max(uop_cap, kernel_uops):
+        raise KnobError(f"{what}: knob tile_c={tc} needs {tc * kernel_uops} micro-ops per kernel "
+                        f"(max {uop_cap}); valid tile_c: 1..{max(1, uop_cap // kernel_uops)}")
 
     win_rows = window_size(th, wl.pool_h, SH)
     win_stride = win_rows * Wp          # accumulator rows per channel block of the input window
@@ -271,6 +373,7 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
     op = AluOp.MAX if is_max else AluOp.ADD
     loaded_rows = None
     n_tiles = 0
+    passes = 0
     for n in range(NB):
         for c0 in range(0, CB, tc):
             tcc = min(tc, CB - c0)
@@ -290,11 +393,17 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
                 # 2. window reduction into the output rows
                 loops = [(thh, OW, SH * Wp), (OW, 1, SW)]
                 dst = [OUT + c * thh * OW for c in range(tcc)]
-                copy_rows(q, [(dst[c], IN + c * win_stride) for c in range(tcc)], loops)
-                rest = [(dst[c], IN + c * win_stride + i * Wp + j) for c in range(tcc)
-                        for i in range(wl.pool_h) for j in range(wl.pool_w) if i or j]
-                if rest:
-                    alu(q, op, rest, loops)
+                windows = [IN + c * win_stride for c in range(tcc)]
+                if separable:
+                    _separable_reduce(q, wl, data, windows, dst, thh, Wp)
+                    passes += tcc * separable_passes(wl.pool_h, wl.pool_w,
+                                                     separable_columns(wl)[1], thh, OW)
+                else:
+                    copy_rows(q, [(dst[c], windows[c]) for c in range(tcc)], loops)
+                    rest = [(dst[c], windows[c] + i * Wp + j) for c in range(tcc)
+                            for i in range(wl.pool_h) for j in range(wl.pool_w) if i or j]
+                    if rest:
+                        alu(q, op, rest, loops)
                 size = tcc * thh * OW
                 # 3. exact truncating division (avg)
                 if div is not None:
@@ -327,7 +436,10 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
     if mult_buf is not None:
         m = np.broadcast_to(div["mult"][:, :, None, None], (OH, OW, B, BO))
         prog.write("avg_multiplier", np.ascontiguousarray(m, dtype=np.int32))
-    info = dict(tile_h=th, tile_c=tc, slots=slots, tiles=n_tiles, acc_used=usage(th, tc, slots))
+    info = dict(tile_h=th, tile_c=tc, slots=slots, tiles=n_tiles, acc_used=usage(th, tc, slots),
+                schedule=schedule)
+    if separable:
+        info["vector_passes"] = passes
     if div is not None:
         info["division"] = {k_: v for k_, v in div.items() if k_ != "mult"}
     return CompiledPool(cfg, wl, epilogue, prog, [("data", data_shape, np.int8)], out_shape,
@@ -335,13 +447,15 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str) -> CompiledPo
 
 
 def build_max_pool2d(cfg: Union[VTAConfig, str], workload: PoolWorkload, epilogue=(),
-                     knobs=None) -> CompiledPool:
+                     knobs=None, schedule: str = "direct") -> CompiledPool:
     """Compile an int8 max pooling (+ epilogue) for ``cfg``. Padding needs ``cfg.EXT_PAD_MIN``;
     without it (e.g. the ``apache`` preset) an :class:`AluTemplateRefusal` names the extension.
 
     ``knobs``: None / ``"tps"`` / ``"fallback"`` (all the default :class:`PoolKnobs`), a
-    :class:`PoolKnobs` or a dict of its fields."""
-    return _build_pool(cfg, workload, epilogue, knobs, "max")
+    :class:`PoolKnobs` or a dict of its fields. ``schedule``: one of :data:`MAX_POOL_SCHEDULES`
+    (``"separable"`` needs ``EXT_PAD_MIN`` and records its vector passes in
+    ``info["vector_passes"]``)."""
+    return _build_pool(cfg, workload, epilogue, knobs, "max", schedule)
 
 
 def build_avg_pool2d(cfg: Union[VTAConfig, str], workload: PoolWorkload, epilogue=(),
