@@ -189,7 +189,7 @@ def test_agreement_rule_slack():
     score = lambda c: c.cycles  # noqa: E731
     unit = lambda c: f"{c.cycles} cycles"  # noqa: E731
     fast, near, far = cand("fast", 1000, other), cand("near", 1010, src), cand("far", 1100, src)
-    op = NS(input_layout=src)
+    op = NS(input_layout=src, consumers=("vta",))     # its output goes to a VTA operator
     chosen, why = agree(op, [fast, near], None, contender, score, unit)
     assert chosen is near and "layout agreement" in why
     chosen, _ = agree(op, [fast, far], None, contender, score, unit)

@@ -33,7 +33,8 @@ from .codegen.plan import PackedGemm
 __all__ = ["StockContender", "CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK",
            "STOCK", "CPU", "PRUNE_BY_BOUND",
            "choose", "cycles_bound", "agree", "time_stock", "stock_refuses", "objective_key",
-           "plan_host_bytes", "operand_pack_bytes", "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
+           "plan_host_bytes", "output_users", "consumer_key", "consumer_text",
+           "operand_pack_bytes", "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
            "gc_paused",
            "stock_host_relayout_seconds"]
 
@@ -78,12 +79,13 @@ def _layout_key(layout) -> Any:
 
 
 def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, epilogue, knobs,
-                stock=None, producer=None, bias=None) -> str:
+                stock=None, producer=None, bias=None, consumers=None) -> str:
     """The choice cache's key: the operator, the constraint set, the layouts, the objective, the
     epilogue, the knobs of every candidate, the ranking parameters, the configuration's value,
     the stock contender (its workload and knobs, or None when it is not compared), the packed
     layout the input comes in from a previous VTA operator (layout agreement), what the bias
-    fold depends on (:func:`~.candidates.bias_signature`) and the code that chooses
+    fold depends on (:func:`~.candidates.bias_signature`), who uses the output and whether the
+    input is unpacked anyway (:func:`consumer_key`) and the code that chooses
     (:func:`~.cache.source_digest`).
 
     The epilogue enters as its shape (:func:`~vta_ext.templates.epilogue.epilogue_shape`): the
@@ -92,7 +94,7 @@ def _choice_key(config, base: CspWorkload, mode: str, layouts, objective: str, e
     from vta_ext.executor import config_digest
     from vta_ext.templates.epilogue import epilogue_shape
 
-    text = json.dumps({"v": 11, "bias": bias, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
+    text = json.dumps({"v": 12, "bias": bias, "consumers": consumers, "ranked": [CYCLE_RANKED, RANK_FACTOR, DEFAULT_SOLUTIONS],
                        "agree": [AGREEMENT_SLACK, _layout_key(producer)],
                        "base": dataclasses.asdict(base), "mode": mode, "layouts": list(layouts),
                        "objective": objective, "epilogue": epilogue_shape(config, epilogue),
@@ -176,16 +178,53 @@ def objective_key(options) -> str:
     return f"end-to-end@{h.layout_bytes_per_cycle!r},{h.cpu_macs_per_cycle!r}"
 
 
+def output_users(op: MatchedOp) -> Tuple[bool, bool]:
+    """``(to_vta, to_cpu)``: whether a VTA operator and whether the CPU (a CPU operator or the
+    function's result) use ``op``'s output (:attr:`~vta_ext.strategy.MatchedOp.consumers`); an
+    operator whose consumers are not known counts as consumed by a VTA operator only."""
+    from vta_ext.report import CPU as ON_CPU, VTA as ON_VTA
+
+    if op.consumers is None:
+        return True, False
+    return ON_VTA in op.consumers, ON_CPU in op.consumers
+
+
+def consumer_key(op: MatchedOp) -> List[Any]:
+    """What the host layout pricing of ``op``'s plans depends on besides its layouts, as the
+    choice and plan caches key it: its output's users and whether its input is unpacked anyway."""
+    return [None if op.consumers is None else list(op.consumers), op.input_unpacked]
+
+
+def consumer_text(op: MatchedOp) -> str:
+    """How :func:`plan_host_bytes` priced ``op``'s output and input, for the report."""
+    to_vta, to_cpu = output_users(op)
+    if op.consumers is None:
+        text = ("host layout priced for a VTA consumer of the output (its users are not known: "
+                "planned outside the offload pass)")
+    elif to_cpu and to_vta:
+        text = ("output to the CPU and to a VTA operator: host layout priced with its unpack, "
+                "and the repack of a non-blocked layout")
+    elif to_cpu:
+        text = "output to the CPU: host layout priced with its unpack, whatever its layout"
+    else:
+        text = "output to a VTA operator: the stock blocked layout hands over for free"
+    if op.input_unpacked:
+        text += "; input unpacked for a CPU user anyway: only its packing priced"
+    return text
+
+
 def plan_host_bytes(op: MatchedOp, in_layout, out_layout, stock_out) -> int:
     """Host layout bytes per inference that a plan adds around ``op``
     (:func:`vta_ext.host.layout_traffic`):
 
     * input: nothing if the producing VTA operator hands its output over in ``in_layout``'s
       arrangement; else packing into ``in_layout``, after unpacking the producer's packed output
-      if there is one;
-    * output: nothing if ``out_layout`` is the stock blocked arrangement (``stock_out``) that the
-      neighbouring VTA operators take over; else unpacking it, and packing into the stock
-      arrangement again for the next operator.
+      if there is one and no CPU user unpacks it anyway (``op.input_unpacked``);
+    * output, by its users (:func:`output_users`): for a CPU user, unpacking ``out_layout``
+      whatever it is (the stock blocked arrangement too); for a VTA operator, nothing if
+      ``out_layout`` is the stock blocked arrangement (``stock_out``) that the neighbouring VTA
+      operators take over, else unpacking it (once, shared with a CPU user) and packing into
+      the stock arrangement again.
     """
     from vta_ext.host import layout_traffic
     from vta_ext.packing import same_arrangement
@@ -193,11 +232,15 @@ def plan_host_bytes(op: MatchedOp, in_layout, out_layout, stock_out) -> int:
     taken = (op.input_layout is not None and in_layout is not None
              and same_arrangement(op.input_layout, in_layout))
     kept = stock_out is not None and out_layout is not None and same_arrangement(out_layout, stock_out)
+    to_vta, to_cpu = output_users(op)
+    repacked = to_vta and not kept
     cost = 0
     if not taken:
-        cost += layout_traffic(op.input_layout) + layout_traffic(in_layout)
-    if not kept:
-        cost += layout_traffic(out_layout) + layout_traffic(stock_out)
+        cost += (0 if op.input_unpacked else layout_traffic(op.input_layout)) + layout_traffic(in_layout)
+    if to_cpu or repacked:
+        cost += layout_traffic(out_layout)
+    if repacked:
+        cost += layout_traffic(stock_out)
     return cost
 
 
@@ -272,11 +315,14 @@ def blocked_output(op: MatchedOp, config):
 
 def cpu_host_bytes(op: MatchedOp, out_layout) -> int:
     """Host layout bytes per inference when ``op`` stays on the CPU between VTA operators:
-    unpacking its input from the producing VTA operator, if any, and packing its output into
-    ``out_layout`` (the stock blocked arrangement) for the next one."""
+    unpacking its input from the producing VTA operator, if any (and no CPU user unpacks it
+    anyway), and packing its output into ``out_layout`` (the stock blocked arrangement) for a
+    VTA operator that uses it (:func:`output_users`)."""
     from vta_ext.host import layout_traffic
 
-    return layout_traffic(op.input_layout) + layout_traffic(out_layout)
+    to_vta, _ = output_users(op)
+    return ((0 if op.input_unpacked else layout_traffic(op.input_layout))
+            + (layout_traffic(out_layout) if to_vta else 0))
 
 
 #: what :func:`choose` returns when running the operator on the CPU is cheaper
@@ -488,7 +534,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
              for c in usable}
     key = _choice_key(config, base, mode, layouts, objective_key(options), op.epilogue,
                       [knobs[c.workload] for c in usable], _contender_key(contender),
-                      op.input_layout, bias_signature(op))
+                      op.input_layout, bias_signature(op), consumer_key(op))
     path = cache_dir() / "choices" / f"{key}.json"
     if path.exists():
         try:
@@ -618,7 +664,8 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
         timed_text = (f"{distinct(timed)} of {distinct(usable)} embedding(s) timed by the cycle model "
                       f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)"
                       + (f", {len(skipped)} more not built: a lower bound on their score exceeds "
-                         f"the best" if skipped else ""))
+                         f"the best" if skipped else "")
+                      + (f"; {consumer_text(op)}" if objective == "end-to-end" else ""))
         stock, stock_skip = None, None
         if PRUNE_BY_BOUND and objective in ("cycles", "end-to-end") and contender is not None:
             bound = (stock_cycles_bound(config, kind, op, contender.plan, contender.knobs)
@@ -643,7 +690,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                 why = (f"end to end cheaper on the CPU: {on_cpu:,.0f} cycles ({macs:,} MACs and "
                        f"{layout:,} B host layout, host model {host.name}) against "
                        f"{unit(best)} for the best embedding {best.label} on VTA; the stock "
-                       f"template refuses it too")
+                       f"template refuses it too; {consumer_text(op)}")
                 _write(path, {"cpu": True, "why": why})
                 return CPU, why
         agreed, agree_text = agree(op, ranked, stock, contender, score, unit)
@@ -677,12 +724,12 @@ def agreement_points(op: MatchedOp, stock_out, in_layout, out_layout) -> int:
     """Layout agreement points of a plan for ``op`` taking its activation in ``in_layout`` and
     leaving its output in ``out_layout`` (:func:`agree`): one for taking the producer's packed
     output over, one for leaving the output in the stock template's arrangement ``stock_out``
-    (None: no stock plan, no point)."""
+    when a VTA operator uses it (:func:`output_users`; None: no stock plan, no point)."""
     from vta_ext.packing import same_arrangement
 
     taken = (op.input_layout is not None and in_layout is not None
              and same_arrangement(op.input_layout, in_layout))
-    kept = (stock_out is not None and out_layout is not None
+    kept = (output_users(op)[0] and stock_out is not None and out_layout is not None
             and same_arrangement(out_layout, stock_out))
     return int(taken) + int(kept)
 

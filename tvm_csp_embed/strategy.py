@@ -69,7 +69,8 @@ from .candidates import (CONV_LAYOUTS, DEFAULT_SOLUTIONS, DEFAULT_TIMEOUT, MODES
                          packed_inputs, kept_twin, packed_of, program_epilogue, solve_request, stock_mapping_cost,
                          unfolded)
 from .choice import (AGREEMENT_SLACK, CPU, CYCLE_RANKED, RANK_FACTOR, STOCK, STOCK_COMPARED,
-                     StockContender, _choice_key, _contender_key, blocked_output, choose, gc_paused,
+                     StockContender, _choice_key, _contender_key, blocked_output, choose,
+                     consumer_key, gc_paused,
                      host_relayout_seconds, objective_key, plan_host_bytes)
 from .codegen.build import build_gemm
 from .codegen.knobs import KnobPoint, cached_grid, cycle_point, fallback_point, knob_names, tps_point
@@ -306,7 +307,7 @@ class CspGemmTemplate(OpTemplate):
         knobs = options.knobs_for(self.kind, self.strategy, base, config)[0]
         key = _choice_key(config, base, self.mode, layouts, objective_key(options), op.epilogue,
                           ["plan", PLAN_VERSION, knobs], _contender_key(contender), op.input_layout,
-                          bias_signature(op))
+                          bias_signature(op), consumer_key(op))
         return PlanCache(key)
 
     def _cached_plan(self, op: MatchedOp, config, entry: Dict[str, Any]) -> OpPlan:

@@ -68,6 +68,15 @@ class MatchedOp:
     input_layout : object or None
         The packed layout the first operand is already in, when it is the output of a previous
         VTA operator (set by the offload pass before planning); None when it comes from the host.
+    consumers : tuple of str or None
+        Who uses the output, set by the offload pass before planning
+        (:mod:`vta_ext.offload.consumers`): ``"vta"`` (another matched operator takes it over)
+        and/or ``"cpu"`` (a CPU operator or the function's result: the host unpacks it whatever
+        its packed layout). None when not known (an operator planned outside the pass): a plan's
+        host layout is then priced as if a VTA operator consumed the output.
+    input_unpacked : bool
+        The first operand is a matched operator's output that the host unpacks for a CPU user
+        anyway (set by the offload pass): taking it in another layout costs only the packing.
     """
 
     kind: str
@@ -79,6 +88,8 @@ class MatchedOp:
     multiplier: Any = None
     params: Dict[str, Any] = field(default_factory=dict)
     input_layout: Any = None
+    consumers: Optional[Tuple[str, ...]] = None
+    input_unpacked: bool = False
 
     @property
     def shapes(self) -> str:

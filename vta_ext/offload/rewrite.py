@@ -46,12 +46,17 @@ class Offloader(PyExprMutator):
     them :class:`~vta_ext.offload.handover.PackedHandover`'s; what each placement was is kept for
     the report (:func:`~vta_ext.offload.placements.build_report`)."""
 
-    def __init__(self, mod: tvm.IRModule, config: VTAConfig, match_only: bool = False) -> None:
+    def __init__(self, mod: tvm.IRModule, config: VTAConfig, match_only: bool = False,
+                 consumers: Optional[Dict[str, dict]] = None) -> None:
         super().__init__(mod)
         self.config = config
-        # match_only: record every matched operator in ``matched`` and rewrite nothing
+        # match_only: record every matched operator in ``matched`` (and the variable its last
+        # call is bound to in ``matched_ends``) and rewrite nothing
         self.match_only = match_only
         self.matched: List[MatchedOp] = []
+        self.matched_ends: List[str] = []
+        # MatchedOp.name -> the consumer fields set before planning (vta_ext.offload.consumers)
+        self.consumers = consumers or {}
         self.op_keys: List[str] = []  # the compiled-operator key of every VTA call, in order
         self.rejected: Dict[str, str] = {}  # var name of a candidate core op -> reason
         # (relax op, what, detail, var, further OpPlacement fields), one per entry of op_keys
@@ -110,12 +115,14 @@ class Offloader(PyExprMutator):
         template refuses it (the reason is recorded for the report)."""
         if self.match_only:
             self.matched.append(m)
+            self.matched_ends.append(self._current_binding)
             return None
         options = current_options()
         strategy = options.strategy_name
         try:
             template = get_template(m.kind, strategy)
             check_overflow(m, self.matcher.source_tails.get(m.name))
+            m = dataclasses.replace(m, **self.consumers.get(m.name, {}))
             if m.operands:
                 m = dataclasses.replace(m, input_layout=self.producer_layout(m.operands[0]))
             with phase("plan"):

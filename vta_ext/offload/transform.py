@@ -1,6 +1,7 @@
 """The offload pass itself: :func:`OffloadToVTA`, run by the ``ext_vta`` pipeline."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Tuple
 
 import tvm
@@ -12,29 +13,36 @@ from ..options import current_options
 from ..report import publish
 from ..strategy import MatchedOp, get_template
 from ..timing import phase, timed_build
+from .consumers import consumer_flags
 from .placements import build_report
 from .rewrite import Offloader
 
 __all__ = ["OffloadToVTA"]
 
 
-def _prefetch(mod: tvm.IRModule, config: VTAConfig) -> None:
+def _prefetch(mod: tvm.IRModule, config: VTAConfig) -> Dict[str, dict]:
     """Give each template all of the module's operators it will plan (``OpTemplate.prefetch``),
-    before they are planned one at a time."""
+    before they are planned one at a time; return who uses each one's output
+    (:func:`~vta_ext.offload.consumers.consumer_flags`, by ``MatchedOp.name``)."""
     matcher = Offloader(mod, config, match_only=True)
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
             matcher.visit_expr(func)
     strategy = current_options().strategy_name
     groups: Dict[int, Tuple[object, List[MatchedOp]]] = {}
+    templates: Dict[str, object] = {}
     for m in matcher.matched:
         try:
             template = get_template(m.kind, strategy)
         except TemplateRefusal:
             continue
+        templates[m.name] = template
         groups.setdefault(id(template), (template, []))[1].append(m)
+    flags = consumer_flags(mod, list(zip(matcher.matched, matcher.matched_ends)),
+                           lambda m: m.name in templates)
     for template, ops in groups.values():
-        template.prefetch(ops, config)
+        template.prefetch([dataclasses.replace(m, **flags.get(m.name, {})) for m in ops], config)
+    return flags
 
 
 def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pass naming)
@@ -44,8 +52,8 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
     def offload(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with timed_build() as timer:
             with phase("solve"):
-                _prefetch(mod, config)
-            rewriter = Offloader(mod, config)
+                consumers = _prefetch(mod, config)
+            rewriter = Offloader(mod, config, consumers=consumers)
             for gvar, func in list(mod.functions.items()):
                 if isinstance(func, relax.Function):
                     rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
