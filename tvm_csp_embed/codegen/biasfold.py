@@ -349,18 +349,10 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
     epilogue = normalize_epilogue(epilogue)
     if not has_bias(epilogue):
         return 0, ""
-    why = None
-    if strict:
-        why = "csp-strict keeps the stock template's program"
-    elif kind not in FOLD_KINDS:
-        why = f"a {kind}'s bias is not per output channel of the weights"
-    elif epilogue[0] != ("bias",):
-        why = "the bias is not the epilogue's first stage"
-    elif bias is None:
-        why = "bias is runtime data"
-    elif not weight_constant:
+    why = _not_a_constant_leading_bias(kind, epilogue, bias, strict)
+    if why is None and not weight_constant:
         why = "the weights are runtime data"
-    else:
+    elif why is None:
         lanes = fold_lanes(pg)
         k = pg.operands[lanes.weight].host.src_shape[0] if isinstance(lanes, FoldLanes) else None
         if isinstance(lanes, str):
@@ -368,16 +360,38 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
         elif np.asarray(bias).size != k:
             why = f"{np.asarray(bias).size} bias values for {k} output channels"
         else:
-            lo, hi = fold_range(lanes.lanes)
-            b = np.asarray(bias, dtype=np.int64)
-            bmin, bmax = int(b.min()), int(b.max())
-            if bmin < lo or bmax > hi:
-                why = (f"bias {bmin:,}..{bmax:,} outside the {lo:,}..{hi:,} that the "
-                       f"{lanes.lanes} spare lane(s) hold")
-            else:
+            why = _outside(bias, lanes.lanes, f"the {lanes.lanes} spare lane(s) hold")
+            if why is None:
+                lo, hi = fold_range(lanes.lanes)
                 return lanes.lanes, (f"bias folded into {lanes.lanes} spare reduction lane(s) "
                                      f"(holds {lo:,}..{hi:,})")
     return 0, f"bias kept on the ALU: {why}"
+
+
+def _not_a_constant_leading_bias(kind: str, epilogue, bias, strict: bool) -> Optional[str]:
+    """Why the bias of an operator of ``kind`` with the (normalised) ``epilogue`` cannot become
+    part of the GEMM (folded or by a GEMM of its own), or None: it must be a constant
+    per-output-channel bias in the first stage, outside ``csp-strict``."""
+    if strict:
+        return "csp-strict keeps the stock template's program"
+    if kind not in FOLD_KINDS:
+        return f"a {kind}'s bias is not per output channel of the weights"
+    if epilogue[0] != ("bias",):
+        return "the bias is not the epilogue's first stage"
+    if bias is None:
+        return "bias is runtime data"
+    return None
+
+
+def _outside(bias, lanes: int, holder: str) -> Optional[str]:
+    """Why ``bias`` does not fit :func:`fold_range` ``(lanes)`` (``holder`` names what holds
+    the range), or None."""
+    lo, hi = fold_range(lanes)
+    b = np.asarray(bias, dtype=np.int64)
+    bmin, bmax = int(b.min()), int(b.max())
+    if bmin < lo or bmax > hi:
+        return f"bias {bmin:,}..{bmax:,} outside the {lo:,}..{hi:,} that {holder}"
+    return None
 
 
 def fold_layouts(pg: PackedGemm, bias) -> Dict[str, HostLayout]:
@@ -627,26 +641,14 @@ def gemm_bias_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple],
     epilogue = normalize_epilogue(epilogue)
     if not has_bias(epilogue):
         return False, ""
-    why = None
-    weight = pg.embedding.workload.inputs[1].name
-    if strict:
-        why = "csp-strict keeps the stock template's program"
-    elif kind not in FOLD_KINDS:
-        why = f"a {kind}'s bias is not per output channel of the weights"
-    elif epilogue[0] != ("bias",):
-        why = "the bias is not the epilogue's first stage"
-    elif bias is None:
-        why = "bias is runtime data"
-    elif pg.operands["B"].tensor != weight:
+    lanes = pg.axes["z"]
+    why = _not_a_constant_leading_bias(kind, epilogue, bias, strict)
+    if why is None and pg.operands["B"].tensor != pg.embedding.workload.inputs[1].name:
         why = "the weights are not the GEMM's weight operand (the channel is not on its y axis)"
-    else:
-        lanes = pg.axes["z"]
-        lo, hi = fold_range(lanes)
-        b = np.asarray(bias, dtype=np.int64)
-        bmin, bmax = int(b.min()), int(b.max())
-        if bmin < lo or bmax > hi:
-            why = f"bias {bmin:,}..{bmax:,} outside the {lo:,}..{hi:,} that {lanes} lanes hold"
-        else:
+    elif why is None:
+        why = _outside(bias, lanes, f"{lanes} lanes hold")
+        if why is None:
+            lo, hi = fold_range(lanes)
             return True, (f"bias added by one GEMM per output tile (a constant block of {lanes} "
                           f"lanes, holds {lo:,}..{hi:,})")
     return False, f"not by a GEMM: {why}"

@@ -178,17 +178,22 @@ class TirConverter:
             inner.append((self._uid(lp), int(lp.extent)))
         return self._store(inner, body)
 
+    def _plain_nest(self, s, pragma: str):
+        """``(loops, body)`` of the perfect loop nest ``s`` under ``pragma``: plain loops from 0."""
+        loops, body = [], s
+        while isinstance(body, self.tirx.For):
+            if int(body.min) != 0 or "vta_vthread" in body.annotations:
+                raise LoweringError(f"{pragma} loop nest: loop {body.loop_var} must be a plain "
+                                    "loop from 0")
+            loops.append(body)
+            body = body.body
+        return loops, body
+
     def _fill(self, s):
         """``("fill", inner, sram, idx)`` of a loop nest under :data:`ACC_FILL_PRAGMA`: a perfect
         nest storing 0 into an on-chip buffer."""
         t = self.tirx
-        loops, body = [], s
-        while isinstance(body, t.For):
-            if int(body.min) != 0 or "vta_vthread" in body.annotations:
-                raise LoweringError(f"{ACC_FILL_PRAGMA} loop nest: loop {body.loop_var} must be a "
-                                    "plain loop from 0")
-            loops.append(body)
-            body = body.body
+        loops, body = self._plain_nest(s, ACC_FILL_PRAGMA)
         if not (isinstance(body, t.BufferStore) and body.buffer.name in self.bufs
                 and isinstance(body.value, t.IntImm) and int(body.value.value) == 0):
             raise LoweringError(f"{ACC_FILL_PRAGMA} loop nest must store 0 into an on-chip buffer, "
@@ -201,13 +206,9 @@ class TirConverter:
         buffer into another of the same size at the same index. No statement: the destination
         becomes an alias of the source (it shares its storage, as an in-place ALU stage's)."""
         t = self.tirx
-        body = s
-        while isinstance(body, t.For):
-            if int(body.min) != 0 or "vta_vthread" in body.annotations:
-                raise LoweringError(f"{ACC_ALIAS_PRAGMA} loop nest: loop {body.loop_var} must be a "
-                                    "plain loop from 0")
-            self._uid(body)
-            body = body.body
+        loops, body = self._plain_nest(s, ACC_ALIAS_PRAGMA)
+        for lp in loops:
+            self._uid(lp)
         src = self.load_of(body.value) if isinstance(body, t.BufferStore) else None
         dst = self.bufs.get(body.buffer.name) if src is not None else None
         sbuf = self.bufs.get(src[0]) if src is not None else None
