@@ -3,9 +3,10 @@
 :func:`build_gemm` resolves the knobs (``"cycles"``, ``"tps"``, ``"fallback"`` or an explicit dict, see
 :mod:`.knobs`), schedules (:mod:`.schedule`), lowers with :mod:`vta_ext.lower` exactly as the stock
 templates do, and emits the instruction stream into a :class:`vta_ext.runtime.CommandQueue` whose
-DRAM buffers are allocated in the order A, B, output, bias. The result, :class:`CompiledGemm`, has
-the interface the executor expects of every compiled operator: ``.program``, ``.knobs`` and
-``.run(*packed_inputs, simulator=None) -> (packed_output, SimStats)``.
+DRAM buffers are allocated in the order A, B, output, bias (or the bias GEMM's constant row and
+digit tiles, which :meth:`CompiledGemm.run` makes from the packed bias). The result,
+:class:`CompiledGemm`, has the interface the executor expects of every compiled operator:
+``.program``, ``.knobs`` and ``.run(*packed_inputs, simulator=None) -> (packed_output, SimStats)``.
 """
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from .biasfold import gemm_bias_operands
 from .knobs import (KnobPoint, Pruned, check_point, cycle_point, fallback_point, knob_names,
                     tps_point)
-from .biasfold import gemm_bias_operands
 from .plan import PackedGemm
 from .schedule import acc_init_of, bias_shape, gemm_bias_shapes, schedule_gemm
 

@@ -17,7 +17,9 @@ Schedule (the rule of the stock ``conv2d_packed``, stated on loop roles, :func:`
   but the last, output channels, the last image row (the store point); virtual-thread splits of
   the outer output-channel and first-row loops outermost; inner loops in packed order, then the
   lanes;
-* the GEMM stage and the epilogue in the accumulator at the store point, the bias loaded there;
+* the GEMM stage and the epilogue in the accumulator at the store point, the bias loaded there
+  (or, for a ``("bias_gemm",)`` stage, its constant row and digit tiles, for one more GEMM
+  instruction that continues the accumulator, :func:`_schedule_gemm_bias`);
 * GEMM stage: batch | z-tile outer loops (the load point of the input and weight caches) | z-tile
   inner loops, last image row, the other reductions innermost-first, output channels, other image
   rows | lanes; the GEMM intrinsic tensorized at the lanes (the batch lane with ``BATCH > 1``, else
@@ -316,16 +318,15 @@ def _continued(sch, name: str, prev: str):
     return sch.mod
 
 
-def _drop_init_read(sch, blk) -> None:
+def _drop_init_read(sch, blk, src) -> None:
     """Remove from the update block ``blk`` of a reduction decomposed by ``decompose_reduction``
-    the read of the buffer its init (:func:`_continued`) read: only the init block reads it (the
-    read kept the stages in order until the decomposition; the update must match the GEMM
-    intrinsic, which reads the accumulator, the input and the weights)."""
+    the read of buffer ``src``, which its init (:func:`_continued`) read: only the init block
+    reads it (the read kept the stages in order until the decomposition; the update must match
+    the GEMM intrinsic, which reads the accumulator, the input and the weights)."""
     from tvm.s_tir.stmt import SBlock
 
     old = sch.get(blk)
-    written = old.writes[0].source
-    reads = [r for r in old.reads if r.source.same_as(written) or r.source.scope() != written.scope()]
+    reads = [r for r in old.reads if not r.source.same_as(src)]
     new = SBlock(old.iter_vars, reads, old.writes, old.name_hint, old.body, old.init,
                  old.alloc_buffers, old.match_buffers, old.annotations)
     sch.state.replace(sch.get_sref(blk), new, {old: new})
@@ -333,14 +334,20 @@ def _drop_init_read(sch, blk) -> None:
 
 def _schedule_gemm_bias(sch, name: str, store, pg: PackedGemm, gemm_name: str) -> None:
     """Schedule the bias GEMM stage ``name`` (:func:`_gemm_bias_stage`), computed at the store
-    point: its constant row and digit tiles loaded there (before the tile's GEMM loops), its
-    accumulator that of the stage before (the init copy is an alias,
-    :data:`vta_ext.lower.intrin.ACC_ALIAS_PRAGMA`), the GEMM intrinsic tensorized at the lanes;
-    the tile's loops fold into the instruction's, one micro-op per output channel block."""
+    point: its constant row and digit tiles loaded there, after the tile's GEMM loops (so that
+    their loads do not wait for the previous tile's epilogue), its accumulator that of the stage
+    before (its init, :func:`_continued`, is a copy made an alias,
+    :data:`vta_ext.lower.intrin.ACC_ALIAS_PRAGMA`), the GEMM intrinsic tensorized at the lanes:
+    the tile's two outer loops fold into the instruction's (input and weight factors 0), the
+    others are its micro-ops."""
     from vta_ext.lower.intrin import ACC_ALIAS_PRAGMA
     from vta_ext.memory import INP_SCOPE, WGT_SCOPE
 
     blk = sch.get_sblock(name)
+    acc = sch.get(blk).writes[0].source
+    # the accumulator it continues: the other buffer of its scope that it reads (_continued)
+    (prev,) = [r.source for r in sch.get(blk).reads
+               if r.source.scope() == acc.scope() and not r.source.same_as(acc)]
     for buf, scope in (("bias_row", INP_SCOPE), ("bias_digits", WGT_SCOPE)):
         reads = [r.source.name for r in sch.get(blk).reads]
         sch.compute_at(sch.cache_read(blk, reads.index(buf), scope), store)
@@ -348,6 +355,6 @@ def _schedule_gemm_bias(sch, name: str, store, pg: PackedGemm, gemm_name: str) -
     below = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(store))) + 1
     init = sch.decompose_reduction(blk, loops[below])
     sch.annotate(sch.get_loops(init)[below], ACC_ALIAS_PRAGMA, 1)
-    _drop_init_read(sch, blk)
+    _drop_init_read(sch, blk, prev)
     loops = sch.get_loops(blk)
     sch.tensorize(loops[-3] if pg.axes["x"] > 1 else loops[-2], gemm_name)
