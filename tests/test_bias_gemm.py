@@ -15,9 +15,12 @@ output channel block. Checked here:
   busy cycles fall by exactly the cycle model's durations of what left it minus what came;
 * the knob model's DRAM bytes equal the simulator's counters;
 * the range limits (and one value outside: the ALU ADD stays, the report says why);
-* a Relax build: bit-exact against llvm, the report's sentence, a runtime bias keeps the ADD.
+* a Relax build: bit-exact against llvm, the report's sentence, the tuner's numpy reference of
+  its workload; a runtime bias keeps the ADD.
 """
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -243,6 +246,19 @@ def test_relax_build_chooses_the_gemm_bias_and_says_why_not_otherwise():
     np.testing.assert_array_equal(got, run_module(mod, "llvm", arrays))
     assert "bias added by one GEMM per output tile" in p.detail, p.detail
     assert "bias by GEMM" in p.plan
+    # the tuner's numpy reference (csp_reference) of that workload: the bias drawn in range
+    from tvm_csp_embed.reference import reference_for
+    from vta_ext.executor import compiled_op
+
+    report = vta_ext.last_build_report()
+    spec = json.loads(report.key_of(p))
+    cw = vta_ext.strategy.get_template("conv2d", "csp-relaxed").workload_from_dict(spec["workload"])
+    assert cw.bias_gemm
+    compiled = compiled_op(report.key_of(p))
+    inputs, expected, unpack = reference_for("conv2d", "csp-relaxed")(
+        compiled.program.config, cw, [tuple(s) for s in spec["epilogue"]], np.random.default_rng(6))
+    out, _ = compiled.run(*inputs)
+    np.testing.assert_array_equal(unpack(out), expected)
     mod, arrays = _module(None)
     with vta_ext.build_options(strategy="csp-relaxed"):
         got = run_module(mod, "ext_vta", arrays)
