@@ -30,7 +30,7 @@ from .workload import FUSED_CONV_VARIANTS, conv2d, conv2d_fused, dense, group_co
 __all__ = ["MODES", "STRATEGY_NAMES", "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "CONV_LAYOUTS",
            "CspWorkload", "Candidate", "operator_workload", "fused_variants", "packed_of",
            "stock_mapping_cost", "solve_request", "layout_solves", "candidates", "bias_signature", "fold_candidate",
-           "kept_twin", "unfolded", "program_epilogue", "operand_layouts", "packed_inputs"]
+           "kept_twin", "gemm_twin", "unfolded", "program_epilogue", "operand_layouts", "packed_inputs"]
 
 #: strategy name -> constraint set of the solver
 MODES = {"csp-strict": "strict", "csp-relaxed": "relaxed"}
@@ -78,6 +78,9 @@ class CspWorkload:
         With ``stock``: the knob point ``csp-relaxed`` searched for the stock template's program
         (:mod:`~tvm_csp_embed.stock_knobs`), built under the knobs option ``cycles``; empty: the
         template's own point (TPS).
+    bias_gemm : bool
+        The program adds the operator's constant bias by one GEMM of a constant block per output
+        tile instead of the vector ALU ADD (:func:`~tvm_csp_embed.codegen.biasfold.gemm_bias_epilogue`).
     """
 
     op: str
@@ -91,18 +94,20 @@ class CspWorkload:
     stock: Tuple[Tuple[str, Any], ...] = ()
     bias_lanes: int = 0
     stock_knobs: Tuple[Tuple[str, Any], ...] = ()
+    bias_gemm: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, _tuples(getattr(self, f.name)))
 
-    def with_bias_lanes(self, lanes: int) -> "CspWorkload":
-        """This workload with ``bias_lanes`` set (``dataclasses.replace`` without normalising
-        the other fields again: they already are)."""
-        if lanes == self.bias_lanes:
+    def with_bias_lanes(self, lanes: int, gemm: bool = False) -> "CspWorkload":
+        """This workload with ``bias_lanes`` and ``bias_gemm`` set (``dataclasses.replace``
+        without normalising the other fields again: they already are)."""
+        if lanes == self.bias_lanes and gemm == self.bias_gemm:
             return self
         new = object.__new__(CspWorkload)
-        new.__dict__.update({name: self.__dict__[name] for name in _FIELDS}, bias_lanes=int(lanes))
+        new.__dict__.update({name: self.__dict__[name] for name in _FIELDS}, bias_lanes=int(lanes),
+                            bias_gemm=bool(gemm))
         return new
 
     @property
@@ -267,6 +272,7 @@ class Candidate:
         return (f"{self.workload.layout} {e.mapping_str()} (A<-{e.binding['A']}"
                 + (f", pad {' '.join(f'{d}+{v}' for d, v in e.padding.items())}" if e.padding else "")
                 + (f", bias in {self.workload.bias_lanes} lanes" if self.workload.bias_lanes else "")
+                + (", bias by GEMM" if self.workload.bias_gemm else "")
                 + ")")
 
 
@@ -415,18 +421,45 @@ def kept_twin(cand: Candidate) -> Candidate:
                                 f"{extra:,} bytes of host layout traffic)"))
 
 
+def gemm_twin(op, cand: Candidate, kind: str) -> Optional[Candidate]:
+    """The twin of a candidate whose bias stays on the ALU (``cand``, after :func:`fold_candidate`)
+    that adds it by a GEMM instead (:func:`~.codegen.biasfold.gemm_bias_decision`), or None when
+    it cannot; either way ``cand.bias_note`` gets the reason. The choice times both and keeps the
+    faster (on ``default`` a tile of many output channel blocks and few rows may not gain)."""
+    import tvm
+
+    from .codegen.biasfold import gemm_bias_decision
+
+    if cand.workload.bias_lanes or cand.workload.bias_gemm:
+        return None
+    bias = op.bias.value.numpy() if isinstance(op.bias, tvm.ir.expr.Constant) else None
+    ok, note = gemm_bias_decision(cand.packed, kind, op.epilogue, bias,
+                                  strict=cand.workload.mode == "strict")
+    if not ok:
+        if note and cand.bias_note:
+            cand.bias_note += f"; {note}"
+        return None
+    if cand.bias_note:
+        cand.bias_note += "; not by a GEMM: it was not faster"
+    return Candidate(cand.workload.with_bias_lanes(0, gemm=True), cand.embedding, cand.packed,
+                     estimate=cand.estimate, footprint=cand.footprint, bias_note=note)
+
+
 def unfolded(cw: CspWorkload) -> CspWorkload:
-    """``cw`` without its bias fold: the embedding a folded candidate and its twin share."""
+    """``cw`` without its bias fold or bias GEMM: the embedding a candidate and its twins share."""
     return cw.with_bias_lanes(0)
 
 
 def program_epilogue(cw: CspWorkload, epilogue) -> Tuple[tuple, ...]:
     """The epilogue the program of ``cw`` runs: ``epilogue`` without its bias stage when the bias
-    is folded (``cw.bias_lanes``, :func:`~.codegen.biasfold.fold_epilogue`)."""
+    is folded (``cw.bias_lanes``, :func:`~.codegen.biasfold.fold_epilogue`), with the bias GEMM
+    in its place when ``cw.bias_gemm`` (:func:`~.codegen.biasfold.gemm_bias_epilogue`)."""
     from vta_ext.templates.epilogue import normalize_epilogue
 
-    from .codegen.biasfold import fold_epilogue
+    from .codegen.biasfold import fold_epilogue, gemm_bias_epilogue
 
+    if cw.bias_gemm:
+        return gemm_bias_epilogue(epilogue)
     return fold_epilogue(epilogue) if cw.bias_lanes else normalize_epilogue(epilogue)
 
 

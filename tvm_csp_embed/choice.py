@@ -399,16 +399,17 @@ def _compute_fixed(config, blocks: int, ep, init: str) -> float:
     (simplified) epilogue ``ep``: the instruction fetch, the FINISH and, for every group of at
     most ``acc_depth`` entries (an instruction addresses the accumulator scratchpad only, so it
     reaches at most that many entries), a GEMM, an initialisation (a reset GEMM, or an
-    accumulator fill LOAD of ``init`` ``"fill"``) and every ALU instruction of the epilogue
-    (:func:`~vta_ext.templates.epilogue.alu_count`)."""
+    accumulator fill LOAD of ``init`` ``"fill"``), the bias GEMM of a ``("bias_gemm",)`` stage
+    and every ALU instruction of the epilogue (:func:`~vta_ext.templates.epilogue.alu_count`)."""
     from vta_ext.sim.cycles import timing
-    from vta_ext.templates.epilogue import alu_count
+    from vta_ext.templates.epilogue import GEMM_BIAS_STAGE, alu_count
 
     t = timing(config)
     groups = -(-blocks // config.acc_depth)
     first = t.gemm_fixed if init == "reset" else t.dma("ACC").fixed
+    gemms = 2 if GEMM_BIAS_STAGE in ep else 1      # the bias GEMM (:mod:`.codegen.biasfold`)
     return (t.fetch + t.finish
-            + groups * (t.gemm_fixed + first + alu_count(config, ep) * t.alu_fixed))
+            + groups * (gemms * t.gemm_fixed + first + alu_count(config, ep) * t.alu_fixed))
 
 
 def _memory_bounds(config, kind: str, workload, op: MatchedOp, data_kind: str) -> Tuple[float, ...]:

@@ -30,10 +30,11 @@ def _packed_inputs(cw, pg, tensors, epilogue, rng, bias_shape):
     """``(packed inputs of the program, {vector stage: operator tensor})``: the data and weight
     tensors in the embedding's host layouts, then the epilogue's vector tensors in the bias
     layout; a folded bias (``cw.bias_lanes``) is drawn within the range its lanes hold and written
-    into the data and weight layouts instead (:func:`~.codegen.biasfold.fold_layouts`)."""
+    into the data and weight layouts instead (:func:`~.codegen.biasfold.fold_layouts`); a bias
+    added by a GEMM (``cw.bias_gemm``) within the range of the ``z`` lanes of its constant block."""
     def draw(lo, hi):
-        if cw.bias_lanes:
-            flo, fhi = fold_range(cw.bias_lanes)
+        if cw.bias_lanes or cw.bias_gemm:
+            flo, fhi = fold_range(cw.bias_lanes or pg.axes["z"])
             lo, hi = max(lo, flo), min(hi, fhi + 1)
         return rng.integers(lo, hi, bias_shape).astype(np.int32)
     vec = vector_tensors(epilogue, rng, draw)

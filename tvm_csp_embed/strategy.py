@@ -22,7 +22,9 @@ channels per group between this template's plan and the GEMM block-diagonal prog
    under ``csp-relaxed`` a constant bias is folded into its spare reduction lanes where it fits
    (:mod:`tvm_csp_embed.codegen.biasfold`, :func:`~.candidates.fold_candidate`; the report row says
    why when the ALU ADD stays), and under the objectives that price host work
-   (:data:`HOST_PRICED`) the same embedding with the ADD kept competes too;
+   (:data:`HOST_PRICED`) the same embedding with the ADD kept competes too; a bias that stays
+   on the ALU has a twin that adds it by one GEMM of a constant block per output tile
+   (:func:`~.candidates.gemm_twin`), and the faster of the two is kept;
 4. the candidates are ranked by ``build_options(objective=...)``: ``cycles`` (the cycle model of the
    built program; the two best by a static estimate are built), ``combined`` (cycles at the
    configuration's clock plus the measured host relayout time) or ``footprint`` (bytes of the packed
@@ -65,7 +67,7 @@ from vta_ext.timing import phase
 from .cache import add_idle_work, remove_idle_work, solve_concurrently, solved
 from .candidates import (CONV_LAYOUTS, DEFAULT_SOLUTIONS, DEFAULT_TIMEOUT, MODES, STRATEGY_NAMES,
                          Candidate, CspWorkload, _conv_params, _packed, _shape, bias_signature,  # noqa: F401
-                         candidates, fold_candidate, fused_variants, layout_solves, operator_workload,
+                         candidates, fold_candidate, fused_variants, gemm_twin, layout_solves, operator_workload,
                          packed_inputs, kept_twin, packed_of, program_epilogue, solve_request, stock_mapping_cost,
                          unfolded)
 from .choice import (AGREEMENT_SLACK, CPU, CYCLE_RANKED, RANK_FACTOR, STOCK, STOCK_COMPARED,
@@ -217,6 +219,9 @@ class CspGemmTemplate(OpTemplate):
                 usable.append(fold_candidate(op, c, self.kind))
                 if c.workload.bias_lanes and options.objective in HOST_PRICED:
                     usable.append(kept_twin(c))
+                twin = gemm_twin(op, c, self.kind)
+                if twin is not None:
+                    usable.append(twin)
         if not usable:
             why = "; ".join(notes + [f"{c.label}: {c.refused}" for c in cands]) or "no embedding"
             if cache is not None and "timeout" not in statuses.values():  # a timeout may pass later
@@ -324,6 +329,9 @@ class CspGemmTemplate(OpTemplate):
         cand = fold_candidate(op, Candidate(unfolded(cw), pg.embedding, pg), self.kind)
         if cand.workload.bias_lanes and not cw.bias_lanes:
             cand = kept_twin(cand)
+        twin = gemm_twin(op, cand, self.kind)
+        if cw.bias_gemm and twin is not None:
+            cand = twin
         if cand.workload != cw:
             raise RuntimeError(f"plan cache entry {entry.get('key')}: its bias fold "
                                f"({cw.bias_lanes} lanes) is not the one decided now "

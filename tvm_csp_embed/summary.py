@@ -43,7 +43,8 @@ def plan_summary(template: OpTemplate, plan: OpPlan, config) -> str:
         how = "fell back" if FALLBACK_MARK in plan.description else "chose it"
         return f"stock ({template.strategy} {how})"
     embedding = packed_of(workload, config).embedding
-    fold = f", bias in {workload.bias_lanes} lanes" if workload.bias_lanes else ""
+    fold = (f", bias in {workload.bias_lanes} lanes" if workload.bias_lanes else
+            ", bias by GEMM" if workload.bias_gemm else "")
     return f"{template.strategy} {workload.layout} {embedding.mapping_str()}{fold}"
 
 

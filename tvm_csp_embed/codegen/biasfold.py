@@ -20,6 +20,20 @@ wrapping is the same as that of the ALU add.
   of :class:`~.relayout.HostLayout`; the weights' digits by a ``set`` at build time);
 * :func:`fold_epilogue`: the epilogue the folded program runs (the bias stage dropped).
 
+A program without spare lanes (a reduction of whole ``BLOCK_IN`` blocks: ResNet's 64-channel
+3x3 convs) can still add the bias by a GEMM instead of the vector ALU ADD: a *constant block*, one
+input-buffer row holding :func:`fold_constants` ``(BLOCK_IN)`` in its ``BLOCK_IN`` lanes, times one
+weight tile per output channel block holding the bias's :func:`fold_digits` ``(bias, BLOCK_IN)``,
+one GEMM instruction per output tile whose loops run over the tile's output rows with input and
+weight factors 0 (:func:`~.schedule.schedule_gemm`): ``GEMM_CYCLES_PER_UOP`` per accumulator
+entry instead of ``ALU_CYCLES_PER_UOP_VEC``, the weight tiles and the constant row loaded instead
+of the int32 bias rows:
+
+* :func:`gemm_bias_decision`: whether an operator's program can add its bias so, or why not;
+* :func:`gemm_bias_epilogue`: the epilogue that program runs (``("bias_gemm",)`` first,
+  :data:`~vta_ext.templates.epilogue.GEMM_BIAS_STAGE`);
+* :func:`gemm_bias_operands`: the constant row and the digit tiles of a packed bias.
+
 A lane here is a *class* of packed data positions: the values of the packed data dims that only
 reduction loops index. A class can carry the bias when every reduction point that reads it is a
 padding point (one whose reduction index is beyond an operator dim's extent, so that the weight
@@ -39,7 +53,7 @@ from .relayout import HostLayout, _is_identity
 
 __all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "fold_range", "fold_constants", "fold_digits",
            "FoldLanes", "fold_lanes", "fold_decision", "fold_layouts", "fold_data_layout", "fold_epilogue",
-           "FOLD_KINDS"]
+           "FOLD_KINDS", "gemm_bias_decision", "gemm_bias_epilogue", "gemm_bias_operands"]
 
 #: the data constant of the first spare lane (it carries the residue of the bias modulo 128)
 FIRST_LANE_CONSTANT = 1
@@ -335,18 +349,10 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
     epilogue = normalize_epilogue(epilogue)
     if not has_bias(epilogue):
         return 0, ""
-    why = None
-    if strict:
-        why = "csp-strict keeps the stock template's program"
-    elif kind not in FOLD_KINDS:
-        why = f"a {kind}'s bias is not per output channel of the weights"
-    elif epilogue[0] != ("bias",):
-        why = "the bias is not the epilogue's first stage"
-    elif bias is None:
-        why = "bias is runtime data"
-    elif not weight_constant:
+    why = _not_a_constant_leading_bias(kind, epilogue, bias, strict)
+    if why is None and not weight_constant:
         why = "the weights are runtime data"
-    else:
+    elif why is None:
         lanes = fold_lanes(pg)
         k = pg.operands[lanes.weight].host.src_shape[0] if isinstance(lanes, FoldLanes) else None
         if isinstance(lanes, str):
@@ -354,16 +360,38 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
         elif np.asarray(bias).size != k:
             why = f"{np.asarray(bias).size} bias values for {k} output channels"
         else:
-            lo, hi = fold_range(lanes.lanes)
-            b = np.asarray(bias, dtype=np.int64)
-            bmin, bmax = int(b.min()), int(b.max())
-            if bmin < lo or bmax > hi:
-                why = (f"bias {bmin:,}..{bmax:,} outside the {lo:,}..{hi:,} that the "
-                       f"{lanes.lanes} spare lane(s) hold")
-            else:
+            why = _outside(bias, lanes.lanes, f"the {lanes.lanes} spare lane(s) hold")
+            if why is None:
+                lo, hi = fold_range(lanes.lanes)
                 return lanes.lanes, (f"bias folded into {lanes.lanes} spare reduction lane(s) "
                                      f"(holds {lo:,}..{hi:,})")
     return 0, f"bias kept on the ALU: {why}"
+
+
+def _not_a_constant_leading_bias(kind: str, epilogue, bias, strict: bool) -> Optional[str]:
+    """Why the bias of an operator of ``kind`` with the (normalised) ``epilogue`` cannot become
+    part of the GEMM (folded or by a GEMM of its own), or None: it must be a constant
+    per-output-channel bias in the first stage, outside ``csp-strict``."""
+    if strict:
+        return "csp-strict keeps the stock template's program"
+    if kind not in FOLD_KINDS:
+        return f"a {kind}'s bias is not per output channel of the weights"
+    if epilogue[0] != ("bias",):
+        return "the bias is not the epilogue's first stage"
+    if bias is None:
+        return "bias is runtime data"
+    return None
+
+
+def _outside(bias, lanes: int, holder: str) -> Optional[str]:
+    """Why ``bias`` does not fit :func:`fold_range` ``(lanes)`` (``holder`` names what holds
+    the range), or None."""
+    lo, hi = fold_range(lanes)
+    b = np.asarray(bias, dtype=np.int64)
+    bmin, bmax = int(b.min()), int(b.max())
+    if bmin < lo or bmax > hi:
+        return f"bias {bmin:,}..{bmax:,} outside the {lo:,}..{hi:,} that {holder}"
+    return None
 
 
 def fold_layouts(pg: PackedGemm, bias) -> Dict[str, HostLayout]:
@@ -587,3 +615,75 @@ def _fold_layouts(pg: PackedGemm, bias: np.ndarray) -> Dict[str, HostLayout]:
     weight = HostLayout(wop.host.src_shape, wop.host.steps + (
         ("set", tuple(packed.shape), tuple(index), tuple(vals), "int8"),), wop.host.name)
     return {dop.tensor: data, wop.tensor: weight}
+
+
+# ------------------------------------------------------------------------------------ bias by GEMM
+def gemm_bias_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple],
+                       bias: Optional[np.ndarray], strict: bool = False) -> Tuple[bool, str]:
+    """Whether ``pg``'s program can add the operator's bias by one GEMM of a constant block
+    (see the module notes): ``(True, sentence)`` or ``(False, "not by a GEMM: <why>")``.
+
+    Parameters
+    ----------
+    pg : PackedGemm
+    kind : str
+        The operator kind (only :data:`FOLD_KINDS`: a per-output-channel bias).
+    epilogue : sequence of tuple
+        The operator's epilogue; without a ``("bias",)`` stage the answer is ``(False, "")``.
+    bias : numpy.ndarray or None
+        The bias values when they are a build-time constant, else None (runtime data: its
+        range is unknown when the program is built).
+    strict : bool
+        ``csp-strict``: never (its programs equal the stock template's).
+    """
+    from vta_ext.templates.epilogue import has_bias, normalize_epilogue
+
+    epilogue = normalize_epilogue(epilogue)
+    if not has_bias(epilogue):
+        return False, ""
+    lanes = pg.axes["z"]
+    why = _not_a_constant_leading_bias(kind, epilogue, bias, strict)
+    if why is None and pg.operands["B"].tensor != pg.embedding.workload.inputs[1].name:
+        why = "the weights are not the GEMM's weight operand (the channel is not on its y axis)"
+    elif why is None:
+        why = _outside(bias, lanes, f"{lanes} lanes hold")
+        if why is None:
+            lo, hi = fold_range(lanes)
+            return True, (f"bias added by one GEMM per output tile (a constant block of {lanes} "
+                          f"lanes, holds {lo:,}..{hi:,})")
+    return False, f"not by a GEMM: {why}"
+
+
+def gemm_bias_epilogue(epilogue: Sequence[tuple]) -> Tuple[tuple, ...]:
+    """The epilogue of a program that adds the bias by a GEMM: ``epilogue`` with its leading
+    ``("bias",)`` stage replaced by :data:`~vta_ext.templates.epilogue.GEMM_BIAS_STAGE`.
+
+    Raises
+    ------
+    ValueError
+        If the epilogue does not start with the bias.
+    """
+    from vta_ext.templates.epilogue import GEMM_BIAS_STAGE
+
+    return (GEMM_BIAS_STAGE,) + fold_epilogue(epilogue)
+
+
+def gemm_bias_operands(bias_packed: np.ndarray, lanes: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The two operands of the bias GEMM from the packed bias (:meth:`~.plan.PackedGemm.bias_layout`,
+    its last two dims the ``x`` and ``y`` lanes): ``(row, digits)``, the constant row
+    (``(x, lanes)`` int8, :func:`fold_constants` on every ``x`` lane) and the digit tiles
+    (the packed bias's shape without the ``x`` lanes, then ``lanes``; int8, :func:`fold_digits`).
+
+    Raises
+    ------
+    ValueError
+        If the bias differs between ``x`` lanes or a value is out of :func:`fold_range`.
+    """
+    b = np.asarray(bias_packed)
+    first = b[..., :1, :]
+    if not (b == first).all():
+        raise ValueError("the packed bias differs between x lanes: not a per-output-channel bias")
+    values = first[..., 0, :]
+    row = np.ascontiguousarray(np.broadcast_to(fold_constants(lanes), (b.shape[-2], lanes)))
+    digits = fold_digits(values, lanes).reshape(values.shape + (lanes,))
+    return row, digits

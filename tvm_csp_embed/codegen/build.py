@@ -3,9 +3,10 @@
 :func:`build_gemm` resolves the knobs (``"cycles"``, ``"tps"``, ``"fallback"`` or an explicit dict, see
 :mod:`.knobs`), schedules (:mod:`.schedule`), lowers with :mod:`vta_ext.lower` exactly as the stock
 templates do, and emits the instruction stream into a :class:`vta_ext.runtime.CommandQueue` whose
-DRAM buffers are allocated in the order A, B, output, bias. The result, :class:`CompiledGemm`, has
-the interface the executor expects of every compiled operator: ``.program``, ``.knobs`` and
-``.run(*packed_inputs, simulator=None) -> (packed_output, SimStats)``.
+DRAM buffers are allocated in the order A, B, output, bias (or the bias GEMM's constant row and
+digit tiles, which :meth:`CompiledGemm.run` makes from the packed bias). The result,
+:class:`CompiledGemm`, has the interface the executor expects of every compiled operator:
+``.program``, ``.knobs`` and ``.run(*packed_inputs, simulator=None) -> (packed_output, SimStats)``.
 """
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from .biasfold import gemm_bias_operands
 from .knobs import (KnobPoint, Pruned, check_point, cycle_point, fallback_point, knob_names,
                     tps_point)
 from .plan import PackedGemm
-from .schedule import acc_init_of, bias_shape, schedule_gemm
+from .schedule import acc_init_of, bias_shape, gemm_bias_shapes, schedule_gemm
 
 __all__ = ["CompiledGemm", "resolve_knobs", "build_gemm", "knob_record"]
 
@@ -88,9 +90,15 @@ class CompiledGemm:
     generated: Any = field(repr=False, default=None)
 
     @property
+    def gemm_bias(self) -> bool:
+        """Whether the program adds the bias by a GEMM (:func:`~.biasfold.gemm_bias_epilogue`):
+        :meth:`run` turns the packed bias into the constant row and the digit tiles."""
+        return "bias_digits" in self.shapes
+
+    @property
     def has_bias(self) -> bool:
         """Whether the epilogue adds a bias tensor (a third :meth:`run` argument)."""
-        return "bias" in self.shapes
+        return "bias" in self.shapes or self.gemm_bias
 
     def run(self, a_packed, b_packed, bias_packed=None, simulator=None):
         """Execute on the functional simulator; returns ``(out_packed_int8, SimStats)``."""
@@ -98,6 +106,7 @@ class CompiledGemm:
 
         prog = self.program
         names = [self.plan.operands["A"].tensor, self.plan.operands["B"].tensor]
+        expected = dict(self.shapes, bias=bias_shape(self.plan))
         for name, arr, dtype in ((names[0], a_packed, np.int8), (names[1], b_packed, np.int8),
                                  ("bias", bias_packed, np.int32)):
             if name == "bias" and not self.has_bias:
@@ -107,9 +116,14 @@ class CompiledGemm:
             if arr is None:
                 raise Conv2dError(f"this GEMM needs its {name} input")
             arr = np.asarray(arr)
-            if arr.shape != self.shapes[name] or arr.dtype != np.dtype(dtype):
-                raise Conv2dError(f"{name}: expected {self.shapes[name]} {np.dtype(dtype)}, got "
+            if arr.shape != expected[name] or arr.dtype != np.dtype(dtype):
+                raise Conv2dError(f"{name}: expected {expected[name]} {np.dtype(dtype)}, got "
                                   f"{arr.shape} {arr.dtype}")
+            if name == "bias" and self.gemm_bias:
+                row, digits = gemm_bias_operands(arr, self.plan.axes["z"])
+                prog.write("bias_row", row)
+                prog.write("bias_digits", np.ascontiguousarray(digits))
+                continue
             prog.write(name, np.ascontiguousarray(arr))
         t = time.perf_counter()
         stats = prog.run(simulator)
@@ -136,7 +150,8 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule
     from vta_ext.runtime import CommandQueue
-    from vta_ext.templates.epilogue import has_bias, normalize_epilogue, simplify_epilogue
+    from vta_ext.templates.epilogue import (GEMM_BIAS_STAGE, has_bias, normalize_epilogue,
+                                            simplify_epilogue)
     from vta_ext.templates.errors import Conv2dRefusal, KnobError
 
     epilogue = normalize_epilogue(epilogue)
@@ -160,6 +175,8 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     shapes = {A.tensor: A.stored_shape, B.tensor: B.stored_shape, "out": C.stored_shape}
     if has_bias(epilogue):
         shapes["bias"] = bias_shape(pg)
+    if GEMM_BIAS_STAGE in epilogue:
+        shapes.update(gemm_bias_shapes(pg))
     q = CommandQueue(cfg)
     bufs = {}
     for name, shape in shapes.items():

@@ -42,6 +42,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from vta_ext.templates.epilogue import GEMM_BIAS_STAGE
+
 from .loops import ORDERS, loop_orders, tiled_loops, vt_loops
 from .plan import AXIS_PREFIX, PackedGemm
 from .schedule import acc_init_of
@@ -348,6 +350,11 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
         iters = _prod(at_res[n][0] for n in orders.outer[:orders.outer.index(orders.resident_at) + 1])
         insns = insns + (iters * res_insns - c["stores"] * c["batch"] * c["steps"] * moved)
     load, resident, res_loads = _load_busy(loads, res)
+    extra = c["bias_gemm"]
+    if extra is not None:       # the bias GEMM's operands, loaded at the store point
+        sram = {n: v + extra["sram"].get(n, 0) for n, v in sram.items()}
+        nbytes = {n: v + extra["bytes"].get(n, 0) for n, v in nbytes.items()}
+        insns, load = insns + extra["insns"], load + extra["busy"]
     busy = {"load": load, "resident": resident, **c["busy"]}
     return {"sram": sram, "uops": c["uops"], "folded": c["folded"], "bytes": nbytes, "insns": insns,
             "busy": busy,
@@ -398,11 +405,30 @@ def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]
     t = timing(cfg)
     return {"loads": loads, "sram": sram, "uops": uops, "folded": folded, "bytes": nbytes,
             "insns": insns, "busy": busy,
+            "bias_gemm": (_gemm_bias_loads(cfg, stores, bias_tile, threads)
+                          if GEMM_BIAS_STAGE in ep else None),
             "pipeline": _pipeline_terms(busy, stores, batch * steps, threads), "threads": threads,
             "stores": stores, "batch": batch, "steps": steps, "a_free": a_free, "a_loads": a_loads,
             # the instruction fetch before the modules start (the FINISH instruction, the same
             # on every point and every plan, is left out)
             "fetch": t.fetch}
+
+
+def _gemm_bias_loads(cfg, stores, bias_tile, threads) -> Dict[str, Any]:
+    """The loads of a program that adds its bias by a GEMM (:mod:`.biasfold`), per store point:
+    the constant row (one ``INP`` entry) and the tile's digit tiles (``bias_tile`` ``WGT``
+    entries, one per output channel block), each one LOAD of one row. ``sram`` (entries, all
+    threads), ``bytes`` (per counter), ``insns`` (the instructions it adds) and ``busy`` (the
+    load module's cycles, :meth:`vta_ext.sim.cycles.DmaCost.cycles`)."""
+    from vta_ext.sim.cycles import timing
+
+    t = timing(cfg)
+    row, digits = stores * cfg.inp_elem_bytes, stores * bias_tile * cfg.wgt_elem_bytes
+    return {"sram": {"inp": threads, "wgt": bias_tile * threads},
+            "bytes": {"inp_load_nbytes": row, "wgt_load_nbytes": digits},
+            # the GEMM and the two LOADs in place of the bias's ACC LOAD
+            "insns": stores * 2,
+            "busy": t.dma("INP").cycles(stores, 1, row) + t.dma("WGT").cycles(stores, 1, digits)}
 
 
 def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, Any]],
@@ -466,8 +492,10 @@ def compute_work(cfg, pg: PackedGemm, ep) -> Dict[str, int]:
     epilogue ``ep``, whatever its knobs: ``gemm`` (every GEMM call of the embedding, one micro-op
     each, at ``GEMM_CYCLES_PER_UOP``), ``init`` (every accumulator entry initialised once: a reset
     micro-op, or ``PAD_ELEM_CYCLES`` per padding element of a fill LOAD,
-    :func:`~.schedule.acc_init_of`) and ``alu`` (every accumulator entry through every ALU pass
-    of ``ep``, :func:`~vta_ext.templates.epilogue.alu_cycles`). The instructions' fixed cycles
+    :func:`~.schedule.acc_init_of`), ``alu`` (every accumulator entry through every ALU pass
+    of ``ep``, :func:`~vta_ext.templates.epilogue.alu_cycles`) and ``bias`` (with a
+    ``("bias_gemm",)`` stage, every accumulator entry through the bias GEMM's micro-op at
+    ``GEMM_CYCLES_PER_UOP``, :mod:`.biasfold`; else 0). The instructions' fixed cycles
     and the bias loads, which depend on the knobs, are not in it, so the sum is a lower bound on
     the compute module's busy cycles (:func:`_module_busy` adds them)."""
     from vta_ext.templates.epilogue import alu_cycles
@@ -476,7 +504,8 @@ def compute_work(cfg, pg: PackedGemm, ep) -> Dict[str, int]:
     return {"gemm": pg.embedding.instruction_count * cfg.GEMM_CYCLES_PER_UOP,
             "init": blocks * (cfg.GEMM_CYCLES_PER_UOP if acc_init_of(pg) == "reset"
                               else cfg.PAD_ELEM_CYCLES),
-            "alu": blocks * alu_cycles(cfg, ep)}
+            "alu": blocks * alu_cycles(cfg, ep),
+            "bias": blocks * cfg.GEMM_CYCLES_PER_UOP if GEMM_BIAS_STAGE in ep else 0}
 
 
 def _load_busy(loads: Mapping[str, Mapping[str, Any]], res: Optional[str]):
@@ -503,7 +532,8 @@ def _module_busy(cfg, pg: PackedGemm, ep, k, nbytes, stores, steps) -> Dict[str,
     the schedule; no loop order changes them. Parts: ``gemm`` (every GEMM micro-op execution, an
     issue per load step), ``reset`` (one micro-op per accumulator entry), ``epilogue`` (the ALU
     passes of :func:`~vta_ext.templates.epilogue.alu_cycles` per accumulator entry and the bias
-    loads, both on the compute module) and ``store``. Every instruction adds its kind's fixed
+    loads, both on the compute module, or the bias GEMM's micro-ops and one GEMM instruction per
+    store point) and ``store``. Every instruction adds its kind's fixed
     cycles (:func:`vta_ext.sim.cycles.timing`): a GEMM per load step, a reset GEMM or an
     accumulator fill LOAD per store point (:func:`~.schedule.acc_init_of`), the ALU passes, a bias
     LOAD of one row, and the STOREs at the ``OUT`` kind's cost."""
@@ -520,6 +550,7 @@ def _module_busy(cfg, pg: PackedGemm, ep, k, nbytes, stores, steps) -> Dict[str,
     return {"gemm": work["gemm"] + stores * steps * t.gemm_fixed,
             "reset": work["init"] + stores * init,
             "epilogue": (work["alu"] + stores * alu_count(cfg, ep) * t.alu_fixed
+                         + (work["bias"] + stores * t.gemm_fixed if work["bias"] else 0)
                          + (t.dma("ACC").cycles(stores, 1, nbytes["acc_load_nbytes"])
                             if has_bias(ep) else 0)),
             "store": t.dma("OUT").cycles(stores, store_rows, nbytes["out_store_nbytes"])}

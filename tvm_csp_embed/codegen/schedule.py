@@ -17,7 +17,9 @@ Schedule (the rule of the stock ``conv2d_packed``, stated on loop roles, :func:`
   but the last, output channels, the last image row (the store point); virtual-thread splits of
   the outer output-channel and first-row loops outermost; inner loops in packed order, then the
   lanes;
-* the GEMM stage and the epilogue in the accumulator at the store point, the bias loaded there;
+* the GEMM stage and the epilogue in the accumulator at the store point, the bias loaded there
+  (or, for a ``("bias_gemm",)`` stage, its constant row and digit tiles, for one more GEMM
+  instruction that continues the accumulator, :func:`_schedule_gemm_bias`);
 * GEMM stage: batch | z-tile outer loops (the load point of the input and weight caches) | z-tile
   inner loops, last image row, the other reductions innermost-first, output channels, other image
   rows | lanes; the GEMM intrinsic tensorized at the lanes (the batch lane with ``BATCH > 1``, else
@@ -32,10 +34,13 @@ from __future__ import annotations
 
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from vta_ext.templates.epilogue import GEMM_BIAS_STAGE
+
 from .loops import loop_orders
 from .plan import AXIS_PREFIX, PackedDim, PackedGemm
 
-__all__ = ["gemm_compute", "schedule_gemm", "bias_shape", "ACC_INITS", "acc_init_of"]
+__all__ = ["gemm_compute", "schedule_gemm", "bias_shape", "gemm_bias_shapes", "ACC_INITS",
+           "acc_init_of"]
 
 #: how the accumulator of each output tile starts from zero (:func:`schedule_gemm`): ``"fill"``,
 #: LOADs of the accumulator made only of padding (one cycle per element written on the compute
@@ -127,6 +132,11 @@ def gemm_compute(cfg, pg: PackedGemm, epilogue):
     stage_names = []
     bshape = bias_shape(pg)
     for idx, st in enumerate(epilogue):
+        if st == GEMM_BIAS_STAGE:
+            res, operands = _gemm_bias_stage(pg, res, bshape, f"ep{idx}_{st[0]}")
+            inputs += operands
+            stage_names.append(res.op.name)
+            continue
         if st[0] == "bias":
             bias = te.placeholder(bshape, "int32", name="bias")
         res = te.compute(C.shape, _stage_fn(st, res, bias, bshape), name=f"ep{idx}_{st[0]}")
@@ -136,6 +146,34 @@ def gemm_compute(cfg, pg: PackedGemm, epilogue):
     if bias is not None:
         inputs.append(bias)
     return inputs, out, stage_names, pad_stage
+
+
+def gemm_bias_shapes(pg: PackedGemm) -> Dict[str, Tuple[int, ...]]:
+    """The DRAM tensors of the bias GEMM (:mod:`.biasfold`'s constant block): ``bias_row``, the
+    constant input row (``x`` by ``z`` lanes), and ``bias_digits``, one weight tile per output
+    channel block (the packed bias's shape, :func:`bias_shape`, without its ``x`` lanes, then the
+    ``z`` lanes)."""
+    bshape = bias_shape(pg)
+    return {"bias_row": (pg.axes["x"], pg.axes["z"]),
+            "bias_digits": bshape[:-2] + (pg.axes["y"], pg.axes["z"])}
+
+
+def _gemm_bias_stage(pg: PackedGemm, prev, bshape, name: str):
+    """The bias GEMM as a TE stage: a reduction over the ``z`` lanes of the constant row times the
+    digit tile of each output's channel block, starting from ``prev`` (the accumulator); and its
+    two placeholders (:func:`gemm_bias_shapes`)."""
+    from tvm import te
+
+    shapes = gemm_bias_shapes(pg)
+    row = te.placeholder(shapes["bias_row"], "int8", name="bias_row")
+    digits = te.placeholder(shapes["bias_digits"], "int8", name="bias_digits")
+    zb = te.reduce_axis((0, pg.axes["z"]), "z_b")
+
+    def body(*i):
+        channel = tuple(v if n > 1 else 0 for v, n in zip(i[:-2], bshape[:-2]))
+        return te.sum(row[i[-2], zb].astype("int32") * digits[channel + (i[-1], zb)].astype("int32"),
+                      axis=zb, init=prev(*i))
+    return te.compute(pg.operands["C"].shape, body, name=name), [row, digits]
 
 
 def _stage_fn(stage, prev, bias, bshape):
@@ -165,6 +203,9 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
     func = te.create_prim_func(inputs + [out]).with_attr("global_symbol", "csp_gemm")
     gemm_name, reset_name = register_gemm_intrin(cfg)
     sch = unchecked_schedule(func)
+    for prev, name in zip(["gemm"] + stage_names, stage_names):
+        if name.endswith("_" + GEMM_BIAS_STAGE[0]):
+            sch = unchecked_schedule(_continued(sch, name, prev))
     orders = loop_orders(pg, knobs.get("order", 0))
     ext = {lp.name: lp.extent for lp in pg.loops}
     C = pg.operands["C"]
@@ -247,6 +288,73 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
         sch.annotate(iloops[parents], ACC_FILL_PRAGMA, 1)
     else:
         sch.tensorize(iloops[-2] if pg.axes["x"] > 1 else iloops[-1], reset_name)
+    for name in stage_names:
+        if name.endswith("_" + GEMM_BIAS_STAGE[0]):
+            _schedule_gemm_bias(sch, name, store, pg, gemm_name)
     info = dict(stage_names=stage_names, pad_stage=pad_stage, inputs=[t.op.name for t in inputs],
                 vthreads=len(vthreads))
     return sch, info
+
+
+def _continued(sch, name: str, prev: str):
+    """The module of ``sch`` with the reduction block ``name`` starting from the value of block
+    ``prev`` at the same index instead of 0 (its init reads ``prev``'s buffer): what the TE stage
+    states (``te.sum(..., init=prev)``) but ``te.create_prim_func`` drops (it writes the
+    reducer's identity)."""
+    import tvm
+    from tvm.s_tir.stmt import SBlock
+    from tvm.tirx import BufferLoad
+    from tvm.tirx.stmt import BufferStore
+
+    blk = sch.get_sblock(name)
+    old = sch.get(blk)
+    written = sch.get(sch.get_sblock(prev)).writes[0]
+    src, at = written.source, list(old.init.indices)
+    region = tvm.ir.TensorRegion(src, [tvm.ir.Range.from_min_extent(i, 1) for i in at], written.ty)
+    new = SBlock(old.iter_vars, list(old.reads) + [region], old.writes, old.name_hint, old.body,
+                 BufferStore(old.init.buffer, BufferLoad(src, at), at), old.alloc_buffers,
+                 old.match_buffers, old.annotations)
+    sch.state.replace(sch.get_sref(blk), new, {old: new})
+    return sch.mod
+
+
+def _drop_init_read(sch, blk, src) -> None:
+    """Remove from the update block ``blk`` of a reduction decomposed by ``decompose_reduction``
+    the read of buffer ``src``, which its init (:func:`_continued`) read: only the init block
+    reads it (the read kept the stages in order until the decomposition; the update must match
+    the GEMM intrinsic, which reads the accumulator, the input and the weights)."""
+    from tvm.s_tir.stmt import SBlock
+
+    old = sch.get(blk)
+    reads = [r for r in old.reads if not r.source.same_as(src)]
+    new = SBlock(old.iter_vars, reads, old.writes, old.name_hint, old.body, old.init,
+                 old.alloc_buffers, old.match_buffers, old.annotations)
+    sch.state.replace(sch.get_sref(blk), new, {old: new})
+
+
+def _schedule_gemm_bias(sch, name: str, store, pg: PackedGemm, gemm_name: str) -> None:
+    """Schedule the bias GEMM stage ``name`` (:func:`_gemm_bias_stage`), computed at the store
+    point: its constant row and digit tiles loaded there, after the tile's GEMM loops (so that
+    their loads do not wait for the previous tile's epilogue), its accumulator that of the stage
+    before (its init, :func:`_continued`, is a copy made an alias,
+    :data:`vta_ext.lower.intrin.ACC_ALIAS_PRAGMA`), the GEMM intrinsic tensorized at the lanes:
+    the tile's two outer loops fold into the instruction's (input and weight factors 0), the
+    others are its micro-ops."""
+    from vta_ext.lower.intrin import ACC_ALIAS_PRAGMA
+    from vta_ext.memory import INP_SCOPE, WGT_SCOPE
+
+    blk = sch.get_sblock(name)
+    acc = sch.get(blk).writes[0].source
+    # the accumulator it continues: the other buffer of its scope that it reads (_continued)
+    (prev,) = [r.source for r in sch.get(blk).reads
+               if r.source.scope() == acc.scope() and not r.source.same_as(acc)]
+    for buf, scope in (("bias_row", INP_SCOPE), ("bias_digits", WGT_SCOPE)):
+        reads = [r.source.name for r in sch.get(blk).reads]
+        sch.compute_at(sch.cache_read(blk, reads.index(buf), scope), store)
+    loops = sch.get_loops(blk)
+    below = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(store))) + 1
+    init = sch.decompose_reduction(blk, loops[below])
+    sch.annotate(sch.get_loops(init)[below], ACC_ALIAS_PRAGMA, 1)
+    _drop_init_read(sch, blk, prev)
+    loops = sch.get_loops(blk)
+    sch.tensorize(loops[-3] if pg.axes["x"] > 1 else loops[-2], gemm_name)

@@ -14,9 +14,9 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from ..config import VTAConfig
-from ..memory import SCOPES, scratchpad_of_scope
+from ..memory import ACC_SCOPE, SCOPES, scratchpad_of_scope
 from .affine import Aff
-from .intrin import ACC_FILL_PRAGMA, GEMM_EXTERN, RESET_EXTERN
+from .intrin import ACC_ALIAS_PRAGMA, ACC_FILL_PRAGMA, GEMM_EXTERN, RESET_EXTERN
 from .ir import Loop, LoweringError, SramBuf
 
 __all__ = ["TirConverter"]
@@ -135,6 +135,8 @@ class TirConverter:
                 raise LoweringError(f"loop {s.loop_var} does not start at 0")
             if ACC_FILL_PRAGMA in s.annotations:
                 return [self._fill(s)]
+            if ACC_ALIAS_PRAGMA in s.annotations:
+                return self._alias(s)
             nest = self._perfect_nest(s)
             if nest is not None:
                 return [nest]
@@ -176,23 +178,47 @@ class TirConverter:
             inner.append((self._uid(lp), int(lp.extent)))
         return self._store(inner, body)
 
+    def _plain_nest(self, s, pragma: str):
+        """``(loops, body)`` of the perfect loop nest ``s`` under ``pragma``: plain loops from 0."""
+        loops, body = [], s
+        while isinstance(body, self.tirx.For):
+            if int(body.min) != 0 or "vta_vthread" in body.annotations:
+                raise LoweringError(f"{pragma} loop nest: loop {body.loop_var} must be a plain "
+                                    "loop from 0")
+            loops.append(body)
+            body = body.body
+        return loops, body
+
     def _fill(self, s):
         """``("fill", inner, sram, idx)`` of a loop nest under :data:`ACC_FILL_PRAGMA`: a perfect
         nest storing 0 into an on-chip buffer."""
         t = self.tirx
-        loops, body = [], s
-        while isinstance(body, t.For):
-            if int(body.min) != 0 or "vta_vthread" in body.annotations:
-                raise LoweringError(f"{ACC_FILL_PRAGMA} loop nest: loop {body.loop_var} must be a "
-                                    "plain loop from 0")
-            loops.append(body)
-            body = body.body
+        loops, body = self._plain_nest(s, ACC_FILL_PRAGMA)
         if not (isinstance(body, t.BufferStore) and body.buffer.name in self.bufs
                 and isinstance(body.value, t.IntImm) and int(body.value.value) == 0):
             raise LoweringError(f"{ACC_FILL_PRAGMA} loop nest must store 0 into an on-chip buffer, "
                                 f"got {body}")
         inner = [(self._uid(lp), int(lp.extent)) for lp in loops]
         return ("fill", inner, self.bufs[body.buffer.name], self.aff(body.indices[0]))
+
+    def _alias(self, s) -> list:
+        """A loop nest under :data:`ACC_ALIAS_PRAGMA`: a perfect nest copying one accumulator
+        buffer into another of the same size at the same index. No statement: the destination
+        becomes an alias of the source (it shares its storage, as an in-place ALU stage's)."""
+        t = self.tirx
+        loops, body = self._plain_nest(s, ACC_ALIAS_PRAGMA)
+        for lp in loops:
+            self._uid(lp)
+        src = self.load_of(body.value) if isinstance(body, t.BufferStore) else None
+        dst = self.bufs.get(body.buffer.name) if src is not None else None
+        sbuf = self.bufs.get(src[0]) if src is not None else None
+        index = self.aff(body.indices[0]) if dst is not None else None
+        if dst is None or sbuf is None or (index.c, index.k) != (src[1].c, src[1].k) \
+                or {dst.scope, sbuf.scope} != {ACC_SCOPE} or dst.nscalars != sbuf.nscalars:
+            raise LoweringError(f"{ACC_ALIAS_PRAGMA} loop nest must copy an accumulator buffer into "
+                                f"another of its size at the same index, got {body}")
+        dst.alias = sbuf
+        return []
 
     def _call(self, c):
         name = str(c.args[0]).strip('"') if len(c.args) else ""

@@ -26,6 +26,7 @@ from ..config import VTAConfig
 from ..memory import ACC_SCOPE, INP_SCOPE, WGT_SCOPE
 
 __all__ = ["INP_SCOPE", "WGT_SCOPE", "ACC_SCOPE", "GEMM_EXTERN", "RESET_EXTERN", "ACC_FILL_PRAGMA",
+           "ACC_ALIAS_PRAGMA",
            "gemm_intrin_names", "register_gemm_intrin"]
 
 #: extern names of the markers left in the lowered TIR
@@ -35,6 +36,10 @@ RESET_EXTERN = "VTAUopReset"
 #: accumulator made only of padding (``y_size`` 0: zeros written on chip, no DRAM read) instead of
 #: GEMM reset micro-ops (the alternative to tensorizing with the reset intrinsic)
 ACC_FILL_PRAGMA = "vta_acc_fill"
+#: loop annotation of a copy of one accumulator buffer into another at the same index (the init of
+#: a reduction that continues an earlier stage's sum, e.g. a GEMM that adds to the accumulator of
+#: the GEMM before it): no instruction, the destination shares the source's storage
+ACC_ALIAS_PRAGMA = "vta_acc_alias"
 
 _REGISTERED = set()
 

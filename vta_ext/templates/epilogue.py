@@ -21,6 +21,9 @@ stage                   value                                       ALU instruct
 ``("mul", c)``          ``x * c``                                   MUL imm ``c``
 ``("mulv",)``           ``x * m`` (per-output-channel int32         MUL vector (template-specific)
                         multiplier tensor in the acc)
+``("bias_gemm",)``      ``x + bias``, added by a GEMM of a          none (a GEMM micro-op per
+                        constant input row and the bias's digits    accumulator entry; CSP
+                        (first stage only)                          programs only, see below)
 ======================  ==========================================  =============================
 
 followed by the STORE, which keeps the low 8 bits of every lane. int32 arithmetic wraps on the ALU.
@@ -28,6 +31,11 @@ Immediates must fit the signed 16-bit ALU immediate; at most one ``("bias",)`` a
 ``("mulv",)`` stage. ``("bias",)`` and ``("mulv",)`` are the *vector* stages: their operand is a
 per-output-channel int32 tensor loaded into the accumulator (the multiplier in the layout of the
 bias), so only templates with an output-channel axis take them (GEMM templates, depthwise conv2d).
+
+``("bias_gemm",)`` is not an operator's stage but a program's: a CSP program that adds its bias
+by one GEMM instruction per output tile instead of the vector ADD
+(:mod:`tvm_csp_embed.codegen.biasfold`, :func:`~tvm_csp_embed.codegen.biasfold.gemm_bias_epilogue`)
+runs it in place of a leading ``("bias",)``; the stock templates refuse it.
 
 The fixed-point requantisation of TFLite / TVM QNN / PT2E graphs is the epilogue
 ``bias, shr s1, mul M (or mulv), add 2**(k-1), shr k, clip``. Its int32 products must not
@@ -47,7 +55,7 @@ from .alu_program import alu_range
 from .errors import EpilogueError, EpilogueRefusal
 
 __all__ = ["Stage", "Epilogue", "EPILOGUE_ORIGINAL", "EPILOGUE_PIPELINE", "STAGE_ARITY",
-           "MAX_SHIFT", "VECTOR_STAGES", "normalize_epilogue", "has_bias", "has_multiplier",
+           "MAX_SHIFT", "VECTOR_STAGES", "GEMM_BIAS_STAGE", "normalize_epilogue", "has_bias", "has_multiplier",
            "vector_stages", "alu_ops", "alu_count", "alu_cycles", "te_stage", "emit_epilogue",
            "epilogue_range", "has_multiply", "fit_immediates", "simplify_epilogue",
            "epilogue_shape"]
@@ -62,7 +70,10 @@ EPILOGUE_ORIGINAL: Epilogue = (("shr", 8), ("bias",), ("clip", 0, 127))
 EPILOGUE_PIPELINE: Epilogue = (("bias",), ("shr", 8), ("clip", 0, 127))
 
 #: stage kind -> number of integer arguments
-STAGE_ARITY = {"shr": 1, "bias": 0, "clip": 2, "min": 1, "max": 1, "add": 1, "mul": 1, "mulv": 0}
+STAGE_ARITY = {"shr": 1, "bias": 0, "clip": 2, "min": 1, "max": 1, "add": 1, "mul": 1, "mulv": 0,
+               "bias_gemm": 0}
+#: the stage of a program that adds its bias by a GEMM (no ALU instruction; see the module notes)
+GEMM_BIAS_STAGE = ("bias_gemm",)
 #: the stages whose operand is a per-output-channel int32 tensor in the accumulator, in the order
 #: a template takes their packed tensors (after its data operands)
 VECTOR_STAGES = ("bias", "mulv")
@@ -145,12 +156,15 @@ def vector_stages(epilogue: Epilogue) -> Tuple[str, ...]:
 def alu_ops(cfg: VTAConfig, stage: Stage) -> List[Tuple[AluOp, int]]:
     """The ALU instructions ``(op, immediate)`` of an immediate stage, in order.
 
+    ``("bias_gemm",)`` has none (``[]``: its GEMM is no ALU instruction).
     ``("bias",)`` and ``("mulv",)`` are not immediate stages (their vector ADD / MUL depends on the
     template's layout of the vector rows): they raise :class:`EpilogueError`.
     """
     kind = stage[0]
     if kind == "shr":
         return [(AluOp.SHR, stage[1])] if stage[1] else []
+    if stage == GEMM_BIAS_STAGE:
+        return []
     if kind == "clip":
         return clip_alu_ops(cfg.EXT_CLIP, stage[1], stage[2])
     if kind in ("min", "max", "add", "mul"):
@@ -209,6 +223,9 @@ def te_stage(stage: Stage, value, bias_value=None):
         return te.max(value, tirx.const(stage[1], "int32"))
     if kind == "add":
         return value + tirx.const(stage[1], "int32")
+    if stage == GEMM_BIAS_STAGE:
+        raise EpilogueRefusal(f"{stage!r} is a GEMM, not an element-wise stage: only the CSP "
+                              "programs run it (tvm_csp_embed.codegen.schedule)")
     raise EpilogueError(f"unknown epilogue stage {stage!r}")
 
 
@@ -236,9 +253,11 @@ def emit_epilogue(q, cfg: VTAConfig, epilogue: Epilogue, base: int, size: int,
     Raises
     ------
     EpilogueRefusal
-        For a vector stage the template does not take.
+        For a vector stage the template does not take, or a ``("bias_gemm",)`` stage.
     """
     for st in epilogue:
+        if st == GEMM_BIAS_STAGE:
+            raise EpilogueRefusal(f"{st!r} is a GEMM: only the CSP programs run it")
         if st[0] in VECTOR_STAGES:
             emit = bias if st[0] == "bias" else mult
             if emit is None:
