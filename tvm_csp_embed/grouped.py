@@ -165,8 +165,9 @@ class NarrowGroupTemplate(CspGemmTemplate):
         # a comparison of both units is kept on disk and served when both plan again
         cache = None if refused else self._unit_cache(op, config, options, plans["diagonal"])
         hit = cache.load() if cache is not None else None
-        if hit is not None:
-            return self._cached_unit(plans, width, config, hit)
+        cached = self._cached_unit(plans, width, config, hit) if hit is not None else None
+        if cached is not None:
+            return cached
         store = cache.store if cache is not None else (lambda entry: None)
         scored: Dict[str, _Scored] = {}
         for unit, plan in plans.items():
@@ -230,12 +231,15 @@ class NarrowGroupTemplate(CspGemmTemplate):
         return _UnitCache(hashlib.sha256(text.encode()).hexdigest()[:32], ("unit", "why"))
 
     def _cached_unit(self, plans: Dict[str, OpPlan], width: int, config,
-                     entry: Dict[str, Any]) -> OpPlan:
+                     entry: Dict[str, Any]) -> Optional[OpPlan]:
         """The plan of ``plans`` (both units planned) that a unit cache entry chose, with the
-        entry's sentence, neither unit built nor timed; a refusal when the entry chose the CPU."""
+        entry's sentence, neither unit built nor timed; a refusal when the entry chose the CPU;
+        None for an entry naming no unit (the units are compared again and it is rewritten)."""
         unit, why = entry["unit"], entry["why"]
-        if unit == "cpu" or unit not in plans:
+        if unit == "cpu":
             raise TemplateRefusal(why)
+        if unit not in UNIT_NAMES:
+            return None
         return self._described(plans[unit], self._name(unit, width, config), why)
 
     def _described(self, plan: OpPlan, name: str, why: str) -> OpPlan:
