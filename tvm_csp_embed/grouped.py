@@ -63,8 +63,6 @@ __all__ = ["NarrowGroupWorkload", "NarrowGroupTemplate", "narrow_width"]
 #: how the build report names the two plans
 DIAGONAL_TEXT = "GEMM block-diagonal"
 CSP_TEXT = "the CSP plan"
-#: the units compared, in the order a tie is broken
-UNIT_NAMES = ("csp", "diagonal")
 
 
 @dataclass(frozen=True)
@@ -162,13 +160,17 @@ class NarrowGroupTemplate(CspGemmTemplate):
         if options.objective == "footprint" and "csp" in plans:
             return self._described(plans["csp"], CSP_TEXT, f"objective footprint: the "
                                    f"{DIAGONAL_TEXT} unit is not compared by footprint")
-        # a comparison of both units is kept on disk and served when both plan again
-        cache = None if refused else self._unit_cache(op, config, options, plans["diagonal"])
+        # the choice is kept on disk and served when the same units plan again
+        cache = (self._unit_cache(op, config, options, plans["diagonal"]) if "diagonal" in plans
+                 else None)
         hit = cache.load() if cache is not None else None
         cached = self._cached_unit(plans, width, config, hit) if hit is not None else None
         if cached is not None:
             return cached
-        store = cache.store if cache is not None else (lambda entry: None)
+
+        def store(unit: str, why: str) -> None:
+            if cache is not None:
+                cache.store({"unit": unit, "why": why, "planned": sorted(plans)})
         scored: Dict[str, _Scored] = {}
         for unit, plan in plans.items():
             try:
@@ -186,8 +188,7 @@ class NarrowGroupTemplate(CspGemmTemplate):
             units = [f"{s.text} for {self._name(u, width, config)}" for u, s in scored.items()]
             units += [f"{self._name(u, width, config)} refused ({r})" for u, r in refused.items()]
             why = f"{self.strategy}: end to end cheaper on the CPU: {cpu[1]}, against {'; '.join(units)}"
-            if len(scored) == len(UNIT_NAMES):
-                store({"unit": "cpu", "why": why})
+            store("cpu", why)
             raise TemplateRefusal(why)
         other = "diagonal" if unit == "csp" else "csp"
         if other in scored:
@@ -197,14 +198,15 @@ class NarrowGroupTemplate(CspGemmTemplate):
         else:
             why = (f"the only unit that runs it ({best.text}); {self._name(other, width, config)} "
                    f"refused ({refused[other]})")
-        if len(scored) == len(UNIT_NAMES):
-            store({"unit": unit, "why": why})
+        store(unit, why)
         return self._described(best.plan, self._name(unit, width, config), why)
 
     def _unit_cache(self, op: MatchedOp, config, options, diagonal: OpPlan) -> Optional[_UnitCache]:
         """The persistent entry of the unit chosen for narrow grouped ``op`` (``<cache_dir>/units/``,
         :class:`~.depthwise._UnitCache`), or None with tuned records (looked up per plan) or
-        when the CSP plan's own entry was not kept (a solver timeout may pass later).
+        when the CSP plan's own entry was not kept (a solver timeout may pass later). The CSP
+        plan's entry (an embedding, or a refusal: the CPU end to end) is a definite decision, so
+        the units' comparison, or the block-diagonal unit's against the CPU, is one too.
 
         The key holds what the choice depends on: the CSP plan's own plan cache key (the
         operator, the configuration's value, the epilogue's shape, the objective with its host
@@ -224,22 +226,23 @@ class NarrowGroupTemplate(CspGemmTemplate):
         policy = options.knobs_for(self.kind, self.strategy, diagonal.workload, config)[0]
         constants = [None if e is None else isinstance(e, tvm.ir.expr.Constant)
                      for e in (*op.operands[1:], op.bias, op.multiplier)]
-        text = json.dumps({"v": 1, "units": "narrow-group", "strategy": self.strategy,
+        text = json.dumps({"v": 2, "units": "narrow-group", "strategy": self.strategy,
                            "csp": csp.key, "diagonal": dataclasses.asdict(diagonal.workload),
                            "policy": policy, "constants": constants, "code": source_digest()},
                           sort_keys=True, default=str)
-        return _UnitCache(hashlib.sha256(text.encode()).hexdigest()[:32], ("unit", "why"))
+        return _UnitCache(hashlib.sha256(text.encode()).hexdigest()[:32], ("unit", "why", "planned"))
 
     def _cached_unit(self, plans: Dict[str, OpPlan], width: int, config,
                      entry: Dict[str, Any]) -> Optional[OpPlan]:
-        """The plan of ``plans`` (both units planned) that a unit cache entry chose, with the
-        entry's sentence, neither unit built nor timed; a refusal when the entry chose the CPU;
-        None for an entry naming no unit (the units are compared again and it is rewritten)."""
+        """The plan of ``plans`` that a unit cache entry chose, with the entry's sentence, no unit
+        built nor timed; a refusal when the entry chose the CPU. None when the units that plan now
+        are not the entry's (then the choice is made again and the entry rewritten), or for an
+        entry naming no unit."""
         unit, why = entry["unit"], entry["why"]
+        if entry["planned"] != sorted(plans) or unit not in ("cpu", *plans):
+            return None
         if unit == "cpu":
             raise TemplateRefusal(why)
-        if unit not in UNIT_NAMES:
-            return None
         return self._described(plans[unit], self._name(unit, width, config), why)
 
     def _described(self, plan: OpPlan, name: str, why: str) -> OpPlan:
