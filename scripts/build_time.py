@@ -17,7 +17,12 @@ saved as Relax JSON. Every build then runs in a new process that loads the modul
 * a CSP strategy ``warm``: a new process on the cache the cold build of its round filled.
 
 The builds run in ``--repeat`` rounds, each round every (strategy, state) once, so that a drift
-of the machine's speed shifts them alike. Wall time is min and median over the rounds. The breakdown is the median build's
+of the machine's speed shifts them alike. Wall time is min and median over the rounds; CPU time
+(the build process's, all threads, and its solver processes') is the median
+over the rounds, with its ratio to stock's: a figure that other load on the machine moves less
+than the wall time (a build waiting for the cores still counts its wall time, not its CPU). It
+includes the solver worker and the MiniZinc runs it finished (:mod:`tvm_csp_embed.solve_worker`),
+not the solves still running in the background when the build returns. The breakdown is the median build's
 ``BuildReport.timings`` (:mod:`vta_ext.timing`, exclusive seconds): solve, plan, choice (timing
 candidates on the cycle model), knob search, code generation, the offload pass's own work, and TVM
 (everything outside the offload pass: TVM's passes, LLVM code generation of the host functions,
@@ -45,18 +50,32 @@ sys.path[:0] = [str(REPO), str(REPO / "relay_examples")]
 
 PHASES = ("solve", "plan", "choice", "knob search", "codegen", "offload", "tvm")
 FIELDS = (["model", "size", "config", "strategy", "cache", "repeat", "min_s", "median_s", "vs_stock",
-           "ops_on_vta", "bit_exact"] + [f"{p.replace(' ', '_')}_s" for p in PHASES]
+           "cpu_s", "cpu_vs_stock", "ops_on_vta", "bit_exact"] + [f"{p.replace(' ', '_')}_s" for p in PHASES]
           + ["vta_cycles", "host_relayouts", "layout_bytes", "cpu_macs", "end_to_end_cycles",
              "e2e_vs_stock"])
 
 _CHILD = r"""
-import json, sys, time
+import json, os, resource, sys, time
 sys.path[:0] = [{repo!r}, {examples!r}]
 import numpy as np, tvm
 from tvm import relax
 import tvm_csp_embed, vta_ext
 mod = tvm.ir.load_json(open({module!r}).read())
-t = time.perf_counter()
+def cpu():
+    # CPU seconds of this process, its reaped children and the solver worker with the MiniZinc
+    # runs it reaped (/proc: the worker lives on, so RUSAGE_CHILDREN does not hold it yet)
+    from tvm_csp_embed import solve_worker
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    worker = 0.0
+    if solve_worker._WORKER is not None:
+        try:
+            with open(f"/proc/{{solve_worker._WORKER.proc.pid}}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            worker = sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            pass
+    return time.process_time() + children.ru_utime + children.ru_stime + worker
+t, c = time.perf_counter(), cpu()
 if {extract!r}:
     from tvm_csp_embed import tune
     tasks = tune.extract_tasks(mod, target=vta_ext.vta_target({config!r}), strategy={strategy!r})
@@ -64,9 +83,9 @@ if {extract!r}:
 else:
     with vta_ext.build_options(strategy={strategy!r}):
         ex = relax.build(mod, target=vta_ext.vta_target({config!r}))
-seconds = time.perf_counter() - t
+seconds, cpu_seconds = time.perf_counter() - t, cpu() - c
 report = vta_ext.last_build_report()
-out = {{"seconds": seconds, "timings": report.timings, "vta": len(report.on_vta),
+out = {{"seconds": seconds, "cpu_seconds": cpu_seconds, "timings": report.timings, "vta": len(report.on_vta),
        "vta_cycles": report.vta_cycles, "host_relayouts": report.host_relayouts,
        "layout_bytes": report.layout_bytes, "cpu_macs": report.cpu_macs,
        "end_to_end_cycles": round(report.end_to_end_cycles)}}
@@ -113,13 +132,16 @@ def _prepare(name: str, size: int, work: Path):
     return module, work / f"{name}_{size}_in.npy", work / f"{name}_{size}_ref.npy"
 
 
-def _row(name, size, config, strategy, state, runs, check, stock_median, stock_e2e=None):
+def _row(name, size, config, strategy, state, runs, check, stock_median, stock_e2e=None,
+         stock_cpu=None):
     times = [r["seconds"] for r in runs]
     med = statistics.median(times)
+    cpu = statistics.median(r["cpu_seconds"] for r in runs)
     mid = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
     row = {"model": name, "size": size, "config": config, "strategy": strategy, "cache": state,
            "repeat": len(runs), "min_s": round(min(times), 3), "median_s": round(med, 3),
            "vs_stock": round(med / stock_median, 2) if stock_median else 1.0,
+           "cpu_s": round(cpu, 3), "cpu_vs_stock": round(cpu / stock_cpu, 2) if stock_cpu else 1.0,
            "ops_on_vta": runs[-1]["vta"],
            "bit_exact": runs[-1].get("bit_exact", "") if check else ""}
     for key in ("vta_cycles", "host_relayouts", "layout_bytes", "cpu_macs", "end_to_end_cycles"):
@@ -171,13 +193,14 @@ def main(argv=None) -> int:
         ap.error("--repeat must be at least 1")
     rows = []
     head = (f"{'model':<20} {'strategy':<12} {'cache':<5} {'min s':>7} {'median s':>8} {'x stock':>7} "
+            f"{'cpu s':>7} {'x stock':>7} "
             + " ".join(f"{p:>8}" for p in PHASES) + f" {'e2e cycles':>12} {'x stock':>7}  bit-exact")
     print(head)
     with tempfile.TemporaryDirectory(prefix="build_time_") as tmp:
         work = Path(tmp)
         for name in args.models:
             module, data, ref = _prepare(name, args.size, work)
-            stock_median = stock_e2e = None
+            stock_median = stock_e2e = stock_cpu = None
             cells = [(strategy, state) for strategy in args.strategies
                      for state in (["-"] if strategy == "stock" else ["cold", "warm"])]
             runs = {cell: [] for cell in cells}
@@ -193,13 +216,15 @@ def main(argv=None) -> int:
                                                         args.extract_tasks))
             for strategy, state in cells:
                 row = _row(name, args.size, args.config, strategy, state, runs[strategy, state],
-                           args.check, stock_median, stock_e2e)
+                           args.check, stock_median, stock_e2e, stock_cpu)
                 if strategy == "stock":
                     stock_median, stock_e2e = row["median_s"], row["end_to_end_cycles"]
-                    row["vs_stock"] = row["e2e_vs_stock"] = 1.0
+                    stock_cpu = row["cpu_s"]
+                    row["vs_stock"] = row["e2e_vs_stock"] = row["cpu_vs_stock"] = 1.0
                 rows.append(row)
                 print(f"{name:<20} {strategy:<12} {state:<5} {row['min_s']:>7.2f} "
                       f"{row['median_s']:>8.2f} {row['vs_stock']:>7.2f} "
+                      f"{row['cpu_s']:>7.2f} {row['cpu_vs_stock']:>7.2f} "
                       + " ".join(f"{row[p.replace(' ', '_') + '_s']:>8.2f}" for p in PHASES)
                       + f" {row['end_to_end_cycles']:>12,} {row['e2e_vs_stock']:>7.4f}"
                       + f"  {row['bit_exact']}", flush=True)

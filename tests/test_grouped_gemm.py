@@ -309,3 +309,57 @@ def test_the_diagonal_unit_tunes_and_verifies(tmp_path, monkeypatch):
         4, tune.measure_option(runner=tune.LocalRunner(0)),
         callbacks=[tune.callback.log_to_file(tmp_path / "g.json")])
     assert best.verified
+
+
+def _program_bytes(report) -> bytes:
+    """The DRAM image (instructions, micro-ops and the data of its last run) of the grouped
+    layer's program."""
+    from vta_ext.executor import compiled_op
+
+    return bytes(compiled_op(report.key_of(conv_placement(report))).program.dram)
+
+
+@pytest.mark.parametrize("config,objective,shape,chosen", [
+    ("default", "cycles", (128, 28, 32, 1), "csp"),
+    ("pipelined", "cycles", (128, 28, 32, 1), "diagonal"),
+    ("default", "end-to-end", (256, 28, 32, 1), "diagonal only")])
+def test_warm_build_times_no_unit(config, objective, shape, chosen, tmp_path, monkeypatch):
+    """The unit chosen for a narrow grouped layer is kept on disk (``units/``): a warm build
+    (nothing in memory) builds and times no unit, places the same plan with the same program
+    bytes and stays bit-exact against numpy; a changed key (other code) misses and decides again.
+    The CSP plan wins on default, the block-diagonal program on pipelined; end to end on default
+    the CSP plan is refused (the CPU is cheaper than it: a decision its own plan cache keeps) and
+    the block-diagonal program is weighed against the CPU alone."""
+    from tvm_csp_embed import grouped
+    from vta_ext import executor
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    mod, arrays, ref = case(*shape)
+    cold_out, cold = vta_build(mod, arrays, config, objective)
+    p = conv_placement(cold)
+    assert ("GEMM block-diagonal" in p.plan) == (chosen != "csp")
+    assert ("the CSP plan refused" in p.detail) == (chosen == "diagonal only"), p.detail
+    cold_bytes = _program_bytes(cold)
+    assert len(list((tmp_path / "units").glob("*.json"))) == 1
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+    scored = []
+    score = grouped.NarrowGroupTemplate._score
+
+    def counted(self, *args):
+        scored.append(args)
+        return score(self, *args)
+
+    monkeypatch.setattr(grouped.NarrowGroupTemplate, "_score", counted)
+    warm_out, warm = vta_build(mod, arrays, config, objective)
+    assert not scored, "a warm build must not build and time the units again"
+    np.testing.assert_array_equal(cold_out, ref)
+    np.testing.assert_array_equal(warm_out, ref)
+    assert conv_placement(warm) == p
+    assert _program_bytes(warm) == cold_bytes
+    monkeypatch.setattr(grouped, "source_digest", lambda: "other code")
+    missed_out, missed = vta_build(mod, arrays, config, objective)
+    assert len(scored) == (1 if chosen == "diagonal only" else 2), "a changed key must decide again"
+    np.testing.assert_array_equal(missed_out, ref)
+    assert conv_placement(missed) == p
+    assert len(list((tmp_path / "units").glob("*.json"))) == 2

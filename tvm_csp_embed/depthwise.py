@@ -239,14 +239,16 @@ def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
 
 
 class _UnitCache:
-    """One persistent entry of a depthwise conv2d's chosen unit (``<cache_dir>/units/``): its
-    workload (the unit and the searched knob point) and the sentence saying why, so that a warm
-    build neither builds nor times the units again."""
+    """One persistent entry of an operator's chosen unit (``<cache_dir>/units/``), so that a warm
+    build neither builds nor times the units again: for a depthwise conv2d its workload (the unit
+    and the searched knob point) and the sentence saying why; for a narrow grouped conv2d
+    (:mod:`.grouped`) the unit and why. ``fields``: the keys an entry must hold."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, fields: Tuple[str, ...] = ("workload", "why")) -> None:
         from .cache import cache_dir
 
         self.path = cache_dir() / "units" / f"{key}.json"
+        self.fields = fields
 
     def load(self) -> Optional[Dict[str, Any]]:
         """The entry, or None (none yet, or unreadable: the units are timed again)."""
@@ -254,7 +256,7 @@ class _UnitCache:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return None
-        ok = isinstance(data, dict) and {"workload", "why"} <= set(data)
+        ok = isinstance(data, dict) and set(self.fields) <= set(data)
         return data if ok else None
 
     def store(self, entry: Dict[str, Any]) -> None:

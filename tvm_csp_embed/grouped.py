@@ -38,6 +38,8 @@ Registered for ``group_conv2d`` under ``csp-relaxed`` (``csp-strict`` keeps the 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -48,9 +50,10 @@ from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, register
                               register_template)
 from vta_ext.templates.workload import GroupConv2dWorkload
 
+from .cache import source_digest
 from .candidates import CspWorkload, _shape, data_layout
 from .csp_reference import gemm_reference as csp_gemm_reference
-from .depthwise import (_block, build_diagonal, diagonal_inputs, diagonal_reference,
+from .depthwise import (_block, _UnitCache, build_diagonal, diagonal_inputs, diagonal_reference,
                         diagonal_workload, modelled_cycles)
 from .reference import register_reference
 from .strategy import CspGemmTemplate
@@ -157,6 +160,17 @@ class NarrowGroupTemplate(CspGemmTemplate):
         if options.objective == "footprint" and "csp" in plans:
             return self._described(plans["csp"], CSP_TEXT, f"objective footprint: the "
                                    f"{DIAGONAL_TEXT} unit is not compared by footprint")
+        # the choice is kept on disk and served when the same units plan again
+        cache = (self._unit_cache(op, config, options, plans["diagonal"]) if "diagonal" in plans
+                 else None)
+        hit = cache.load() if cache is not None else None
+        cached = self._cached_unit(plans, width, config, hit) if hit is not None else None
+        if cached is not None:
+            return cached
+
+        def store(unit: str, why: str) -> None:
+            if cache is not None:
+                cache.store({"unit": unit, "why": why, "planned": sorted(plans)})
         scored: Dict[str, _Scored] = {}
         for unit, plan in plans.items():
             try:
@@ -173,8 +187,9 @@ class NarrowGroupTemplate(CspGemmTemplate):
         if cpu is not None and cpu[0] < best.score:
             units = [f"{s.text} for {self._name(u, width, config)}" for u, s in scored.items()]
             units += [f"{self._name(u, width, config)} refused ({r})" for u, r in refused.items()]
-            raise TemplateRefusal(f"{self.strategy}: end to end cheaper on the CPU: {cpu[1]}, "
-                                  f"against {'; '.join(units)}")
+            why = f"{self.strategy}: end to end cheaper on the CPU: {cpu[1]}, against {'; '.join(units)}"
+            store("cpu", why)
+            raise TemplateRefusal(why)
         other = "diagonal" if unit == "csp" else "csp"
         if other in scored:
             why = (f"{self._what(options)}: {best.text} against {scored[other].text} "
@@ -183,7 +198,52 @@ class NarrowGroupTemplate(CspGemmTemplate):
         else:
             why = (f"the only unit that runs it ({best.text}); {self._name(other, width, config)} "
                    f"refused ({refused[other]})")
+        store(unit, why)
         return self._described(best.plan, self._name(unit, width, config), why)
+
+    def _unit_cache(self, op: MatchedOp, config, options, diagonal: OpPlan) -> Optional[_UnitCache]:
+        """The persistent entry of the unit chosen for narrow grouped ``op`` (``<cache_dir>/units/``,
+        :class:`~.depthwise._UnitCache`), or None with tuned records (looked up per plan) or
+        when the CSP plan's own entry was not kept (a solver timeout may pass later). The CSP
+        plan's entry (an embedding, or a refusal: the CPU end to end) is a definite decision, so
+        the units' comparison, or the block-diagonal unit's against the CPU, is one too.
+
+        The key holds what the choice depends on: the CSP plan's own plan cache key (the
+        operator, the configuration's value, the epilogue's shape, the objective with its host
+        model, the knobs option, the producer's layout, the bias signature and the code), the
+        block-diagonal plan's workload (``diagonal``) with its knobs option, which operands are
+        constants (their host packing is priced end to end) and :func:`~.cache.source_digest`."""
+        import tvm
+
+        if options.records is not None:
+            return None
+        base = self._base(op)
+        layouts = self._layouts(options.layout, base, config)
+        csp = self._plan_cache(config, base, layouts, op, options,
+                               self._stock_contender(op, config, options))
+        if not csp.path.exists():     # the CSP plan was not kept (a solver timeout): nor is this
+            return None
+        policy = options.knobs_for(self.kind, self.strategy, diagonal.workload, config)[0]
+        constants = [None if e is None else isinstance(e, tvm.ir.expr.Constant)
+                     for e in (*op.operands[1:], op.bias, op.multiplier)]
+        text = json.dumps({"v": 2, "units": "narrow-group", "strategy": self.strategy,
+                           "csp": csp.key, "diagonal": dataclasses.asdict(diagonal.workload),
+                           "policy": policy, "constants": constants, "code": source_digest()},
+                          sort_keys=True, default=str)
+        return _UnitCache(hashlib.sha256(text.encode()).hexdigest()[:32], ("unit", "why", "planned"))
+
+    def _cached_unit(self, plans: Dict[str, OpPlan], width: int, config,
+                     entry: Dict[str, Any]) -> Optional[OpPlan]:
+        """The plan of ``plans`` that a unit cache entry chose, with the entry's sentence, no unit
+        built nor timed; a refusal when the entry chose the CPU. None when the units that plan now
+        are not the entry's (then the choice is made again and the entry rewritten), or for an
+        entry naming no unit."""
+        unit, why = entry["unit"], entry["why"]
+        if entry["planned"] != sorted(plans) or unit not in ("cpu", *plans):
+            return None
+        if unit == "cpu":
+            raise TemplateRefusal(why)
+        return self._described(plans[unit], self._name(unit, width, config), why)
 
     def _described(self, plan: OpPlan, name: str, why: str) -> OpPlan:
         """``plan`` with the choice between the units (``name`` the chosen one) in its report

@@ -438,23 +438,37 @@ def _fold_data_layout(pg: PackedGemm) -> HostLayout:
     return min(layouts, key=lambda h: h.copied)
 
 
-def _lane_points(host: HostLayout, lanes: FoldLanes, j: int) -> np.ndarray:
-    """Every packed data position of lane ``j`` (its class, at every value of the other dims):
-    an ``(n, ndim)`` int64 array."""
-    shape = host.shape
-    axes = [range(v, v + 1) if e > 1 or s == 1 else range(s)
-            for v, e, s in zip(lanes.data_index[j], lanes.data_shape, shape)]
-    grid = np.stack(np.meshgrid(*[np.asarray(a, dtype=np.int64) for a in axes], indexing="ij"))
-    return grid.reshape(len(shape), -1).T
+def _strides(shape: Sequence[int]) -> np.ndarray:
+    """The row-major element strides of ``shape``."""
+    return np.cumprod((1,) + tuple(shape[:0:-1]), dtype=np.int64)[::-1]
 
 
-def _back(points: np.ndarray, step, before, after) -> np.ndarray:
-    """``points`` of a step's output mapped to its input, for a bijective view or transpose."""
+def _lane_flat(shape: Sequence[int], lanes: FoldLanes, j: int) -> np.ndarray:
+    """Every packed data position of lane ``j`` (its class, at every value of the other dims) as
+    row-major flat indices into ``shape``: an ``(n,)`` int64 array."""
+    flat = np.zeros((), np.int64)
+    for v, e, s, stride in zip(lanes.data_index[j], lanes.data_shape, shape, _strides(shape)):
+        axis = np.arange(v, v + 1) if e > 1 or s == 1 else np.arange(s)
+        flat = np.add.outer(flat, axis.astype(np.int64) * stride)
+    return flat.ravel()
+
+
+def _coordinate(flat: np.ndarray, shape: Sequence[int], axis: int) -> np.ndarray:
+    """Coordinate ``axis`` of the row-major flat indices ``flat`` into ``shape``."""
+    return flat // int(_strides(shape)[axis]) % shape[axis]
+
+
+def _back(flat: np.ndarray, step, before, after) -> np.ndarray:
+    """Flat indices of a step's output mapped to its input, for a bijective view or transpose:
+    a reshape keeps them; a transpose (``after[i] = before[perm[i]]``) moves coordinate ``i`` to
+    ``perm[i]``."""
     if step[0] == "reshape":
-        flat = np.ravel_multi_index(tuple(points.T), tuple(after))
-        return np.stack(np.unravel_index(flat, tuple(before)), axis=1)
-    out = np.empty_like(points)
-    out[:, list(step[1])] = points                       # permute: after[i] = before[perm[i]]
+        return flat
+    strides = _strides(before)
+    out = np.zeros_like(flat)
+    for i, p in enumerate(step[1]):
+        if after[i] > 1:
+            out += _coordinate(flat, after, i) * strides[p]
     return out
 
 
@@ -492,7 +506,7 @@ def _gathered(host: HostLayout, lanes: FoldLanes, consts: Tuple[int, ...]):
         """Each lane's points at step ``t``'s output, one lane at a time, so that a layout that
         fails on its first lane costs one lane's points (they are millions on large layers)."""
         for j in range(lanes.lanes):
-            p = _lane_points(host, lanes, j)
+            p = _lane_flat(host.shape, lanes, j)
             for u in range(len(steps) - 1, t, -1):
                 if not _is_identity(steps[u], shapes[u]):
                     p = _back(p, steps[u], shapes[u], shapes[u + 1])
@@ -504,7 +518,7 @@ def _gathered(host: HostLayout, lanes: FoldLanes, consts: Tuple[int, ...]):
         values = [0] * st[1][a][1]
         rest = math.prod(after) // after[a]
         for p, c in zip(pts, consts):
-            at = np.unique(p[:, a])
+            at = np.unique(_coordinate(p, after, a))
             if len(at) != 1 or at[0] < before[a] or len(p) != rest:
                 return None
             values[int(at[0]) - before[a]] = c
@@ -514,10 +528,9 @@ def _gathered(host: HostLayout, lanes: FoldLanes, consts: Tuple[int, ...]):
     distinct = tuple(dict.fromkeys(consts))
     redirect = []
     for p, c in zip(pts, consts):
-        loops = p[:, axis:axis + k]
         pattern = []
         for i, e in enumerate(st[2]):
-            vals = np.unique(loops[:, i])
+            vals = np.unique(_coordinate(p, after, axis + i))
             if len(vals) == 1:
                 pattern.append(int(vals[0]))
             elif len(vals) == e:
