@@ -12,6 +12,8 @@ Sets (``--layers``):
 * ``mobilenet``: MobileNet D1-D9 (the original suite's grouped convolutions, 16 channels a group);
 * ``deepbench``: the 108 DeepBench inference convolutions (``data/deepbench_conv_inference.csv``),
   each with the bias + shift + clip epilogue and without one (``deepbench_module``);
+  the layers' weights and bias are bound as constants, as a quantised network binds them
+  (``--bind params``: function parameters, runtime data);
 * ``networks``: the 15 networks of ``relay_examples/models.py`` (quantised, ``--size``: ``small``
   is each network's small input of ``models.SMALL``, or an input size such as 224), one row per
   network: the sum of its VTA operators' floors over the sum of their cycles.
@@ -74,18 +76,21 @@ FIELDS = ["set", "case", "epilogue", "config", "strategy", "vta_ops", "floor", "
 # ------------------------------------------------------------------------------ cases
 def cases(sets, size: str, bind: str = "constants") -> Iterator[Tuple[str, str, str, Callable]]:
     """``(set, case, epilogue, module factory)`` of every case of ``sets``; ``bind``
-    (``"constants"`` or ``"params"``) says how a DeepBench layer's weights and bias enter its
-    module (:func:`tune_figures.deepbench_module`)."""
+    (``"constants"`` or ``"params"``) says how a layer's weights and bias enter its module
+    (:func:`tune_figures.layer_module`, :func:`tune_figures.deepbench_module`)."""
     import tune_figures as tf
 
+    constants = bind == "constants"
     if "resnet" in sets:
         for i in range(1, 12):
             name = f"C{i}"
             wl = tf.C1_REAL[1] if name == "C1" else None
-            yield "resnet", name, "bias-shift-clip", (lambda n=name, w=wl: tf.layer_module(n, w))
+            yield "resnet", name, "bias-shift-clip", (
+                lambda n=name, w=wl: tf.layer_module(n, w, constants=constants))
     if "mobilenet" in sets:
         for i in range(1, 10):
-            yield "mobilenet", f"D{i}", "bias-shift-clip", (lambda n=f"D{i}": tf.layer_module(n))
+            yield "mobilenet", f"D{i}", "bias-shift-clip", (
+                lambda n=f"D{i}": tf.layer_module(n, constants=constants))
     if "deepbench" in sets:
         from deepbench import read_layers
 
@@ -93,7 +98,7 @@ def cases(sets, size: str, bind: str = "constants") -> Iterator[Tuple[str, str, 
             for row in read_layers():
                 yield ("deepbench", f"DB{row['id']}", epilogue,
                        (lambda r=row, e=epilogue: tf.deepbench_module(
-                           r, e, constants=bind == "constants")))
+                           r, e, constants=constants)))
     if "networks" in sets:
         import models
 
@@ -659,8 +664,9 @@ def main(argv=None) -> int:
                         help=f"default: {' '.join(CONFIGS)}; with --networks "
                              f"{' '.join(NETWORK_CONFIGS)}")
     parser.add_argument("--bind", choices=("constants", "params"), default="constants",
-                        help="DeepBench layers: weights and bias as Relax constants, as a "
-                             "quantised network binds them (default), or as function parameters")
+                        help="layers (ResNet, MobileNet, DeepBench): weights and bias as Relax "
+                             "constants, as a quantised network binds them (default), or as "
+                             "function parameters")
     parser.add_argument("--strategies", nargs="+", default=None,
                         help=f"default: {' '.join(STRATEGIES)}; with --networks "
                              f"{' '.join(NETWORK_STRATEGIES)}")

@@ -568,10 +568,18 @@ def plot_deepbench(rows, path: Path, config: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-def layer_module(name: str, workload: Optional[Dict] = None):
+def layer_module(name: str, workload: Optional[Dict] = None, constants: bool = False):
     """A one-operator Relax module of a layer of :data:`LAYERS` (int8 conv2d / group conv2d + bias,
     >> 8, clip to [0, 127], int8), the epilogue of :data:`EPILOGUE`; ``workload`` replaces the
-    layer's (e.g. :data:`C1_REAL`'s)."""
+    layer's (e.g. :data:`C1_REAL`'s).
+
+    With ``constants=False`` the weights and the bias are function parameters (runtime data); with
+    ``constants=True`` they are bound as ``relax.const`` (seeded by the layer's name: int8 weights,
+    an int32 bias in :data:`DEEPBENCH_BIAS_RANGE`), as a frontend binds a quantised network's
+    parameters (see :func:`deepbench_module`)."""
+    import zlib
+
+    import numpy as np
     from tvm import relax
 
     v = workload or LAYERS[name][1]
@@ -579,9 +587,17 @@ def layer_module(name: str, workload: Optional[Dict] = None):
     bb = relax.BlockBuilder()
     n, c, k = v["batch"], v["in_channels"], v["out_channels"]
     x = relax.Var("x", relax.TensorType((n, c, v["height"], v["width"]), "int8"))
-    wt = relax.Var("w", relax.TensorType((k, c // groups, v["kernel_h"], v["kernel_w"]), "int8"))
-    b = relax.Var("b", relax.TensorType((1, k, 1, 1), "int32"))
-    with bb.function("main", [x, wt, b]):
+    wshape = (k, c // groups, v["kernel_h"], v["kernel_w"])
+    if constants:
+        rng = np.random.default_rng(zlib.crc32(name.encode()))
+        wt = relax.const(rng.integers(-128, 128, wshape, dtype=np.int8), "int8")
+        b = relax.const(rng.integers(*DEEPBENCH_BIAS_RANGE, (1, k, 1, 1), dtype=np.int32), "int32")
+        params = [x]
+    else:
+        wt = relax.Var("w", relax.TensorType(wshape, "int8"))
+        b = relax.Var("b", relax.TensorType((1, k, 1, 1), "int32"))
+        params = [x, wt, b]
+    with bb.function("main", params):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, wt, strides=(v["stride_h"], v["stride_w"]),
                                            padding=(v["pad_h"], v["pad_w"]), groups=groups,
