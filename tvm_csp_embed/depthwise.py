@@ -245,14 +245,15 @@ def program_epilogue(wl, epilogue: Sequence[tuple]) -> Tuple[tuple, ...]:
     return normalize_epilogue(epilogue)
 
 
-def bias_twin(wl, epilogue, cycles_of, note: str) -> Tuple[Any, int, str]:
+def bias_twin(wl, cycles_of, decision: Tuple[bool, str]) -> Tuple[Any, int, str]:
     """Of the block-diagonal workload ``wl`` (the bias by the ALU ADD) and its twin that adds it
-    by a GEMM (``note``: :func:`diagonal_bias_gemm`'s sentence when it can, else why not), the
-    one ``cycles_of(workload)`` times faster (the ADD on a tie): ``(workload, cycles, the report's
-    words)``. A twin that does not build (its row and digit tiles overflow a buffer) leaves the
-    ADD, and the words say why."""
+    by a GEMM (``decision``: :func:`diagonal_bias_gemm`'s), the one ``cycles_of(workload)``
+    times faster (the ADD on a tie): ``(workload, cycles, the report's words)``. A twin that does
+    not build (its row and digit tiles overflow a buffer) leaves the ADD, and the words say
+    why."""
     add = cycles_of(wl)
-    if not note.startswith("bias added"):
+    can, note = decision
+    if not can:
         return wl, add, f"bias by the vector ALU ADD ({note})" if note else ""
     twin = dataclasses.replace(wl, bias_gemm=True)
     try:
@@ -388,12 +389,8 @@ class DepthwiseTemplate(OpTemplate):
             wl = DepthwiseUnitWorkload(**base, unit=unit)
             policy = options.knobs_for(self.kind, self.strategy, wl, config)[0]
             try:
-                wl, timed[unit], notes[unit] = self._timed_unit(config, wl, op.epilogue, policy)
-                if unit == "gemm":
-                    wl, timed[unit], bias = bias_twin(
-                        wl, op.epilogue, lambda w: self.cycles(config, w, op.epilogue, policy),
-                        diagonal_bias_gemm(op, config, wl)[1])
-                    notes[unit] = "; ".join(n for n in (notes[unit], bias) if n)
+                wl, timed[unit], notes[unit] = self._timed_unit(
+                    config, wl, op.epilogue, policy, diagonal_bias_gemm(op, config, wl))
             except TemplateRefusal as err:
                 refused[unit] = str(err)
             workloads[unit] = wl
@@ -434,12 +431,25 @@ class DepthwiseTemplate(OpTemplate):
                       f"({timed[other] / max(timed[unit], 1):.2f}x) for {UNIT_TEXT[other]}; both "
                       "take and leave the same packed layouts, so the host work is the same")
 
-    def _timed_unit(self, config, wl: DepthwiseUnitWorkload, epilogue, policy
-                    ) -> Tuple[DepthwiseUnitWorkload, int, str]:
+    def _timed_unit(self, config, wl: DepthwiseUnitWorkload, epilogue, policy,
+                    bias: Tuple[bool, str] = (False, "")) -> Tuple[DepthwiseUnitWorkload, int, str]:
         """``wl``'s unit as the plan builds it under the knobs ``policy``: its workload (the GEMM
-        unit at its searched knob point when the build searches one, :mod:`.stock_knobs`), its
-        modelled cycles and the report's words for the searched point ("" if none)."""
-        if wl.unit != "gemm" or not searches(policy, MODES[self.strategy]):
+        unit at its searched knob point when the build searches one, :mod:`.stock_knobs`, with
+        the bias by a GEMM when ``bias`` (:func:`diagonal_bias_gemm`) allows it and it is faster,
+        :func:`bias_twin`), its modelled cycles and the report's words for the searched point
+        and the bias ("" if none)."""
+        if wl.unit != "gemm":
+            return wl, self.cycles(config, wl, epilogue, policy), ""
+        wl, cycles, words = self._searched(config, wl, epilogue, policy)
+        wl, cycles, bias_words = bias_twin(
+            wl, lambda w: cycles if w == wl else self.cycles(config, w, epilogue, policy), bias)
+        return wl, cycles, "; ".join(w for w in (words, bias_words) if w)
+
+    def _searched(self, config, wl: DepthwiseUnitWorkload, epilogue, policy
+                  ) -> Tuple[DepthwiseUnitWorkload, int, str]:
+        """The GEMM unit ``wl`` at its searched knob point when the build searches one
+        (:mod:`.stock_knobs`), its modelled cycles and the words for the point ("" if none)."""
+        if not searches(policy, MODES[self.strategy]):
             return wl, self.cycles(config, wl, epilogue, policy), ""
         search = StockSearch(config, diagonal_workload(config, wl), tuple(epilogue),
                              lambda knobs: dataclasses.replace(wl, knobs=knobs),
@@ -465,9 +475,10 @@ class DepthwiseTemplate(OpTemplate):
         out: Dict[str, Optional[int]] = {}
         for unit in UNITS:
             try:
-                out[unit] = self._timed_unit(cfg, dataclasses.replace(
-                    wl, unit=unit, knobs=(), bias_gemm=wl.bias_gemm and unit == "gemm"),
-                    epilogue, spec["knobs"])[1]
+                # the bias GEMM where the plan took it (the plan found it possible and faster)
+                out[unit] = self._timed_unit(
+                    cfg, dataclasses.replace(wl, unit=unit, knobs=(), bias_gemm=False), epilogue,
+                    spec["knobs"], (wl.bias_gemm and unit == "gemm", "bias added by one GEMM"))[1]
             except TemplateRefusal:
                 out[unit] = None
         return out

@@ -268,8 +268,8 @@ class NarrowGroupTemplate(CspGemmTemplate):
                 scored[wl] = self._score(op, config, dataclasses.replace(add.plan, workload=wl),
                                          options)
             return scored[wl].cycles
-        wl, _, words = bias_twin(add.plan.workload, op.epilogue, cycles_of,
-                                 diagonal_bias_gemm(op, config, add.plan.workload)[1])
+        wl, _, words = bias_twin(add.plan.workload, cycles_of,
+                                 diagonal_bias_gemm(op, config, add.plan.workload))
         best = scored[wl]
         best = dataclasses.replace(best, plan=self._with_bias(best.plan, wl.bias_gemm, words))
         return best, {"bias_gemm": wl.bias_gemm, "bias_words": words}
