@@ -36,6 +36,7 @@ ALU template).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -74,21 +75,25 @@ class DepthwiseUnitWorkload(DepthwiseConv2dWorkload):
     ``"alu"`` (:func:`vta_ext.templates.depthwise.build_depthwise_conv2d`) or ``"gemm"`` (the
     block-diagonal grouped conv2d of :func:`diagonal_workload`). ``knobs``: the GEMM program's
     searched knob point (``(name, value)`` pairs, :mod:`.stock_knobs`), built under the knobs
-    option ``cycles``; empty: the template's own point (TPS)."""
+    option ``cycles``; empty: the template's own point (TPS). ``bias_gemm``: the GEMM program adds
+    the bias by one GEMM of a constant block (:func:`diagonal_bias_gemm`)."""
 
     unit: str = "alu"
     knobs: Tuple[Tuple[str, Any], ...] = ()
+    bias_gemm: bool = False
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:
             raise ValueError(f"DepthwiseUnitWorkload.unit {self.unit!r}: one of {', '.join(UNITS)}")
+        if self.bias_gemm and self.unit != "gemm":
+            raise ValueError("DepthwiseUnitWorkload.bias_gemm: only the GEMM unit adds the bias by a GEMM")
         object.__setattr__(self, "knobs", tuple(tuple(kv) for kv in self.knobs))
 
     @property
     def depthwise(self) -> DepthwiseConv2dWorkload:
         """The workload of the ALU template (this one without :attr:`unit` and :attr:`knobs`)."""
         values = dataclasses.asdict(self)
-        del values["unit"], values["knobs"]
+        del values["unit"], values["knobs"], values["bias_gemm"]
         return DepthwiseConv2dWorkload(**values)
 
 
@@ -211,6 +216,56 @@ def diagonal_inputs(op: MatchedOp, config, wl, width: int = 1):
     return inputs
 
 
+def diagonal_bias_gemm(op: MatchedOp, config, wl) -> Tuple[bool, str]:
+    """Whether the block-diagonal program of ``op`` (workload ``wl``, :func:`diagonal_workload`)
+    can add the bias by one GEMM of a constant block instead of the vector ALU ADD: the bias a
+    constant and in the range ``BLOCK_IN`` lanes hold
+    (:func:`~.codegen.biasfold.gemm_bias_lanes_decision`; the program's weight operand has the
+    output channel on its ``y`` axis): ``(True, sentence)``, ``(False, "not by a GEMM: <why>")``
+    or ``(False, "")`` without a bias."""
+    import tvm
+
+    from .codegen.biasfold import gemm_bias_lanes_decision
+
+    kind = "group_conv2d" if isinstance(diagonal_workload(config, wl), GroupConv2dWorkload) else "conv2d"
+    bias = op.bias.value.numpy() if isinstance(op.bias, tvm.ir.expr.Constant) else None
+    return gemm_bias_lanes_decision(kind, op.epilogue, bias, _block(config))
+
+
+def program_epilogue(wl, epilogue: Sequence[tuple]) -> Tuple[tuple, ...]:
+    """The epilogue the block-diagonal program of ``wl`` runs: the operator's, with its leading
+    ``("bias",)`` replaced by the bias GEMM when ``wl.bias_gemm``
+    (:func:`~.codegen.biasfold.gemm_bias_epilogue`)."""
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    from .codegen.biasfold import gemm_bias_epilogue
+
+    if getattr(wl, "bias_gemm", False):
+        return gemm_bias_epilogue(epilogue)
+    return normalize_epilogue(epilogue)
+
+
+def bias_twin(wl, cycles_of, decision: Tuple[bool, str]) -> Tuple[Any, int, str]:
+    """Of the block-diagonal workload ``wl`` (the bias by the ALU ADD) and its twin that adds it
+    by a GEMM (``decision``: :func:`diagonal_bias_gemm`'s), the one ``cycles_of(workload)``
+    times faster (the ADD on a tie): ``(workload, cycles, the report's words)``. A twin that does
+    not build (its row and digit tiles overflow a buffer) leaves the ADD, and the words say
+    why."""
+    add = cycles_of(wl)
+    can, note = decision
+    if not can:
+        return wl, add, f"bias by the vector ALU ADD ({note})" if note else ""
+    twin = dataclasses.replace(wl, bias_gemm=True)
+    try:
+        by_gemm = cycles_of(twin)
+    except TemplateRefusal as err:
+        return wl, add, f"bias by the vector ALU ADD (not by a GEMM: it does not build: {err})"
+    if by_gemm < add:
+        return twin, by_gemm, f"{note}: {by_gemm:,} against {add:,} cycles with the ALU ADD"
+    return wl, add, (f"bias by the vector ALU ADD (not by a GEMM: not faster, {by_gemm:,} against "
+                     f"{add:,} cycles)")
+
+
 def modelled_cycles(kind: str, strategy: str, config, wl, epilogue, knobs) -> int:
     """Modelled cycles of the program of ``wl`` under ``(kind, strategy)`` (built and cached by
     the executor); a :class:`TemplateRefusal` when its template refuses it or its knobs."""
@@ -227,7 +282,8 @@ def modelled_cycles(kind: str, strategy: str, config, wl, epilogue, knobs) -> in
 def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
     """The stock grouped conv2d program (``conv2d_packed`` for one group) of
     :func:`diagonal_workload` of ``wl``, at the point csp-relaxed searched (``wl.knobs``,
-    :mod:`.stock_knobs`) under the default knobs policy."""
+    :mod:`.stock_knobs`) under the default knobs policy, with the bias added by a GEMM when
+    ``wl.bias_gemm`` (:func:`program_epilogue`)."""
     from vta_ext.templates.conv2d import build_conv2d
     from vta_ext.templates.group_conv2d import build_group_conv2d
 
@@ -235,7 +291,18 @@ def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
     builder = build_group_conv2d if isinstance(gw, GroupConv2dWorkload) else build_conv2d
     if getattr(wl, "knobs", ()) and knobs == "cycles":
         knobs = dict(wl.knobs)
-    return builder(config, gw, tuple(epilogue), knobs)
+    compiled = builder(config, gw, program_epilogue(wl, epilogue), knobs)
+    if compiled.gemm_bias:
+        compiled.bias_operands = functools.partial(_bias_gemm_operands, lanes=_block(config))
+    return compiled
+
+
+def _bias_gemm_operands(bias_packed: np.ndarray, lanes: int) -> Dict[str, np.ndarray]:
+    """The bias GEMM's constant row and digit tiles of a packed per-channel bias
+    (:func:`~.codegen.biasfold.gemm_bias_operands`), by the program's tensor names."""
+    from .codegen.biasfold import gemm_bias_operands
+
+    return dict(zip(("bias_row", "bias_digits"), gemm_bias_operands(bias_packed, lanes)))
 
 
 class _UnitCache:
@@ -266,9 +333,9 @@ class _UnitCache:
         _write(self.path, entry)
 
 
-def _unit_cache(template, config, base: Dict[str, Any], epilogue, options) -> Optional[_UnitCache]:
+def _unit_cache(template, op: MatchedOp, config, base: Dict[str, Any], options) -> Optional[_UnitCache]:
     """The unit cache entry of one depthwise conv2d: keyed by the configuration's value, the
-    workload, the epilogue's shape, the objective, each unit's knobs option and the code
+    workload, the epilogue's shape, the bias's range (the bias GEMM needs it in range), the objective, each unit's knobs option and the code
     (:func:`~.cache.source_digest`); None with tuned records (looked up per unit)."""
     import hashlib
 
@@ -276,13 +343,14 @@ def _unit_cache(template, config, base: Dict[str, Any], epilogue, options) -> Op
     from vta_ext.templates.epilogue import epilogue_shape
 
     from .cache import source_digest
+    from .candidates import bias_signature
 
     if options.records is not None:
         return None
     policies = [options.knobs_for(template.kind, template.strategy,
                                   DepthwiseUnitWorkload(**base, unit=u), config)[0] for u in UNITS]
-    text = json.dumps({"v": 1, "strategy": template.strategy, "config": config_digest(config),
-                       "base": base, "epilogue": epilogue_shape(config, epilogue),
+    text = json.dumps({"v": 2, "bias": bias_signature(op), "strategy": template.strategy, "config": config_digest(config),
+                       "base": base, "epilogue": epilogue_shape(config, op.epilogue),
                        "objective": options.objective, "knobs": policies,
                        "code": source_digest()}, sort_keys=True, default=str)
     return _UnitCache(hashlib.sha256(text.encode()).hexdigest()[:32])
@@ -307,7 +375,7 @@ class DepthwiseTemplate(OpTemplate):
         options = current_options()
         stock = self._stock.plan(op, config)     # refuses dilation and asymmetric padding
         base = dataclasses.asdict(stock.workload)
-        cache = _unit_cache(self, config, base, op.epilogue, options)
+        cache = _unit_cache(self, op, config, base, options)
         hit = cache.load() if cache is not None else None
         if hit is not None:      # a warm build: the unit and its point as chosen before
             wl = DepthwiseUnitWorkload(**{**hit["workload"], "knobs": tuple(
@@ -321,7 +389,8 @@ class DepthwiseTemplate(OpTemplate):
             wl = DepthwiseUnitWorkload(**base, unit=unit)
             policy = options.knobs_for(self.kind, self.strategy, wl, config)[0]
             try:
-                wl, timed[unit], notes[unit] = self._timed_unit(config, wl, op.epilogue, policy)
+                wl, timed[unit], notes[unit] = self._timed_unit(
+                    config, wl, op.epilogue, policy, diagonal_bias_gemm(op, config, wl))
             except TemplateRefusal as err:
                 refused[unit] = str(err)
             workloads[unit] = wl
@@ -362,12 +431,25 @@ class DepthwiseTemplate(OpTemplate):
                       f"({timed[other] / max(timed[unit], 1):.2f}x) for {UNIT_TEXT[other]}; both "
                       "take and leave the same packed layouts, so the host work is the same")
 
-    def _timed_unit(self, config, wl: DepthwiseUnitWorkload, epilogue, policy
-                    ) -> Tuple[DepthwiseUnitWorkload, int, str]:
+    def _timed_unit(self, config, wl: DepthwiseUnitWorkload, epilogue, policy,
+                    bias: Tuple[bool, str] = (False, "")) -> Tuple[DepthwiseUnitWorkload, int, str]:
         """``wl``'s unit as the plan builds it under the knobs ``policy``: its workload (the GEMM
-        unit at its searched knob point when the build searches one, :mod:`.stock_knobs`), its
-        modelled cycles and the report's words for the searched point ("" if none)."""
-        if wl.unit != "gemm" or not searches(policy, MODES[self.strategy]):
+        unit at its searched knob point when the build searches one, :mod:`.stock_knobs`, with
+        the bias by a GEMM when ``bias`` (:func:`diagonal_bias_gemm`) allows it and it is faster,
+        :func:`bias_twin`), its modelled cycles and the report's words for the searched point
+        and the bias ("" if none)."""
+        if wl.unit != "gemm":
+            return wl, self.cycles(config, wl, epilogue, policy), ""
+        wl, cycles, words = self._searched(config, wl, epilogue, policy)
+        wl, cycles, bias_words = bias_twin(
+            wl, lambda w: cycles if w == wl else self.cycles(config, w, epilogue, policy), bias)
+        return wl, cycles, "; ".join(w for w in (words, bias_words) if w)
+
+    def _searched(self, config, wl: DepthwiseUnitWorkload, epilogue, policy
+                  ) -> Tuple[DepthwiseUnitWorkload, int, str]:
+        """The GEMM unit ``wl`` at its searched knob point when the build searches one
+        (:mod:`.stock_knobs`), its modelled cycles and the words for the point ("" if none)."""
+        if not searches(policy, MODES[self.strategy]):
             return wl, self.cycles(config, wl, epilogue, policy), ""
         search = StockSearch(config, diagonal_workload(config, wl), tuple(epilogue),
                              lambda knobs: dataclasses.replace(wl, knobs=knobs),
@@ -393,8 +475,10 @@ class DepthwiseTemplate(OpTemplate):
         out: Dict[str, Optional[int]] = {}
         for unit in UNITS:
             try:
-                out[unit] = self._timed_unit(cfg, dataclasses.replace(wl, unit=unit, knobs=()),
-                                             epilogue, spec["knobs"])[1]
+                # the bias GEMM where the plan took it (the plan found it possible and faster)
+                out[unit] = self._timed_unit(
+                    cfg, dataclasses.replace(wl, unit=unit, knobs=(), bias_gemm=False), epilogue,
+                    spec["knobs"], (wl.bias_gemm and unit == "gemm", "bias added by one GEMM"))[1]
             except TemplateRefusal:
                 out[unit] = None
         return out
@@ -411,7 +495,8 @@ class DepthwiseTemplate(OpTemplate):
         """The GEMM conv2d knobs of the block-diagonal program; none for the ALU template."""
         if workload.unit == "alu":
             return KnobSpace()
-        return _gemm_knob_space(config, diagonal_workload(config, workload), epilogue)
+        return _gemm_knob_space(config, diagonal_workload(config, workload),
+                                program_epilogue(workload, epilogue))
 
 
 def gemm_reference(config, wl: DepthwiseUnitWorkload, epilogue, rng):

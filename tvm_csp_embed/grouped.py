@@ -53,8 +53,9 @@ from vta_ext.templates.workload import GroupConv2dWorkload
 from .cache import source_digest
 from .candidates import CspWorkload, _shape, data_layout
 from .csp_reference import gemm_reference as csp_gemm_reference
-from .depthwise import (_block, _UnitCache, build_diagonal, diagonal_inputs, diagonal_reference,
-                        diagonal_workload, modelled_cycles)
+from .depthwise import (_block, _UnitCache, bias_twin, build_diagonal, diagonal_bias_gemm,
+                        diagonal_inputs, diagonal_reference, diagonal_workload, modelled_cycles,
+                        program_epilogue)
 from .reference import register_reference
 from .strategy import CspGemmTemplate
 
@@ -70,9 +71,11 @@ class NarrowGroupWorkload(GroupConv2dWorkload):
     """A grouped conv2d of ``groups`` groups of ``group_width`` channels (channels padded to whole
     blocks: ``in_channels == out_channels``, at least ``groups * group_width``) run by the
     block-diagonal program. :attr:`groups` is the operator's own (the floor reads the operator
-    as written from it)."""
+    as written from it). ``bias_gemm``: the program adds the bias by one GEMM of a constant block
+    (:func:`~.depthwise.diagonal_bias_gemm`)."""
 
     group_width: int = 1
+    bias_gemm: bool = False
 
     @property
     def channels(self) -> int:
@@ -168,15 +171,19 @@ class NarrowGroupTemplate(CspGemmTemplate):
         if cached is not None:
             return cached
 
+        scored: Dict[str, _Scored] = {}
+        bias: Dict[str, Any] = {}
+
         def store(unit: str, why: str) -> None:
             if cache is not None:
-                cache.store({"unit": unit, "why": why, "planned": sorted(plans)})
-        scored: Dict[str, _Scored] = {}
+                cache.store({"unit": unit, "why": why, "planned": sorted(plans), **bias})
         for unit, plan in plans.items():
             try:
                 scored[unit] = self._score(op, config, plan, options)
             except TemplateRefusal as err:
                 refused[unit] = str(err)
+        if "diagonal" in scored:
+            scored["diagonal"], bias = self._bias_twin(op, config, scored["diagonal"], options)
         cpu = self._cpu(op, config, options)
         if not scored:
             raise TemplateRefusal(f"{self.strategy}: no unit runs this grouped conv2d: "
@@ -226,7 +233,7 @@ class NarrowGroupTemplate(CspGemmTemplate):
         policy = options.knobs_for(self.kind, self.strategy, diagonal.workload, config)[0]
         constants = [None if e is None else isinstance(e, tvm.ir.expr.Constant)
                      for e in (*op.operands[1:], op.bias, op.multiplier)]
-        text = json.dumps({"v": 2, "units": "narrow-group", "strategy": self.strategy,
+        text = json.dumps({"v": 3, "units": "narrow-group", "strategy": self.strategy,
                            "csp": csp.key, "diagonal": dataclasses.asdict(diagonal.workload),
                            "policy": policy, "constants": constants, "code": source_digest()},
                           sort_keys=True, default=str)
@@ -243,7 +250,37 @@ class NarrowGroupTemplate(CspGemmTemplate):
             return None
         if unit == "cpu":
             raise TemplateRefusal(why)
-        return self._described(plans[unit], self._name(unit, width, config), why)
+        plan = plans[unit]
+        if unit == "diagonal":
+            plan = self._with_bias(plan, entry.get("bias_gemm", False), entry.get("bias_words", ""))
+        return self._described(plan, self._name(unit, width, config), why)
+
+    def _bias_twin(self, op: MatchedOp, config, add: _Scored, options
+                   ) -> Tuple[_Scored, Dict[str, Any]]:
+        """The block-diagonal contender ``add`` (the bias by the ALU ADD) or its twin that adds
+        the bias by a GEMM, whichever has fewer VTA cycles (:func:`~.depthwise.bias_twin`; the
+        host work is the same), with the choice's words in its report text; and the unit cache
+        entry's fields that record it."""
+        scored = {add.plan.workload: add}
+
+        def cycles_of(wl) -> int:
+            if wl not in scored:
+                scored[wl] = self._score(op, config, dataclasses.replace(add.plan, workload=wl),
+                                         options)
+            return scored[wl].cycles
+        wl, _, words = bias_twin(add.plan.workload, cycles_of,
+                                 diagonal_bias_gemm(op, config, add.plan.workload))
+        best = scored[wl]
+        best = dataclasses.replace(best, plan=self._with_bias(best.plan, wl.bias_gemm, words))
+        return best, {"bias_gemm": wl.bias_gemm, "bias_words": words}
+
+    @staticmethod
+    def _with_bias(plan: OpPlan, bias_gemm: bool, words: str) -> OpPlan:
+        """The block-diagonal ``plan`` with the bias by a GEMM when ``bias_gemm``, and ``words``
+        (how it adds the bias and why) in its report text."""
+        wl = dataclasses.replace(plan.workload, bias_gemm=bias_gemm)
+        text = f"{plan.description}; {words}" if words else plan.description
+        return dataclasses.replace(plan, workload=wl, description=text)
 
     def _described(self, plan: OpPlan, name: str, why: str) -> OpPlan:
         """``plan`` with the choice between the units (``name`` the chosen one) in its report
@@ -319,7 +356,8 @@ class NarrowGroupTemplate(CspGemmTemplate):
     def knob_space(self, config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
         """The conv2d knobs of the block-diagonal program, or the CSP plan's."""
         if isinstance(workload, NarrowGroupWorkload):
-            return _gemm_knob_space(config, diagonal_workload(config, workload), epilogue)
+            return _gemm_knob_space(config, diagonal_workload(config, workload),
+                                    program_epilogue(workload, epilogue))
         return super().knob_space(config, workload, epilogue)
 
 

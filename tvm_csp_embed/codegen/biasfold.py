@@ -29,7 +29,9 @@ weight factors 0 (:func:`~.schedule.schedule_gemm`): ``GEMM_CYCLES_PER_UOP`` per
 entry instead of ``ALU_CYCLES_PER_UOP_VEC``, the weight tiles and the constant row loaded instead
 of the int32 bias rows:
 
-* :func:`gemm_bias_decision`: whether an operator's program can add its bias so, or why not;
+* :func:`gemm_bias_decision`: whether an operator's program can add its bias so, or why not
+  (:func:`gemm_bias_lanes_decision`: the part that needs only the lanes, which the
+  block-diagonal programs of :mod:`tvm_csp_embed.depthwise` use too);
 * :func:`gemm_bias_epilogue`: the epilogue that program runs (``("bias_gemm",)`` first,
   :data:`~vta_ext.templates.epilogue.GEMM_BIAS_STAGE`);
 * :func:`gemm_bias_operands`: the constant row and the digit tiles of a packed bias.
@@ -53,7 +55,7 @@ from .relayout import HostLayout, _is_identity
 
 __all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "fold_range", "fold_constants", "fold_digits",
            "FoldLanes", "fold_lanes", "fold_decision", "fold_layouts", "fold_data_layout", "fold_epilogue",
-           "FOLD_KINDS", "gemm_bias_decision", "gemm_bias_epilogue", "gemm_bias_operands"]
+           "FOLD_KINDS", "gemm_bias_decision", "gemm_bias_lanes_decision", "gemm_bias_epilogue", "gemm_bias_operands"]
 
 #: the data constant of the first spare lane (it carries the residue of the bias modulo 128)
 FIRST_LANE_CONSTANT = 1
@@ -652,13 +654,27 @@ def gemm_bias_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple],
     from vta_ext.templates.epilogue import has_bias, normalize_epilogue
 
     epilogue = normalize_epilogue(epilogue)
+    if has_bias(epilogue) and pg.operands["B"].tensor != pg.embedding.workload.inputs[1].name:
+        why = (_not_a_constant_leading_bias(kind, epilogue, bias, strict)
+               or "the weights are not the GEMM's weight operand (the channel is not on its y axis)")
+        return False, f"not by a GEMM: {why}"
+    return gemm_bias_lanes_decision(kind, epilogue, bias, pg.axes["z"], strict)
+
+
+def gemm_bias_lanes_decision(kind: str, epilogue: Sequence[tuple], bias: Optional[np.ndarray],
+                             lanes: int, strict: bool = False) -> Tuple[bool, str]:
+    """Whether a program whose GEMM has ``lanes`` reduction lanes and the output channel on its
+    weight operand's ``y`` axis (a CSP plan's, :func:`gemm_bias_decision`, or a block-diagonal
+    grouped conv2d's, :mod:`tvm_csp_embed.depthwise`) can add the operator's bias by one GEMM of
+    a constant block: ``(True, sentence)``, ``(False, "not by a GEMM: <why>")``, or
+    ``(False, "")`` without a ``("bias",)`` stage. Parameters as :func:`gemm_bias_decision`."""
+    from vta_ext.templates.epilogue import has_bias, normalize_epilogue
+
+    epilogue = normalize_epilogue(epilogue)
     if not has_bias(epilogue):
         return False, ""
-    lanes = pg.axes["z"]
     why = _not_a_constant_leading_bias(kind, epilogue, bias, strict)
-    if why is None and pg.operands["B"].tensor != pg.embedding.workload.inputs[1].name:
-        why = "the weights are not the GEMM's weight operand (the channel is not on its y axis)"
-    elif why is None:
+    if why is None:
         why = _outside(bias, lanes, f"{lanes} lanes hold")
         if why is None:
             lo, hi = fold_range(lanes)

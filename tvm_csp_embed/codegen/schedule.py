@@ -191,7 +191,7 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
     :func:`~.knobs.check_point`) and return ``(sch, info)``; ``acc_init`` (:data:`ACC_INITS`) says
     how each output tile's accumulator is zeroed."""
     from tvm import te
-    from vta_ext.lower.schedule import unchecked_schedule
+    from vta_ext.lower.schedule import continued_reduction, unchecked_schedule
 
     from vta_ext.lower.intrin import ACC_FILL_PRAGMA, register_gemm_intrin
 
@@ -205,7 +205,7 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
     sch = unchecked_schedule(func)
     for prev, name in zip(["gemm"] + stage_names, stage_names):
         if name.endswith("_" + GEMM_BIAS_STAGE[0]):
-            sch = unchecked_schedule(_continued(sch, name, prev))
+            sch = unchecked_schedule(continued_reduction(sch, name, prev))
     orders = loop_orders(pg, knobs.get("order", 0))
     ext = {lp.name: lp.extent for lp in pg.loops}
     C = pg.operands["C"]
@@ -296,65 +296,11 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
     return sch, info
 
 
-def _continued(sch, name: str, prev: str):
-    """The module of ``sch`` with the reduction block ``name`` starting from the value of block
-    ``prev`` at the same index instead of 0 (its init reads ``prev``'s buffer): what the TE stage
-    states (``te.sum(..., init=prev)``) but ``te.create_prim_func`` drops (it writes the
-    reducer's identity)."""
-    import tvm
-    from tvm.s_tir.stmt import SBlock
-    from tvm.tirx import BufferLoad
-    from tvm.tirx.stmt import BufferStore
-
-    blk = sch.get_sblock(name)
-    old = sch.get(blk)
-    written = sch.get(sch.get_sblock(prev)).writes[0]
-    src, at = written.source, list(old.init.indices)
-    region = tvm.ir.TensorRegion(src, [tvm.ir.Range.from_min_extent(i, 1) for i in at], written.ty)
-    new = SBlock(old.iter_vars, list(old.reads) + [region], old.writes, old.name_hint, old.body,
-                 BufferStore(old.init.buffer, BufferLoad(src, at), at), old.alloc_buffers,
-                 old.match_buffers, old.annotations)
-    sch.state.replace(sch.get_sref(blk), new, {old: new})
-    return sch.mod
-
-
-def _drop_init_read(sch, blk, src) -> None:
-    """Remove from the update block ``blk`` of a reduction decomposed by ``decompose_reduction``
-    the read of buffer ``src``, which its init (:func:`_continued`) read: only the init block
-    reads it (the read kept the stages in order until the decomposition; the update must match
-    the GEMM intrinsic, which reads the accumulator, the input and the weights)."""
-    from tvm.s_tir.stmt import SBlock
-
-    old = sch.get(blk)
-    reads = [r for r in old.reads if not r.source.same_as(src)]
-    new = SBlock(old.iter_vars, reads, old.writes, old.name_hint, old.body, old.init,
-                 old.alloc_buffers, old.match_buffers, old.annotations)
-    sch.state.replace(sch.get_sref(blk), new, {old: new})
-
-
 def _schedule_gemm_bias(sch, name: str, store, pg: PackedGemm, gemm_name: str) -> None:
     """Schedule the bias GEMM stage ``name`` (:func:`_gemm_bias_stage`), computed at the store
     point: its constant row and digit tiles loaded there, after the tile's GEMM loops (so that
     their loads do not wait for the previous tile's epilogue), its accumulator that of the stage
-    before (its init, :func:`_continued`, is a copy made an alias,
-    :data:`vta_ext.lower.intrin.ACC_ALIAS_PRAGMA`), the GEMM intrinsic tensorized at the lanes:
-    the tile's two outer loops fold into the instruction's (input and weight factors 0), the
-    others are its micro-ops."""
-    from vta_ext.lower.intrin import ACC_ALIAS_PRAGMA
-    from vta_ext.memory import INP_SCOPE, WGT_SCOPE
+    before (:func:`vta_ext.lower.schedule.schedule_bias_gemm`)."""
+    from vta_ext.lower.schedule import schedule_bias_gemm
 
-    blk = sch.get_sblock(name)
-    acc = sch.get(blk).writes[0].source
-    # the accumulator it continues: the other buffer of its scope that it reads (_continued)
-    (prev,) = [r.source for r in sch.get(blk).reads
-               if r.source.scope() == acc.scope() and not r.source.same_as(acc)]
-    for buf, scope in (("bias_row", INP_SCOPE), ("bias_digits", WGT_SCOPE)):
-        reads = [r.source.name for r in sch.get(blk).reads]
-        sch.compute_at(sch.cache_read(blk, reads.index(buf), scope), store)
-    loops = sch.get_loops(blk)
-    below = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(store))) + 1
-    init = sch.decompose_reduction(blk, loops[below])
-    sch.annotate(sch.get_loops(init)[below], ACC_ALIAS_PRAGMA, 1)
-    _drop_init_read(sch, blk, prev)
-    loops = sch.get_loops(blk)
-    sch.tensorize(loops[-3] if pg.axes["x"] > 1 else loops[-2], gemm_name)
+    schedule_bias_gemm(sch, name, store, gemm_name, batched=pg.axes["x"] > 1)

@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 import numpy as np
 
 from ..config import VTAConfig, load_config
 from ..memory import ACC_SCOPE, INP_SCOPE, WGT_SCOPE
-from .epilogue import (EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE, Epilogue, normalize_epilogue,
-                       te_stage, vector_stages)
+from .epilogue import (EPILOGUE_ORIGINAL, EPILOGUE_PIPELINE, GEMM_BIAS_STAGE, Epilogue,
+                       normalize_epilogue, te_stage, vector_stages)
 from .errors import Conv2dError, Conv2dRefusal, KnobError
 from .knobs import Conv2dKnobs
 from .tiling import check_knobs, group_span, resolve_knobs
@@ -109,19 +109,49 @@ def conv2d_compute(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, bias_batched: b
     # the per-channel tensors of the vector stages (bias, multiplier), in VECTOR_STAGES order
     vectors = {kind: te.placeholder(bshape, "int32", name=_VECTOR_NAMES[kind])
                for kind in vector_stages(epilogue)}
-    stage_names = []
+    stage_names, bias_gemm = [], []
     for idx, st in enumerate(epilogue):
-        res = te.compute(oshape, _stage_fn(st, res, vectors.get(st[0]), bias_batched),
-                         name=f"ep{idx}_{st[0]}")
+        if st == GEMM_BIAS_STAGE:
+            res, bias_gemm = _bias_gemm_stage(cfg, wl, res, f"ep{idx}_{st[0]}")
+        else:
+            res = te.compute(oshape, _stage_fn(st, res, vectors.get(st[0]), bias_batched),
+                             name=f"ep{idx}_{st[0]}")
         stage_names.append(res.op.name)
     final = res
     out = te.compute(oshape, lambda *i: final(*i).astype("int8"), name="out")
-    inputs += list(vectors.values())
+    inputs += bias_gemm + list(vectors.values())
     return inputs, out, stage_names, data_pad is not data
 
 
 #: vector stage -> the name of its packed tensor (program buffer, ``shapes`` key)
 _VECTOR_NAMES = {"bias": "bias", "mulv": "mult"}
+
+
+def bias_gemm_shapes(cfg: VTAConfig, wl: Conv2dWorkload) -> Dict[str, tuple]:
+    """The DRAM tensors of a ``("bias_gemm",)`` stage (:data:`~.epilogue.GEMM_BIAS_STAGE`):
+    ``bias_row``, the constant input row (``BATCH`` by ``BLOCK_IN`` lanes, int8), and
+    ``bias_digits``, one weight tile per output channel block (the per-channel bias's shape
+    ``(1, O/co, 1, 1)``, then ``BLOCK_OUT`` by ``BLOCK_IN``, int8): the operands
+    ``tvm_csp_embed.codegen.biasfold.gemm_bias_operands`` makes of a packed bias."""
+    bshape = _shapes(cfg, wl, bias_batched=False)[2]
+    return {"bias_row": (cfg.BATCH, cfg.BLOCK_IN),
+            "bias_digits": bshape[:-2] + (cfg.BLOCK_OUT, cfg.BLOCK_IN)}
+
+
+def _bias_gemm_stage(cfg: VTAConfig, wl: Conv2dWorkload, prev, name: str):
+    """The bias GEMM as a TE stage: a reduction over the ``BLOCK_IN`` lanes of the constant row
+    times the digit tile of each output's channel block, starting from ``prev`` (the
+    accumulator); and its two placeholders (:func:`bias_gemm_shapes`)."""
+    from tvm import te
+
+    shapes = bias_gemm_shapes(cfg, wl)
+    row = te.placeholder(shapes["bias_row"], "int8", name="bias_row")
+    digits = te.placeholder(shapes["bias_digits"], "int8", name="bias_digits")
+    zb = te.reduce_axis((0, cfg.BLOCK_IN), "z_b")
+    res = te.compute(prev.shape, lambda n, o, y, x, b, j: te.sum(
+        row[b, zb].astype("int32") * digits[0, o, 0, 0, j, zb].astype("int32"), axis=zb,
+        init=prev(n, o, y, x, b, j)), name=name)
+    return res, [row, digits]
 
 
 def _stage_fn(stage, prev, bias, bias_batched: bool):
@@ -149,7 +179,7 @@ def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dK
         For knobs that are not a realisable point of the knob space.
     """
     from tvm import te
-    from ..lower.schedule import unchecked_schedule
+    from ..lower.schedule import continued_reduction, schedule_bias_gemm, unchecked_schedule
 
     from ..lower.intrin import register_gemm_intrin
 
@@ -159,6 +189,10 @@ def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dK
     func = te.create_prim_func(inputs + [out]).with_attr("global_symbol", "conv2d_packed")
     gemm_name, reset_name = register_gemm_intrin(cfg)
     sch = unchecked_schedule(func)
+    bias_gemm = [n for n in stage_names if n.endswith("_" + GEMM_BIAS_STAGE[0])]
+    for prev, name in zip(["conv"] + stage_names, stage_names):
+        if name in bias_gemm:      # it continues the accumulator of the stage before
+            sch = unchecked_schedule(continued_reduction(sch, name, prev))
     B, BI, BO = cfg.BATCH, cfg.BLOCK_IN, cfg.BLOCK_OUT
     nb, ob, OH, OW = wl.batch // B, wl.out_channels // BO, wl.out_height, wl.out_width
     groups = groups_of(wl)
@@ -238,6 +272,8 @@ def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dK
     sch.tensorize(tens, gemm_name)
     iloops = sch.get_loops(init)
     sch.tensorize(iloops[-2] if B > 1 else iloops[-1], reset_name)
+    for name in bias_gemm:
+        schedule_bias_gemm(sch, name, w0, gemm_name, batched=B > 1)
     info = dict(stage_names=stage_names, padded=padded, inputs=[t.op.name for t in inputs],
                 vthreads=len(vthreads), reuse=bool(k.reuse))
     return sch, info
@@ -260,17 +296,40 @@ class CompiledConv2d:
     shapes: Dict[str, tuple]
     timings: Dict[str, float]
     generated: Any = field(repr=False, default=None)
+    #: for a ``("bias_gemm",)`` stage: packed int32 bias -> ``{"bias_row": ..., "bias_digits":
+    #: ...}`` (:func:`bias_gemm_shapes`), set by whoever builds such a program
+    bias_operands: Optional[Callable[[np.ndarray], Dict[str, np.ndarray]]] = field(
+        repr=False, default=None)
+
+    @property
+    def gemm_bias(self) -> bool:
+        """Whether the program adds the bias by a GEMM (a ``("bias_gemm",)`` stage): :meth:`run`
+        turns the packed bias into the constant row and digit tiles (:attr:`bias_operands`)."""
+        return "bias_digits" in self.shapes
 
     @property
     def has_bias(self) -> bool:
         """Whether the epilogue adds a bias tensor (a third :meth:`run` argument)."""
-        return "bias" in self.shapes
+        return "bias" in self.shapes or self.gemm_bias
 
     @property
     def vector_names(self):
         """The names of the per-channel int32 tensors :meth:`run` takes after data and kernel:
         ``bias`` and / or ``mult`` (the per-channel multiplier), in that order."""
-        return [n for n in ("bias", "mult") if n in self.shapes]
+        return [n for n in ("bias", "mult") if n in self.shapes or (n == "bias" and self.gemm_bias)]
+
+    def _write_gemm_bias(self, arr) -> None:
+        """Write the bias GEMM's operands of the packed int32 bias ``arr``."""
+        if self.bias_operands is None:
+            raise Conv2dError("this program adds its bias by a GEMM: it needs bias_operands "
+                              "(the constant row and digit tiles of a packed bias)")
+        arr = np.asarray(arr)
+        shape = _shapes(self.config, self.workload, bias_batched=False)[2]
+        if arr.dtype != np.int32 or arr.shape[1:] != shape[1:] or (arr != arr[:1]).any():
+            raise Conv2dError(f"bias: expected a per-channel int32 bias of shape {shape}, got "
+                              f"{arr.shape} {arr.dtype}")
+        for name, value in self.bias_operands(arr[:1]).items():
+            self.program.write(name, self._check(name, value, np.int8))
 
     def _check(self, name, arr, dtype):
         arr = np.asarray(arr)
@@ -302,6 +361,9 @@ class CompiledConv2d:
             extra = ("bias_packed", "('bias',)") if not names else ("mult_packed", "('mulv',)")
             raise Conv2dError(f"{extra[0]} given but the epilogue has no {extra[1]} stage")
         for name, arr in zip(names, given):
+            if name == "bias" and self.gemm_bias:
+                self._write_gemm_bias(arr)
+                continue
             prog.write(name, self._check(name, arr, np.int32))
         t = time.perf_counter()
         stats = prog.run(simulator)
@@ -374,10 +436,12 @@ def compile_conv2d(cfg: VTAConfig, workload: Conv2dWorkload, epilogue: Epilogue,
     shapes = {"data": dshape, "kernel": kshape, "out": oshape}
     for kind in vector_stages(epilogue):
         shapes[_VECTOR_NAMES[kind]] = bshape
+    if GEMM_BIAS_STAGE in epilogue:
+        shapes.update(bias_gemm_shapes(cfg, workload))
     q = CommandQueue(cfg)
     bufs = {}
     for name, shape in shapes.items():
-        dtype = np.int32 if name in ("bias", "mult") else np.int8
+        dtype = np.int32 if name in _VECTOR_NAMES.values() else np.int8
         bufs[name] = q.alloc(int(np.prod(shape)) * np.dtype(dtype).itemsize, name)
     gen.emit(q, bufs)
     prog = q.synchronize()

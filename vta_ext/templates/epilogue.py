@@ -35,7 +35,9 @@ bias), so only templates with an output-channel axis take them (GEMM templates, 
 ``("bias_gemm",)`` is not an operator's stage but a program's: a CSP program that adds its bias
 by one GEMM instruction per output tile instead of the vector ADD
 (:mod:`tvm_csp_embed.codegen.biasfold`, :func:`~tvm_csp_embed.codegen.biasfold.gemm_bias_epilogue`)
-runs it in place of a leading ``("bias",)``; the stock templates refuse it.
+runs it in place of a leading ``("bias",)``, and so does the ``conv2d_packed`` template for the
+block-diagonal programs of :mod:`tvm_csp_embed.depthwise` (its ``bias_gemm_shapes``); the
+stock strategy never passes it.
 
 The fixed-point requantisation of TFLite / TVM QNN / PT2E graphs is the epilogue
 ``bias, shr s1, mul M (or mulv), add 2**(k-1), shr k, clip``. Its int32 products must not
