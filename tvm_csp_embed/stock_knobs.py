@@ -7,14 +7,14 @@ part of tuning the free loops, and builds the stock-template programs it keeps (
 a conv2d, group conv2d or dense chosen against the embeddings or fallen back to, and the
 block-diagonal GEMM program of a depthwise conv2d, :mod:`.depthwise`) at a searched point:
 
-* the points: the TPS point and its two-thread variants (:func:`neighbourhood`): a thread knob
-  (``h_nthread`` or ``oc_nthread``) set to 2, with no tile or one inner tile halved (reuse-aware
-  double buffering as TPS has it); only those the template's model says fit
-  (:func:`vta_ext.templates.tiling.evaluate`);
-* the search (:func:`searched_point`): TPS is built and timed on the cycle model, then the others
-  in the TPS order (fewest DRAM bytes first), at most :data:`SEARCHED` of them (each costs a
-  build); a point whose lower bound (:func:`~.choice.stock_cycles_bound`) is not below the best
-  timed is not built. The fewest
+* the points: the TPS point and its two-thread variants (:func:`neighbourhood`): the thread
+  knobs of one of :data:`THREAD_SETS` (``h_nthread``, ``oc_nthread`` or both) set to 2, with up to
+  one inner tile halved per thread knob set (reuse-aware double buffering as TPS has it); only those the
+  template's model says fit (:func:`vta_ext.templates.tiling.evaluate`);
+* the search (:func:`searched_point`): TPS is built and timed on the cycle model, then, of each
+  thread set, the first :data:`SEARCHED` points in the TPS order (fewest DRAM bytes first; each
+  costs a build); a point whose lower bound (:func:`~.choice.stock_cycles_bound`) is not below
+  the best timed is not built. The fewest
   cycles win, TPS on a tie, so the point is never slower on the cycle model than TPS.
 
 The result (knobs, its cycles and TPS's) is kept in memory and on disk (``stock_points/`` in the
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import threading
 from dataclasses import dataclass
@@ -39,17 +40,19 @@ from vta_ext.templates.errors import KnobError
 from .cache import _write, cache_dir, source_digest
 from .choice import STOCK_COMPARED, stock_cycles_bound
 
-__all__ = ["SEARCHED", "SEARCH_VERSION", "SearchedPoint", "StockSearch", "neighbourhood",
-           "searched_point", "lowest_bound", "searches"]
+__all__ = ["SEARCHED", "SEARCH_VERSION", "THREAD_SETS", "SearchedPoint", "StockSearch",
+           "neighbourhood", "thread_set", "searched_point", "lowest_bound", "searches"]
 
-#: points built and timed beyond TPS, at most: the first variant (fewest DRAM bytes) was within
-#: 0.4 % of the best of the first five on ResNet-18 C2-C11, MobileNet D1-D9 and every fourth
-#: DeepBench row, on default and pipelined, and each point costs a build
+#: points built and timed beyond TPS, at most, of each thread set: the first variant (fewest DRAM
+#: bytes) was within 0.4 % of the best of the first five on ResNet-18 C2-C11, MobileNet D1-D9 and
+#: every fourth DeepBench row, on default and pipelined, and each point costs a build
 SEARCHED = 1
 #: the search's format: bump it when the neighbourhood or the rule changes (it keys the caches)
-SEARCH_VERSION = 3
-#: the thread knobs a variant sets to 2, and the inner tiles it may halve
-THREADS = ("h_nthread", "oc_nthread")
+SEARCH_VERSION = 4
+#: the sets of thread knobs a variant sets to 2 (both at once: loads overlap compute along both
+#: the rows and the output channels; DenseNet-121's 1x1 depthwise convs on ``pipelined`` run 8 %
+#: faster there than at either alone), and the inner tiles it may halve
+THREAD_SETS = (("h_nthread",), ("oc_nthread",), ("h_nthread", "oc_nthread"))
 TILES = ("tile_h", "tile_w", "tile_co", "tile_ci")
 
 _MEMO: Dict[str, "SearchedPoint"] = {}
@@ -126,13 +129,14 @@ def neighbourhood(config, workload, epilogue: Sequence[tuple]) -> List[Dict[str,
     base = dataclasses.asdict(tps)
     seen = {tuple(sorted(base.items()))}
     variants = []
-    for thread in (t for t in THREADS if t in base):
-        for half in (None,) + tuple(t for t in TILES if t in base):
-            k = dict(base, **{thread: 2})
-            if half is not None:
-                if base[half] % 2:
-                    continue
-                k[half] = base[half] // 2
+    tiles = [t for t in TILES if t in base]
+    for threads in (t for t in THREAD_SETS if all(name in base for name in t)):
+        # up to one inner tile halved per thread knob set (a thread splits its loop in two)
+        for halves in (h for n in range(len(threads) + 1) for h in itertools.combinations(tiles, n)):
+            k = dict(base, **{name: 2 for name in threads})
+            if any(base[t] % 2 for t in halves):
+                continue
+            k.update({t: base[t] // 2 for t in halves})
             key = tuple(sorted(k.items()))
             if key in seen:
                 continue
@@ -144,6 +148,12 @@ def neighbourhood(config, workload, epilogue: Sequence[tuple]) -> List[Dict[str,
             if isinstance(res, tiling.TilingChoice):
                 variants.append((res.total_bytes, res.insns, len(variants), k))
     return [base] + [k for *_, k in sorted(variants, key=lambda v: v[:3])]
+
+
+def thread_set(knobs: Dict[str, Any]) -> Tuple[str, ...]:
+    """The thread knobs ``knobs`` sets above 1 (an entry of :data:`THREAD_SETS`, or ``()``)."""
+    return tuple(name for name in sorted({n for t in THREAD_SETS for n in t})
+                 if knobs.get(name, 1) > 1)
 
 
 def _bound(config, workload, epilogue, knobs) -> Optional[float]:
@@ -221,9 +231,11 @@ def _search(config, workload, epilogue, cycles) -> SearchedPoint:
     best, best_cycles = tps, cycles(tps)   # refuses as the template does
     tps_cycles = best_cycles
     timed = 1
+    per_set: Dict[Tuple[str, ...], int] = {}
     for k in points[1:]:
-        if timed > SEARCHED:
-            break
+        threads = thread_set(k)
+        if per_set.get(threads, 0) >= SEARCHED:
+            continue
         bound = _bound(config, workload, epilogue, k)
         if bound is not None and bound >= best_cycles:
             continue
@@ -232,6 +244,7 @@ def _search(config, workload, epilogue, cycles) -> SearchedPoint:
         except (KnobError, TemplateRefusal):
             continue
         timed += 1
+        per_set[threads] = per_set.get(threads, 0) + 1
         if c < best_cycles:
             best, best_cycles = k, c
     return SearchedPoint(tuple(sorted(best.items())), best_cycles, tps_cycles, timed, len(points))
