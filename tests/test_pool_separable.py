@@ -161,6 +161,40 @@ def test_csp_relaxed_runs_the_separable_pool(preset, h, k, s, p, ceil):
     assert report.cycles(op) >= report.floor(op).structural
 
 
+def test_a_warm_build_builds_only_the_chosen_schedule(tmp_path, monkeypatch):
+    """The schedule choice kept on disk (``pools/``): a second build on the cache the first
+    filled, in a process that forgot the programs and cycle reports (``executor.release``),
+    builds only the chosen schedule's program (the builds counted at the executor) and times
+    none, with the same report line and program key; both outputs bit-exact against llvm and
+    numpy."""
+    from vta_ext import executor
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    x = np.random.default_rng(7).integers(-128, 128, (1, 32, 28, 28)).astype(np.int8)
+    built, cycled = [], []
+    build_spec, run_program = executor.build_spec, CycleModel.run_program
+    monkeypatch.setattr(executor, "build_spec", lambda spec, config: (
+        built.append(spec["workload"]["schedule"]), build_spec(spec, config))[1])
+    monkeypatch.setattr(CycleModel, "run_program", lambda self, program: (
+        cycled.append(1), run_program(self, program))[1])
+    builds = []
+    for _ in range(2):
+        executor.release(load_config("default"))
+        built.clear()
+        cycled.clear()
+        with vta_ext.build_options(strategy="csp-relaxed"):
+            got, ref, report = vta_and_llvm(_pool_module(x.shape, 3, 2, 1, False), [x])
+        np.testing.assert_array_equal(got, ref)
+        np.testing.assert_array_equal(got, ref_pool(x, PoolWorkload(1, 32, 28, 28, 3, 3, 2, 2, 1, 1),
+                                                    "max"))
+        (op,) = report.on_vta
+        builds.append((sorted(built), len(cycled), op.detail, report.vta_keys))
+    cold, warm = builds
+    assert cold[:2] == (["direct", "separable"], 2)
+    assert warm[:2] == (["separable"], 0)
+    assert warm[2:] == cold[2:] and "separable max pool" in warm[2]
+
+
 def _on(preset, mod, x):
     """Build ``mod`` for the VTA target of ``preset`` and for llvm, run both on ``x``."""
     import tvm

@@ -337,6 +337,30 @@ def test_a_modified_preset_is_not_reported_as_the_preset():
     assert vta_ext.report.config_label(load_config("pipelined")) == "pipelined"
 
 
+def test_executed_macs_are_the_cycle_models_without_timing(chain_build, monkeypatch):
+    """The padding figure's MAC count (:func:`vta_ext.report.executed_macs`) equals the full cycle
+    model's count of every VTA call, and needs no cycle-model run: with the model's run broken,
+    the padding figures and the report's padding line stay the same."""
+    from vta_ext.report import executed_macs
+    from vta_ext.sim.cycles import CycleModel
+
+    _, _, report, _, _ = chain_build
+    programs = {k: vta_ext.executor.compiled_op(k).program for k in report.vta_keys}
+    fresh = {k: CycleModel(p.config).run_program(p).macs for k, p in programs.items()}
+    assert [executed_macs(k) for k in report.vta_keys] == [fresh[k] for k in report.vta_keys]
+    assert fresh[report.vta_keys[0]] == 32 * 16 * 8 * 8 * 3 * 3   # conv1, padded: by hand
+    figures = [report.padding_overhead(p) for p in report.on_vta]
+    line = report.padding_text()
+
+    def broken(*args, **kwargs):
+        raise AssertionError("the padding figure ran the cycle model")
+
+    monkeypatch.setattr(CycleModel, "run_program", broken)
+    monkeypatch.setattr(vta_ext.executor, "_CYCLES", {})
+    assert [report.padding_overhead(p) for p in report.on_vta] == figures
+    assert report.padding_text() == line
+
+
 # ------------------------------------------------------------------------------ CSP, networks
 @pytest.mark.usefixtures("fresh_embedding_cache")
 def test_csp_line_names_the_embedding_and_its_padding():

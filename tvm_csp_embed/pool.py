@@ -13,7 +13,11 @@ on VTA.
 times them on the cycle model (:func:`~.depthwise.modelled_cycles`); the fewer cycles win, the
 direct schedule on a tie. A schedule the template refuses (the separable one without
 ``EXT_PAD_MIN``) leaves the other; when both refuse, the operator stays on the CPU with both
-reasons. The build report's line of the operator says which schedule ran and why.
+reasons. The build report's line of the operator says which schedule ran and why. The choice and
+its sentence are kept on disk (``pools/`` of :func:`~.cache.cache_dir`, keyed by the workload,
+the epilogue, each schedule's knobs, the configuration's value and the code,
+:func:`schedule_key`): a warm build builds and times neither schedule, only the chosen one's
+program is built (for the VTA call).
 
 Registered for ``max_pool2d`` under ``csp-relaxed`` (``csp-strict`` and ``stock`` keep the direct
 schedule through the stock template).
@@ -21,8 +25,10 @@ schedule through the stock template).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from vta_ext.errors import TemplateRefusal
 from vta_ext.stock import StockPool
@@ -30,9 +36,10 @@ from vta_ext.strategy import (MatchedOp, OpPlan, OpTemplate, register_plan_summa
                               register_template)
 from vta_ext.templates.pool import MAX_POOL_SCHEDULES, PoolWorkload, build_max_pool2d
 
+from .cache import _write, cache_dir, source_digest
 from .depthwise import modelled_cycles
 
-__all__ = ["PoolScheduleWorkload", "MaxPoolTemplate", "SCHEDULE_TEXT"]
+__all__ = ["PoolScheduleWorkload", "MaxPoolTemplate", "SCHEDULE_TEXT", "schedule_key"]
 
 #: how the build report names each schedule
 SCHEDULE_TEXT = {"direct": "the direct max pool (a copy, then a MAX pass per window element)",
@@ -90,6 +97,32 @@ def choose_schedule(timed: Dict[str, int], refused: Dict[str, str]) -> Tuple[str
                       f"{SCHEDULE_TEXT[other]}")
 
 
+def schedule_key(config, strategy: str, base: Dict[str, Any], epilogue,
+                 knobs: Dict[str, Any]) -> str:
+    """The pool schedule cache's key: the compiled-operator key of each schedule of the pool
+    ``base`` (the stock workload's fields) with its ``knobs`` (:func:`vta_ext.executor.op_key`:
+    the workload, the epilogue, the knobs and the configuration's value) and the code that builds
+    and times them (:func:`~.cache.source_digest`)."""
+    from vta_ext.executor import op_key
+
+    keys = [op_key(MaxPoolTemplate.kind, strategy, config,
+                   PoolScheduleWorkload(**base, schedule=s), epilogue, knobs[s])
+            for s in MAX_POOL_SCHEDULES]
+    text = json.dumps({"v": 1, "programs": keys, "code": source_digest()}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _kept_schedule(key: str) -> Optional[Tuple[str, str]]:
+    """The schedule and sentence kept under ``key`` (:func:`schedule_key`), or None."""
+    path = cache_dir() / "pools" / f"{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        schedule, why = data["schedule"], data["why"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (schedule, why) if schedule in MAX_POOL_SCHEDULES else None
+
+
 class MaxPoolTemplate(OpTemplate):
     """``max_pool2d`` under a CSP strategy: the direct or the separable schedule, whichever the
     cycle model times faster (module docstring)."""
@@ -109,24 +142,38 @@ class MaxPoolTemplate(OpTemplate):
         options = current_options()
         stock = self._stock.plan(op, config)
         base = dataclasses.asdict(stock.workload)
+        knobs = {s: options.knobs_for(self.kind, self.strategy,
+                                      PoolScheduleWorkload(**base, schedule=s), config)[0]
+                 for s in MAX_POOL_SCHEDULES}
+        key = schedule_key(config, self.strategy, base, op.epilogue, knobs)
+        kept = _kept_schedule(key)
+        if kept is not None:
+            schedule, why = kept
+        else:
+            schedule, why = self._timed_choice(config, op, base, knobs)
+            _write(cache_dir() / "pools" / f"{key}.json", {"schedule": schedule, "why": why})
+        return OpPlan(PoolScheduleWorkload(**base, schedule=schedule), stock.inputs,
+                      stock.out_layout,
+                      f"{stock.description}; {SCHEDULE_TEXT[schedule]} chosen by "
+                      f"{self.strategy}: {why}", stock.padding, in_layout=stock.in_layout)
+
+    def _timed_choice(self, config, op: MatchedOp, base: Dict[str, Any],
+                      knobs: Dict[str, Any]) -> Tuple[str, str]:
+        """Build and time both schedules of the pool ``base`` (:func:`choose_schedule`); raises
+        :class:`~vta_ext.errors.TemplateRefusal` with both reasons when neither builds."""
         timed: Dict[str, int] = {}
         refused: Dict[str, str] = {}
         for schedule in MAX_POOL_SCHEDULES:
             wl = PoolScheduleWorkload(**base, schedule=schedule)
-            knobs = options.knobs_for(self.kind, self.strategy, wl, config)[0]
             try:
                 timed[schedule] = modelled_cycles(self.kind, self.strategy, config, wl,
-                                                  op.epilogue, knobs)
+                                                  op.epilogue, knobs[schedule])
             except TemplateRefusal as err:
                 refused[schedule] = str(err)
         if not timed:
             raise TemplateRefusal(f"{self.strategy}: no max-pool schedule runs it: " + "; ".join(
                 f"{SCHEDULE_TEXT[s]}: {refused[s]}" for s in MAX_POOL_SCHEDULES))
-        schedule, why = choose_schedule(timed, refused)
-        return OpPlan(PoolScheduleWorkload(**base, schedule=schedule), stock.inputs,
-                      stock.out_layout,
-                      f"{stock.description}; {SCHEDULE_TEXT[schedule]} chosen by "
-                      f"{self.strategy}: {why}", stock.padding, in_layout=stock.in_layout)
+        return choose_schedule(timed, refused)
 
     def build(self, config, workload: PoolScheduleWorkload, epilogue: Sequence[tuple],
               knobs) -> Any:

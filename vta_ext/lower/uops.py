@@ -118,14 +118,15 @@ def gemm_kernel(cfg: VTAConfig, g: GemmKernel, base_of: BaseOf,
                 calls.append((n, dict(lenv)))
     walk(g.body, {})
     folded = []
+    nodes = list({id(n): n for n, _ in calls}.values())   # each call node once, in call order
     for var, ext in g.loops:
         fa = fi = fw = 0
-        for n, _ in calls:
+        for n in nodes:
             fa = n.acc[1].coef(var)
             fi = n.inp[1].coef(var) if n.inp else 0
             fw = n.wgt[1].coef(var) if n.wgt else 0
             break
-        for n, _ in calls:  # one consistent coefficient per argument
+        for n in nodes:  # one consistent coefficient per argument
             if (n.acc[1].coef(var), n.inp[1].coef(var) if n.inp else 0,
                     n.wgt[1].coef(var) if n.wgt else 0) != (fa, fi, fw):
                 raise LoweringError("GEMM micro-ops with inconsistent loop coefficients")
@@ -134,58 +135,68 @@ def gemm_kernel(cfg: VTAConfig, g: GemmKernel, base_of: BaseOf,
         folded.append((ext, fa // ea, fi // ei, fw // ew))
     fold_vars = {v for v, _ in g.loops}
     # uop offsets: static part (inner loops) + dynamic part (outer vars, shared by all uops).
-    # Per call node and operand, the index without the folded loops and the base are prepared
-    # once; per call, the unrolled loop values (then ``env``) are substituted into the index,
-    # and the base is added as it is: index.without(folded).subst(lenv).subst(env) + base.
-    prepared: Dict[int, list] = {}
+    # index.without(folded).subst(lenv).subst(env) + base, per call and operand: the variables
+    # an unrolled loop binds (lenv) are the same at every call of one node, so per node and
+    # operand the rest is prepared once (:func:`_operand_form`); per call only the unrolled
+    # loop values are added.
+    prepared: Dict[tuple, list] = {}
     dyn = None
     uops = []
     for n, lenv in calls:
-        ops = prepared.get(id(n))
-        if ops is None:
-            ops = []
-            for opnd, e in ((n.acc, ea), (n.inp, ei), (n.wgt, ew)):
-                if opnd is None:
-                    ops.append(None)
-                    continue
-                buf, idx = opnd
-                base = base_of(buf)
-                term = base.scale(e) if isinstance(base, Aff) else Aff(None, base * e)
-                ops.append((tuple(idx.without(fold_vars).c.items()), idx.k, term))
-            prepared[id(n)] = ops
-        key, st, dpart = [], [], []
-        for op, e in zip(ops, (ea, ei, ew)):
-            if op is None:
-                key.append(None)
-                dpart.append(None)
+        node = (id(n), tuple(lenv))
+        forms = prepared.get(node)
+        first = forms is None
+        if first:
+            forms = prepared[node] = [
+                None if opnd is None else _operand_form(opnd, e, base_of, fold_vars, lenv, env)
+                for opnd, e in ((n.acc, ea), (n.inp, ei), (n.wgt, ew))]
+        st = []
+        for f, e in zip(forms, (ea, ei, ew)):
+            if f is None:
                 st.append(0)
                 continue
-            items, k, term = op
-            c: Dict[str, int] = {}
-            for v, x in items:
-                if v in lenv:
-                    k += x * lenv[v]
-                elif v in env:
-                    k += x * env[v]
-                else:
-                    c[v] = x
-            for v, x in term.c.items():
-                c[v] = c.get(v, 0) + x
-            k += term.k
-            c = {v: x for v, x in c.items() if x}
-            key.append(tuple(sorted(c.items())))
-            dpart.append(c)
-            if k % e or any(x % e for x in c.values()):
+            k = f[1]
+            for v, x in f[0]:
+                k += x * lenv[v]
+            if k % e:
                 raise LoweringError("GEMM operand offset is not element aligned")
             st.append(k // e)
-        key = tuple(key)
-        if dyn is None:
-            dyn = (key, dpart)
-        elif dyn[0] != key:
-            raise LoweringError("GEMM micro-ops depend differently on CPU loop variables")
+        if first:       # the dynamic part is the node's: checked at its first call
+            key = tuple(None if f is None else f[2] for f in forms)
+            if dyn is None:
+                dyn = (key, [None if f is None else f[3] for f in forms])
+            elif dyn[0] != key:
+                raise LoweringError("GEMM micro-ops depend differently on CPU loop variables")
         uops.append(tuple(st))
     dparts = [Aff() if p is None else Aff(p, 0).div(e) for p, e in zip(dyn[1], (ea, ei, ew))]
     return ("gemm", g.reset, tuple(folded), tuple(uops)), dparts
+
+
+def _operand_form(opnd, e: int, base_of: BaseOf, fold_vars, lenv: Dict[str, int],
+                  env: Dict[str, int]) -> tuple:
+    """What a GEMM micro-op's offset of operand ``opnd`` (``(buffer, index)``, ``e`` lanes per
+    element) is made of at a call whose unrolled loops bind ``lenv``'s variables: ``(unrolled
+    terms, constant, dynamic key, dynamic terms)``. The offset of a call is the constant plus
+    each unrolled term's coefficient times its loop value; the dynamic terms (the CPU loop
+    variables, without the folded loops ``fold_vars``) must be whole elements."""
+    buf, idx = opnd
+    base = base_of(buf)
+    term = base.scale(e) if isinstance(base, Aff) else Aff(None, base * e)
+    unrolled, k, c = [], idx.k, {}
+    for v, x in idx.without(fold_vars).c.items():
+        if v in lenv:
+            unrolled.append((v, x))
+        elif v in env:
+            k += x * env[v]
+        else:
+            c[v] = x
+    for v, x in term.c.items():
+        c[v] = c.get(v, 0) + x
+    k += term.k
+    c = {v: x for v, x in c.items() if x}
+    if any(x % e for x in c.values()):
+        raise LoweringError("GEMM operand offset is not element aligned")
+    return tuple(unrolled), k, tuple(sorted(c.items())), c
 
 
 def make_kernel(cfg: VTAConfig, spec: KernelSpec, offs: Sequence[int]) -> UopKernel:
