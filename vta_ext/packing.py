@@ -93,7 +93,10 @@ def _pack_numpy(layout, array: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=1024)
 def _same_arrangement(a, b) -> bool:
-    probe = np.arange(1, math.prod(a.src_shape) + 1, dtype=np.int64).reshape(a.src_shape)
+    size = math.prod(a.src_shape)
+    # the narrowest integer that numbers every element distinctly (padding stays 0)
+    dtype = np.int32 if size < np.iinfo(np.int32).max else np.int64
+    probe = np.arange(1, size + 1, dtype=dtype).reshape(a.src_shape)
     return bool(np.array_equal(a.pack_numpy(probe), b.pack_numpy(probe)))
 
 
