@@ -445,6 +445,22 @@ DEEPBENCH_EPILOGUES = ("bias-shift-clip", "none")
 DEEPBENCH_BIAS_RANGE = (-(1 << 13), 1 << 13)
 
 
+def weight_and_bias(wshape, seed: Optional[int]):
+    """A conv's int8 weights of ``wshape`` and its int32 bias ``(1, K, 1, 1)``: with a ``seed``,
+    Relax constants drawn from it (the bias in :data:`DEEPBENCH_BIAS_RANGE`), as a frontend binds
+    a quantised network's parameters; with ``None``, function parameters ``w`` and ``b``."""
+    import numpy as np
+    from tvm import relax
+
+    bshape = (1, wshape[0], 1, 1)
+    if seed is None:
+        return (relax.Var("w", relax.TensorType(wshape, "int8")),
+                relax.Var("b", relax.TensorType(bshape, "int32")))
+    rng = np.random.default_rng(seed)
+    return (relax.const(rng.integers(-128, 128, wshape, dtype=np.int8), "int8"),
+            relax.const(rng.integers(*DEEPBENCH_BIAS_RANGE, bshape, dtype=np.int32), "int32"))
+
+
 def deepbench_module(row, epilogue: str = "bias-shift-clip", constants: bool = False):
     """A one-conv Relax module of a DeepBench row: int8 conv2d + bias, >> 6, clip, int8; with
     ``epilogue="none"`` the int32 conv2d cast to int8.
@@ -454,7 +470,6 @@ def deepbench_module(row, epilogue: str = "bias-shift-clip", constants: bool = F
     an int32 bias in :data:`DEEPBENCH_BIAS_RANGE`), as a frontend binds a quantised network's
     parameters, so that a strategy may relayout them (and fold the bias) at build time.
     """
-    import numpy as np
     from tvm import relax
 
     if epilogue not in DEEPBENCH_EPILOGUES:
@@ -463,16 +478,8 @@ def deepbench_module(row, epilogue: str = "bias-shift-clip", constants: bool = F
     n, c, h, w, k = g("n"), g("c"), g("h"), g("w"), g("k")
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((n, c, h, w), "int8"))
-    wshape = (k, c, g("filter_h"), g("filter_w"))
-    if constants:
-        rng = np.random.default_rng(g("id"))
-        wt = relax.const(rng.integers(-128, 128, wshape, dtype=np.int8), "int8")
-        b = relax.const(rng.integers(*DEEPBENCH_BIAS_RANGE, (1, k, 1, 1), dtype=np.int32), "int32")
-        params = [x]
-    else:
-        wt = relax.Var("w", relax.TensorType(wshape, "int8"))
-        b = relax.Var("b", relax.TensorType((1, k, 1, 1), "int32"))
-        params = [x, wt] + ([b] if epilogue != "none" else [])
+    wt, b = weight_and_bias((k, c, g("filter_h"), g("filter_w")), g("id") if constants else None)
+    params = [x] if constants else [x, wt] + ([b] if epilogue != "none" else [])
     with bb.function("main", params):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, wt, strides=(g("hstride"), g("wstride")),
@@ -579,7 +586,6 @@ def layer_module(name: str, workload: Optional[Dict] = None, constants: bool = F
     parameters (see :func:`deepbench_module`)."""
     import zlib
 
-    import numpy as np
     from tvm import relax
 
     v = workload or LAYERS[name][1]
@@ -587,16 +593,9 @@ def layer_module(name: str, workload: Optional[Dict] = None, constants: bool = F
     bb = relax.BlockBuilder()
     n, c, k = v["batch"], v["in_channels"], v["out_channels"]
     x = relax.Var("x", relax.TensorType((n, c, v["height"], v["width"]), "int8"))
-    wshape = (k, c // groups, v["kernel_h"], v["kernel_w"])
-    if constants:
-        rng = np.random.default_rng(zlib.crc32(name.encode()))
-        wt = relax.const(rng.integers(-128, 128, wshape, dtype=np.int8), "int8")
-        b = relax.const(rng.integers(*DEEPBENCH_BIAS_RANGE, (1, k, 1, 1), dtype=np.int32), "int32")
-        params = [x]
-    else:
-        wt = relax.Var("w", relax.TensorType(wshape, "int8"))
-        b = relax.Var("b", relax.TensorType((1, k, 1, 1), "int32"))
-        params = [x, wt, b]
+    wt, b = weight_and_bias((k, c // groups, v["kernel_h"], v["kernel_w"]),
+                            zlib.crc32(name.encode()) if constants else None)
+    params = [x] if constants else [x, wt, b]
     with bb.function("main", params):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, wt, strides=(v["stride_h"], v["stride_w"]),
