@@ -76,7 +76,8 @@ def test_cycles_policy_is_never_slower_than_tps(config):
 
 
 
-@pytest.mark.parametrize("name", ["C1", "C4", "C7", "C11"])
+@pytest.mark.parametrize("name", [pytest.param("C1", marks=pytest.mark.slow), "C4",
+                                  pytest.param("C7", marks=pytest.mark.slow), "C11"])
 def test_cycles_policy_on_pynq_follows_the_structure(name):
     """pynq charges every instruction ~19 cycles, every DMA row 15-19 and the weights 4 B/cycle
     (docs/isa.md). The estimate prices them (the knob model through ``vta_ext.sim.cycles.timing``),

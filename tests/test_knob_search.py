@@ -50,7 +50,8 @@ def _layers():
 LAYERS = _layers()
 #: the default run: (configuration, layer)
 #: the default run's sample (DB6 on default, 13 s, is in the slow every-layer test)
-SAMPLE = (("default", "C11"), ("default", "D9"), ("pipelined", "C11"), ("pipelined", "DB28"))
+SAMPLE = (("default", "C11"), ("default", "D9"), ("pipelined", "C11"),
+          pytest.param("pipelined", "DB28", marks=pytest.mark.slow))
 
 
 def _programs(cfg, base: CspWorkload, mode: str):
