@@ -257,6 +257,12 @@ def test_relax_build_chooses_the_gemm_bias_and_says_why_not_otherwise():
     np.testing.assert_array_equal(got, run_module(mod, "llvm", arrays))
     assert "bias added by one GEMM per output tile" in p.detail, p.detail
     assert "bias by GEMM" in p.plan
+    # 64 -> 64 channels, 3x3, 14x14: nothing padded, so no extra MACs in the padding figure;
+    # the bias GEMM's micro-ops (one a packed output row: 12,544 x 16 MACs here) are the epilogue's
+    report = vta_ext.last_build_report()
+    assert p.padding == "" and report.padding_overhead(p) == (0.0, "MACs")
+    from vta_ext.report import executed_macs
+    assert executed_macs(report.key_of(p)) == 64 * 64 * 9 * 14 * 14 + 64 * 14 * 14 * 16
     # the tuner's numpy reference (csp_reference) of that workload: the bias drawn in range
     from tvm_csp_embed.reference import reference_for
     from vta_ext.executor import compiled_op

@@ -321,7 +321,8 @@ class BuildReport:
         -------
         tuple of (float or None, str)
             ``(fraction, "MACs")`` for an operator on the GEMM core: the MACs its program executes
-            (the cycle model's count) over the operator's MACs, minus 1 (7x7 filter taps padded to
+            (the cycle model's count; not those of a bias added by GEMM, :func:`bias_gemm_macs`,
+            the epilogue's work) over the operator's MACs, minus 1 (7x7 filter taps padded to
             8x8: 0.306); ``(fraction, "elements")`` for the others: the packed output's elements
             over the output's, minus 1 (100 channels padded to 112: 0.12); ``(None, "")`` on the
             CPU or when neither is known.
@@ -330,8 +331,8 @@ class BuildReport:
         if key is None:
             return None, ""
         if p.macs:
-            executed = executed_macs(key)
-            if executed:
+            executed = executed_macs(key) - bias_gemm_macs(key, p.packed_elements)
+            if executed > 0:
                 return executed / p.macs - 1, "MACs"
         if p.elements and p.packed_elements:
             return p.packed_elements / p.elements - 1, "elements"
@@ -615,6 +616,24 @@ def executed_macs(key: str) -> int:
     program = compiled_op(key).program
     gemm = timing(program.config).gemm_insn
     return sum(gemm(insn)[3] for insn in program.insns if isinstance(insn, GemmInsn))
+
+
+def bias_gemm_macs(key: str, packed_elements: int) -> int:
+    """MACs of the bias added by GEMM in the program of compiled operator ``key`` (0 without).
+
+    A program whose workload sets ``bias_gemm`` adds the bias with one GEMM micro-op per
+    accumulator row of its packed output (``docs/epilogue.md`` item 5): ``BATCH x BLOCK_OUT``
+    output lanes times ``BLOCK_IN`` reduction lanes, so ``BLOCK_IN`` MACs per packed output
+    element (``packed_elements``, padding included).
+    """
+    from .config import VTAConfig
+
+    spec = json.loads(key)
+    workload = spec.get("workload")
+    if not (isinstance(workload, dict) and workload.get("bias_gemm")):
+        return 0
+    config = VTAConfig.from_dict(spec["config_value"], name=spec["config"])
+    return int(packed_elements) * config.BLOCK_IN
 
 
 _LAST: List[Optional[BuildReport]] = [None]
