@@ -97,6 +97,37 @@ def apply_epilogue(acc: np.ndarray, epilogue: Sequence[tuple], bias: Optional[np
     return res.astype(np.int8)
 
 
+def rtl_device():
+    """The RTL of the original Pynq design as a device (``../shared/vta-hw``), or the calling
+    test skipped, naming why, when its library is not there."""
+    from vta_ext.device import DeviceError, open_device, vta_hw_library
+
+    try:
+        return open_device(vta_hw_library("rtl"))
+    except DeviceError as err:
+        pytest.skip(f"no RTL library: {err}")
+
+
+@pytest.fixture(scope="module")
+def rtl():
+    """:func:`rtl_device`, once per module."""
+    return rtl_device()
+
+
+def run_one_call_on(device, vm, arrays):
+    """``vm["main"](*arrays)`` with its VTA calls on ``device``; the output as numpy, after
+    checking that the one VTA call ran there and the device counted its cycles."""
+    import tvm
+    import vta_ext
+
+    vta_ext.clear_run_log()
+    with vta_ext.run_on(device):
+        out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+    (ran,) = vta_ext.run_log()
+    assert ran.device and ran.device_cycles, ran      # the device ran it and counted its cycles
+    return out
+
+
 @pytest.fixture(scope="module")
 def fresh_embedding_cache(tmp_path_factory):
     """A fresh on-disk embedding cache for a test module (the solver runs as a build step, so

@@ -24,7 +24,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import bind_constants, conv2d_nchw, conv_module, requantize, run_module
+from conftest import (bind_constants, conv2d_nchw, conv_module, requantize, rtl_device,
+                      run_module)
 
 import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
 import vta_ext
@@ -112,16 +113,6 @@ def assert_no_vector_pass(compiled, config):
         from vta_ext.hazard import program_violations
 
         assert program_violations(compiled.program, (3, 3)) == []
-
-
-def rtl_device():
-    """The pynq RTL device, or the test skipped when its library is not there."""
-    from vta_ext.device import DeviceError, open_device, vta_hw_library
-
-    try:
-        return open_device(vta_hw_library("rtl"))
-    except DeviceError as err:
-        pytest.skip(f"no RTL library: {err}")
 
 
 def test_bias_by_gemm_bit_exact_on_the_pynq_rtl():

@@ -13,7 +13,7 @@ from tvm import relax
 
 import tvm_csp_embed  # noqa: F401 -- registers the CSP strategies
 import vta_ext
-from conftest import conv_layer_shapes, conv_module, requantize
+from conftest import conv_layer_shapes, conv_module, requantize, run_one_call_on
 from tvm_csp_embed.depthwise import diagonal_weight
 from vta_ext.strategy import get_template
 
@@ -162,27 +162,12 @@ def test_pynq_runs_depthwise_on_the_gemm_core_only():
     assert depthwise_placement(vta_ext.last_build_report()).device == "cpu"
 
 
-@pytest.fixture(scope="module")
-def rtl():
-    from vta_ext.device import DeviceError, open_device, vta_hw_library
-
-    try:
-        return open_device(vta_hw_library("rtl"))
-    except DeviceError as err:
-        pytest.skip(f"the RTL library is not available: {err}")
-
-
 def _on_rtl(rtl, shape):
     mod, arrays, ref = case(*shape)
     with vta_ext.build_options(strategy="csp-relaxed"):
         vm = relax.VirtualMachine(relax.build(mod, target=vta_ext.vta_target("pynq")), tvm.cpu())
     assert depthwise_placement(vta_ext.last_build_report()).device == "vta"
-    vta_ext.clear_run_log()
-    with vta_ext.run_on(rtl):
-        out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
-    np.testing.assert_array_equal(out, ref)
-    (ran,) = vta_ext.run_log()
-    assert ran.device and ran.device_cycles, ran      # the RTL ran it and counted its cycles
+    np.testing.assert_array_equal(run_one_call_on(rtl, vm, arrays), ref)
 
 
 @pytest.mark.parametrize("shape", [(32, 9, 3, 2, 1), (24, 6, 5, 1, 2)],

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import conv2d_nchw, conv_module, pack_activation, requantize, run_module
+from conftest import (conv2d_nchw, conv_module, pack_activation, requantize, rtl_device,
+                      run_module)
 
 import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
 import vta_ext
-from test_bias_gemm import _by_kind, assert_no_vector_pass, rtl_device
+from test_bias_gemm import _by_kind, assert_no_vector_pass
 from tvm_csp_embed.depthwise import DepthwiseUnitWorkload, build_diagonal, diagonal_weight
 from tvm_csp_embed.grouped import NarrowGroupWorkload
 from vta_ext.config import load_config

@@ -13,7 +13,7 @@ from tvm import relax
 
 import tvm_csp_embed  # noqa: F401 -- registers the CSP strategies
 import vta_ext
-from conftest import conv2d_nchw, conv_layer_shapes, conv_module, requantize
+from conftest import conv2d_nchw, conv_layer_shapes, conv_module, requantize, run_one_call_on
 from tvm_csp_embed.depthwise import diagonal_weight
 from tvm_csp_embed.strategy import CspGemmTemplate
 from vta_ext.errors import TemplateRefusal
@@ -145,18 +145,14 @@ def _unit_cycles(mod, arrays, ref, config, monkeypatch):
     from tvm_csp_embed import grouped
 
     out = {}
-    with monkeypatch.context() as m:
-        m.setattr(grouped, "_diagonal_plan",
-                  lambda *a: (_ for _ in ()).throw(TemplateRefusal("withheld")))
-        res, report = vta_build(mod, arrays, config)
-        np.testing.assert_array_equal(res, ref)
-        out["csp"] = report.cycles(conv_placement(report))
-    with monkeypatch.context() as m:
-        m.setattr(CspGemmTemplate, "_plan",
-                  lambda *a: (_ for _ in ()).throw(TemplateRefusal("withheld")))
-        res, report = vta_build(mod, arrays, config)
-        np.testing.assert_array_equal(res, ref)
-        out["diagonal"] = report.cycles(conv_placement(report))
+    # each unit alone: the other's planner withheld
+    for unit, (owner, planner) in {"csp": (grouped, "_diagonal_plan"),
+                                   "diagonal": (CspGemmTemplate, "_plan")}.items():
+        with monkeypatch.context() as m:
+            m.setattr(owner, planner, lambda *a: (_ for _ in ()).throw(TemplateRefusal("withheld")))
+            res, report = vta_build(mod, arrays, config)
+            np.testing.assert_array_equal(res, ref)
+            out[unit] = report.cycles(conv_placement(report))
     return out
 
 
@@ -230,16 +226,6 @@ def test_stride_pad_geometry_on_the_diagonal_unit(diagonal_only):
         assert "block-diagonal" in conv_placement(report).plan
 
 
-@pytest.fixture(scope="module")
-def rtl():
-    from vta_ext.device import DeviceError, open_device, vta_hw_library
-
-    try:
-        return open_device(vta_hw_library("rtl"))
-    except DeviceError as err:
-        pytest.skip(f"the RTL library is not available: {err}")
-
-
 def _on_rtl(rtl, shape, unit=None):
     mod, arrays, ref = case(*shape)
     with vta_ext.build_options(strategy="csp-relaxed", objective="cycles"):
@@ -248,12 +234,7 @@ def _on_rtl(rtl, shape, unit=None):
     assert p.device == "vta"
     if unit is not None:
         assert ("block-diagonal" in p.plan) == (unit == "diagonal"), p.plan
-    vta_ext.clear_run_log()
-    with vta_ext.run_on(rtl):
-        out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
-    np.testing.assert_array_equal(out, ref)
-    (ran,) = vta_ext.run_log()
-    assert ran.device and ran.device_cycles, ran      # the RTL ran it and counted its cycles
+    np.testing.assert_array_equal(run_one_call_on(rtl, vm, arrays), ref)
 
 
 @pytest.mark.parametrize("shape", [(128, 6, 32, 1), (256, 7, 32, 2)], ids=_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import rtl_device
 
 from vta_ext.config import VTAConfig, load_config
 from vta_ext.hazard import cure, first_violation, kernel_violation, operand_sequence
@@ -174,21 +175,12 @@ def test_cure_prefers_reordering_to_more_instructions():
 
 
 # --------------------------------------------------------------------------- the hardware
-def _rtl():
-    from vta_ext.device import DeviceError, open_device, vta_hw_library
-
-    try:
-        return open_device(vta_hw_library("rtl"))
-    except DeviceError as err:
-        pytest.skip(f"no RTL library: {err}")
-
-
 @pytest.mark.parametrize("mode,operand", [("gemm", "dst"), ("alu", "dst"), ("alu", "src")])
 def test_the_distances_are_the_rtls(mode, operand):
     """A row read ``d`` micro-ops after it was written, on the RTL against the simulator: wrong
     at every distance below the preset's, right at it. Built for apache (no cure), run on the
     original Pynq design's RTL."""
-    device = _rtl()
+    device = rtl_device()
     distance = PYNQ.ACC_DEP_DISTANCE_GEMM if mode == "gemm" else PYNQ.ACC_DEP_DISTANCE_ALU
     for d in range(1, distance + 2):
         program = _program(APACHE, [_push(_chain(mode, d, operand))], seed=d)
@@ -201,8 +193,8 @@ def test_the_distances_are_the_rtls(mode, operand):
         assert same == (d >= distance), f"{mode} {operand} at distance {d}"
 
 
-def test_cured_kernels_are_bit_exact_on_the_rtl():
-    device = _rtl()
+def test_cured_kernels_are_bit_exact_on_thertl_device():
+    device = rtl_device()
     for case, (mode, loops, uops, op, imm) in enumerate(BROKEN):
         if op == AluOp.MUL:
             continue     # the HLS design has no MUL (pynq: ISA_ALU_MUL false)
@@ -282,7 +274,7 @@ def test_deepbench_thin_layers_under_csp_relaxed_are_bit_exact_on_the_rtl(layer)
     from conftest import random_inputs, run_module
     from vta_ext.executor import clear_run_log, run_log
 
-    device = _rtl()
+    device = rtl_device()
     mod = _deepbench_module(*DEEPBENCH[layer])
     arrays = random_inputs(mod, layer)
     expected = run_module(mod, "llvm", arrays)
@@ -295,14 +287,14 @@ def test_deepbench_thin_layers_under_csp_relaxed_are_bit_exact_on_the_rtl(layer)
     assert all(r.device_cycles for r in run_log())
 
 
-def test_the_stock_fallback_stem_is_bit_exact_on_the_rtl():
+def test_the_stock_fallback_stem_is_bit_exact_on_thertl_device():
     """The original stack's fallback schedule on a 3-channel stem: one GEMM per output pixel
     whose kernel taps all write that pixel's row (the contract broken on every one under apache,
     wrong on the RTL); cured on pynq, bit-exact there."""
     import vta_ext
     from conftest import conv_module, random_inputs, run_module
 
-    device = _rtl()
+    device = rtl_device()
     mod = conv_module(1, 3, 32, 12, 3)
     arrays = random_inputs(mod, 3)
     expected = run_module(mod, "llvm", arrays)
@@ -368,12 +360,12 @@ def test_every_candidate_of_the_thin_deepbench_layers_keeps_the_contract(layer):
 
 
 @pytest.mark.slow
-def test_the_resnet18_fallback_stem_is_bit_exact_on_the_rtl():
+def test_the_resnet18_fallback_stem_is_bit_exact_on_thertl_device():
     """C1 (3->64, 7x7, stride 2, 224x224) at the stock fallback point, on the RTL (~1 min)."""
     import vta_ext
     from conftest import conv_module, random_inputs, run_module
 
-    device = _rtl()
+    device = rtl_device()
     mod = conv_module(1, 3, 64, 224, 7, stride=2, padding=3)
     arrays = random_inputs(mod, 1)
     expected = run_module(mod, "llvm", arrays)
