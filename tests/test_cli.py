@@ -132,6 +132,7 @@ def check_against_python_api(ran, out, report, reference):
         [(p.op, p.device) for p in api_report.placements]
 
 
+@pytest.mark.slow  # the ONNX path stays in the default run: test_frontends.py::test_onnx_float_model
 def test_onnx_float_model_default_strategy(models, capsys):
     from vta_ext.quantize import quantize_onnx
     from vta_ext.strategy import default_strategy

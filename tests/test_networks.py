@@ -10,6 +10,7 @@ import os
 import sys
 
 from collections import Counter
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -38,11 +39,13 @@ def _expected_vta_ops(model) -> Counter:
     return Counter(op for m in model.modules() for cls, op in ON_VTA.items() if isinstance(m, cls))
 
 
-def _check_bit_exact(name: str, size: int, config: str = "default"):
+def _check_bit_exact(name: str, size: int, config: str = "default",
+                     strategy: Optional[str] = None, plans: Optional[list] = None):
     model, qm, _, data = quantized_example(name, size)
     outputs = {}
     for target in (vta_ext.vta_target(config), "llvm"):
-        vm = relax.VirtualMachine(relax.build(qm.mod, target=target), tvm.cpu())
+        with vta_ext.build_options(strategy=strategy):
+            vm = relax.VirtualMachine(relax.build(qm.mod, target=target), tvm.cpu())
         if target != "llvm":
             report = vta_ext.last_build_report()
             vta_ext.clear_run_log()
@@ -64,12 +67,23 @@ def _check_bit_exact(name: str, size: int, config: str = "default"):
     # one simulator run per VTA operator, each with a cycle report
     assert [r.op for r in runs] == [p.reason.split(" ")[0] for p in report.on_vta]
     assert all(r.cycles.total_cycles > 0 for r in runs)
+    if plans is not None:
+        plans.extend(report.on_vta)
     return mac_placement(op_macs(qm.mod), report)
 
 
 def test_resnet18_small_bit_exact():
-    placed = _check_bit_exact("resnet18", 32)
+    import tvm_csp_embed  # noqa: F401  (registers csp-relaxed)
+
+    plans = []
+    placed = _check_bit_exact("resnet18", 32, strategy="csp-relaxed", plans=plans)
     assert placed["vta"] == placed["total"]
+    # every conv an embedding or the stock template (csp-relaxed's choice), at least one embedded,
+    # no stock fallback knobs anywhere
+    convs = [p for p in plans if p.op == "relax.nn.conv2d"]
+    assert convs and all("embedding" in p.reason or "stock" in p.reason for p in convs)
+    assert any(p.reason == "conv2d (csp-relaxed embedding)" for p in convs)
+    assert all("STOCK FALLBACK" not in p.detail for p in plans)
 
 
 def test_mobilenet_v1_small_bit_exact():
