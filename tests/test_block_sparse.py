@@ -173,3 +173,27 @@ def test_pynq_rtl_bit_exact(rtl, shape, sparse_only):
         vm = relax.VirtualMachine(relax.build(mod, target=vta_ext.vta_target("pynq")), tvm.cpu())
     assert "GEMM block-sparse" in conv_placement(vta_ext.last_build_report()).plan
     np.testing.assert_array_equal(run_one_call_on(rtl, vm, arrays), ref)
+
+
+@pytest.mark.parametrize("config", PRESETS)
+def test_bias_by_gemm_bit_exact(config):
+    """The program with the bias added by a GEMM of the constant row and the bias's digit tiles
+    (the run takes the packed int32 bias) equals numpy, as the ALU ADD does."""
+    from tvm_csp_embed.codegen.biasfold import gemm_bias_epilogue
+
+    compiled, inputs, ref, unpack = _direct(config, 72, 8, 1)
+    wl = compiled.workload
+    twin = build_block_sparse(config, wl, gemm_bias_epilogue(EPILOGUE))
+    assert "bias_digits" in twin.shapes and "bias" not in twin.shapes
+    out, _ = twin.run(*inputs)
+    np.testing.assert_array_equal(unpack(out), ref)
+
+
+def test_relax_bias_gemm_chosen_where_faster(sparse_only):
+    """Through the Relax build the block-sparse plan weighs its bias-by-GEMM twin; the report
+    says how the bias is added, and the output is bit-exact either way."""
+    mod, arrays, ref = case(72, 8, 3, 1)
+    out, report = vta_build(mod, arrays, "default")
+    np.testing.assert_array_equal(out, ref)
+    detail = conv_placement(report).detail
+    assert "bias added by one GEMM" in detail or "bias by the vector ALU ADD" in detail, detail

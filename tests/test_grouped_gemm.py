@@ -175,15 +175,18 @@ def test_choice_is_the_fewer_modelled_cycles(config, monkeypatch):
     assert report.floor(p).total <= report.cycles(p)
 
 
-def test_refused_widths_keep_the_csp_plan():
+def test_refused_widths_weigh_the_csp_plan_and_block_sparse():
     """6 channels per group do not divide the 16-lane block: the block-diagonal unit is refused
-    with the reason and the CSP plan runs."""
+    with the reason, and the CSP plan and the block-sparse program (tvm_csp_embed.blocksparse)
+    are weighed against each other."""
     mod, arrays, ref = case(48, 6, 8, 1)
     out, report = vta_build(mod, arrays, "pipelined")
     np.testing.assert_array_equal(out, ref)
     p = conv_placement(report)
     assert p.device == "vta" and "block-diagonal" not in p.plan
-    assert "the only unit that runs it" in p.detail and "do not divide the 16-channel block" in p.detail
+    assert "do not divide the 16-channel block" in p.detail
+    assert "fewest cycles on the cycle model" in p.detail
+    assert "the CSP plan" in p.detail and "GEMM block-sparse" in p.detail
 
 
 def test_footprint_keeps_the_csp_plan():

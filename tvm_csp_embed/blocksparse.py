@@ -43,8 +43,8 @@ from vta_ext.isa import AluOp, MemType, Stage
 from vta_ext.layout import MAX_DMA_PAD, MAX_LOOP_EXTENT
 from vta_ext.runtime import CommandQueue, UopKernel
 from vta_ext.templates.alu_program import CompiledAluOp, StorePipeline, alu
-from vta_ext.templates.epilogue import (emit_epilogue, has_bias, has_multiplier,
-                                        normalize_epilogue)
+from vta_ext.templates.epilogue import (GEMM_BIAS_STAGE, emit_epilogue, has_bias,
+                                        has_multiplier, normalize_epilogue)
 from vta_ext.templates.errors import AluTemplateRefusal, KnobError
 from vta_ext.templates.workload import GroupConv2dWorkload, window_size
 
@@ -59,6 +59,12 @@ class BlockSparseWorkload(GroupConv2dWorkload):
     fix the tile grid (:func:`tile_grid`); ``batch`` is padded to ``BATCH``."""
 
     group_width: int = 1
+    #: the program adds the bias by one GEMM of a constant block per output block
+    #: (:func:`~.depthwise.diagonal_bias_gemm` decides whether it can)
+    bias_gemm: bool = False
+    #: tells this workload from the block-diagonal one in a record
+    #: (:meth:`~.grouped.NarrowGroupTemplate.workload_from_dict`)
+    sparse: bool = True
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,21 @@ class BlockSparseKnobs:
 
 class CompiledBlockSparse(CompiledAluOp):
     """A compiled block-sparse grouped conv2d (``.program``, ``.run(data, kernel[, bias][,
-    mult])``, see :class:`~vta_ext.templates.alu_program.CompiledAluOp`)."""
+    mult])``, see :class:`~vta_ext.templates.alu_program.CompiledAluOp`). With the bias by a
+    GEMM, :meth:`run` takes the packed int32 bias and writes the GEMM's constant row and digit
+    tiles (:func:`~.codegen.biasfold.gemm_bias_operands`) in its place."""
+
+    def run(self, *packed_inputs, simulator=None):
+        names = [n for n, _, _ in self.inputs]
+        if "bias_row" not in names:
+            return super().run(*packed_inputs, simulator=simulator)
+        from .codegen.biasfold import gemm_bias_operands
+
+        args = list(packed_inputs)
+        at = names.index("bias_row")
+        bias = np.asarray(args.pop(at))
+        args[at:at] = gemm_bias_operands(bias[:1], self.config.BLOCK_IN)
+        return super().run(*args, simulator=simulator)
 
 
 # ------------------------------------------------------------------------------ tile structure
@@ -211,7 +231,9 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
     _check(cfg, wl, what)
     knobs = _knobs(knobs)
     epilogue = normalize_epilogue(epilogue)
-    with_bias, with_mult = has_bias(epilogue), has_multiplier(epilogue)
+    gemm_bias = GEMM_BIAS_STAGE in epilogue
+    alu_epilogue = tuple(st for st in epilogue if st != GEMM_BIAS_STAGE)
+    with_bias, with_mult = has_bias(alu_epilogue), has_multiplier(alu_epilogue)
     nvec = int(with_bias) + int(with_mult)
     B, blk = cfg.BATCH, cfg.BLOCK_IN
     grid = tile_grid(wl.in_channels, wl.group_width, blk)
@@ -224,12 +246,15 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
     n_out = max(p[1] for p in parts)
     n_in = max(p[3] for p in parts)
     n_tiles = max(first_tile[o0 + n] - first_tile[o0] for o0, n, _, _ in parts)
+    # per weight half: the unit's tiles, then (bias by GEMM) its output blocks' digit tiles
+    wslot = n_tiles * KK + (n_out if gemm_bias else 0)
 
     def fits(th: int, slots: int) -> Optional[str]:
         """None if a tile of ``th`` output rows fits with ``slots`` SRAM halves, else the
         buffers it overflows."""
-        need = {"input (inp)": (slots * n_in * window_size(th, KH, SH) * Wp, cfg.inp_depth),
-                "weight (wgt)": (slots * n_tiles * KK, cfg.wgt_depth),
+        need = {"input (inp)": (slots * n_in * window_size(th, KH, SH) * Wp + int(gemm_bias),
+                                cfg.inp_depth),
+                "weight (wgt)": (slots * wslot, cfg.wgt_depth),
                 "accumulator (acc)": (slots * n_out * th * OW + nvec * n_out, cfg.acc_depth),
                 "micro-op (uop)": (th * OW, min(cfg.uop_depth // 2, MAX_LOOP_EXTENT))}
         over = [f"{name} {used} > {depth}" for name, (used, depth) in need.items() if used > depth]
@@ -251,7 +276,8 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
     win_stride = win_rows * Wp
     out_size = n_out * th * OW
     INP = [s * n_in * win_stride for s in range(slots)]
-    WGT = [s * n_tiles * KK for s in range(slots)]
+    WGT = [s * wslot for s in range(slots)]
+    ROW = slots * n_in * win_stride          # the bias GEMM's constant row
     BREG = 0
     MREG = BREG + (n_out if with_bias else 0)
     OUT0 = MREG + (n_out if with_mult else 0)
@@ -265,6 +291,9 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
     kernel = q.alloc(int(np.prod(kernel_shape)), "kernel")
     bias_buf = q.alloc(int(np.prod(vec_shape)) * 4, "bias") if with_bias else None
     mult_buf = q.alloc(int(np.prod(vec_shape)) * 4, "mult") if with_mult else None
+    row_shape, digit_shape = (B, blk), (1, CB, 1, 1, blk, blk)
+    row_buf = q.alloc(int(np.prod(row_shape)), "bias_row") if gemm_bias else None
+    digit_buf = q.alloc(int(np.prod(digit_shape)), "bias_digits") if gemm_bias else None
     out = q.alloc(int(np.prod(out_shape)), "out")
     loads, stores = _LoadPipeline(q, slots), StorePipeline(q, slots)
     weights_in = [None] * slots        # the unit whose tiles each weight half holds
@@ -284,9 +313,14 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
                 for k in range(ni):
                     q.load_2d(data, ((n * CB + i0 + k) * H + lo) * W, W, hi - lo, W, PW, lo - r0,
                               PW, r0 + nrows - hi, INP[slot] + k * win_stride, MemType.INP)
+                if gemm_bias and count == 0:
+                    q.load_2d(row_buf, 0, 1, 1, 1, 0, 0, 0, 0, ROW, MemType.INP)
                 if weights_in[slot] != o0:
                     q.load_2d(kernel, first_tile[o0] * KK, len(tiles) * KK, 1, len(tiles) * KK,
                               0, 0, 0, 0, WGT[slot], MemType.WGT)
+                    if gemm_bias:
+                        q.load_2d(digit_buf, o0, no, 1, no, 0, 0, 0, 0, WGT[slot] + n_tiles * KK,
+                                  MemType.WGT)
                     weights_in[slot] = o0
                 loads.end_load()
                 # ---- COMPUTE: reset, one GEMM per nonzero tile, epilogue
@@ -311,11 +345,18 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
                     k.loop_end()
                     k.loop_end()
                     q.push_gemm(k)
+                if gemm_bias:      # acc += the constant row x the digit tile of each output block
+                    for ol in range(no):
+                        k = UopKernel("gemm")
+                        k.loop_begin(px, 1, 0, 0)
+                        k.push(OUT + ol * px, ROW, WGT[slot] + n_tiles * KK + ol)
+                        k.loop_end()
+                        q.push_gemm(k)
 
                 def vector(q_, op, reg, OUT=OUT, no=no, px=px):
                     alu(q_, op, [(OUT + o * px, reg + o) for o in range(no)], [(px, 1, 0)])
 
-                emit_epilogue(q, cfg, epilogue, OUT, no * px,
+                emit_epilogue(q, cfg, alu_epilogue, OUT, no * px,
                               bias=(lambda q_: vector(q_, AluOp.ADD, BREG)) if with_bias else None,
                               mult=(lambda q_: vector(q_, AluOp.MUL, MREG)) if with_mult else None)
                 loads.end_compute()
@@ -329,6 +370,8 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
     stores.finish()
     prog = q.synchronize()
     inputs = [("data", data_shape, np.int8), ("kernel", kernel_shape, np.int8)]
+    if gemm_bias:
+        inputs += [("bias_row", row_shape, np.int8), ("bias_digits", digit_shape, np.int8)]
     if with_bias:
         inputs.append(("bias", vec_shape, np.int32))
     if with_mult:

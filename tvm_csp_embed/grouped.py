@@ -33,6 +33,15 @@ is at most ``w / BLOCK`` where the GEMM bounds it.
   the units are not compared (the CSP plan stands; the report line says so). A unit that does
   not build leaves the other; when neither does, the operator stays on the CPU with both reasons.
 
+* **Groups that are not whole blocks** (RegNetX: ``w = 24``): the block-diagonal unit is
+  refused (``w`` does not divide ``BLOCK``), and the block-sparse program
+  (:mod:`.blocksparse`: only the nonzero ``BLOCK x BLOCK`` tiles of the block-diagonal weight,
+  7 per tap for a pair of 24-channel groups, in the stock blocked layout) is the unit that
+  competes with the CSP plan, built and scored the same way; the choice weighs every unit that
+  plans and the report line names each with its score or its refusal. For ``w`` dividing
+  ``BLOCK`` the block-sparse program is refused (the block-diagonal unit runs the same tiles);
+  groups of whole blocks keep the CSP plan alone.
+
 Registered for ``group_conv2d`` under ``csp-relaxed`` (``csp-strict`` keeps the CSP plan alone).
 """
 from __future__ import annotations
@@ -61,7 +70,7 @@ from .depthwise import (_block, _UnitCache, bias_twin, build_diagonal, diagonal_
 from .reference import register_reference
 from .strategy import CspGemmTemplate
 
-__all__ = ["NarrowGroupWorkload", "NarrowGroupTemplate", "narrow_width", "competes"]
+__all__ = ["NarrowGroupWorkload", "NarrowGroupTemplate", "competes"]
 
 #: how the build report names the plans
 DIAGONAL_TEXT = "GEMM block-diagonal"
@@ -88,13 +97,6 @@ class NarrowGroupWorkload(GroupConv2dWorkload):
         return self.in_channels
 
 
-def narrow_width(op: MatchedOp, config) -> Optional[int]:
-    """The channels per group of grouped ``op`` if they are fewer than ``BLOCK_IN`` (the
-    block-diagonal unit competes), else None."""
-    w = _shape(op.operands[1])[1]
-    return w if w < config.BLOCK_IN else None
-
-
 def competes(op: MatchedOp, config) -> Optional[int]:
     """The channels per group of grouped ``op`` if the units of this module compete with the CSP
     plan: fewer than ``BLOCK_IN`` (the block-diagonal unit) or not whole blocks (the
@@ -104,37 +106,77 @@ def competes(op: MatchedOp, config) -> Optional[int]:
     return w if w < config.BLOCK_IN or w % config.BLOCK_IN else None
 
 
-def _sparse_plan(op: MatchedOp, config, width: int) -> OpPlan:
-    """The block-sparse plan of ``op`` (:mod:`.blocksparse`), or a refusal saying why it does
-    not run it."""
-    import tvm
+@dataclass(frozen=True)
+class _Geometry:
+    """What the block-diagonal and block-sparse plans read of a grouped conv2d: the block, the
+    activation and output layouts, the workload fields but batch and channels, and the report's
+    shape text."""
 
+    block: int
+    act: BlockedActivation
+    out: BlockedActivation
+    fields: Dict[str, int]
+    text: str
+
+
+def _geometry(op: MatchedOp, config, width: int) -> _Geometry:
+    """The :class:`_Geometry` of grouped ``op`` (groups of ``width`` channels), or a refusal for
+    groups of unequal input and output channels, dilation or blocks that are not square."""
     block = _block(config)
     data, weight = op.operands
     n, c, h, w = _shape(data)
     o, _, kh, kw = _shape(weight)
     groups = int(op.core.attrs.groups)
     if o != c:
-        raise TemplateRefusal(f"{o // groups} output against {width} input channels per group")
+        raise TemplateRefusal(f"{o // groups} output against {width} input channels per group: "
+                              "the tiles hold whole groups only when they are equal")
+    if any(int(d) != 1 for d in op.core.attrs.dilation):
+        raise TemplateRefusal(f"dilation {tuple(int(d) for d in op.core.attrs.dilation)}")
+    pad_h, pad_w = _symmetric_padding(op)
+    sh, sw = (int(s) for s in op.core.attrs.strides)
+    _, _, oh, ow = _shape(op.core)
+    fields = dict(height=h, width=w, kernel_h=kh, kernel_w=kw, pad_h=pad_h, pad_w=pad_w,
+                  stride_h=sh, stride_w=sw, groups=groups, group_width=width)
+    return _Geometry(block, BlockedActivation(n, c, h, w, config.BATCH, block),
+                     BlockedActivation(n, o, oh, ow, config.BATCH, block), fields,
+                     f"{n}x{c}x{h}x{w} * {o}x{width}x{kh}x{kw} g{groups} s{sh} p{pad_h}")
+
+
+def _diagonal_plan(op: MatchedOp, config, width: int) -> OpPlan:
+    """The block-diagonal plan of ``op`` (groups of ``width`` channels), or a refusal saying why
+    the unit cannot run it."""
+    geo = _geometry(op, config, width)
+    if geo.block % width:
+        raise TemplateRefusal(f"{width} channels per group do not divide the {geo.block}-channel "
+                              "block (a group would straddle two weight tiles; padding each group "
+                              "would need a channel layout padded inside the activation)")
+    np_, cp = geo.act.padded
+    wl = NarrowGroupWorkload(batch=np_, in_channels=cp, out_channels=cp, **geo.fields)
+    return OpPlan(wl, diagonal_inputs(op, config, wl, width), geo.out, geo.text,
+                  padding_text(*geo.act.padding(), ("channels per group (lanes of the diagonal "
+                                                    "tile)", width, geo.block)),
+                  in_layout=geo.act)
+
+
+def _sparse_plan(op: MatchedOp, config, width: int) -> OpPlan:
+    """The block-sparse plan of ``op`` (:mod:`.blocksparse`), or a refusal saying why it does
+    not run it."""
+    import tvm
+
+    geo = _geometry(op, config, width)
+    block, act = geo.block, geo.act
+    data, weight = op.operands
+    c = act.c
     if block % width == 0:
         raise TemplateRefusal(f"groups of {width} channels divide the {block}-channel block: "
                               f"the block-diagonal unit runs the same tiles")
-    if any(int(d) != 1 for d in op.core.attrs.dilation):
-        raise TemplateRefusal(f"dilation {tuple(int(d) for d in op.core.attrs.dilation)}")
     if not isinstance(weight, tvm.ir.expr.Constant):
         raise TemplateRefusal("the weight is not a constant (its nonzero tiles are packed at "
                               "build time)")
-    pad_h, pad_w = _symmetric_padding(op)
-    b = config.BATCH
-    act = BlockedActivation(n, c, h, w, b, block)
     np_, cp = act.padded
-    _, _, oh, ow = _shape(op.core)
-    wl = BlockSparseWorkload(np_, h, w, c, c, kh, kw, pad_h, pad_w, int(op.core.attrs.strides[0]),
-                             int(op.core.attrs.strides[1]), groups=groups, group_width=width)
+    wl = BlockSparseWorkload(batch=np_, in_channels=c, out_channels=c, **geo.fields)
     tiles = tile_count(c, width, block)
-    desc = (f"{n}x{c}x{h}x{w} * {o}x{width}x{kh}x{kw} g{groups} s{wl.stride_h} p{pad_h}; "
-            f"{tiles} nonzero weight tiles per tap (of {(cp // block) ** 2}); bias by the vector "
-            "ALU ADD")
+    desc = f"{geo.text}; {tiles} nonzero weight tiles per tap (of {(cp // block) ** 2})"
 
     def inputs(packer):
         from tvm import relax
@@ -146,44 +188,12 @@ def _sparse_plan(op: MatchedOp, config, width: int) -> OpPlan:
         args = [d, relax.const(block_sparse_weight(weight.value.numpy(), block), "int8")]
         for vector in (op.bias, op.multiplier):
             if vector is not None:
-                args.append(pack_channel_bias(packer, vector, c, cp, b, block))
+                args.append(pack_channel_bias(packer, vector, c, cp, act.batch_block, block))
         return args
 
-    return OpPlan(wl, inputs, BlockedActivation(n, o, oh, ow, b, block), desc,
+    return OpPlan(wl, inputs, geo.out, desc,
                   padding_text(*act.padding(), ("MACs per pixel and tap (lanes of the nonzero "
                                                 "tiles)", c * width, tiles * block * block)),
-                  in_layout=act)
-
-
-def _diagonal_plan(op: MatchedOp, config, width: int) -> OpPlan:
-    """The block-diagonal plan of ``op`` (groups of ``width`` channels), or a refusal saying why
-    the unit cannot run it."""
-    block = _block(config)
-    data, weight = op.operands
-    n, c, h, w = _shape(data)
-    o, _, kh, kw = _shape(weight)
-    groups = int(op.core.attrs.groups)
-    if o != c:
-        raise TemplateRefusal(f"{o // groups} output against {width} input channels per group: the "
-                              "diagonal tile holds whole groups only when they are equal")
-    if block % width:
-        raise TemplateRefusal(f"{width} channels per group do not divide the {block}-channel block "
-                              "(a group would straddle two weight tiles; padding each group would "
-                              "need a channel layout padded inside the activation)")
-    if any(int(d) != 1 for d in op.core.attrs.dilation):
-        raise TemplateRefusal(f"dilation {tuple(int(d) for d in op.core.attrs.dilation)}")
-    pad_h, pad_w = _symmetric_padding(op)
-    b = config.BATCH
-    act = BlockedActivation(n, c, h, w, b, block)
-    np_, cp = act.padded
-    _, _, oh, ow = _shape(op.core)
-    wl = NarrowGroupWorkload(np_, h, w, cp, cp, kh, kw, pad_h, pad_w, int(op.core.attrs.strides[0]),
-                             int(op.core.attrs.strides[1]), groups=groups, group_width=width)
-    desc = f"{n}x{c}x{h}x{w} * {o}x{width}x{kh}x{kw} g{groups} s{wl.stride_h} p{pad_h}"
-    return OpPlan(wl, diagonal_inputs(op, config, wl, width),
-                  BlockedActivation(n, o, oh, ow, b, block), desc,
-                  padding_text(*act.padding(), ("channels per group (lanes of the diagonal tile)",
-                                                width, block)),
                   in_layout=act)
 
 
@@ -207,7 +217,7 @@ class NarrowGroupTemplate(CspGemmTemplate):
     def workload_from_dict(self, values: Dict[str, Any]):
         if "group_width" not in values:
             return CspWorkload(**values)
-        return (NarrowGroupWorkload if "bias_gemm" in values else BlockSparseWorkload)(**values)
+        return (BlockSparseWorkload if "sparse" in values else NarrowGroupWorkload)(**values)
 
     # ---------------------------------------------------------------- plan
     def _plan(self, op: MatchedOp, config) -> OpPlan:
@@ -240,18 +250,20 @@ class NarrowGroupTemplate(CspGemmTemplate):
             return cached
 
         scored: Dict[str, _Scored] = {}
-        bias: Dict[str, Any] = {}
+        biases: Dict[str, Dict[str, Any]] = {}
 
         def store(unit: str, why: str) -> None:
             if cache is not None:
-                cache.store({"unit": unit, "why": why, "planned": sorted(plans), **bias})
+                cache.store({"unit": unit, "why": why, "planned": sorted(plans),
+                             **biases.get(unit, {})})
         for unit, plan in plans.items():
             try:
                 scored[unit] = self._score(op, config, plan, options)
             except TemplateRefusal as err:
                 refused[unit] = str(err)
-        if "diagonal" in scored:
-            scored["diagonal"], bias = self._bias_twin(op, config, scored["diagonal"], options)
+        for own in ("diagonal", "sparse"):
+            if own in scored:
+                scored[own], biases[own] = self._bias_twin(op, config, scored[own], options)
         cpu = self._cpu(op, config, options)
         if not scored:
             raise TemplateRefusal(f"{self.strategy}: no unit runs this grouped conv2d: " + "; ".join(
@@ -321,16 +333,16 @@ class NarrowGroupTemplate(CspGemmTemplate):
         if unit == "cpu":
             raise TemplateRefusal(why)
         plan = plans[unit]
-        if unit == "diagonal":
+        if unit in ("diagonal", "sparse"):
             plan = self._with_bias(plan, entry.get("bias_gemm", False), entry.get("bias_words", ""))
         return self._described(plan, self._name(unit, width, config), why)
 
     def _bias_twin(self, op: MatchedOp, config, add: _Scored, options
                    ) -> Tuple[_Scored, Dict[str, Any]]:
-        """The block-diagonal contender ``add`` (the bias by the ALU ADD) or its twin that adds
-        the bias by a GEMM, whichever has fewer VTA cycles (:func:`~.depthwise.bias_twin`; the
-        host work is the same), with the choice's words in its report text; and the unit cache
-        entry's fields that record it."""
+        """The block-diagonal or block-sparse contender ``add`` (the bias by the ALU ADD) or its
+        twin that adds the bias by a GEMM, whichever has fewer VTA cycles
+        (:func:`~.depthwise.bias_twin`; the host work is the same), with the choice's words in
+        its report text; and the unit cache entry's fields that record it."""
         scored = {add.plan.workload: add}
 
         def cycles_of(wl) -> int:
@@ -338,15 +350,17 @@ class NarrowGroupTemplate(CspGemmTemplate):
                 scored[wl] = self._score(op, config, dataclasses.replace(add.plan, workload=wl),
                                          options)
             return scored[wl].cycles
-        wl, _, words = bias_twin(add.plan.workload, cycles_of,
-                                 diagonal_bias_gemm(op, config, add.plan.workload))
+        sparse = isinstance(add.plan.workload, BlockSparseWorkload)
+        wl, _, words = bias_twin(add.plan.workload, cycles_of, diagonal_bias_gemm(
+            op, config, add.plan.workload, "group_conv2d" if sparse else None))
         best = scored[wl]
         best = dataclasses.replace(best, plan=self._with_bias(best.plan, wl.bias_gemm, words))
         return best, {"bias_gemm": wl.bias_gemm, "bias_words": words}
 
     @staticmethod
     def _with_bias(plan: OpPlan, bias_gemm: bool, words: str) -> OpPlan:
-        """The block-diagonal ``plan`` with the bias by a GEMM when ``bias_gemm``, and ``words``
+        """The block-diagonal or block-sparse ``plan`` with the bias by a GEMM when ``bias_gemm``,
+        and ``words``
         (how it adds the bias and why) in its report text."""
         wl = dataclasses.replace(plan.workload, bias_gemm=bias_gemm)
         text = f"{plan.description}; {words}" if words else plan.description
@@ -422,7 +436,8 @@ class NarrowGroupTemplate(CspGemmTemplate):
     # ---------------------------------------------------------------- build
     def build(self, config, workload, epilogue: Sequence[tuple], knobs) -> Any:
         if isinstance(workload, BlockSparseWorkload):
-            return build_block_sparse(config, workload, epilogue, knobs)
+            return build_block_sparse(config, workload, program_epilogue(workload, epilogue),
+                                      knobs)
         if isinstance(workload, NarrowGroupWorkload):
             return build_diagonal(config, workload, epilogue, knobs)
         return super().build(config, workload, epilogue, knobs)
