@@ -242,7 +242,10 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
     NB, CB, T = wl.batch // B, len(grid), first_tile[-1]
     H, W, OH, OW = wl.height, wl.width, wl.out_height, wl.out_width
     KH, KW, PH, PW, SH, SW = wl.kernel_h, wl.kernel_w, wl.pad_h, wl.pad_w, wl.stride_h, wl.stride_w
-    KK, Wp = KH * KW, W + 2 * PW
+    KK = KH * KW
+    # the window row: the padded columns the outputs read (a stride may leave the last unread)
+    Wp = window_size(OW, KW, SW)
+    xs = min(W, Wp - PW)                     # real columns loaded, after PW of padding
     n_out = max(p[1] for p in parts)
     n_in = max(p[3] for p in parts)
     n_tiles = max(first_tile[o0 + n] - first_tile[o0] for o0, n, _, _ in parts)
@@ -311,8 +314,9 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
                 nrows = window_size(thh, KH, SH)
                 lo, hi = max(r0, 0), min(r0 + nrows, H)
                 for k in range(ni):
-                    q.load_2d(data, ((n * CB + i0 + k) * H + lo) * W, W, hi - lo, W, PW, lo - r0,
-                              PW, r0 + nrows - hi, INP[slot] + k * win_stride, MemType.INP)
+                    q.load_2d(data, ((n * CB + i0 + k) * H + lo) * W, xs, hi - lo, W, PW, lo - r0,
+                              Wp - PW - xs, r0 + nrows - hi, INP[slot] + k * win_stride,
+                              MemType.INP)
                 if gemm_bias and count == 0:
                     q.load_2d(row_buf, 0, 1, 1, 1, 0, 0, 0, 0, ROW, MemType.INP)
                 if weights_in[slot] != o0:
