@@ -202,24 +202,14 @@ def test_relax_bias_gemm_chosen_where_faster(sparse_only):
 def test_warm_build_serves_the_block_sparse_choice(tmp_path, monkeypatch):
     """The block-sparse unit chosen (with how it adds the bias) is kept on disk: a warm build
     (nothing in memory) scores no unit and places the same plan, bit-exact."""
-    from tvm_csp_embed import grouped
-    from vta_ext import executor
+    from test_grouped_gemm import cold_start_counting_scores
 
     monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
     mod, arrays, ref = case(168, 8, 7, 1)
     cold_out, cold = vta_build(mod, arrays, "default", "end-to-end")
     p = conv_placement(cold)
     assert "GEMM block-sparse" in p.plan, p.detail
-    executor._COMPILED.clear()
-    executor._CYCLES.clear()
-    scored = []
-    score = grouped.NarrowGroupTemplate._score
-
-    def counted(self, *args):
-        scored.append(args)
-        return score(self, *args)
-
-    monkeypatch.setattr(grouped.NarrowGroupTemplate, "_score", counted)
+    scored = cold_start_counting_scores(monkeypatch)
     warm_out, warm = vta_build(mod, arrays, "default", "end-to-end")
     assert not scored, "a warm build must not build and time the units again"
     assert conv_placement(warm) == p

@@ -303,6 +303,26 @@ def _program_bytes(report) -> bytes:
     return bytes(compiled_op(report.key_of(conv_placement(report))).program.dram)
 
 
+def cold_start_counting_scores(monkeypatch):
+    """Forget the compiled operators and cycle reports in memory (a warm build then reads only
+    the disk caches) and count the units :class:`~tvm_csp_embed.grouped.NarrowGroupTemplate`
+    builds and scores from now on: the list of their arguments."""
+    from tvm_csp_embed import grouped
+    from vta_ext import executor
+
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+    scored = []
+    score = grouped.NarrowGroupTemplate._score
+
+    def counted(self, *args):
+        scored.append(args)
+        return score(self, *args)
+
+    monkeypatch.setattr(grouped.NarrowGroupTemplate, "_score", counted)
+    return scored
+
+
 @pytest.mark.parametrize("config,objective,shape,chosen", [
     ("default", "cycles", (128, 28, 32, 1), "csp"),
     ("pipelined", "cycles", (128, 28, 32, 1), "diagonal"),
@@ -315,7 +335,6 @@ def test_warm_build_times_no_unit(config, objective, shape, chosen, tmp_path, mo
     the CSP plan is refused (the CPU is cheaper than it: a decision its own plan cache keeps) and
     the block-diagonal program is weighed against the CPU alone."""
     from tvm_csp_embed import grouped
-    from vta_ext import executor
 
     monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
     mod, arrays, ref = case(*shape)
@@ -325,16 +344,7 @@ def test_warm_build_times_no_unit(config, objective, shape, chosen, tmp_path, mo
     assert ("the CSP plan refused" in p.detail) == (chosen == "diagonal only"), p.detail
     cold_bytes = _program_bytes(cold)
     assert len(list((tmp_path / "units").glob("*.json"))) == 1
-    executor._COMPILED.clear()
-    executor._CYCLES.clear()
-    scored = []
-    score = grouped.NarrowGroupTemplate._score
-
-    def counted(self, *args):
-        scored.append(args)
-        return score(self, *args)
-
-    monkeypatch.setattr(grouped.NarrowGroupTemplate, "_score", counted)
+    scored = cold_start_counting_scores(monkeypatch)
     warm_out, warm = vta_build(mod, arrays, config, objective)
     assert not scored, "a warm build must not build and time the units again"
     np.testing.assert_array_equal(cold_out, ref)
