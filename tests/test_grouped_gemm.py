@@ -175,15 +175,18 @@ def test_choice_is_the_fewer_modelled_cycles(config, monkeypatch):
     assert report.floor(p).total <= report.cycles(p)
 
 
-def test_refused_widths_keep_the_csp_plan():
+def test_refused_widths_weigh_the_csp_plan_and_block_sparse():
     """6 channels per group do not divide the 16-lane block: the block-diagonal unit is refused
-    with the reason and the CSP plan runs."""
+    with the reason, and the CSP plan and the block-sparse program (tvm_csp_embed.blocksparse)
+    are weighed against each other."""
     mod, arrays, ref = case(48, 6, 8, 1)
     out, report = vta_build(mod, arrays, "pipelined")
     np.testing.assert_array_equal(out, ref)
     p = conv_placement(report)
     assert p.device == "vta" and "block-diagonal" not in p.plan
-    assert "the only unit that runs it" in p.detail and "do not divide the 16-channel block" in p.detail
+    assert "do not divide the 16-channel block" in p.detail
+    assert "fewest cycles on the cycle model" in p.detail
+    assert "the CSP plan" in p.detail and "GEMM block-sparse" in p.detail
 
 
 def test_footprint_keeps_the_csp_plan():
@@ -300,6 +303,26 @@ def _program_bytes(report) -> bytes:
     return bytes(compiled_op(report.key_of(conv_placement(report))).program.dram)
 
 
+def cold_start_counting_scores(monkeypatch):
+    """Forget the compiled operators and cycle reports in memory (a warm build then reads only
+    the disk caches) and count the units :class:`~tvm_csp_embed.grouped.NarrowGroupTemplate`
+    builds and scores from now on: the list of their arguments."""
+    from tvm_csp_embed import grouped
+    from vta_ext import executor
+
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+    scored = []
+    score = grouped.NarrowGroupTemplate._score
+
+    def counted(self, *args):
+        scored.append(args)
+        return score(self, *args)
+
+    monkeypatch.setattr(grouped.NarrowGroupTemplate, "_score", counted)
+    return scored
+
+
 @pytest.mark.parametrize("config,objective,shape,chosen", [
     ("default", "cycles", (128, 28, 32, 1), "csp"),
     ("pipelined", "cycles", (128, 28, 32, 1), "diagonal"),
@@ -312,7 +335,6 @@ def test_warm_build_times_no_unit(config, objective, shape, chosen, tmp_path, mo
     the CSP plan is refused (the CPU is cheaper than it: a decision its own plan cache keeps) and
     the block-diagonal program is weighed against the CPU alone."""
     from tvm_csp_embed import grouped
-    from vta_ext import executor
 
     monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
     mod, arrays, ref = case(*shape)
@@ -322,16 +344,7 @@ def test_warm_build_times_no_unit(config, objective, shape, chosen, tmp_path, mo
     assert ("the CSP plan refused" in p.detail) == (chosen == "diagonal only"), p.detail
     cold_bytes = _program_bytes(cold)
     assert len(list((tmp_path / "units").glob("*.json"))) == 1
-    executor._COMPILED.clear()
-    executor._CYCLES.clear()
-    scored = []
-    score = grouped.NarrowGroupTemplate._score
-
-    def counted(self, *args):
-        scored.append(args)
-        return score(self, *args)
-
-    monkeypatch.setattr(grouped.NarrowGroupTemplate, "_score", counted)
+    scored = cold_start_counting_scores(monkeypatch)
     warm_out, warm = vta_build(mod, arrays, config, objective)
     assert not scored, "a warm build must not build and time the units again"
     np.testing.assert_array_equal(cold_out, ref)

@@ -216,18 +216,21 @@ def diagonal_inputs(op: MatchedOp, config, wl, width: int = 1):
     return inputs
 
 
-def diagonal_bias_gemm(op: MatchedOp, config, wl) -> Tuple[bool, str]:
+def diagonal_bias_gemm(op: MatchedOp, config, wl, kind: Optional[str] = None) -> Tuple[bool, str]:
     """Whether the block-diagonal program of ``op`` (workload ``wl``, :func:`diagonal_workload`)
     can add the bias by one GEMM of a constant block instead of the vector ALU ADD: the bias a
     constant and in the range ``BLOCK_IN`` lanes hold
     (:func:`~.codegen.biasfold.gemm_bias_lanes_decision`; the program's weight operand has the
     output channel on its ``y`` axis): ``(True, sentence)``, ``(False, "not by a GEMM: <why>")``
-    or ``(False, "")`` without a bias."""
+    or ``(False, "")`` without a bias. ``kind``: the program's operator kind when it is not
+    the block-diagonal one's (the block-sparse program, :mod:`.blocksparse`)."""
     import tvm
 
     from .codegen.biasfold import gemm_bias_lanes_decision
 
-    kind = "group_conv2d" if isinstance(diagonal_workload(config, wl), GroupConv2dWorkload) else "conv2d"
+    if kind is None:
+        kind = ("group_conv2d" if isinstance(diagonal_workload(config, wl), GroupConv2dWorkload)
+                else "conv2d")
     bias = op.bias.value.numpy() if isinstance(op.bias, tvm.ir.expr.Constant) else None
     return gemm_bias_lanes_decision(kind, op.epilogue, bias, _block(config))
 

@@ -33,6 +33,15 @@ is at most ``w / BLOCK`` where the GEMM bounds it.
   the units are not compared (the CSP plan stands; the report line says so). A unit that does
   not build leaves the other; when neither does, the operator stays on the CPU with both reasons.
 
+* **Groups that are not whole blocks** (RegNetX: ``w = 24``): the block-diagonal unit is
+  refused (``w`` does not divide ``BLOCK``), and the block-sparse program
+  (:mod:`.blocksparse`: only the nonzero ``BLOCK x BLOCK`` tiles of the block-diagonal weight,
+  7 per tap for a pair of 24-channel groups, in the stock blocked layout) is the unit that
+  competes with the CSP plan, built and scored the same way; the choice weighs every unit that
+  plans and the report line names each with its score or its refusal. For ``w`` dividing
+  ``BLOCK`` the block-sparse program is refused (the block-diagonal unit runs the same tiles);
+  groups of whole blocks keep the CSP plan alone.
+
 Registered for ``group_conv2d`` under ``csp-relaxed`` (``csp-strict`` keeps the CSP plan alone).
 """
 from __future__ import annotations
@@ -50,6 +59,8 @@ from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, register
                               register_template)
 from vta_ext.templates.workload import GroupConv2dWorkload
 
+from .blocksparse import (BlockSparseWorkload, block_sparse_weight, build_block_sparse,
+                          tile_count)
 from .cache import source_digest
 from .candidates import CspWorkload, _shape, data_layout
 from .csp_reference import gemm_reference as csp_gemm_reference
@@ -59,11 +70,14 @@ from .depthwise import (_block, _UnitCache, bias_twin, build_diagonal, diagonal_
 from .reference import register_reference
 from .strategy import CspGemmTemplate
 
-__all__ = ["NarrowGroupWorkload", "NarrowGroupTemplate", "narrow_width"]
+__all__ = ["NarrowGroupWorkload", "NarrowGroupTemplate", "competes"]
 
-#: how the build report names the two plans
+#: how the build report names the plans
 DIAGONAL_TEXT = "GEMM block-diagonal"
+SPARSE_TEXT = "GEMM block-sparse"
 CSP_TEXT = "the CSP plan"
+#: the units, in the order a tie is broken
+UNITS = ("csp", "diagonal", "sparse")
 
 
 @dataclass(frozen=True)
@@ -83,42 +97,103 @@ class NarrowGroupWorkload(GroupConv2dWorkload):
         return self.in_channels
 
 
-def narrow_width(op: MatchedOp, config) -> Optional[int]:
-    """The channels per group of grouped ``op`` if they are fewer than ``BLOCK_IN`` (the
-    block-diagonal unit competes), else None."""
+def competes(op: MatchedOp, config) -> Optional[int]:
+    """The channels per group of grouped ``op`` if the units of this module compete with the CSP
+    plan: fewer than ``BLOCK_IN`` (the block-diagonal unit) or not whole blocks (the
+    block-sparse program, :mod:`.blocksparse`); None when the groups are whole blocks (the CSP
+    plan alone)."""
     w = _shape(op.operands[1])[1]
-    return w if w < config.BLOCK_IN else None
+    return w if w < config.BLOCK_IN or w % config.BLOCK_IN else None
 
 
-def _diagonal_plan(op: MatchedOp, config, width: int) -> OpPlan:
-    """The block-diagonal plan of ``op`` (groups of ``width`` channels), or a refusal saying why
-    the unit cannot run it."""
+@dataclass(frozen=True)
+class _Geometry:
+    """What the block-diagonal and block-sparse plans read of a grouped conv2d: the block, the
+    activation and output layouts, the workload fields but batch and channels, and the report's
+    shape text."""
+
+    block: int
+    act: BlockedActivation
+    out: BlockedActivation
+    fields: Dict[str, int]
+    text: str
+
+
+def _geometry(op: MatchedOp, config, width: int) -> _Geometry:
+    """The :class:`_Geometry` of grouped ``op`` (groups of ``width`` channels), or a refusal for
+    groups of unequal input and output channels, dilation or blocks that are not square."""
     block = _block(config)
     data, weight = op.operands
     n, c, h, w = _shape(data)
     o, _, kh, kw = _shape(weight)
     groups = int(op.core.attrs.groups)
     if o != c:
-        raise TemplateRefusal(f"{o // groups} output against {width} input channels per group: the "
-                              "diagonal tile holds whole groups only when they are equal")
-    if block % width:
-        raise TemplateRefusal(f"{width} channels per group do not divide the {block}-channel block "
-                              "(a group would straddle two weight tiles; padding each group would "
-                              "need a channel layout padded inside the activation)")
+        raise TemplateRefusal(f"{o // groups} output against {width} input channels per group: "
+                              "the tiles hold whole groups only when they are equal")
     if any(int(d) != 1 for d in op.core.attrs.dilation):
         raise TemplateRefusal(f"dilation {tuple(int(d) for d in op.core.attrs.dilation)}")
     pad_h, pad_w = _symmetric_padding(op)
-    b = config.BATCH
-    act = BlockedActivation(n, c, h, w, b, block)
-    np_, cp = act.padded
+    sh, sw = (int(s) for s in op.core.attrs.strides)
     _, _, oh, ow = _shape(op.core)
-    wl = NarrowGroupWorkload(np_, h, w, cp, cp, kh, kw, pad_h, pad_w, int(op.core.attrs.strides[0]),
-                             int(op.core.attrs.strides[1]), groups=groups, group_width=width)
-    desc = f"{n}x{c}x{h}x{w} * {o}x{width}x{kh}x{kw} g{groups} s{wl.stride_h} p{pad_h}"
-    return OpPlan(wl, diagonal_inputs(op, config, wl, width),
-                  BlockedActivation(n, o, oh, ow, b, block), desc,
-                  padding_text(*act.padding(), ("channels per group (lanes of the diagonal tile)",
-                                                width, block)),
+    fields = dict(height=h, width=w, kernel_h=kh, kernel_w=kw, pad_h=pad_h, pad_w=pad_w,
+                  stride_h=sh, stride_w=sw, groups=groups, group_width=width)
+    return _Geometry(block, BlockedActivation(n, c, h, w, config.BATCH, block),
+                     BlockedActivation(n, o, oh, ow, config.BATCH, block), fields,
+                     f"{n}x{c}x{h}x{w} * {o}x{width}x{kh}x{kw} g{groups} s{sh} p{pad_h}")
+
+
+def _diagonal_plan(op: MatchedOp, config, width: int) -> OpPlan:
+    """The block-diagonal plan of ``op`` (groups of ``width`` channels), or a refusal saying why
+    the unit cannot run it."""
+    geo = _geometry(op, config, width)
+    if geo.block % width:
+        raise TemplateRefusal(f"{width} channels per group do not divide the {geo.block}-channel "
+                              "block (a group would straddle two weight tiles; padding each group "
+                              "would need a channel layout padded inside the activation)")
+    np_, cp = geo.act.padded
+    wl = NarrowGroupWorkload(batch=np_, in_channels=cp, out_channels=cp, **geo.fields)
+    return OpPlan(wl, diagonal_inputs(op, config, wl, width), geo.out, geo.text,
+                  padding_text(*geo.act.padding(), ("channels per group (lanes of the diagonal "
+                                                    "tile)", width, geo.block)),
+                  in_layout=geo.act)
+
+
+def _sparse_plan(op: MatchedOp, config, width: int) -> OpPlan:
+    """The block-sparse plan of ``op`` (:mod:`.blocksparse`), or a refusal saying why it does
+    not run it."""
+    import tvm
+
+    geo = _geometry(op, config, width)
+    block, act = geo.block, geo.act
+    data, weight = op.operands
+    c = act.c
+    if block % width == 0:
+        raise TemplateRefusal(f"groups of {width} channels divide the {block}-channel block: "
+                              f"the block-diagonal unit runs the same tiles")
+    if not isinstance(weight, tvm.ir.expr.Constant):
+        raise TemplateRefusal("the weight is not a constant (its nonzero tiles are packed at "
+                              "build time)")
+    np_, cp = act.padded
+    wl = BlockSparseWorkload(batch=np_, in_channels=c, out_channels=c, **geo.fields)
+    tiles = tile_count(c, width, block)
+    desc = f"{geo.text}; {tiles} nonzero weight tiles per tap (of {(cp // block) ** 2})"
+
+    def inputs(packer):
+        from tvm import relax
+
+        from vta_ext.packing import pack_channel_bias
+
+        d, kept = act.pack(packer, data)
+        packer.note_kept(kept)
+        args = [d, relax.const(block_sparse_weight(weight.value.numpy(), block), "int8")]
+        for vector in (op.bias, op.multiplier):
+            if vector is not None:
+                args.append(pack_channel_bias(packer, vector, c, cp, act.batch_block, block))
+        return args
+
+    return OpPlan(wl, inputs, geo.out, desc,
+                  padding_text(*act.padding(), ("MACs per pixel and tap (lanes of the nonzero "
+                                                "tiles)", c * width, tiles * block * block)),
                   in_layout=act)
 
 
@@ -140,11 +215,13 @@ class NarrowGroupTemplate(CspGemmTemplate):
         super().__init__("group_conv2d", strategy)
 
     def workload_from_dict(self, values: Dict[str, Any]):
-        return NarrowGroupWorkload(**values) if "group_width" in values else CspWorkload(**values)
+        if "group_width" not in values:
+            return CspWorkload(**values)
+        return (BlockSparseWorkload if "sparse" in values else NarrowGroupWorkload)(**values)
 
     # ---------------------------------------------------------------- plan
     def _plan(self, op: MatchedOp, config) -> OpPlan:
-        width = narrow_width(op, config)
+        width = competes(op, config)
         if width is None:
             return super()._plan(op, config)
         from vta_ext.options import current_options
@@ -152,44 +229,46 @@ class NarrowGroupTemplate(CspGemmTemplate):
         options = current_options()
         refused: Dict[str, str] = {}
         plans: Dict[str, OpPlan] = {}
-        try:
-            plans["csp"] = super()._plan(op, config)
-        except TemplateRefusal as err:
-            refused["csp"] = str(err)
-        try:
-            plans["diagonal"] = _diagonal_plan(op, config, width)
-        except TemplateRefusal as err:
-            refused["diagonal"] = str(err)
+        makers = {"csp": lambda: super(NarrowGroupTemplate, self)._plan(op, config),
+                  "diagonal": lambda: _diagonal_plan(op, config, width),
+                  "sparse": lambda: _sparse_plan(op, config, width)}
+        for unit in UNITS:
+            try:
+                plans[unit] = makers[unit]()
+            except TemplateRefusal as err:
+                refused[unit] = str(err)
         if options.objective == "footprint" and "csp" in plans:
             return self._described(plans["csp"], CSP_TEXT, f"objective footprint: the "
-                                   f"{DIAGONAL_TEXT} unit is not compared by footprint")
+                                   f"{DIAGONAL_TEXT} and {SPARSE_TEXT} units are not compared "
+                                   "by footprint")
         # the choice is kept on disk and served when the same units plan again
-        cache = (self._unit_cache(op, config, options, plans["diagonal"]) if "diagonal" in plans
-                 else None)
+        own = {u: p for u, p in plans.items() if u != "csp"}
+        cache = self._unit_cache(op, config, options, own) if own else None
         hit = cache.load() if cache is not None else None
         cached = self._cached_unit(plans, width, config, hit) if hit is not None else None
         if cached is not None:
             return cached
 
         scored: Dict[str, _Scored] = {}
-        bias: Dict[str, Any] = {}
+        biases: Dict[str, Dict[str, Any]] = {}
 
         def store(unit: str, why: str) -> None:
             if cache is not None:
-                cache.store({"unit": unit, "why": why, "planned": sorted(plans), **bias})
+                cache.store({"unit": unit, "why": why, "planned": sorted(plans),
+                             **biases.get(unit, {})})
         for unit, plan in plans.items():
             try:
                 scored[unit] = self._score(op, config, plan, options)
             except TemplateRefusal as err:
                 refused[unit] = str(err)
-        if "diagonal" in scored:
-            scored["diagonal"], bias = self._bias_twin(op, config, scored["diagonal"], options)
+        for own in ("diagonal", "sparse"):
+            if own in scored:
+                scored[own], biases[own] = self._bias_twin(op, config, scored[own], options)
         cpu = self._cpu(op, config, options)
         if not scored:
-            raise TemplateRefusal(f"{self.strategy}: no unit runs this grouped conv2d: "
-                                  f"{CSP_TEXT}: {refused.get('csp')}; {DIAGONAL_TEXT}: "
-                                  f"{refused.get('diagonal')}")
-        unit = min(scored, key=lambda u: (scored[u].score, u != "csp"))
+            raise TemplateRefusal(f"{self.strategy}: no unit runs this grouped conv2d: " + "; ".join(
+                f"{self._name(u, width, config)}: {refused.get(u)}" for u in UNITS))
+        unit = min(scored, key=lambda u: (scored[u].score, UNITS.index(u)))
         best = scored[unit]
         if cpu is not None and cpu[0] < best.score:
             units = [f"{s.text} for {self._name(u, width, config)}" for u, s in scored.items()]
@@ -197,18 +276,19 @@ class NarrowGroupTemplate(CspGemmTemplate):
             why = f"{self.strategy}: end to end cheaper on the CPU: {cpu[1]}, against {'; '.join(units)}"
             store("cpu", why)
             raise TemplateRefusal(why)
-        other = "diagonal" if unit == "csp" else "csp"
-        if other in scored:
-            why = (f"{self._what(options)}: {best.text} against {scored[other].text} "
-                   f"({scored[other].score / max(best.score, 1e-12):.2f}x) for "
-                   f"{self._name(other, width, config)}")
+        others = [f"{scored[u].text} ({scored[u].score / max(best.score, 1e-12):.2f}x) for "
+                  f"{self._name(u, width, config)}" for u in UNITS if u in scored and u != unit]
+        others += [f"{self._name(u, width, config)} refused ({refused[u]})" for u in UNITS
+                   if u in refused]
+        if len(scored) > 1:
+            why = f"{self._what(options)}: {best.text} against {'; '.join(others)}"
         else:
-            why = (f"the only unit that runs it ({best.text}); {self._name(other, width, config)} "
-                   f"refused ({refused[other]})")
+            why = f"the only unit that runs it ({best.text}); {'; '.join(others)}"
         store(unit, why)
         return self._described(best.plan, self._name(unit, width, config), why)
 
-    def _unit_cache(self, op: MatchedOp, config, options, diagonal: OpPlan) -> Optional[_UnitCache]:
+    def _unit_cache(self, op: MatchedOp, config, options,
+                    own: Dict[str, OpPlan]) -> Optional[_UnitCache]:
         """The persistent entry of the unit chosen for narrow grouped ``op`` (``<cache_dir>/units/``,
         :class:`~.depthwise._UnitCache`), or None with tuned records (looked up per plan) or
         when the CSP plan's own entry was not kept (a solver timeout may pass later). The CSP
@@ -218,8 +298,9 @@ class NarrowGroupTemplate(CspGemmTemplate):
         The key holds what the choice depends on: the CSP plan's own plan cache key (the
         operator, the configuration's value, the epilogue's shape, the objective with its host
         model, the knobs option, the producer's layout, the bias signature and the code), the
-        block-diagonal plan's workload (``diagonal``) with its knobs option, which operands are
-        constants (their host packing is priced end to end) and :func:`~.cache.source_digest`."""
+        block-diagonal and block-sparse plans' workloads (``own``, by unit) with their knobs
+        options, which operands are constants (their host packing is priced end to end) and
+        :func:`~.cache.source_digest`."""
         import tvm
 
         if options.records is not None:
@@ -230,13 +311,14 @@ class NarrowGroupTemplate(CspGemmTemplate):
                                self._stock_contender(op, config, options))
         if not csp.path.exists():     # the CSP plan was not kept (a solver timeout): nor is this
             return None
-        policy = options.knobs_for(self.kind, self.strategy, diagonal.workload, config)[0]
+        units = {u: [dataclasses.asdict(p.workload),
+                     options.knobs_for(self.kind, self.strategy, p.workload, config)[0]]
+                 for u, p in sorted(own.items())}
         constants = [None if e is None else isinstance(e, tvm.ir.expr.Constant)
                      for e in (*op.operands[1:], op.bias, op.multiplier)]
-        text = json.dumps({"v": 3, "units": "narrow-group", "strategy": self.strategy,
-                           "csp": csp.key, "diagonal": dataclasses.asdict(diagonal.workload),
-                           "policy": policy, "constants": constants, "code": source_digest()},
-                          sort_keys=True, default=str)
+        text = json.dumps({"v": 4, "units": "narrow-group", "strategy": self.strategy,
+                           "csp": csp.key, "own": units, "constants": constants,
+                           "code": source_digest()}, sort_keys=True, default=str)
         return _UnitCache(hashlib.sha256(text.encode()).hexdigest()[:32], ("unit", "why", "planned"))
 
     def _cached_unit(self, plans: Dict[str, OpPlan], width: int, config,
@@ -251,16 +333,16 @@ class NarrowGroupTemplate(CspGemmTemplate):
         if unit == "cpu":
             raise TemplateRefusal(why)
         plan = plans[unit]
-        if unit == "diagonal":
+        if unit in ("diagonal", "sparse"):
             plan = self._with_bias(plan, entry.get("bias_gemm", False), entry.get("bias_words", ""))
         return self._described(plan, self._name(unit, width, config), why)
 
     def _bias_twin(self, op: MatchedOp, config, add: _Scored, options
                    ) -> Tuple[_Scored, Dict[str, Any]]:
-        """The block-diagonal contender ``add`` (the bias by the ALU ADD) or its twin that adds
-        the bias by a GEMM, whichever has fewer VTA cycles (:func:`~.depthwise.bias_twin`; the
-        host work is the same), with the choice's words in its report text; and the unit cache
-        entry's fields that record it."""
+        """The block-diagonal or block-sparse contender ``add`` (the bias by the ALU ADD) or its
+        twin that adds the bias by a GEMM, whichever has fewer VTA cycles
+        (:func:`~.depthwise.bias_twin`; the host work is the same), with the choice's words in
+        its report text; and the unit cache entry's fields that record it."""
         scored = {add.plan.workload: add}
 
         def cycles_of(wl) -> int:
@@ -268,15 +350,17 @@ class NarrowGroupTemplate(CspGemmTemplate):
                 scored[wl] = self._score(op, config, dataclasses.replace(add.plan, workload=wl),
                                          options)
             return scored[wl].cycles
-        wl, _, words = bias_twin(add.plan.workload, cycles_of,
-                                 diagonal_bias_gemm(op, config, add.plan.workload))
+        sparse = isinstance(add.plan.workload, BlockSparseWorkload)
+        wl, _, words = bias_twin(add.plan.workload, cycles_of, diagonal_bias_gemm(
+            op, config, add.plan.workload, "group_conv2d" if sparse else None))
         best = scored[wl]
         best = dataclasses.replace(best, plan=self._with_bias(best.plan, wl.bias_gemm, words))
         return best, {"bias_gemm": wl.bias_gemm, "bias_words": words}
 
     @staticmethod
     def _with_bias(plan: OpPlan, bias_gemm: bool, words: str) -> OpPlan:
-        """The block-diagonal ``plan`` with the bias by a GEMM when ``bias_gemm``, and ``words``
+        """The block-diagonal or block-sparse ``plan`` with the bias by a GEMM when ``bias_gemm``,
+        and ``words``
         (how it adds the bias and why) in its report text."""
         wl = dataclasses.replace(plan.workload, bias_gemm=bias_gemm)
         text = f"{plan.description}; {words}" if words else plan.description
@@ -293,6 +377,8 @@ class NarrowGroupTemplate(CspGemmTemplate):
         if unit == "csp":
             return CSP_TEXT
         block = config.BLOCK_IN
+        if unit == "sparse":
+            return f"{SPARSE_TEXT} (groups of {width} channels, only the nonzero {block}x{block} weight tiles)"
         per = f"{block // width} groups" if block % width == 0 else "groups"
         return f"{DIAGONAL_TEXT} ({per} of {width} channels per {block}x{block} weight tile)"
 
@@ -349,12 +435,18 @@ class NarrowGroupTemplate(CspGemmTemplate):
 
     # ---------------------------------------------------------------- build
     def build(self, config, workload, epilogue: Sequence[tuple], knobs) -> Any:
+        if isinstance(workload, BlockSparseWorkload):
+            return build_block_sparse(config, workload, program_epilogue(workload, epilogue),
+                                      knobs)
         if isinstance(workload, NarrowGroupWorkload):
             return build_diagonal(config, workload, epilogue, knobs)
         return super().build(config, workload, epilogue, knobs)
 
     def knob_space(self, config, workload, epilogue: Sequence[tuple]) -> KnobSpace:
-        """The conv2d knobs of the block-diagonal program, or the CSP plan's."""
+        """The conv2d knobs of the block-diagonal program, none for the block-sparse one, or the
+        CSP plan's."""
+        if isinstance(workload, BlockSparseWorkload):
+            return KnobSpace()
         if isinstance(workload, NarrowGroupWorkload):
             return _gemm_knob_space(config, diagonal_workload(config, workload),
                                     program_epilogue(workload, epilogue))
@@ -363,7 +455,10 @@ class NarrowGroupTemplate(CspGemmTemplate):
 
 def reference(config, wl, epilogue, rng):
     """The tuner's numpy reference: the stock grouped conv2d one on the block-diagonal program's
-    workload (:func:`~.depthwise.diagonal_reference`), or the CSP plan's."""
+    workload (:func:`~.depthwise.diagonal_reference`), or the CSP plan's; the block-sparse
+    program has no knobs, so it is never a tuning task."""
+    if isinstance(wl, BlockSparseWorkload):
+        raise LookupError("no tuning reference for the block-sparse program: it has no knobs")
     if isinstance(wl, NarrowGroupWorkload):
         return diagonal_reference(config, wl, epilogue, rng)
     return csp_gemm_reference(config, wl, epilogue, rng)
@@ -374,6 +469,12 @@ def plan_summary(template: OpTemplate, plan: OpPlan, config) -> str:
     return f"{template.strategy} {DIAGONAL_TEXT} w{plan.workload.group_width}"
 
 
+def sparse_summary(template: OpTemplate, plan: OpPlan, config) -> str:
+    """``"csp-relaxed GEMM block-sparse w24"``."""
+    return f"{template.strategy} {SPARSE_TEXT} w{plan.workload.group_width}"
+
+
 register_plan_summary(NarrowGroupWorkload, plan_summary)
+register_plan_summary(BlockSparseWorkload, sparse_summary)
 register_template("group_conv2d", "csp-relaxed", NarrowGroupTemplate("csp-relaxed"))
 register_reference("group_conv2d", "csp-relaxed", reference)
