@@ -1,4 +1,4 @@
-"""An odd output-channel loop padded by one block of zero weights so that it carries two virtual
+"""Two more twins of an embedding. An odd output-channel loop padded by one block of zero weights so that it carries two virtual
 threads (``codegen.loops.thread_padding``, ``candidates.thread_padded_twin``).
 
 A virtual-thread count must divide its loop's outer tiles, so a conv whose output channels are an
@@ -12,7 +12,9 @@ after the other. Checked here:
   (event-driven over the built program, not the knob model that offers the twin) times it below
   the embedding's own fastest point;
 * a Relax build on ``pipelined`` chooses it (the report says the channels are padded to 1024),
-  bit-exact against llvm, for squeezenet's classifier shape.
+  bit-exact against llvm, for squeezenet's classifier shape;
+* the twin of a candidate whose bias is kept off its spare lanes (``strategy``: the bias by a
+  GEMM is offered for it too): a 3-channel stem takes it, bit-exact against llvm.
 """
 from __future__ import annotations
 
@@ -96,4 +98,27 @@ def test_relax_build_pads_the_classifier_and_stays_bit_exact():
         got = run_module(mod, vta_ext.vta_target("pipelined"), [x])
     (p,) = [p for p in vta_ext.last_build_report().on_vta if p.call is not None]
     assert "out channels 1000->1024" in p.detail and "vt_k=2" in p.detail, p.detail
+    np.testing.assert_array_equal(got, run_module(mod, "llvm", [x]))
+
+
+@pytest.mark.usefixtures("fresh_embedding_cache")
+def test_a_bias_kept_off_the_lanes_may_be_added_by_a_gemm():
+    """A 3-channel stem (regnet_x_400mf's, at 56 x 56): the fold into the 7 spare lanes costs host
+    layout traffic (its lane constants), so under the end-to-end objective the bias is kept off
+    the lanes; that twin has its own twin adding the bias by a GEMM, which the choice times and
+    takes (fewer VTA cycles than the ALU ADD, the same host layout). Bit-exact against llvm."""
+    rng = np.random.default_rng(12)
+    mod = conv_module(1, 3, 32, 56, 3, stride=2, padding=1, clip=(-128, 127))
+    w = rng.integers(-128, 128, (32, 3, 3, 3)).astype(np.int8)
+    b = rng.integers(-20000, 20000, (1, 32, 1, 1)).astype(np.int32)
+    mod = bind_constants(mod, w=w, b=b)
+    x = rng.integers(-128, 128, (1, 3, 56, 56)).astype(np.int8)
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        got = run_module(mod, vta_ext.vta_target("pipelined"), [x])
+    (p,) = [p for p in vta_ext.last_build_report().on_vta if p.call is not None]
+    # z = c4*r4: 3 channels x 3 filter rows in 16 lanes leave 7 spare lanes for a fold; the
+    # program adds the bias by the GEMM instead (before the twin of the kept bias existed, the
+    # ALU ADD: the twin was offered for the folded candidate only, which it refuses)
+    assert "x=1 y=k16 z=c4*r4, bias by GEMM" in p.plan, p.plan
+    assert "bias added by one GEMM per output tile" in p.detail, p.detail
     np.testing.assert_array_equal(got, run_module(mod, "llvm", [x]))
