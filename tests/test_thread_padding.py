@@ -86,19 +86,27 @@ def test_the_padded_twin_is_faster_by_the_cycle_model():
     assert thread_padded_twin(cfg, twin, EPILOGUE) is None
 
 
-@pytest.mark.usefixtures("fresh_embedding_cache")
-def test_relax_build_pads_the_classifier_and_stays_bit_exact():
-    rng = np.random.default_rng(11)
-    mod = conv_module(1, 512, 1000, 6, 1, padding=0, clip=(-128, 127))
-    w = rng.integers(-128, 128, (1000, 512, 1, 1)).astype(np.int8)
-    b = rng.integers(-20000, 20000, (1, 1000, 1, 1)).astype(np.int32)
+def _pipelined_build(seed, c, o, hw, k, stride, padding):
+    """Build a one-conv module with constant weights and bias (bias + shift + clip) for
+    ``pipelined`` under ``csp-relaxed``, run it on the functional simulator and on llvm: its
+    build report row, after checking the two outputs are equal."""
+    rng = np.random.default_rng(seed)
+    mod = conv_module(1, c, o, hw, k, stride=stride, padding=padding, clip=(-128, 127))
+    w = rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
+    b = rng.integers(-20000, 20000, (1, o, 1, 1)).astype(np.int32)
     mod = bind_constants(mod, w=w, b=b)
-    x = rng.integers(-128, 128, (1, 512, 6, 6)).astype(np.int8)
+    x = rng.integers(-128, 128, (1, c, hw, hw)).astype(np.int8)
     with vta_ext.build_options(strategy="csp-relaxed"):
         got = run_module(mod, vta_ext.vta_target("pipelined"), [x])
     (p,) = [p for p in vta_ext.last_build_report().on_vta if p.call is not None]
-    assert "out channels 1000->1024" in p.detail and "vt_k=2" in p.detail, p.detail
     np.testing.assert_array_equal(got, run_module(mod, "llvm", [x]))
+    return p
+
+
+@pytest.mark.usefixtures("fresh_embedding_cache")
+def test_relax_build_pads_the_classifier_and_stays_bit_exact():
+    p = _pipelined_build(11, 512, 1000, 6, 1, stride=1, padding=0)
+    assert "out channels 1000->1024" in p.detail and "vt_k=2" in p.detail, p.detail
 
 
 @pytest.mark.usefixtures("fresh_embedding_cache")
@@ -107,18 +115,9 @@ def test_a_bias_kept_off_the_lanes_may_be_added_by_a_gemm():
     layout traffic (its lane constants), so under the end-to-end objective the bias is kept off
     the lanes; that twin has its own twin adding the bias by a GEMM, which the choice times and
     takes (fewer VTA cycles than the ALU ADD, the same host layout). Bit-exact against llvm."""
-    rng = np.random.default_rng(12)
-    mod = conv_module(1, 3, 32, 56, 3, stride=2, padding=1, clip=(-128, 127))
-    w = rng.integers(-128, 128, (32, 3, 3, 3)).astype(np.int8)
-    b = rng.integers(-20000, 20000, (1, 32, 1, 1)).astype(np.int32)
-    mod = bind_constants(mod, w=w, b=b)
-    x = rng.integers(-128, 128, (1, 3, 56, 56)).astype(np.int8)
-    with vta_ext.build_options(strategy="csp-relaxed"):
-        got = run_module(mod, vta_ext.vta_target("pipelined"), [x])
-    (p,) = [p for p in vta_ext.last_build_report().on_vta if p.call is not None]
+    p = _pipelined_build(12, 3, 32, 56, 3, stride=2, padding=1)
     # z = c4*r4: 3 channels x 3 filter rows in 16 lanes leave 7 spare lanes for a fold; the
     # program adds the bias by the GEMM instead (before the twin of the kept bias existed, the
     # ALU ADD: the twin was offered for the folded candidate only, which it refuses)
     assert "x=1 y=k16 z=c4*r4, bias by GEMM" in p.plan, p.plan
     assert "bias added by one GEMM per output tile" in p.detail, p.detail
-    np.testing.assert_array_equal(got, run_module(mod, "llvm", [x]))
