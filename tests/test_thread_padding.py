@@ -121,3 +121,4 @@ def test_a_bias_kept_off_the_lanes_may_be_added_by_a_gemm():
     # ALU ADD: the twin was offered for the folded candidate only, which it refuses)
     assert "x=1 y=k16 z=c4*r4, bias by GEMM" in p.plan, p.plan
     assert "bias added by one GEMM per output tile" in p.detail, p.detail
+    assert "not folded: the objective prefers it to the fold into 7 lanes" in p.detail, p.detail

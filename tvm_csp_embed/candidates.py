@@ -450,9 +450,15 @@ def kept_twin(cand: Candidate) -> Candidate:
     extra = layout_traffic(data_layout(cand)) - layout_traffic(data_layout(cand, folded=False))
     return Candidate(cand.workload.with_bias_lanes(0), cand.embedding, cand.packed,
                      estimate=cand.estimate, footprint=cand.footprint, place=cand.place,
-                     bias_note=(f"bias kept on the ALU: the objective prefers it to the fold into "
-                                f"{cand.workload.bias_lanes} lanes (its lane constants add "
-                                f"{extra:,} bytes of host layout traffic)"))
+                     bias_note=(f"{_KEPT_BY_OBJECTIVE} the fold into {cand.workload.bias_lanes} "
+                                f"lanes (its lane constants add {extra:,} bytes of host layout "
+                                f"traffic)"))
+
+
+#: how :func:`kept_twin`'s report sentence starts (its GEMM twin, :func:`gemm_twin`, repeats
+#: the reason the fold was not taken)
+_KEPT_ON_ALU = "bias kept on the ALU: "
+_KEPT_BY_OBJECTIVE = f"{_KEPT_ON_ALU}the objective prefers it to"
 
 
 def gemm_twin(op, cand: Candidate, kind: str) -> Optional[Candidate]:
@@ -473,6 +479,8 @@ def gemm_twin(op, cand: Candidate, kind: str) -> Optional[Candidate]:
         if note and cand.bias_note:
             cand.bias_note += f"; {note}"
         return None
+    if cand.bias_note.startswith(_KEPT_BY_OBJECTIVE):     # the twin of a kept_twin
+        note += f"; not folded: {cand.bias_note[len(_KEPT_ON_ALU):]}"
     if cand.bias_note:
         cand.bias_note += "; not by a GEMM: it was not faster"
     return Candidate(cand.workload.with_bias_lanes(0, gemm=True), cand.embedding, cand.packed,
