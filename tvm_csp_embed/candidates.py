@@ -30,7 +30,7 @@ from .workload import FUSED_CONV_VARIANTS, conv2d, conv2d_fused, dense, group_co
 __all__ = ["MODES", "STRATEGY_NAMES", "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "CONV_LAYOUTS",
            "CspWorkload", "Candidate", "operator_workload", "fused_variants", "packed_of",
            "stock_mapping_cost", "solve_request", "layout_solves", "candidates", "bias_signature", "fold_candidate",
-           "kept_twin", "gemm_twin", "unfolded", "program_epilogue", "operand_layouts", "packed_inputs"]
+           "kept_twin", "gemm_twin", "thread_padded_twin", "unfolded", "program_epilogue", "operand_layouts", "packed_inputs"]
 
 #: strategy name -> constraint set of the solver
 MODES = {"csp-strict": "strict", "csp-relaxed": "relaxed"}
@@ -265,6 +265,9 @@ class Candidate:
     refused: str = ""
     #: the bias fold's sentence for the build report (:func:`fold_candidate`), "" without a bias
     bias_note: str = ""
+    #: the workload whose place among the timed candidates this one shares (a
+    #: :func:`thread_padded_twin`'s embedding), None: its own (:func:`unfolded` of its workload)
+    place: Optional[CspWorkload] = None
 
     @property
     def label(self) -> str:
@@ -371,7 +374,38 @@ def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epi
             else:
                 cand.estimate = _estimate(config, pg, point)
             out.append(cand)
+            twin = thread_padded_twin(config, cand, epilogue) if mode != "strict" else None
+            if twin is not None:
+                out.append(twin)
     return out, notes
+
+
+def thread_padded_twin(config, cand: Candidate, epilogue) -> Optional[Candidate]:
+    """The twin of ``cand`` whose odd output-channel loop is padded by one tile of zero weights
+    (:func:`~.codegen.loops.thread_padding`) so that it can carry two virtual threads, or None:
+    when it needs no padding, or when the knob model's cycle estimate of the twin's fastest point
+    (:func:`~.codegen.knobs.cycle_point`) is not below the embedding's own. The twin shares the
+    embedding's place among the candidates the choice times (``place``); it times both."""
+    from .codegen.knobs import cycle_point
+    from .codegen.loops import thread_padding
+
+    if cand.refused:
+        return None
+    extra = thread_padding(cand.packed)
+    if extra is None:
+        return None
+    cw = cand.workload
+    dim, elements = extra
+    pad = list(cw.pad)
+    pad[cand.embedding.workload.dims.index(dim)] += elements
+    twin_cw = dataclasses.replace(cw, pad=tuple(pad))
+    pg = packed_of(twin_cw, config)
+    own, padded = cycle_point(config, cand.packed, epilogue), cycle_point(config, pg, epilogue)
+    if own is None or padded is None or padded.cycles >= own.cycles:
+        return None
+    point = tps_point(config, pg, epilogue)
+    return Candidate(twin_cw, pg.embedding, pg, estimate=_estimate(config, pg, point or padded),
+                     footprint=_footprint(pg), place=cw)
 
 
 def bias_signature(op) -> Any:
@@ -415,10 +449,16 @@ def kept_twin(cand: Candidate) -> Candidate:
 
     extra = layout_traffic(data_layout(cand)) - layout_traffic(data_layout(cand, folded=False))
     return Candidate(cand.workload.with_bias_lanes(0), cand.embedding, cand.packed,
-                     estimate=cand.estimate, footprint=cand.footprint,
-                     bias_note=(f"bias kept on the ALU: the objective prefers it to the fold into "
-                                f"{cand.workload.bias_lanes} lanes (its lane constants add "
-                                f"{extra:,} bytes of host layout traffic)"))
+                     estimate=cand.estimate, footprint=cand.footprint, place=cand.place,
+                     bias_note=(f"{_KEPT_BY_OBJECTIVE} the fold into {cand.workload.bias_lanes} "
+                                f"lanes (its lane constants add {extra:,} bytes of host layout "
+                                f"traffic)"))
+
+
+#: how :func:`kept_twin`'s report sentence starts (its GEMM twin, :func:`gemm_twin`, repeats
+#: the reason the fold was not taken)
+_KEPT_ON_ALU = "bias kept on the ALU: "
+_KEPT_BY_OBJECTIVE = f"{_KEPT_ON_ALU}the objective prefers it to"
 
 
 def gemm_twin(op, cand: Candidate, kind: str) -> Optional[Candidate]:
@@ -439,10 +479,13 @@ def gemm_twin(op, cand: Candidate, kind: str) -> Optional[Candidate]:
         if note and cand.bias_note:
             cand.bias_note += f"; {note}"
         return None
+    if cand.bias_note.startswith(_KEPT_BY_OBJECTIVE):     # the twin of a kept_twin
+        note += f"; not folded: {cand.bias_note[len(_KEPT_ON_ALU):]}"
     if cand.bias_note:
         cand.bias_note += "; not by a GEMM: it was not faster"
     return Candidate(cand.workload.with_bias_lanes(0, gemm=True), cand.embedding, cand.packed,
-                     estimate=cand.estimate, footprint=cand.footprint, bias_note=note)
+                     estimate=cand.estimate, footprint=cand.footprint, bias_note=note,
+                     place=cand.place)
 
 
 def unfolded(cw: CspWorkload) -> CspWorkload:

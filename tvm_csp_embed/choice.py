@@ -573,7 +573,8 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
 
         # an embedding and its twin with the bias kept on the ALU (:func:`~.candidates.kept_twin`)
         # take one place of CYCLE_RANKED
-        place_of = {id(c): unfolded(c.workload) for c in usable}
+        # and a twin padded for two threads (:func:`~.candidates.thread_padded_twin`)
+        place_of = {id(c): unfolded(c.place or c.workload) for c in usable}
         distinct = lambda cands: len({place_of[id(c)] for c in cands})  # noqa: E731
         prune = PRUNE_BY_BOUND and objective in ("cycles", "end-to-end")
         slack = 1 + AGREEMENT_SLACK if op.input_layout is not None else 1

@@ -24,7 +24,11 @@ channels per group between this template's plan and the GEMM block-diagonal prog
    why when the ALU ADD stays), and under the objectives that price host work
    (:data:`HOST_PRICED`) the same embedding with the ADD kept competes too; a bias that stays
    on the ALU has a twin that adds it by one GEMM of a constant block per output tile
-   (:func:`~.candidates.gemm_twin`), and the faster of the two is kept;
+   (:func:`~.candidates.gemm_twin`; also the twin with the ADD kept, where the bias folds), and
+   the faster of the two is kept; an embedding whose output-channel loop has an odd number of
+   tiles has a twin padded by one tile of zero weights, so that the loop carries two virtual
+   threads (:func:`~.candidates.thread_padded_twin`, offered when the knob model estimates it
+   faster);
 4. the candidates are ranked by ``build_options(objective=...)``: ``cycles`` (the cycle model of the
    built program; the two best by a static estimate are built), ``combined`` (cycles at the
    configuration's clock plus the measured host relayout time) or ``footprint`` (bytes of the packed
@@ -217,9 +221,12 @@ class CspGemmTemplate(OpTemplate):
         for c in cands:
             if not c.refused:
                 usable.append(fold_candidate(op, c, self.kind))
-                if c.workload.bias_lanes and options.objective in HOST_PRICED:
-                    usable.append(kept_twin(c))
-                twin = gemm_twin(op, c, self.kind)
+                kept = (kept_twin(c) if c.workload.bias_lanes and options.objective in HOST_PRICED
+                        else None)
+                if kept is not None:
+                    usable.append(kept)
+                # the bias by a GEMM is the twin of the one that keeps it off the lanes
+                twin = gemm_twin(op, c if kept is None else kept, self.kind)
                 if twin is not None:
                     usable.append(twin)
         if not usable:

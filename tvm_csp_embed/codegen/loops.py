@@ -3,7 +3,9 @@
 * :func:`tiled_loops`: the loops a ``tile_`` knob splits;
 * :func:`vt_loops`: the loops that may carry two virtual threads;
 * :func:`loop_orders`: the loop orders of the schedule for each value of the ``order`` knob
-  (:data:`ORDERS`), with the operand a resident order hoists.
+  (:data:`ORDERS`), with the operand a resident order hoists;
+* :func:`thread_padding`: the padding that gives an odd output-channel loop an even extent, so
+  that it can carry two virtual threads.
 
 The knob space and its model (:mod:`.knobs`) and the schedule (:mod:`.schedule`) both read these;
 neither imports the other.
@@ -15,7 +17,7 @@ from typing import List, Optional, Tuple
 
 from .plan import PackedGemm
 
-__all__ = ["LoopOrders", "ORDERS", "loop_orders", "vt_loops", "tiled_loops"]
+__all__ = ["LoopOrders", "ORDERS", "loop_orders", "vt_loops", "tiled_loops", "thread_padding"]
 
 
 def vt_loops(pg: PackedGemm) -> List[str]:
@@ -28,6 +30,28 @@ def vt_loops(pg: PackedGemm) -> List[str]:
         stencil = [n for n in c if pg.roles[n] == "stencil"][:-1]
         return tuple(weight[:1] + stencil[:1])
     return list(pg.memo("vt_loops", make))
+
+
+def thread_padding(pg: PackedGemm) -> Optional[Tuple[str, int]]:
+    """``(workload dim, elements)``: the padding of one more tile that makes the first
+    output-channel (``weight``) loop of ``pg`` even, or None when it needs none.
+
+    A virtual-thread count must divide its loop's outer tiles (:mod:`.knobs`), so an odd weight
+    loop (1000 output channels: 63 blocks) never carries two threads: its weight loads cannot
+    overlap its GEMMs under the weight-streaming orders. One more block of zero weights (the
+    embedding's padding of that dim, as the solver pads it) makes the loop even. None when the
+    loop is even, has one tile, is not the tile loop of a dim the instruction walks, or when
+    that dim is walked with a stride (its padding would not be one tile)."""
+    weight = [lp for lp in pg.loops if pg.roles[lp.name] == "weight"][:1]
+    if not weight or weight[0].name not in vt_loops(pg):
+        return None
+    lp = weight[0]
+    if lp.kind != "tile" or lp.extent % 2 == 0 or lp.extent == 1:
+        return None
+    factor = pg.embedding.walked[lp.dim]
+    if factor.stride != 1:
+        return None
+    return lp.dim, factor.size
 
 
 def tiled_loops(pg: PackedGemm) -> List[str]:

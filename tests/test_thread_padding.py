@@ -1,0 +1,124 @@
+"""Two more twins of an embedding. An odd output-channel loop padded by one block of zero weights so that it carries two virtual
+threads (``codegen.loops.thread_padding``, ``candidates.thread_padded_twin``).
+
+A virtual-thread count must divide its loop's outer tiles, so a conv whose output channels are an
+odd number of 16-lane blocks (squeezenet's classifier: 1000 channels, 63 blocks) never splits them
+in two threads: under the weight-streaming loop orders its weight loads and its GEMMs run one
+after the other. Checked here:
+
+* the padding by hand: 1000 and 200 output channels (63 and 13 blocks) take one more block, 512
+  (32 blocks) and 16 (one block) take none;
+* the padded twin's fastest point carries two threads on the weight loop and the cycle model
+  (event-driven over the built program, not the knob model that offers the twin) times it below
+  the embedding's own fastest point;
+* a Relax build on ``pipelined`` chooses it (the report says the channels are padded to 1024),
+  bit-exact against llvm, for squeezenet's classifier shape;
+* the twin of a candidate whose bias is kept off its spare lanes (``strategy``: the bias by a
+  GEMM is offered for it too): a 3-channel stem takes it, bit-exact against llvm.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from conftest import bind_constants, conv_module, run_module
+
+import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
+import vta_ext
+from tvm_csp_embed.candidates import candidates, packed_of, thread_padded_twin
+from tvm_csp_embed.codegen.biasfold import gemm_bias_epilogue
+from tvm_csp_embed.codegen.build import build_gemm
+from tvm_csp_embed.codegen.knobs import cycle_point
+from tvm_csp_embed.codegen.loops import thread_padding
+from tvm_csp_embed.strategy import CspWorkload
+from vta_ext.config import load_config
+from vta_ext.sim.cycles import CycleModel
+
+EPILOGUE = (("bias",), ("shr", 8), ("clip", -128, 127))
+
+
+def _conv(c, hw, k, r=1, stride=1):
+    p = (("n", 1), ("c", c), ("h", hw), ("w", hw), ("k", k), ("kh", r), ("kw", r), ("pt", 0),
+         ("pl", 0), ("pb", 0), ("pr", 0), ("sh", stride), ("sw", stride))
+    return CspWorkload("conv2d", p)
+
+
+def _nchw(cfg, base):
+    cands, _ = candidates(cfg, base, "relaxed", ["NCHW"], EPILOGUE)
+    return [c for c in cands if c.place is None]
+
+
+@pytest.mark.parametrize("k,extra", [(1000, 16), (200, 16), (512, None), (16, None)])
+def test_thread_padding_by_hand(k, extra):
+    cfg = load_config("pipelined")
+    own = _nchw(cfg, _conv(64, 6, k))[0]
+    # x=1 y=k16 z=c16: the weight loop has ceil(k / 16) tiles; odd and more than one: one block
+    assert own.embedding.mapping_str() == "x=1 y=k16 z=c16"
+    blocks = -(-k // 16)
+    assert [lp.extent for lp in own.packed.loops if lp.name == "k"] == [blocks]
+    assert thread_padding(own.packed) == (None if extra is None else ("k", extra))
+
+
+def test_the_padded_twin_is_faster_by_the_cycle_model():
+    cfg = load_config("pipelined")
+    base = _conv(256, 6, 200)
+    cands, _ = candidates(cfg, base, "relaxed", ["NCHW"], EPILOGUE)
+    own = next(c for c in cands if c.place is None and c.embedding.mapping_str() == "x=1 y=k16 z=c16")
+    twins = [c for c in cands if c.place == own.workload]
+    assert len(twins) == 1
+    twin = twins[0]
+    # the twin's workload is the embedding's with 16 more output channels of padding
+    dims = own.embedding.workload.dims
+    pad = list(own.workload.pad)
+    pad[dims.index("k")] += 16
+    assert twin.workload == dataclasses.replace(own.workload, pad=tuple(pad))
+    assert [lp.extent for lp in twin.packed.loops if lp.name == "k"] == [14]
+    ep = gemm_bias_epilogue(EPILOGUE)
+    fast = cycle_point(cfg, twin.packed, ep).knobs
+    assert fast["vt_k"] == 2
+    slow = cycle_point(cfg, own.packed, ep).knobs
+
+    def cycles(pg, knobs):
+        return CycleModel(cfg).run_program(build_gemm(cfg, pg, ep, knobs).program).total_cycles
+    assert cycles(twin.packed, fast) < 0.9 * cycles(own.packed, slow)
+    # an even loop has no twin
+    assert thread_padded_twin(cfg, twin, EPILOGUE) is None
+
+
+def _pipelined_build(seed, c, o, hw, k, stride, padding):
+    """Build a one-conv module with constant weights and bias (bias + shift + clip) for
+    ``pipelined`` under ``csp-relaxed``, run it on the functional simulator and on llvm: its
+    build report row, after checking the two outputs are equal."""
+    rng = np.random.default_rng(seed)
+    mod = conv_module(1, c, o, hw, k, stride=stride, padding=padding, clip=(-128, 127))
+    w = rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
+    b = rng.integers(-20000, 20000, (1, o, 1, 1)).astype(np.int32)
+    mod = bind_constants(mod, w=w, b=b)
+    x = rng.integers(-128, 128, (1, c, hw, hw)).astype(np.int8)
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        got = run_module(mod, vta_ext.vta_target("pipelined"), [x])
+    (p,) = [p for p in vta_ext.last_build_report().on_vta if p.call is not None]
+    np.testing.assert_array_equal(got, run_module(mod, "llvm", [x]))
+    return p
+
+
+@pytest.mark.usefixtures("fresh_embedding_cache")
+def test_relax_build_pads_the_classifier_and_stays_bit_exact():
+    p = _pipelined_build(11, 512, 1000, 6, 1, stride=1, padding=0)
+    assert "out channels 1000->1024" in p.detail and "vt_k=2" in p.detail, p.detail
+
+
+@pytest.mark.usefixtures("fresh_embedding_cache")
+def test_a_bias_kept_off_the_lanes_may_be_added_by_a_gemm():
+    """A 3-channel stem (regnet_x_400mf's, at 56 x 56): the fold into the 7 spare lanes costs host
+    layout traffic (its lane constants), so under the end-to-end objective the bias is kept off
+    the lanes; that twin has its own twin adding the bias by a GEMM, which the choice times and
+    takes (fewer VTA cycles than the ALU ADD, the same host layout). Bit-exact against llvm."""
+    p = _pipelined_build(12, 3, 32, 56, 3, stride=2, padding=1)
+    # z = c4*r4: 3 channels x 3 filter rows in 16 lanes leave 7 spare lanes for a fold; the
+    # program adds the bias by the GEMM instead (before the twin of the kept bias existed, the
+    # ALU ADD: the twin was offered for the folded candidate only, which it refuses)
+    assert "x=1 y=k16 z=c4*r4, bias by GEMM" in p.plan, p.plan
+    assert "bias added by one GEMM per output tile" in p.detail, p.detail
+    assert "not folded: the objective prefers it to the fold into 7 lanes" in p.detail, p.detail
