@@ -62,22 +62,36 @@ INPUT_TEXT = {"acc8": "inputs by LOAD ACC_8BIT (compute module)",
               "gemm": "inputs by LOAD INP (load module) and identity GEMMs"}
 
 
-def _variant_fields(values: Dict[str, Any], names: Sequence[str]) -> Dict[str, Any]:
-    """``values`` without the variant fields ``names`` (the template's own workload fields)."""
-    return {k: v for k, v in values.items() if k not in names}
-
-
 def _check_input_path(input_path: str, what: str) -> None:
     if input_path not in INPUT_PATHS:
         raise ValueError(f"{what}.input_path {input_path!r}: one of {', '.join(INPUT_PATHS)}")
 
 
+class _Variant:
+    """A stock workload with the variant fields ``VARIANT`` (an input path, and a schedule):
+    :attr:`base` is the stock workload (the template's), a ``BASE``."""
+
+    VARIANT: Tuple[str, ...] = ("input_path",)
+    BASE: type = type(None)
+
+    def __post_init__(self) -> None:
+        _check_input_path(self.input_path, type(self).__name__)
+
+    @property
+    def base(self):
+        """The template's workload (this one without the variant fields)."""
+        return self.BASE(**{k: v for k, v in dataclasses.asdict(self).items()
+                            if k not in self.VARIANT})
+
+
 @dataclass(frozen=True)
-class PoolScheduleWorkload(PoolWorkload):
+class PoolScheduleWorkload(_Variant, PoolWorkload):
     """A max pool (batch and channels padded to whole blocks), the schedule that runs it (one of
     :data:`~vta_ext.templates.pool.MAX_POOL_SCHEDULES`) and its input path (one of
     :data:`~vta_ext.templates.alu_program.INPUT_PATHS`)."""
 
+    VARIANT = ("schedule", "input_path")
+    BASE = PoolWorkload
     schedule: str = "direct"
     input_path: str = "acc8"
 
@@ -85,47 +99,25 @@ class PoolScheduleWorkload(PoolWorkload):
         if self.schedule not in MAX_POOL_SCHEDULES:
             raise ValueError(f"PoolScheduleWorkload.schedule {self.schedule!r}: one of "
                              f"{', '.join(MAX_POOL_SCHEDULES)}")
-        _check_input_path(self.input_path, "PoolScheduleWorkload")
-
-    @property
-    def pool(self) -> PoolWorkload:
-        """The template's workload (this one without the variant fields)."""
-        return PoolWorkload(**_variant_fields(dataclasses.asdict(self),
-                                              ("schedule", "input_path")))
+        super().__post_init__()
 
 
 @dataclass(frozen=True)
-class AvgPoolInputWorkload(PoolWorkload):
+class AvgPoolInputWorkload(_Variant, PoolWorkload):
     """An average pool and its input path (one of
     :data:`~vta_ext.templates.alu_program.INPUT_PATHS`)."""
 
+    BASE = PoolWorkload
     input_path: str = "acc8"
-
-    def __post_init__(self) -> None:
-        _check_input_path(self.input_path, "AvgPoolInputWorkload")
-
-    @property
-    def pool(self) -> PoolWorkload:
-        """The template's workload (this one without :attr:`input_path`)."""
-        return PoolWorkload(**_variant_fields(dataclasses.asdict(self),
-                                              ("input_path",)))
 
 
 @dataclass(frozen=True)
-class AddInputWorkload(EltwiseWorkload):
+class AddInputWorkload(_Variant, EltwiseWorkload):
     """A residual add and its input path (one of
     :data:`~vta_ext.templates.alu_program.INPUT_PATHS`)."""
 
+    BASE = EltwiseWorkload
     input_path: str = "acc8"
-
-    def __post_init__(self) -> None:
-        _check_input_path(self.input_path, "AddInputWorkload")
-
-    @property
-    def eltwise(self) -> EltwiseWorkload:
-        """The template's workload (this one without :attr:`input_path`)."""
-        return EltwiseWorkload(**_variant_fields(dataclasses.asdict(self),
-                                                 ("input_path",)))
 
 
 def variant_text(variant: Dict[str, str]) -> str:
@@ -202,7 +194,8 @@ def _kept_variant(key: str, count: int) -> Optional[Tuple[int, str]]:
 class _TimedVariantTemplate(OpTemplate):
     """An ALU operator under a CSP strategy: the stock plan, run by the variant (schedule, input
     path) of fewest modelled cycles (module docstring). Subclasses set ``kind``,
-    ``workload_type``, ``variants`` (the stock program first), ``noun`` and :meth:`_stock`."""
+    ``workload_type``, ``variants`` (the stock program first), ``noun``, ``builder`` (the ALU
+    template's build function, taking the variant fields as keywords) and :meth:`_stock`."""
 
     variants: Tuple[Dict[str, str], ...] = ()
     noun = ""
@@ -237,6 +230,11 @@ class _TimedVariantTemplate(OpTemplate):
                       f"{stock.description}; {variant_text(variant)} chosen by "
                       f"{self.strategy}: {why}", stock.padding, in_layout=stock.in_layout)
 
+    def build(self, config, workload, epilogue: Sequence[tuple], knobs) -> Any:
+        """The ALU template's program of ``workload.base`` with the variant's fields."""
+        return self.builder(config, workload.base, tuple(epilogue), knobs,
+                            **{k: getattr(workload, k) for k in workload.VARIANT})
+
     def _timed_choice(self, config, op: MatchedOp, base: Dict[str, Any],
                       knobs: Sequence[Any]) -> Tuple[int, str]:
         """Build and time every variant of ``base`` (:func:`choose_variant`); raises
@@ -265,15 +263,10 @@ class MaxPoolTemplate(_TimedVariantTemplate):
     noun = "max pool"
     variants = tuple(dict(schedule=s, input_path=p) for p in INPUT_PATHS
                      for s in MAX_POOL_SCHEDULES)
+    builder = staticmethod(build_max_pool2d)
 
     def _stock(self) -> OpTemplate:
         return StockPool("max_pool2d")
-
-    def build(self, config, workload: PoolScheduleWorkload, epilogue: Sequence[tuple],
-              knobs) -> Any:
-        """The ALU template's program of ``workload.pool`` with its schedule and input path."""
-        return build_max_pool2d(config, workload.pool, tuple(epilogue), knobs,
-                                schedule=workload.schedule, input_path=workload.input_path)
 
 
 class AvgPoolTemplate(_TimedVariantTemplate):
@@ -283,15 +276,10 @@ class AvgPoolTemplate(_TimedVariantTemplate):
     workload_type = AvgPoolInputWorkload
     noun = "avg pool"
     variants = tuple(dict(input_path=p) for p in INPUT_PATHS)
+    builder = staticmethod(build_avg_pool2d)
 
     def _stock(self) -> OpTemplate:
         return StockPool("avg_pool2d")
-
-    def build(self, config, workload: AvgPoolInputWorkload, epilogue: Sequence[tuple],
-              knobs) -> Any:
-        """The ALU template's program of ``workload.pool`` with its input path."""
-        return build_avg_pool2d(config, workload.pool, tuple(epilogue), knobs,
-                                input_path=workload.input_path)
 
 
 class AddTemplate(_TimedVariantTemplate):
@@ -301,15 +289,11 @@ class AddTemplate(_TimedVariantTemplate):
     workload_type = AddInputWorkload
     noun = "add"
     variants = tuple(dict(input_path=p) for p in INPUT_PATHS)
+    builder = staticmethod(build_add)
 
     def _stock(self) -> OpTemplate:
         return StockAdd()
 
-    def build(self, config, workload: AddInputWorkload, epilogue: Sequence[tuple],
-              knobs) -> Any:
-        """The element-wise template's add of ``workload.eltwise`` with its input path."""
-        return build_add(config, workload.eltwise, tuple(epilogue), knobs,
-                         input_path=workload.input_path)
 
 
 def _summary(noun: str, stock_variant: Dict[str, str]) -> Callable[[OpTemplate, OpPlan, Any], str]:

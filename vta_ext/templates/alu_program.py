@@ -46,7 +46,8 @@ from ..layout import IMM_MAX, IMM_MIN, MAX_LOOP_EXTENT
 from ..runtime import CommandQueue, UopKernel
 from .errors import AluTemplateError, AluTemplateRefusal, KnobError
 
-__all__ = ["MAX_KERNEL_UOPS", "INPUT_PATHS", "check_input_path", "IdentityInput", "choose_row_tiles", "alu", "alu_range", "copy_rows", "StorePipeline",
+__all__ = ["MAX_KERNEL_UOPS", "INPUT_PATHS", "check_input_path", "IdentityInput",
+           "choose_row_tiles", "alu", "alu_range", "copy_rows", "StorePipeline",
            "CompiledAluOp", "check_positive", "check_non_negative", "require_multiple", "check_slots"]
 
 #: largest micro-op kernel a tile of an ALU template may use (channel blocks x window elements)
@@ -145,14 +146,20 @@ def alu(q: CommandQueue, op: int, uops, loops=(), imm: Optional[int] = None) -> 
         raise AluTemplateError(f"ALU immediate {imm} does not fit the 16-bit immediate "
                                f"({IMM_MIN}..{IMM_MAX})")
     k = UopKernel("alu", alu_opcode=op, use_imm=imm is not None, imm=0 if imm is None else int(imm))
-    loops = [lp for lp in loops if lp[0] > 1] or []
+    q.push_alu(_filled(k, uops, loops))
+
+
+def _filled(k: UopKernel, uops, loops) -> UopKernel:
+    """``k`` with the ``(dst, src)`` micro-ops inside the ``(extent, dst_factor, src_factor)``
+    loops, outer first (loops of extent 1 left out; a GEMM's weight index and factors 0)."""
+    loops = [lp for lp in loops if lp[0] > 1]
     for extent, d_f, s_f in loops:
         k.loop_begin(extent, d_f, s_f)
     for d, s in uops:
         k.push(d, s)
     for _ in loops:
         k.loop_end()
-    q.push_alu(k)
+    return k
 
 
 def alu_range(q: CommandQueue, op: int, base: int, size: int, imm: int) -> None:
@@ -211,13 +218,14 @@ def check_input_path(cfg: VTAConfig, input_path: str, what: str) -> bool:
         For ``"gemm"`` where an input row is not an accumulator row (``BLOCK_IN != BLOCK_OUT``).
     """
     if input_path not in INPUT_PATHS:
-        raise AluTemplateError(f"{what}: input_path {input_path!r}; one of {', '.join(INPUT_PATHS)}")
+        raise AluTemplateError(f"{what}: input_path {input_path!r}; one of "
+                               f"{', '.join(INPUT_PATHS)}")
     if input_path != "gemm":
         return False
     if cfg.BLOCK_IN != cfg.BLOCK_OUT:
-        raise AluTemplateRefusal(f"{what}: the identity-GEMM input path needs BLOCK_IN == BLOCK_OUT "
-                                 f"(an input row is an accumulator row); {cfg.name!r} has "
-                                 f"{cfg.BLOCK_IN} and {cfg.BLOCK_OUT}")
+        raise AluTemplateRefusal(f"{what}: the identity-GEMM input path needs BLOCK_IN == "
+                                 f"BLOCK_OUT (an input row is an accumulator row); {cfg.name!r} "
+                                 f"has {cfg.BLOCK_IN} and {cfg.BLOCK_OUT}")
     return True
 
 
@@ -284,15 +292,7 @@ class IdentityInput:
     def gemm(self, uops, loops=(), reset: bool = False) -> None:
         """One GEMM: ``acc[dst] += inp[src]`` (the identity tile) for each ``(dst, src)`` micro-op
         over up to two ``(extent, dst_factor, src_factor)`` loops, outer first."""
-        k = UopKernel("gemm", reset=reset)
-        loops = [lp for lp in loops if lp[0] > 1]
-        for extent, d_f, s_f in loops:
-            k.loop_begin(extent, d_f, s_f, 0)
-        for d, s in uops:
-            k.push(d, s, 0)
-        for _ in loops:
-            k.loop_end()
-        self.q.push_gemm(k)
+        self.q.push_gemm(_filled(UopKernel("gemm", reset=reset), uops, loops))
 
     def end_compute(self) -> None:
         """After a tile's last GEMM: its region may be loaded again (WAR)."""

@@ -62,6 +62,17 @@ window + ``slots`` output regions + division scratch); a single output row of on
 does not fit raises :class:`~vta_ext.templates.errors.AluTemplateRefusal` naming the accumulator
 buffer (the operator stays on the CPU).
 
+Input path (``input_path``, :data:`~.alu_program.INPUT_PATHS`). The default ``"acc8"`` is step 1
+above. ``"gemm"`` (:class:`~.alu_program.IdentityInput`) LOADs the window rows INP on the *load*
+module, zero-padded by the DMA, into one of two input-buffer regions (the next tile's loads overlap
+this tile's compute), then: a max pool's window enters the accumulator by a reset GEMM and an
+identity GEMM (a micro-op per channel block over the rows), and the direct schedule's first
+element by a reset of the outputs and an identity GEMM instead of the MUL-by-0 and ADD copy; an
+average pool keeps no window in the accumulator: the outputs are reset and each window element is
+a GEMM micro-op from the input buffer into them (``GEMM_CYCLES_PER_UOP`` a tap against a vector
+ADD). A max pool with padding is refused (the zero padding could win a MAX; it keeps ``acc8``
+with pad_min). The tile also fits two window regions into the input buffer (``inp_depth``).
+
 Division (average pooling). VTA has no divide. A window with divisor ``d`` sums at most ``d``
 int8 values (the non-padded ones; with ``count_include_pad`` the divisor is the window size, which
 bounds the count), so ``|s| <= X_d = 128*d``. Take ``m = ceil(2^k / d)``, so ``m*d = 2^k + e`` with
