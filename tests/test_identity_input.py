@@ -97,15 +97,16 @@ def test_avg_pool_through_the_identity_gemm(preset, h, k, s, p, incl):
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.parametrize("shape,knobs", [((1, 64, 56, 56), None),          # 25 tiles
+@pytest.mark.parametrize("path", ["gemm", "split"])
+@pytest.mark.parametrize("shape,knobs", [((1, 64, 56, 56), None),          # 13 or 25 tiles
                                          ((1, 32, 7, 9), None),
                                          ((1, 16, 10, 10), dict(tile=7, slots=1))])
-def test_add_through_the_identity_gemm(preset, shape, knobs):
+def test_add_through_the_identity_gemm(preset, path, shape, knobs):
     cfg = load_config(preset)
     rng = np.random.default_rng(sum(shape))
     a, b = (rng.integers(-128, 128, shape).astype(np.int8) for _ in range(2))
     epilogue = (("shr", 1), ("clip", -100, 100))
-    op = build_add(cfg, EltwiseWorkload(*shape), epilogue, knobs, input_path="gemm")
+    op = build_add(cfg, EltwiseWorkload(*shape), epilogue, knobs, input_path=path)
     got = unpack(op.run(pack(a, cfg), pack(b, cfg))[0])
     ref = np.clip((a.astype(np.int32) + b) >> 1, -100, 100).astype(np.int8)
     np.testing.assert_array_equal(got, ref)
@@ -115,6 +116,8 @@ def test_refusals():
     wl = PoolWorkload(1, 16, 14, 14, 3, 3, 1, 1, 1, 1)
     with pytest.raises(AluTemplateRefusal, match="pads with 0"):
         build_max_pool2d("default", wl, (), None, input_path="gemm")
+    with pytest.raises(AluTemplateRefusal, match="two-operand"):
+        build_avg_pool2d("default", wl, (), None, input_path="split")
     with pytest.raises(AluTemplateError, match="input_path 'dma'"):
         build_avg_pool2d("default", wl, (), None, input_path="dma")
     values = load_config("default").to_dict()
@@ -128,13 +131,16 @@ def test_refusals():
 def test_add_instructions_by_kind():
     """1x32x7x9: 2 x 63 = 126 rows, one tile on both paths. ``acc8``: the two operands by LOAD
     ACC_8BIT, no GEMM. ``gemm``: the identity tile (one WGT load), the two operands by LOAD
-    INP, one reset GEMM of 126 iterations and one GEMM of two micro-ops x 126."""
+    INP, one reset GEMM of 126 iterations and one GEMM of two micro-ops x 126. ``split``: ``a``
+    by LOAD ACC_8BIT (it overwrites: no reset), ``b`` by LOAD INP and one GEMM of 126."""
     wl = EltwiseWorkload(1, 32, 7, 9)
     acc8 = kinds(build_add("pipelined", wl, (), None).program)
     gemm = kinds(build_add("pipelined", wl, (), None, input_path="gemm").program)
     assert acc8 == Counter({"ACC_8BIT": 2})
     assert gemm == Counter({"WGT": 1, "INP": 2, "GEMM reset": 1, "reset uops": 126, "GEMM": 1,
                             "GEMM uops": 252})
+    split = kinds(build_add("pipelined", wl, (), None, input_path="split").program)
+    assert split == Counter({"WGT": 1, "ACC_8BIT": 1, "INP": 1, "GEMM": 1, "GEMM uops": 126})
 
 
 def test_pool_instructions_by_kind():
@@ -163,12 +169,14 @@ def test_pool_instructions_by_kind():
 
 
 # ------------------------------------------------------------------ the choice under csp-relaxed
-@pytest.mark.parametrize("preset,path", [
-    # compute-module cycles a row: ACC_8BIT 16 bytes at 8 a cycle = 2 per operand, + the ADD
-    # vector; GEMM: reset + two micro-ops. pipelined: 2+2+2 = 6 against 3*1 = 3 -> gemm;
-    # default: 2+2+6 = 10 against 3*4 = 12 -> acc8 (the rest of the program is the same)
-    ("pipelined", "gemm"), ("default", "acc8")])
-def test_csp_relaxed_chooses_the_add_input_path_by_cycles(preset, path):
+@pytest.mark.parametrize("preset", PRESETS)
+def test_csp_relaxed_chooses_the_add_input_path_by_cycles(preset):
+    """Compute-module cycles a row (16 int8 bytes: 2 cycles of LOAD ACC_8BIT at 8 bytes a cycle;
+    the shift and clip epilogue the same on every path): ``acc8`` 2 + 2 + the vector ADD (2 on
+    pipelined, 6 on default); ``gemm`` a reset and two GEMM micro-ops, 3 * (1 or 4), and the load
+    module's two INP rows, 4 cycles; ``split`` 2 + one GEMM micro-op (1 or 4), and one INP row on
+    the load module. pipelined: 6 / max(3, 4) / max(3, 2) -> split; default: 10 / 12 / 6 ->
+    split."""
     x = np.random.default_rng(3).integers(-128, 128, (2, 1, 64, 28, 28)).astype(np.int8)
     with vta_ext.build_options(strategy="csp-relaxed"):
         got, ref, report = _on_arrays(preset, add_module(1, 64, 28), list(x))
@@ -176,10 +184,25 @@ def test_csp_relaxed_chooses_the_add_input_path_by_cycles(preset, path):
     np.testing.assert_array_equal(
         got, np.clip((x[0].astype(np.int32) + x[1]) >> 1, -128, 127).astype(np.int8))
     (op,) = report.on_vta
-    word = {"gemm": "inputs by LOAD INP", "acc8": "inputs by LOAD ACC_8BIT"}[path]
-    assert f"{word} (" in op.detail.split(" chosen by csp-relaxed")[0], op.detail
-    assert "fewest cycles on the cycle model" in op.detail
-    assert (op.plan == "csp-relaxed add, gemm inputs") == (path == "gemm"), op.plan
+    assert "; the first input by LOAD ACC_8BIT, the second by LOAD INP and an identity GEMM " \
+           "chosen by csp-relaxed: fewest cycles on the cycle model" in op.detail, op.detail
+    assert op.plan == "csp-relaxed add, split inputs", op.plan
+
+
+def test_csp_relaxed_keeps_acc8_for_a_max_pool_on_default():
+    """squeezenet's 3x3 s2 pool, 1x32x13x13, on default: an input row costs 2 cycles of LOAD
+    ACC_8BIT against a reset and an identity GEMM, 2 x 4 (the MAX passes are the same on both
+    paths): the ACC_8BIT loads stay."""
+    from test_ceil_pool import _pool_module
+
+    x = np.random.default_rng(8).integers(-128, 128, (1, 32, 13, 13)).astype(np.int8)
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        got, ref, report = _on("default", _pool_module(x.shape, 3, 2, 0, False), x)
+    np.testing.assert_array_equal(got, ref)
+    (op,) = report.on_vta
+    assert "with inputs by LOAD ACC_8BIT (compute module) chosen by csp-relaxed: fewest" \
+        in op.detail, op.detail
+    assert "gemm" not in op.plan, op.plan
 
 
 def _avg_module(shape, k, s, p):

@@ -59,7 +59,11 @@ SCHEDULE_TEXT = {"direct": "the direct max pool (a copy, then a MAX pass per win
                               "lane-minimum fill)"}
 #: how the build report names each input path
 INPUT_TEXT = {"acc8": "inputs by LOAD ACC_8BIT (compute module)",
-              "gemm": "inputs by LOAD INP (load module) and identity GEMMs"}
+              "gemm": "inputs by LOAD INP (load module) and identity GEMMs",
+              "split": "the first input by LOAD ACC_8BIT, the second by LOAD INP and an identity "
+                       "GEMM"}
+#: the input paths of a one-input template (the pools)
+ONE_INPUT_PATHS = tuple(p for p in INPUT_PATHS if p != "split")
 
 
 def _check_input_path(input_path: str, what: str) -> None:
@@ -261,7 +265,7 @@ class MaxPoolTemplate(_TimedVariantTemplate):
     kind = "max_pool2d"
     workload_type = PoolScheduleWorkload
     noun = "max pool"
-    variants = tuple(dict(schedule=s, input_path=p) for p in INPUT_PATHS
+    variants = tuple(dict(schedule=s, input_path=p) for p in ONE_INPUT_PATHS
                      for s in MAX_POOL_SCHEDULES)
     builder = staticmethod(build_max_pool2d)
 
@@ -275,7 +279,7 @@ class AvgPoolTemplate(_TimedVariantTemplate):
     kind = "avg_pool2d"
     workload_type = AvgPoolInputWorkload
     noun = "avg pool"
-    variants = tuple(dict(input_path=p) for p in INPUT_PATHS)
+    variants = tuple(dict(input_path=p) for p in ONE_INPUT_PATHS)
     builder = staticmethod(build_avg_pool2d)
 
     def _stock(self) -> OpTemplate:
@@ -305,7 +309,8 @@ def _summary(noun: str, stock_variant: Dict[str, str]) -> Callable[[OpTemplate, 
             what = f"direct {noun}" if "schedule" in variant else noun
             return f"stock {what} ({template.strategy} chose it)"
         words = [variant["schedule"]] if variant.get("schedule", "direct") != "direct" else []
-        inputs = ", gemm inputs" if variant["input_path"] == "gemm" else ""
+        inputs = {"acc8": "", "gemm": ", gemm inputs",
+                  "split": ", split inputs"}[variant["input_path"]]
         return f"{template.strategy} {' '.join(words + [noun])}{inputs}"
     return summarise
 

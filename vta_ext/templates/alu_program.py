@@ -54,9 +54,12 @@ __all__ = ["MAX_KERNEL_UOPS", "INPUT_PATHS", "check_input_path", "IdentityInput"
 MAX_KERNEL_UOPS = 1024
 
 #: how an ALU template brings its int8 inputs into the accumulator: ``"acc8"`` (LOAD ACC_8BIT on
-#: the compute module, the stock programs) or ``"gemm"`` (LOAD INP on the load module, then GEMM
-#: micro-ops through an identity weight tile: :class:`IdentityInput`)
-INPUT_PATHS = ("acc8", "gemm")
+#: the compute module, the stock programs), ``"gemm"`` (LOAD INP on the load module, then GEMM
+#: micro-ops through an identity weight tile: :class:`IdentityInput`) or, for a two-operand
+#: template (the add), ``"split"`` (the first operand by LOAD ACC_8BIT, which overwrites its
+#: rows, the second by LOAD INP and an identity GEMM adding it: no reset, and the two modules
+#: share the loads)
+INPUT_PATHS = ("acc8", "gemm", "split")
 
 
 def _is_int(value) -> bool:
@@ -208,7 +211,8 @@ class StorePipeline:
 
 
 def check_input_path(cfg: VTAConfig, input_path: str, what: str) -> bool:
-    """Whether ``input_path`` (one of :data:`INPUT_PATHS`) is the identity-GEMM one.
+    """Whether ``input_path`` (one of :data:`INPUT_PATHS`) uses the identity GEMM (``"gemm"``,
+    ``"split"``).
 
     Raises
     ------
@@ -220,7 +224,7 @@ def check_input_path(cfg: VTAConfig, input_path: str, what: str) -> bool:
     if input_path not in INPUT_PATHS:
         raise AluTemplateError(f"{what}: input_path {input_path!r}; one of "
                                f"{', '.join(INPUT_PATHS)}")
-    if input_path != "gemm":
+    if input_path == "acc8":
         return False
     if cfg.BLOCK_IN != cfg.BLOCK_OUT:
         raise AluTemplateRefusal(f"{what}: the identity-GEMM input path needs BLOCK_IN == "

@@ -32,6 +32,10 @@ and one GEMM of two micro-ops per row through the identity weight tile (``acc +=
 b``: :class:`~.alu_program.IdentityInput`): ``3 * GEMM_CYCLES_PER_UOP`` compute cycles a row
 against two ACC_8BIT rows and a vector ADD. No scratch region: the tile is the largest with
 ``slots`` regions in the accumulator and two ``(a, b)`` pairs in the input buffer.
+``input_path="split"`` loads ``a`` by LOAD ACC_8BIT into the output slot as the stock program
+does (it overwrites: no reset) and only ``b`` by LOAD INP, added by one GEMM micro-op a row:
+``2 + GEMM_CYCLES_PER_UOP`` compute cycles a row, and the load module's one INP row (2 cycles on
+``pipelined``) overlaps them.
 
 **Hardswish** (:func:`build_hswish`, :class:`HswishWorkload`): one int8 tensor in that layout,
 ``int8(epilogue(x * clip(x + offset, lo, hi)))`` with ``x = int32(data)``: the integer hardswish
@@ -151,15 +155,17 @@ def build_unary(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=
 GEMM_INPUT_SLOTS = 2
 
 
-def _add_tile(cfg: VTAConfig, tile: Optional[int], slots: int, gemm: bool, what: str) -> int:
+def _add_tile(cfg: VTAConfig, tile: Optional[int], slots: int, gemm: bool, inputs: int,
+              what: str) -> int:
     """The tile (accumulator rows) of an element-wise program: the ``tile`` knob checked against
     the buffers, or the largest that fits (the accumulator's ``slots`` output regions and, on
-    the ``acc8`` path, the second operand's; the input buffer's ``(a, b)`` pairs on ``gemm``)."""
+    the ``acc8`` path, the second operand's; on the GEMM paths, ``GEMM_INPUT_SLOTS`` regions of
+    ``inputs`` operands in the input buffer)."""
     acc = cfg.acc_depth
     regions = slots if gemm else slots + 1
     fits = acc // regions
     if gemm:
-        fits = min(fits, cfg.inp_depth // (2 * GEMM_INPUT_SLOTS))
+        fits = min(fits, cfg.inp_depth // (inputs * GEMM_INPUT_SLOTS))
     if tile is None:
         return fits
     tile = check_int_knob("tile", tile)
@@ -167,7 +173,7 @@ def _add_tile(cfg: VTAConfig, tile: Optional[int], slots: int, gemm: bool, what:
         second = "" if gemm else " + the second operand"
         raise KnobError(f"{what}: knob tile={tile} needs {regions * tile} accumulator (acc) "
                         f"entries ({slots} output slot(s){second})"
-                        + (f" and {2 * GEMM_INPUT_SLOTS * tile} input-buffer entries" if gemm
+                        + (f" and {inputs * GEMM_INPUT_SLOTS * tile} input-buffer entries" if gemm
                            else "")
                         + f", more than the buffers hold; valid tile: 1..{fits}")
     return tile
@@ -196,7 +202,8 @@ def _build(cfg, workload, epilogue, knobs, op: str, input_path: str = "acc8"):
     B, BO = cfg.BATCH, cfg.BLOCK_OUT
     shape = (wl.batch // B, wl.channels // BO, wl.height, wl.width, B, BO)
     total = int(np.prod(shape[:4]))
-    tile = max(1, min(_add_tile(cfg, knobs.tile, slots, gemm, what), total, MAX_LOOP_EXTENT))
+    tile = max(1, min(_add_tile(cfg, knobs.tile, slots, gemm, 1 if input_path == "split" else 2,
+                                what), total, MAX_LOOP_EXTENT))
     B_REG = slots * tile
 
     q = CommandQueue(cfg)
@@ -206,14 +213,15 @@ def _build(cfg, workload, epilogue, knobs, op: str, input_path: str = "acc8"):
     regions = slots if op == "unary" or gemm else slots + 1  # no second operand region
     out = q.alloc(nbytes, "out")
     if gemm and op != "add":
-        raise AluTemplateError(f"{what}: the identity-GEMM input path is the add's only")
-    ident = IdentityInput(q, GEMM_INPUT_SLOTS, 2 * tile, what) if gemm else None
+        raise AluTemplateError(f"{what}: the identity-GEMM input paths are the add's only")
+    split = input_path == "split"
+    ident = IdentityInput(q, GEMM_INPUT_SLOTS, tile if split else 2 * tile, what) if gemm else None
     pipe = StorePipeline(q, slots)
     n_tiles = 0
     for e0 in range(0, total, tile):
         t = min(tile, total - e0)
         if ident is not None:
-            _gemm_add_tile(ident, pipe, a_buf, b_buf, e0, t, tile)
+            _gemm_add_tile(ident, pipe, a_buf, b_buf, e0, t, tile, split)
             emit_epilogue(q, cfg, epilogue, (n_tiles % slots) * tile, t)
             pipe.end_compute()
             pipe.begin_store()
@@ -253,15 +261,21 @@ def _build(cfg, workload, epilogue, knobs, op: str, input_path: str = "acc8"):
 
 
 def _gemm_add_tile(ident: IdentityInput, pipe: StorePipeline, a_buf, b_buf, e0: int, t: int,
-                   tile: int) -> None:
-    """One tile of the identity-GEMM add: ``a`` and ``b`` rows ``e0 .. e0+t-1`` LOADed INP, then
-    the output slot reset and ``acc += a``, ``acc += b`` by one two-micro-op GEMM."""
+                   tile: int, split: bool) -> None:
+    """One tile of the identity-GEMM add, rows ``e0 .. e0+t-1``: ``b`` (and, unless ``split``,
+    ``a``) LOADed INP; then the output slot reset and ``acc += a``, ``acc += b`` by one
+    two-micro-op GEMM, or (``split``) ``a`` LOADed ACC_8BIT into the slot and ``acc += b``."""
+    q = ident.q
     base = ident.begin_load()
-    ident.load(a_buf, e0, t, 1, t, 0, 0, 0, base)
-    ident.load(b_buf, e0, t, 1, t, 0, 0, 0, base + tile)
+    ident.load(b_buf, e0, t, 1, t, 0, 0, 0, base)
+    if not split:
+        ident.load(a_buf, e0, t, 1, t, 0, 0, 0, base + tile)
     ident.end_load()
     A = pipe.begin_tile() * tile
+    if split:
+        q.load_2d(a_buf, e0, t, 1, t, 0, 0, 0, 0, A, MemType.ACC_8BIT)
     ident.begin_compute()
-    ident.reset(A, t)
-    ident.gemm([(A, base), (A, base + tile)], [(t, 1, 1)])
+    if not split:
+        ident.reset(A, t)
+    ident.gemm([(A, base)] + ([] if split else [(A, base + tile)]), [(t, 1, 1)])
     ident.end_compute()

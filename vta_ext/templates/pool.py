@@ -335,6 +335,9 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
     is_max = mode == "max"
     separable = _check_schedule(cfg, schedule, is_max, what)
     gemm = check_input_path(cfg, input_path, what)
+    if input_path == "split":
+        raise AluTemplateRefusal(f"{what}: the split input path is a two-operand template's (a "
+                                 "pool has one input: 'acc8' or 'gemm')")
     if gemm:
         _check_gemm_input(wl, is_max, what)
     padded = wl.pad_h > 0 or wl.pad_w > 0
