@@ -81,11 +81,12 @@ def test_registration_and_default():
     assert default_strategy() == "csp-relaxed"
     assert get_template("conv2d", "csp-relaxed").strategy == "csp-relaxed"
     assert get_template("dense", "csp-strict").strategy == "csp-strict"
-    for kind in ("avg_pool2d", "add"):
+    for kind in ("hswish", "clip"):
         assert get_template(kind, "csp-relaxed").strategy == "stock", kind
-    # max pool: the direct or the separable schedule (tvm_csp_embed.pool)
-    assert get_template("max_pool2d", "csp-relaxed").strategy == "csp-relaxed"
-    assert get_template("max_pool2d", "csp-strict").strategy == "stock"
+    # pools and adds: the schedule and input path of fewest cycles (tvm_csp_embed.pool)
+    for kind in ("max_pool2d", "avg_pool2d", "add"):
+        assert get_template(kind, "csp-relaxed").strategy == "csp-relaxed", kind
+        assert get_template(kind, "csp-strict").strategy == "stock", kind
     # depthwise: the ALU template or the GEMM block-diagonal program (tvm_csp_embed.depthwise)
     assert get_template("depthwise_conv2d", "csp-relaxed").strategy == "csp-relaxed"
     assert get_template("depthwise_conv2d", "csp-strict").strategy == "stock"

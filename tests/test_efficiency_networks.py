@@ -85,14 +85,12 @@ def test_each_placement_has_the_kind_of_its_torch_module(built):
                 assert kind == _torch_kind(model.get_submodule(layer)), (p.layer, p.reason)
         seen[kind] += 1
     # MobileNetV2: 1 stem conv, 17 depthwise (on pynq only under csp-relaxed: GEMM unit), 34 1x1
-    # convs + classifier; residual adds and the pool on VTA only where ACC_8BIT loads exist
+    # convs + classifier; the 10 residual adds and the (1x1 at this size) pool on VTA: by LOAD
+    # ACC_8BIT, or on pynq, which has none, under csp-relaxed by LOAD INP and identity GEMMs
     assert seen["gemm_conv"] == 1 and seen["depthwise"] == 17 and seen["pointwise"] == 35
-    if report.config == "default":
-        assert seen["elementwise"] == 10 and seen["pools"] == 1
-    else:
-        total = {r["kind"]: r for r in efficiency.network_breakdown(report)}["total"]
-        assert "elementwise" not in seen and "pools" not in seen
-        assert total["cpu_refused"] == "10x add, 1x avg_pool2d"
+    assert seen["elementwise"] == 10 and seen["pools"] == 1
+    total = {r["kind"]: r for r in efficiency.network_breakdown(report)}["total"]
+    assert total["cpu_refused"] in ("", "–"), total["cpu_refused"]
 
 
 def test_lane_filling_layers_by_their_shapes():

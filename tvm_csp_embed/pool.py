@@ -1,26 +1,33 @@
-"""Max pooling under ``csp-relaxed``: the ALU template's direct or separable schedule, whichever
-the cycle model times faster.
+"""Pools and adds under ``csp-relaxed``: the ALU template's schedule and input path that the
+cycle model times fastest.
 
 The stock max-pool template (:mod:`vta_ext.templates.pool`) has two schedules
 (:data:`~vta_ext.templates.pool.MAX_POOL_SCHEDULES`): ``"direct"``, the stock strategy's program
 (the first window element copied, then one MAX pass per other element), and ``"separable"``
 (the height reduced in place once per output row and input column, then the width into output
 rows filled with the lane minimum: about 7 vector passes per output of a 3x3 stride-2 pool against
-10, 5 of a 3x3 stride-1 pool). Both take and leave the stock blocked layouts, so they differ only
-on VTA.
+10, 5 of a 3x3 stride-1 pool). The pool and add templates have two input paths
+(:data:`~vta_ext.templates.alu_program.INPUT_PATHS`): ``"acc8"``, the stock programs' LOAD
+ACC_8BIT on the compute module, and ``"gemm"``, LOAD INP on the load module and GEMM micro-ops
+through an identity weight tile (:class:`~vta_ext.templates.alu_program.IdentityInput`: a
+reset and one GEMM a row; the average pool's window sum and the add's second operand are GEMMs
+too, ``GEMM_CYCLES_PER_UOP`` a row against an ALU vector pass). All take and leave the stock
+blocked layouts, so they differ only on VTA.
 
-:class:`MaxPoolTemplate` plans the operator as the stock template does, builds both schedules and
-times them on the cycle model (:func:`~.depthwise.modelled_cycles`); the fewer cycles win, the
-direct schedule on a tie. A schedule the template refuses (the separable one without
-``EXT_PAD_MIN``) leaves the other; when both refuse, the operator stays on the CPU with both
-reasons. The build report's line of the operator says which schedule ran and why. The choice and
-its sentence are kept on disk (``pools/`` of :func:`~.cache.cache_dir`, keyed by the workload,
-the epilogue, each schedule's knobs, the configuration's value and the code,
-:func:`schedule_key`): a warm build builds and times neither schedule, only the chosen one's
-program is built (for the VTA call).
+:class:`MaxPoolTemplate` (every schedule x input path), :class:`AvgPoolTemplate` and
+:class:`AddTemplate` (every input path) plan the operator as the stock template does, build each
+variant and time it on the cycle model (:func:`~.depthwise.modelled_cycles`); the fewest cycles
+win, the earlier variant (the stock program first) on a tie. A variant the template refuses (the
+separable schedule without ``EXT_PAD_MIN``, the GEMM input path of a max pool with padding, whose
+zero INP padding could win a MAX) leaves the others; when all refuse, the operator stays on the CPU
+with every reason. The build report's line of the operator says which variant ran and why. The
+choice and its sentence are kept on disk (``pools/`` of :func:`~.cache.cache_dir`, keyed by the
+workload, the epilogue, each variant's knobs, the configuration's value and the code,
+:func:`variant_key`): a warm build builds and times no variant, only the chosen one's program is
+built (for the VTA call).
 
-Registered for ``max_pool2d`` under ``csp-relaxed`` (``csp-strict`` and ``stock`` keep the direct
-schedule through the stock template).
+Registered for ``max_pool2d``, ``avg_pool2d`` and ``add`` under ``csp-relaxed`` (``csp-strict``
+and ``stock`` keep the stock programs).
 """
 from __future__ import annotations
 
@@ -28,167 +35,288 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from vta_ext.errors import TemplateRefusal
-from vta_ext.stock import StockPool
+from vta_ext.stock import StockAdd, StockPool
 from vta_ext.strategy import (MatchedOp, OpPlan, OpTemplate, register_plan_summary,
                               register_template)
-from vta_ext.templates.pool import MAX_POOL_SCHEDULES, PoolWorkload, build_max_pool2d
+from vta_ext.templates.alu_program import INPUT_PATHS
+from vta_ext.templates.eltwise import EltwiseWorkload, build_add
+from vta_ext.templates.pool import (MAX_POOL_SCHEDULES, PoolWorkload, build_avg_pool2d,
+                                    build_max_pool2d)
 
 from .cache import _write, cache_dir, source_digest
 from .depthwise import modelled_cycles
 
-__all__ = ["PoolScheduleWorkload", "MaxPoolTemplate", "SCHEDULE_TEXT", "schedule_key"]
+__all__ = ["PoolScheduleWorkload", "AvgPoolInputWorkload", "AddInputWorkload", "MaxPoolTemplate",
+           "AvgPoolTemplate", "AddTemplate", "SCHEDULE_TEXT", "INPUT_TEXT", "variant_text",
+           "choose_variant", "variant_key"]
 
-#: how the build report names each schedule
+#: how the build report names each max-pool schedule
 SCHEDULE_TEXT = {"direct": "the direct max pool (a copy, then a MAX pass per window element)",
                  "separable": "the separable max pool (height in place, then width into a "
                               "lane-minimum fill)"}
+#: how the build report names each input path
+INPUT_TEXT = {"acc8": "inputs by LOAD ACC_8BIT (compute module)",
+              "gemm": "inputs by LOAD INP (load module) and identity GEMMs",
+              "split": "the first input by LOAD ACC_8BIT, the second by LOAD INP and an identity "
+                       "GEMM"}
+#: the input paths of a one-input template (the pools)
+ONE_INPUT_PATHS = tuple(p for p in INPUT_PATHS if p != "split")
+
+
+def _check_input_path(input_path: str, what: str) -> None:
+    if input_path not in INPUT_PATHS:
+        raise ValueError(f"{what}.input_path {input_path!r}: one of {', '.join(INPUT_PATHS)}")
+
+
+class _Variant:
+    """A stock workload with the variant fields ``VARIANT`` (an input path, and a schedule):
+    :attr:`base` is the stock workload (the template's), a ``BASE``."""
+
+    VARIANT: Tuple[str, ...] = ("input_path",)
+    BASE: type = type(None)
+
+    def __post_init__(self) -> None:
+        _check_input_path(self.input_path, type(self).__name__)
+
+    @property
+    def base(self):
+        """The template's workload (this one without the variant fields)."""
+        return self.BASE(**{k: v for k, v in dataclasses.asdict(self).items()
+                            if k not in self.VARIANT})
 
 
 @dataclass(frozen=True)
-class PoolScheduleWorkload(PoolWorkload):
-    """A max pool (batch and channels padded to whole blocks) and the schedule that runs it (one
-    of :data:`~vta_ext.templates.pool.MAX_POOL_SCHEDULES`)."""
+class PoolScheduleWorkload(_Variant, PoolWorkload):
+    """A max pool (batch and channels padded to whole blocks), the schedule that runs it (one of
+    :data:`~vta_ext.templates.pool.MAX_POOL_SCHEDULES`) and its input path (one of
+    :data:`~vta_ext.templates.alu_program.INPUT_PATHS`)."""
 
+    VARIANT = ("schedule", "input_path")
+    BASE = PoolWorkload
     schedule: str = "direct"
+    input_path: str = "acc8"
 
     def __post_init__(self) -> None:
         if self.schedule not in MAX_POOL_SCHEDULES:
             raise ValueError(f"PoolScheduleWorkload.schedule {self.schedule!r}: one of "
                              f"{', '.join(MAX_POOL_SCHEDULES)}")
-
-    @property
-    def pool(self) -> PoolWorkload:
-        """The template's workload (this one without :attr:`schedule`)."""
-        values = dataclasses.asdict(self)
-        del values["schedule"]
-        return PoolWorkload(**values)
+        super().__post_init__()
 
 
-def choose_schedule(timed: Dict[str, int], refused: Dict[str, str]) -> Tuple[str, str]:
-    """The schedule to run and the sentence saying why.
+@dataclass(frozen=True)
+class AvgPoolInputWorkload(_Variant, PoolWorkload):
+    """An average pool and its input path (one of
+    :data:`~vta_ext.templates.alu_program.INPUT_PATHS`)."""
+
+    BASE = PoolWorkload
+    input_path: str = "acc8"
+
+
+@dataclass(frozen=True)
+class AddInputWorkload(_Variant, EltwiseWorkload):
+    """A residual add and its input path (one of
+    :data:`~vta_ext.templates.alu_program.INPUT_PATHS`)."""
+
+    BASE = EltwiseWorkload
+    input_path: str = "acc8"
+
+
+def variant_text(variant: Dict[str, str]) -> str:
+    """The build report's words for a variant (``schedule`` and / or ``input_path``)."""
+    parts = []
+    if "schedule" in variant:
+        parts.append(SCHEDULE_TEXT[variant["schedule"]])
+    parts.append(INPUT_TEXT[variant["input_path"]])
+    return " with ".join(parts)
+
+
+def choose_variant(variants: Sequence[Dict[str, str]], timed: Dict[int, int],
+                   refused: Dict[int, str]) -> Tuple[int, str]:
+    """The variant to run and the sentence saying why.
 
     Parameters
     ----------
+    variants : sequence of dict
+        The variants, the stock program first.
     timed : dict
-        Modelled cycles of each schedule that builds.
+        Modelled cycles of each variant (by index) that builds.
     refused : dict
-        The refusal of each schedule that does not.
+        The refusal of each variant (by index) that does not.
 
     Returns
     -------
-    tuple of str
-        The fewest cycles (the direct schedule on a tie), and the report's words.
+    tuple
+        The index of the fewest cycles (the earlier variant on a tie) and the report's words: the
+        runner-up's cycles and ratio, then every other variant's cycles or refusal.
     """
-    def text(s: str) -> str:
-        return f"{timed[s]:,} cycles" if s in timed else f"refused ({refused[s]})"
+    def text(i: int) -> str:
+        what = f"{timed[i]:,} cycles" if i in timed else f"refused ({refused[i]})"
+        return f"{variant_text(variants[i])} {what}"
 
-    if len(timed) == 1:
-        (schedule,) = timed
-        other = next(s for s in MAX_POOL_SCHEDULES if s != schedule)
-        return schedule, (f"the only schedule that runs it ({text(schedule)}); "
-                          f"{SCHEDULE_TEXT[other]} {text(other)}")
-    schedule = min(MAX_POOL_SCHEDULES, key=lambda s: (timed[s], MAX_POOL_SCHEDULES.index(s)))
-    other = next(s for s in MAX_POOL_SCHEDULES if s != schedule)
-    return schedule, (f"fewest cycles on the cycle model: {text(schedule)} against "
-                      f"{text(other)} ({timed[other] / max(timed[schedule], 1):.2f}x) for "
-                      f"{SCHEDULE_TEXT[other]}")
+    order = sorted(timed, key=lambda i: (timed[i], i))
+    best = order[0]
+    others = [i for i in range(len(variants)) if i != best]
+    if len(order) == 1:
+        return best, (f"the only variant that runs it ({timed[best]:,} cycles); "
+                      + "; ".join(text(i) for i in others))
+    runner = order[1]
+    rest = [i for i in others if i != runner]
+    return best, (f"fewest cycles on the cycle model: {timed[best]:,} cycles against "
+                  f"{timed[runner]:,} ({timed[runner] / max(timed[best], 1):.2f}x) for "
+                  f"{variant_text(variants[runner])}"
+                  + "".join(f"; {text(i)}" for i in rest))
 
 
-def schedule_key(config, strategy: str, base: Dict[str, Any], epilogue,
-                 knobs: Dict[str, Any]) -> str:
-    """The pool schedule cache's key: the compiled-operator key of each schedule of the pool
+def variant_key(kind: str, workload_type, config, strategy: str, base: Dict[str, Any],
+                variants: Sequence[Dict[str, str]], epilogue, knobs: Sequence[Any]) -> str:
+    """The variant cache's key: the compiled-operator key of each variant of the operator
     ``base`` (the stock workload's fields) with its ``knobs`` (:func:`vta_ext.executor.op_key`:
-    the workload, the epilogue, the knobs and the configuration's value) and the code that builds
-    and times them (:func:`~.cache.source_digest`)."""
+    the workload, the epilogue, the knobs and the configuration's value) and the code that
+    builds and times them (:func:`~.cache.source_digest`)."""
     from vta_ext.executor import op_key
 
-    keys = [op_key(MaxPoolTemplate.kind, strategy, config,
-                   PoolScheduleWorkload(**base, schedule=s), epilogue, knobs[s])
-            for s in MAX_POOL_SCHEDULES]
-    text = json.dumps({"v": 1, "programs": keys, "code": source_digest()}, sort_keys=True)
+    keys = [op_key(kind, strategy, config, workload_type(**base, **v), epilogue, k)
+            for v, k in zip(variants, knobs)]
+    text = json.dumps({"v": 2, "programs": keys, "code": source_digest()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _kept_schedule(key: str) -> Optional[Tuple[str, str]]:
-    """The schedule and sentence kept under ``key`` (:func:`schedule_key`), or None."""
+def _kept_variant(key: str, count: int) -> Optional[Tuple[int, str]]:
+    """The variant index and sentence kept under ``key`` (:func:`variant_key`), or None."""
     path = cache_dir() / "pools" / f"{key}.json"
     try:
         data = json.loads(path.read_text())
-        schedule, why = data["schedule"], data["why"]
+        index, why = int(data["variant"]), str(data["why"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return (schedule, why) if schedule in MAX_POOL_SCHEDULES else None
+    return (index, why) if 0 <= index < count else None
 
 
-class MaxPoolTemplate(OpTemplate):
-    """``max_pool2d`` under a CSP strategy: the direct or the separable schedule, whichever the
-    cycle model times faster (module docstring)."""
+class _TimedVariantTemplate(OpTemplate):
+    """An ALU operator under a CSP strategy: the stock plan, run by the variant (schedule, input
+    path) of fewest modelled cycles (module docstring). Subclasses set ``kind``,
+    ``workload_type``, ``variants`` (the stock program first), ``noun``, ``builder`` (the ALU
+    template's build function, taking the variant fields as keywords) and :meth:`_stock`."""
 
-    kind = "max_pool2d"
-    workload_type = PoolScheduleWorkload
+    variants: Tuple[Dict[str, str], ...] = ()
+    noun = ""
 
     def __init__(self, strategy: str) -> None:
         self.strategy = strategy
-        self.report_text = f"{strategy} max pool"
-        self._stock = StockPool("max_pool2d")
+        self.report_text = f"{strategy} {self.noun}"
+        self._stock_template = self._stock()
+
+    def _stock(self) -> OpTemplate:
+        raise NotImplementedError
 
     def plan(self, op: MatchedOp, config) -> OpPlan:
-        """The stock plan of ``op`` with the schedule of fewer modelled cycles."""
+        """The stock plan of ``op`` with the variant of fewer modelled cycles."""
         from vta_ext.options import current_options
 
         options = current_options()
-        stock = self._stock.plan(op, config)
+        stock = self._stock_template.plan(op, config)
         base = dataclasses.asdict(stock.workload)
-        knobs = {s: options.knobs_for(self.kind, self.strategy,
-                                      PoolScheduleWorkload(**base, schedule=s), config)[0]
-                 for s in MAX_POOL_SCHEDULES}
-        key = schedule_key(config, self.strategy, base, op.epilogue, knobs)
-        kept = _kept_schedule(key)
+        knobs = [options.knobs_for(self.kind, self.strategy, self.workload_type(**base, **v),
+                                   config)[0] for v in self.variants]
+        key = variant_key(self.kind, self.workload_type, config, self.strategy, base,
+                          self.variants, op.epilogue, knobs)
+        kept = _kept_variant(key, len(self.variants))
         if kept is not None:
-            schedule, why = kept
+            index, why = kept
         else:
-            schedule, why = self._timed_choice(config, op, base, knobs)
-            _write(cache_dir() / "pools" / f"{key}.json", {"schedule": schedule, "why": why})
-        return OpPlan(PoolScheduleWorkload(**base, schedule=schedule), stock.inputs,
-                      stock.out_layout,
-                      f"{stock.description}; {SCHEDULE_TEXT[schedule]} chosen by "
+            index, why = self._timed_choice(config, op, base, knobs)
+            _write(cache_dir() / "pools" / f"{key}.json", {"variant": index, "why": why})
+        variant = self.variants[index]
+        return OpPlan(self.workload_type(**base, **variant), stock.inputs, stock.out_layout,
+                      f"{stock.description}; {variant_text(variant)} chosen by "
                       f"{self.strategy}: {why}", stock.padding, in_layout=stock.in_layout)
 
+    def build(self, config, workload, epilogue: Sequence[tuple], knobs) -> Any:
+        """The ALU template's program of ``workload.base`` with the variant's fields."""
+        return self.builder(config, workload.base, tuple(epilogue), knobs,
+                            **{k: getattr(workload, k) for k in workload.VARIANT})
+
     def _timed_choice(self, config, op: MatchedOp, base: Dict[str, Any],
-                      knobs: Dict[str, Any]) -> Tuple[str, str]:
-        """Build and time both schedules of the pool ``base`` (:func:`choose_schedule`); raises
-        :class:`~vta_ext.errors.TemplateRefusal` with both reasons when neither builds."""
-        timed: Dict[str, int] = {}
-        refused: Dict[str, str] = {}
-        for schedule in MAX_POOL_SCHEDULES:
-            wl = PoolScheduleWorkload(**base, schedule=schedule)
+                      knobs: Sequence[Any]) -> Tuple[int, str]:
+        """Build and time every variant of ``base`` (:func:`choose_variant`); raises
+        :class:`~vta_ext.errors.TemplateRefusal` with every reason when none builds."""
+        timed: Dict[int, int] = {}
+        refused: Dict[int, str] = {}
+        for i, variant in enumerate(self.variants):
+            wl = self.workload_type(**base, **variant)
             try:
-                timed[schedule] = modelled_cycles(self.kind, self.strategy, config, wl,
-                                                  op.epilogue, knobs[schedule])
+                timed[i] = modelled_cycles(self.kind, self.strategy, config, wl, op.epilogue,
+                                           knobs[i])
             except TemplateRefusal as err:
-                refused[schedule] = str(err)
+                refused[i] = str(err)
         if not timed:
-            raise TemplateRefusal(f"{self.strategy}: no max-pool schedule runs it: " + "; ".join(
-                f"{SCHEDULE_TEXT[s]}: {refused[s]}" for s in MAX_POOL_SCHEDULES))
-        return choose_schedule(timed, refused)
-
-    def build(self, config, workload: PoolScheduleWorkload, epilogue: Sequence[tuple],
-              knobs) -> Any:
-        """The ALU template's program of ``workload.pool`` with ``workload.schedule``."""
-        return build_max_pool2d(config, workload.pool, tuple(epilogue), knobs,
-                                schedule=workload.schedule)
+            raise TemplateRefusal(f"{self.strategy}: no {self.noun} variant runs it: " + "; ".join(
+                f"{variant_text(v)}: {refused[i]}" for i, v in enumerate(self.variants)))
+        return choose_variant(self.variants, timed, refused)
 
 
-def plan_summary(template: OpTemplate, plan: OpPlan, config) -> str:
-    """``"csp-relaxed separable max pool"`` or ``"stock direct max pool (csp-relaxed chose
-    it)"``."""
-    if plan.workload.schedule == "separable":
-        return f"{template.strategy} separable max pool"
-    return f"stock direct max pool ({template.strategy} chose it)"
+class MaxPoolTemplate(_TimedVariantTemplate):
+    """``max_pool2d`` under a CSP strategy: the direct or the separable schedule, with either
+    input path, whichever the cycle model times fastest (module docstring)."""
+
+    kind = "max_pool2d"
+    workload_type = PoolScheduleWorkload
+    noun = "max pool"
+    variants = tuple(dict(schedule=s, input_path=p) for p in ONE_INPUT_PATHS
+                     for s in MAX_POOL_SCHEDULES)
+    builder = staticmethod(build_max_pool2d)
+
+    def _stock(self) -> OpTemplate:
+        return StockPool("max_pool2d")
 
 
-register_plan_summary(PoolScheduleWorkload, plan_summary)
-register_template("max_pool2d", "csp-relaxed", MaxPoolTemplate("csp-relaxed"))
+class AvgPoolTemplate(_TimedVariantTemplate):
+    """``avg_pool2d`` under a CSP strategy: the input path the cycle model times faster."""
+
+    kind = "avg_pool2d"
+    workload_type = AvgPoolInputWorkload
+    noun = "avg pool"
+    variants = tuple(dict(input_path=p) for p in ONE_INPUT_PATHS)
+    builder = staticmethod(build_avg_pool2d)
+
+    def _stock(self) -> OpTemplate:
+        return StockPool("avg_pool2d")
+
+
+class AddTemplate(_TimedVariantTemplate):
+    """``add`` under a CSP strategy: the input path the cycle model times faster."""
+
+    kind = "add"
+    workload_type = AddInputWorkload
+    noun = "add"
+    variants = tuple(dict(input_path=p) for p in INPUT_PATHS)
+    builder = staticmethod(build_add)
+
+    def _stock(self) -> OpTemplate:
+        return StockAdd()
+
+
+
+def _summary(noun: str, stock_variant: Dict[str, str]) -> Callable[[OpTemplate, OpPlan, Any], str]:
+    """The build report's few words of a plan: ``"csp-relaxed separable max pool, gemm
+    inputs"`` or ``"stock max pool (csp-relaxed chose it)"`` for the stock program."""
+    def summarise(template: OpTemplate, plan: OpPlan, config) -> str:
+        variant = {k: getattr(plan.workload, k) for k in stock_variant}
+        if variant == stock_variant:
+            what = f"direct {noun}" if "schedule" in variant else noun
+            return f"stock {what} ({template.strategy} chose it)"
+        words = [variant["schedule"]] if variant.get("schedule", "direct") != "direct" else []
+        inputs = {"acc8": "", "gemm": ", gemm inputs",
+                  "split": ", split inputs"}[variant["input_path"]]
+        return f"{template.strategy} {' '.join(words + [noun])}{inputs}"
+    return summarise
+
+
+register_plan_summary(PoolScheduleWorkload, _summary("max pool", MaxPoolTemplate.variants[0]))
+register_plan_summary(AvgPoolInputWorkload, _summary("avg pool", AvgPoolTemplate.variants[0]))
+register_plan_summary(AddInputWorkload, _summary("add", AddTemplate.variants[0]))
+for _template in (MaxPoolTemplate, AvgPoolTemplate, AddTemplate):
+    register_template(_template.kind, "csp-relaxed", _template("csp-relaxed"))

@@ -286,7 +286,48 @@ def operator_floor(config: VTAConfig, size: OperatorSize) -> Floor:
     alu = (size.out_elements / (cfg.BATCH * cfg.BLOCK_OUT)
            * (imm * cfg.ALU_CYCLES_PER_UOP_IMM + vec * cfg.ALU_CYCLES_PER_UOP_VEC))
     floor = Floor(gemm, alu, memory_floor(cfg, size), serial_floor(cfg, size))
+    if size.kind in ("add", "avg_pool2d") and cfg.BLOCK_IN == cfg.BLOCK_OUT:
+        return identity_gemm_floor(cfg, size, floor)
     return depthwise_floor(cfg, size, floor) if size.kind == "depthwise_conv2d" else floor
+
+
+def identity_gemm_floor(config: VTAConfig, size: OperatorSize, alu: Floor) -> Floor:
+    """The floor of an add or an average pool whose sums GEMM micro-ops through an identity
+    weight tile can make (``BLOCK_IN == BLOCK_OUT``).
+
+    Parameters
+    ----------
+    config : VTAConfig
+        The configuration.
+    size : OperatorSize
+        An ``add`` or ``avg_pool2d``.
+    alu : Floor
+        Its floor with the sums as ALU vector passes (:func:`alu_passes`).
+
+    Returns
+    -------
+    Floor
+        Per term the lower of ``alu`` and the GEMM way: the add's second operand, or every tap
+        of an average pool, one micro-op (``GEMM_CYCLES_PER_UOP``) an output row instead of the
+        vector ADD passes (one; ``taps - 1``), the rest of the ALU passes the same; serially
+        the add's first operand into the accumulator (half of :func:`serial_floor`), or the
+        pool's outputs an initial value (its taps read the input buffer, not the accumulator).
+        The compute terms are those of the way with less compute, the serial term makes
+        ``compute + serial`` the lower of the two ways', so :attr:`Floor.total` and
+        :attr:`Floor.structural` are each the lower of the two.
+    """
+    cfg = config
+    rows = size.out_elements / (cfg.BATCH * cfg.BLOCK_OUT)
+    if size.kind == "add":
+        taps, sums, serial = 1, 1, alu.serial / 2
+    else:
+        init = min(cfg.PAD_ELEM_CYCLES, cfg.GEMM_CYCLES_PER_UOP, cfg.ALU_CYCLES_PER_UOP_IMM)
+        taps, sums, serial = size.taps, size.taps - 1, rows * init
+    way = Floor(rows * taps * cfg.GEMM_CYCLES_PER_UOP,
+                alu.compute_alu - rows * sums * cfg.ALU_CYCLES_PER_UOP_VEC, alu.memory, serial)
+    best = min((alu, way), key=lambda f: f.compute)
+    return Floor(best.compute_gemm, best.compute_alu, alu.memory,
+                 min(f.compute + f.serial for f in (alu, way)) - best.compute)
 
 
 #: the memory kinds a LOAD moves (``OUT`` is the STORE's)

@@ -21,6 +21,16 @@ a token to the store module when a tile is ready (RAW), and before it writes a s
 the token the store of that slot's previous tile pushed back (WAR). The remaining store tokens are
 popped at the end, so every token is consumed inside the program and a program can run any number
 of times on the same simulator.
+
+Input paths (:data:`INPUT_PATHS`). ``"acc8"`` is the model above. ``"gemm"``
+(:class:`IdentityInput`) brings the int8 input rows in by LOAD INP on the *load* module instead,
+into ``slots`` regions of the input buffer, and writes them into the accumulator by GEMM
+micro-ops through a 16x16 identity weight tile (``BLOCK_IN == BLOCK_OUT``; one constant, the DRAM
+buffer ``identity``, loaded once at the start of the program): a reset GEMM zeroes the
+accumulator rows, then each GEMM micro-op adds one int8 row as int32. The load and compute
+modules then need tokens: the compute module pops a load->compute token before a tile's first
+GEMM (RAW) and pushes a compute->load token after its last one; the load module pops that token
+before it writes the same input region again (WAR), and the remaining ones at the end.
 """
 from __future__ import annotations
 
@@ -31,16 +41,25 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 
 from ..config import VTAConfig
-from ..isa import AluOp, Stage
+from ..isa import AluOp, MemType, Stage
 from ..layout import IMM_MAX, IMM_MIN, MAX_LOOP_EXTENT
 from ..runtime import CommandQueue, UopKernel
 from .errors import AluTemplateError, AluTemplateRefusal, KnobError
 
-__all__ = ["MAX_KERNEL_UOPS", "choose_row_tiles", "alu", "alu_range", "copy_rows", "StorePipeline",
+__all__ = ["MAX_KERNEL_UOPS", "INPUT_PATHS", "check_input_path", "IdentityInput",
+           "choose_row_tiles", "alu", "alu_range", "copy_rows", "StorePipeline",
            "CompiledAluOp", "check_positive", "check_non_negative", "require_multiple", "check_slots"]
 
 #: largest micro-op kernel a tile of an ALU template may use (channel blocks x window elements)
 MAX_KERNEL_UOPS = 1024
+
+#: how an ALU template brings its int8 inputs into the accumulator: ``"acc8"`` (LOAD ACC_8BIT on
+#: the compute module, the stock programs), ``"gemm"`` (LOAD INP on the load module, then GEMM
+#: micro-ops through an identity weight tile: :class:`IdentityInput`) or, for a two-operand
+#: template (the add), ``"split"`` (the first operand by LOAD ACC_8BIT, which overwrites its
+#: rows, the second by LOAD INP and an identity GEMM adding it: no reset, and the two modules
+#: share the loads)
+INPUT_PATHS = ("acc8", "gemm", "split")
 
 
 def _is_int(value) -> bool:
@@ -130,14 +149,20 @@ def alu(q: CommandQueue, op: int, uops, loops=(), imm: Optional[int] = None) -> 
         raise AluTemplateError(f"ALU immediate {imm} does not fit the 16-bit immediate "
                                f"({IMM_MIN}..{IMM_MAX})")
     k = UopKernel("alu", alu_opcode=op, use_imm=imm is not None, imm=0 if imm is None else int(imm))
-    loops = [lp for lp in loops if lp[0] > 1] or []
+    q.push_alu(_filled(k, uops, loops))
+
+
+def _filled(k: UopKernel, uops, loops) -> UopKernel:
+    """``k`` with the ``(dst, src)`` micro-ops inside the ``(extent, dst_factor, src_factor)``
+    loops, outer first (loops of extent 1 left out; a GEMM's weight index and factors 0)."""
+    loops = [lp for lp in loops if lp[0] > 1]
     for extent, d_f, s_f in loops:
         k.loop_begin(extent, d_f, s_f)
     for d, s in uops:
         k.push(d, s)
     for _ in loops:
         k.loop_end()
-    q.push_alu(k)
+    return k
 
 
 def alu_range(q: CommandQueue, op: int, base: int, size: int, imm: int) -> None:
@@ -183,6 +208,111 @@ class StorePipeline:
     def finish(self) -> None:
         for _ in range(min(self.tiles, self.slots)):
             self.q.dep_pop(Stage.STORE, Stage.COMPUTE)
+
+
+def check_input_path(cfg: VTAConfig, input_path: str, what: str) -> bool:
+    """Whether ``input_path`` (one of :data:`INPUT_PATHS`) uses the identity GEMM (``"gemm"``,
+    ``"split"``).
+
+    Raises
+    ------
+    AluTemplateError
+        For a name not in :data:`INPUT_PATHS`.
+    AluTemplateRefusal
+        For ``"gemm"`` where an input row is not an accumulator row (``BLOCK_IN != BLOCK_OUT``).
+    """
+    if input_path not in INPUT_PATHS:
+        raise AluTemplateError(f"{what}: input_path {input_path!r}; one of "
+                               f"{', '.join(INPUT_PATHS)}")
+    if input_path == "acc8":
+        return False
+    if cfg.BLOCK_IN != cfg.BLOCK_OUT:
+        raise AluTemplateRefusal(f"{what}: the identity-GEMM input path needs BLOCK_IN == "
+                                 f"BLOCK_OUT (an input row is an accumulator row); {cfg.name!r} "
+                                 f"has {cfg.BLOCK_IN} and {cfg.BLOCK_OUT}")
+    return True
+
+
+class IdentityInput:
+    """The identity-GEMM input path (module docstring): LOAD INP into ``slots`` input-buffer
+    regions of ``region`` rows each, and GEMMs through the identity weight tile.
+
+    Usage per tile: ``base = p.begin_load()``, the :meth:`load` calls (input-buffer rows from
+    ``base``), ``p.end_load()``; then, on the compute side, ``p.begin_compute()``, the
+    :meth:`reset` / :meth:`gemm` calls, ``p.end_compute()``; after the last tile ``p.finish()``
+    and, on the built program, :meth:`write_identity`.
+
+    Parameters
+    ----------
+    q : CommandQueue
+        The program being written (the identity tile's load is appended here).
+    slots : int
+        Input regions (2 lets the loads of one tile overlap the previous tile's compute).
+    region : int
+        Input-buffer rows of one region.
+    what : str
+        The operator, for errors.
+    """
+
+    #: the DRAM buffer of the identity weight tile
+    BUFFER = "identity"
+
+    def __init__(self, q: CommandQueue, slots: int, region: int, what: str) -> None:
+        cfg = q.config
+        if slots < 1 or region < 1 or slots * region > cfg.inp_depth:
+            raise AluTemplateError(f"{what}: {slots} input region(s) of {region} rows do not fit "
+                                   f"the input buffer's {cfg.inp_depth}")
+        self.q, self.slots, self.region, self.tiles = q, slots, region, 0
+        wgt = q.alloc(cfg.elem_bytes(MemType.WGT), self.BUFFER)
+        q.load_2d(wgt, 0, 1, 1, 1, 0, 0, 0, 0, 0, MemType.WGT)
+
+    def begin_load(self) -> int:
+        """Before a tile's loads: wait until its region is free (WAR); its first row."""
+        if self.tiles >= self.slots:
+            self.q.dep_pop(Stage.COMPUTE, Stage.LOAD)
+        return (self.tiles % self.slots) * self.region
+
+    def load(self, src, offset: int, x_size: int, y_size: int, x_stride: int, x_pad: int,
+             y_pad_before: int, y_pad_after: int, dst: int) -> None:
+        """LOAD INP of ``y_size`` rows of ``x_size`` elements (zero padding: ``x_pad`` each side,
+        ``y_pad_before`` / ``y_pad_after`` rows) into input-buffer row ``dst``."""
+        self.q.load_2d(src, offset, x_size, y_size, x_stride, x_pad, y_pad_before, x_pad,
+                       y_pad_after, dst, MemType.INP)
+
+    def end_load(self) -> None:
+        """After a tile's loads: hand them to the compute module (RAW)."""
+        self.q.dep_push(Stage.LOAD, Stage.COMPUTE)
+
+    def begin_compute(self) -> None:
+        """Before a tile's first GEMM: wait for its loads."""
+        self.q.dep_pop(Stage.LOAD, Stage.COMPUTE)
+
+    def reset(self, base: int, size: int) -> None:
+        """Zero the accumulator rows ``base .. base+size-1`` (reset GEMMs)."""
+        for start in range(base, base + size, MAX_LOOP_EXTENT):
+            self.gemm([(start, 0)], [(min(MAX_LOOP_EXTENT, base + size - start), 1, 0)],
+                      reset=True)
+
+    def gemm(self, uops, loops=(), reset: bool = False) -> None:
+        """One GEMM: ``acc[dst] += inp[src]`` (the identity tile) for each ``(dst, src)`` micro-op
+        over up to two ``(extent, dst_factor, src_factor)`` loops, outer first."""
+        self.q.push_gemm(_filled(UopKernel("gemm", reset=reset), uops, loops))
+
+    def end_compute(self) -> None:
+        """After a tile's last GEMM: its region may be loaded again (WAR)."""
+        self.q.dep_push(Stage.COMPUTE, Stage.LOAD)
+        self.tiles += 1
+
+    def finish(self) -> None:
+        """Consume the compute->load tokens still queued (every token stays inside the program)."""
+        for _ in range(min(self.tiles, self.slots)):
+            self.q.dep_pop(Stage.COMPUTE, Stage.LOAD)
+
+    @classmethod
+    def write_identity(cls, program) -> None:
+        """Write the identity weight tile into ``program``'s DRAM image."""
+        cfg = program.config
+        program.write(cls.BUFFER, np.eye(cfg.BLOCK_OUT, cfg.BLOCK_IN, dtype=np.int8))
 
 
 class CompiledAluOp:

@@ -24,6 +24,19 @@ The output slots (default 2: the store of one tile overlaps the next tile's load
 are synchronised with the store module by :class:`~vta_ext.templates.alu_program.StorePipeline`;
 the default tile is the largest with ``slots + 1`` regions in the accumulator (``acc_depth`` rows).
 
+The add has a second input path, ``input_path="gemm"`` (:data:`~.alu_program.INPUT_PATHS`; the
+default ``"acc8"`` is the program above, the stock strategy's): the tile's rows of ``a`` and
+``b`` are LOADed INP by the *load* module into one of two input-buffer regions (so the loads of
+the next tile overlap this one's compute), and step 1-2 become a reset GEMM of the output slot
+and one GEMM of two micro-ops per row through the identity weight tile (``acc += a``, ``acc +=
+b``: :class:`~.alu_program.IdentityInput`): ``3 * GEMM_CYCLES_PER_UOP`` compute cycles a row
+against two ACC_8BIT rows and a vector ADD. No scratch region: the tile is the largest with
+``slots`` regions in the accumulator and two ``(a, b)`` pairs in the input buffer.
+``input_path="split"`` loads ``a`` by LOAD ACC_8BIT into the output slot as the stock program
+does (it overwrites: no reset) and only ``b`` by LOAD INP, added by one GEMM micro-op a row:
+``2 + GEMM_CYCLES_PER_UOP`` compute cycles a row, and the load module's one INP row (2 cycles on
+``pipelined``) overlaps them.
+
 **Hardswish** (:func:`build_hswish`, :class:`HswishWorkload`): one int8 tensor in that layout,
 ``int8(epilogue(x * clip(x + offset, lo, hi)))`` with ``x = int32(data)``: the integer hardswish
 of a quantised graph (``x * relu6(x + 3) / 6`` with ``3``, ``6`` at the input's scale, the ``/ 6``
@@ -43,8 +56,8 @@ from ..config import VTAConfig, load_config
 from ..isa import AluOp, MemType
 from ..layout import MAX_LOOP_EXTENT
 from ..runtime import CommandQueue
-from .alu_program import (CompiledAluOp, StorePipeline, alu, alu_range, check_positive,
-                          check_slots, require_multiple)
+from .alu_program import (CompiledAluOp, IdentityInput, StorePipeline, alu, alu_range,
+                          check_input_path, check_positive, check_slots, require_multiple)
 from .epilogue import alu_ops, emit_epilogue, normalize_epilogue, vector_stages
 from .errors import AluTemplateError, AluTemplateRefusal, KnobError
 from .knobs import check_int_knob, knobs_from
@@ -102,17 +115,18 @@ class CompiledUnary(CompiledAluOp):
 
 
 def build_add(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=(),
-              knobs=None) -> CompiledAdd:
+              knobs=None, input_path: str = "acc8") -> CompiledAdd:
     """Compile ``int8(epilogue(int32(a) + int32(b)))`` for ``cfg``.
 
     ``knobs``: None / ``"tps"`` / ``"fallback"`` (all the default :class:`EltwiseKnobs`), an
-    :class:`EltwiseKnobs` or a dict of its fields. Raises
+    :class:`EltwiseKnobs` or a dict of its fields. ``input_path``: one of
+    :data:`~.alu_program.INPUT_PATHS` (module docstring). Raises
     :class:`~vta_ext.templates.errors.AluTemplateRefusal` for workloads the template does not
     implement and :class:`~vta_ext.templates.errors.KnobError` for invalid knobs.
     """
     if not isinstance(workload, EltwiseWorkload):
         raise AluTemplateError(f"expected an EltwiseWorkload, got {type(workload).__name__}")
-    return _build(cfg, workload, epilogue, knobs, "add")
+    return _build(cfg, workload, epilogue, knobs, "add", input_path)
 
 
 def build_hswish(cfg: Union[VTAConfig, str], workload: HswishWorkload, epilogue=(),
@@ -137,7 +151,35 @@ def build_unary(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=
     return _build(cfg, workload, epilogue, knobs, "unary")
 
 
-def _build(cfg, workload, epilogue, knobs, op: str):
+#: input-buffer regions of the identity-GEMM add (double buffering of the loads)
+GEMM_INPUT_SLOTS = 2
+
+
+def _add_tile(cfg: VTAConfig, tile: Optional[int], slots: int, gemm: bool, inputs: int,
+              what: str) -> int:
+    """The tile (accumulator rows) of an element-wise program: the ``tile`` knob checked against
+    the buffers, or the largest that fits (the accumulator's ``slots`` output regions and, on
+    the ``acc8`` path, the second operand's; on the GEMM paths, ``GEMM_INPUT_SLOTS`` regions of
+    ``inputs`` operands in the input buffer)."""
+    acc = cfg.acc_depth
+    regions = slots if gemm else slots + 1
+    fits = acc // regions
+    if gemm:
+        fits = min(fits, cfg.inp_depth // (inputs * GEMM_INPUT_SLOTS))
+    if tile is None:
+        return fits
+    tile = check_int_knob("tile", tile)
+    if tile > fits:
+        second = "" if gemm else " + the second operand"
+        raise KnobError(f"{what}: knob tile={tile} needs {regions * tile} accumulator (acc) "
+                        f"entries ({slots} output slot(s){second})"
+                        + (f" and {inputs * GEMM_INPUT_SLOTS * tile} input-buffer entries" if gemm
+                           else "")
+                        + f", more than the buffers hold; valid tile: 1..{fits}")
+    return tile
+
+
+def _build(cfg, workload, epilogue, knobs, op: str, input_path: str = "acc8"):
     t0 = time.perf_counter()
     cfg = load_config(cfg)
     wl = workload
@@ -155,32 +197,38 @@ def _build(cfg, workload, epilogue, knobs, op: str):
                for alu in alu_ops(cfg, st)]
     knobs = knobs_from(knobs, EltwiseKnobs, {"tps": EltwiseKnobs, "fallback": EltwiseKnobs})
     slots = check_slots(knobs.slots, what)
+    gemm = check_input_path(cfg, input_path, what)
 
     B, BO = cfg.BATCH, cfg.BLOCK_OUT
     shape = (wl.batch // B, wl.channels // BO, wl.height, wl.width, B, BO)
     total = int(np.prod(shape[:4]))
-    acc = cfg.acc_depth
-    if knobs.tile is not None:
-        tile = check_int_knob("tile", knobs.tile)
-        if (slots + 1) * tile > acc:
-            raise KnobError(f"{what}: knob tile={tile} needs {(slots + 1) * tile} accumulator "
-                            f"(acc) entries ({slots} output slot(s) + the second operand), more "
-                            f"than the accumulator buffer's {acc}; valid tile: 1..{acc // (slots + 1)}")
-    else:
-        tile = acc // (slots + 1)
-    tile = max(1, min(tile, total, MAX_LOOP_EXTENT))
+    tile = max(1, min(_add_tile(cfg, knobs.tile, slots, gemm, 1 if input_path == "split" else 2,
+                                what), total, MAX_LOOP_EXTENT))
     B_REG = slots * tile
 
     q = CommandQueue(cfg)
     nbytes = total * B * BO
     a_buf = q.alloc(nbytes, "data")
     b_buf = q.alloc(nbytes, "data1") if op == "add" else a_buf
-    regions = slots if op == "unary" else slots + 1  # unary: no second operand region
+    regions = slots if op == "unary" or gemm else slots + 1  # no second operand region
     out = q.alloc(nbytes, "out")
+    if gemm and op != "add":
+        raise AluTemplateError(f"{what}: the identity-GEMM input paths are the add's only")
+    split = input_path == "split"
+    ident = IdentityInput(q, GEMM_INPUT_SLOTS, tile if split else 2 * tile, what) if gemm else None
     pipe = StorePipeline(q, slots)
     n_tiles = 0
     for e0 in range(0, total, tile):
         t = min(tile, total - e0)
+        if ident is not None:
+            _gemm_add_tile(ident, pipe, a_buf, b_buf, e0, t, tile, split)
+            emit_epilogue(q, cfg, epilogue, (n_tiles % slots) * tile, t)
+            pipe.end_compute()
+            pipe.begin_store()
+            q.store_2d((n_tiles % slots) * tile, MemType.OUT, out, e0, t, 1, t)
+            pipe.end_store()
+            n_tiles += 1
+            continue
         slot = pipe.begin_tile()
         A = slot * tile
         q.load_2d(a_buf, e0, t, 1, t, 0, 0, 0, 0, A, MemType.ACC_8BIT)
@@ -199,9 +247,35 @@ def _build(cfg, workload, epilogue, knobs, op: str):
         pipe.end_store()
         n_tiles += 1
     pipe.finish()
+    if ident is not None:
+        ident.finish()
     prog = q.synchronize()
-    info = dict(tile=tile, slots=slots, tiles=n_tiles, acc_used=regions * tile)
+    if ident is not None:
+        IdentityInput.write_identity(prog)
+    info = dict(tile=tile, slots=slots, tiles=n_tiles, acc_used=regions * tile,
+                input_path=input_path)
     inputs = [("data", shape, np.int8)] + ([("data1", shape, np.int8)] if op == "add" else [])
     compiled = {"add": CompiledAdd, "hswish": CompiledHswish, "unary": CompiledUnary}[op]
     return compiled(cfg, wl, epilogue, prog, inputs, shape, {"build": time.perf_counter() - t0},
                     info)
+
+
+def _gemm_add_tile(ident: IdentityInput, pipe: StorePipeline, a_buf, b_buf, e0: int, t: int,
+                   tile: int, split: bool) -> None:
+    """One tile of the identity-GEMM add, rows ``e0 .. e0+t-1``: ``b`` (and, unless ``split``,
+    ``a``) LOADed INP; then the output slot reset and ``acc += a``, ``acc += b`` by one
+    two-micro-op GEMM, or (``split``) ``a`` LOADed ACC_8BIT into the slot and ``acc += b``."""
+    q = ident.q
+    base = ident.begin_load()
+    ident.load(b_buf, e0, t, 1, t, 0, 0, 0, base)
+    if not split:
+        ident.load(a_buf, e0, t, 1, t, 0, 0, 0, base + tile)
+    ident.end_load()
+    A = pipe.begin_tile() * tile
+    if split:
+        q.load_2d(a_buf, e0, t, 1, t, 0, 0, 0, 0, A, MemType.ACC_8BIT)
+    ident.begin_compute()
+    if not split:
+        ident.reset(A, t)
+    ident.gemm([(A, base)] + ([] if split else [(A, base + tile)]), [(t, 1, 1)])
+    ident.end_compute()

@@ -62,6 +62,17 @@ window + ``slots`` output regions + division scratch); a single output row of on
 does not fit raises :class:`~vta_ext.templates.errors.AluTemplateRefusal` naming the accumulator
 buffer (the operator stays on the CPU).
 
+Input path (``input_path``, :data:`~.alu_program.INPUT_PATHS`). The default ``"acc8"`` is step 1
+above. ``"gemm"`` (:class:`~.alu_program.IdentityInput`) LOADs the window rows INP on the *load*
+module, zero-padded by the DMA, into one of two input-buffer regions (the next tile's loads overlap
+this tile's compute), then: a max pool's window enters the accumulator by a reset GEMM and an
+identity GEMM (a micro-op per channel block over the rows), and the direct schedule's first
+element by a reset of the outputs and an identity GEMM instead of the MUL-by-0 and ADD copy; an
+average pool keeps no window in the accumulator: the outputs are reset and each window element is
+a GEMM micro-op from the input buffer into them (``GEMM_CYCLES_PER_UOP`` a tap against a vector
+ADD). A max pool with padding is refused (the zero padding could win a MAX; it keeps ``acc8``
+with pad_min). The tile also fits two window regions into the input buffer (``inp_depth``).
+
 Division (average pooling). VTA has no divide. A window with divisor ``d`` sums at most ``d``
 int8 values (the non-padded ones; with ``count_include_pad`` the divisor is the window size, which
 bounds the count), so ``|s| <= X_d = 128*d``. Take ``m = ceil(2^k / d)``, so ``m*d = 2^k + e`` with
@@ -103,9 +114,9 @@ from ..config import VTAConfig, load_config
 from ..isa import AluOp, MemType
 from ..layout import IMM_MAX, MAX_DMA_PAD
 from ..runtime import CommandQueue
-from .alu_program import (MAX_KERNEL_UOPS, CompiledAluOp, StorePipeline, alu, alu_range,
-                          check_non_negative, check_positive, check_slots, choose_row_tiles,
-                          copy_rows, require_multiple)
+from .alu_program import (MAX_KERNEL_UOPS, CompiledAluOp, IdentityInput, StorePipeline, alu,
+                          alu_range, check_input_path, check_non_negative, check_positive,
+                          check_slots, choose_row_tiles, copy_rows, require_multiple)
 from .epilogue import emit_epilogue, has_bias, normalize_epilogue
 from .errors import AluTemplateError, AluTemplateRefusal, KnobError
 from .knobs import knobs_from
@@ -288,8 +299,29 @@ def _separable_reduce(q: CommandQueue, wl: PoolWorkload, fill_src, windows, dst,
         [(out_rows, out_cols, sh), (out_cols, 1, sw)])
 
 
+#: input-buffer regions of the identity-GEMM input path (double buffering of the loads)
+GEMM_INPUT_SLOTS = 2
+
+
+def _check_gemm_input(wl: PoolWorkload, is_max: bool, what: str) -> None:
+    """Refuse the identity-GEMM input path where it is not exact: a max pool with padding (the
+    INP DMA pads with 0, which can win a MAX; that pool keeps LOAD ACC_8BIT with pad_min)."""
+    if is_max and (wl.pad_h or wl.pad_w):
+        raise AluTemplateRefusal(
+            f"{what}: the identity-GEMM input path pads with 0 (LOAD INP), which can win a MAX: a "
+            f"max pool with padding {wl.pad_h}x{wl.pad_w} keeps LOAD ACC_8BIT with pad_min")
+
+
+def _gemm_window(ident: IdentityInput, base: int, windows, nrows: int, row_len: int) -> None:
+    """Write each channel block's input window (``nrows`` rows of ``row_len``, input-buffer rows
+    from ``base`` at the windows' own offsets) into the accumulator: reset, then identity GEMM."""
+    loops = [(nrows, row_len, row_len), (row_len, 1, 1)]
+    ident.gemm([(w, 0) for w in windows], [(e, d, 0) for e, d, _ in loops], reset=True)
+    ident.gemm([(w, base + w - windows[0]) for w in windows], loops)
+
+
 def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
-                schedule: str = "direct") -> CompiledPool:
+                schedule: str = "direct", input_path: str = "acc8") -> CompiledPool:
     t0 = time.perf_counter()
     what = f"{mode}_pool2d {wl}"
     cfg = load_config(cfg)
@@ -302,6 +334,12 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
     kn = knobs_from(knobs, PoolKnobs, {"tps": PoolKnobs, "fallback": PoolKnobs})
     is_max = mode == "max"
     separable = _check_schedule(cfg, schedule, is_max, what)
+    gemm = check_input_path(cfg, input_path, what)
+    if input_path == "split":
+        raise AluTemplateRefusal(f"{what}: the split input path is a two-operand template's (a "
+                                 "pool has one input: 'acc8' or 'gemm')")
+    if gemm:
+        _check_gemm_input(wl, is_max, what)
     padded = wl.pad_h > 0 or wl.pad_w > 0
     if is_max and padded and not cfg.EXT_PAD_MIN:
         raise AluTemplateRefusal(
@@ -336,13 +374,25 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
                            multipliers={int(d): int(m) for d, m in ms.items()})
 
     # ---- tiling
+    def inp_rows(th, tc):
+        return GEMM_INPUT_SLOTS * tc * window_size(th, wl.pool_h, SH) * Wp
+
     def usage(th, tc, slots):
-        win = tc * window_size(th, wl.pool_h, SH) * Wp
+        # the identity-GEMM avg pool sums from the input buffer: no window in the accumulator
+        win = 0 if gemm and not is_max else tc * window_size(th, wl.pool_h, SH) * Wp
         out = tc * th * OW
         extra = 0
         if div is not None:
             extra = out + (th * OW if div["vector"] else 0)
+        if gemm and inp_rows(th, tc) > cfg.inp_depth:
+            return cfg.acc_depth + 1   # does not fit the input buffer
         return win + slots * out + extra
+
+    if gemm and inp_rows(1, 1) > cfg.inp_depth:
+        raise AluTemplateRefusal(
+            f"{what}: the identity-GEMM input path needs {inp_rows(1, 1)} input-buffer (inp) "
+            f"entries for one output row ({GEMM_INPUT_SLOTS} regions of {wl.pool_h} rows of {Wp}), "
+            f"more than the input buffer's {cfg.inp_depth}")
 
     slots = check_slots(kn.slots, what)
     uop_cap = min(MAX_KERNEL_UOPS, cfg.uop_depth // 4)
@@ -357,7 +407,7 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
     win_stride = win_rows * Wp          # accumulator rows per channel block of the input window
     out_size = tc * th * OW
     IN = 0
-    OUT0 = IN + tc * win_stride
+    OUT0 = IN + (0 if gemm and not is_max else tc * win_stride)
     T = OUT0 + slots * out_size         # sign scratch (avg)
     M = T + out_size                    # per-position multipliers (avg, vector)
 
@@ -369,6 +419,7 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
     mult_buf = None
     if div is not None and div["vector"]:
         mult_buf = q.alloc(OH * OW * B * BO * np.dtype(np.int32).itemsize, "avg_multiplier")
+    ident = IdentityInput(q, GEMM_INPUT_SLOTS, tc * win_stride, what) if gemm else None
     pipe = StorePipeline(q, slots)
     op = AluOp.MAX if is_max else AluOp.ADD
     loaded_rows = None
@@ -379,30 +430,49 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
             tcc = min(tc, CB - c0)
             for oh0 in range(0, OH, th):
                 thh = min(th, OH - oh0)
-                slot = pipe.begin_tile()
-                OUT = OUT0 + slot * out_size
                 # 1. input window rows, padded by the DMA
                 r0 = oh0 * SH
                 nrows = window_size(thh, wl.pool_h, SH)
                 lo, hi = max(r0, PH), min(r0 + nrows, PH + H)
                 ypb, ypa, ny = lo - r0, r0 + nrows - hi, hi - lo
                 pad_min = is_max and bool(ypb or ypa or PW)
-                for c in range(tcc):
-                    q.load_2d(data, ((n * CB + c0 + c) * H + lo - PH) * W, W, ny, W, PW, ypb, PW,
-                              ypa, IN + c * win_stride, MemType.ACC_8BIT, pad_min=pad_min)
+                if ident is not None:   # LOAD INP on the load module
+                    base = ident.begin_load()
+                    for c in range(tcc):
+                        ident.load(data, ((n * CB + c0 + c) * H + lo - PH) * W, W, ny, W, PW, ypb,
+                                   ypa, base + c * win_stride)
+                    ident.end_load()
+                slot = pipe.begin_tile()
+                OUT = OUT0 + slot * out_size
+                if ident is None:
+                    for c in range(tcc):
+                        q.load_2d(data, ((n * CB + c0 + c) * H + lo - PH) * W, W, ny, W, PW, ypb,
+                                  PW, ypa, IN + c * win_stride, MemType.ACC_8BIT, pad_min=pad_min)
                 # 2. window reduction into the output rows
                 loops = [(thh, OW, SH * Wp), (OW, 1, SW)]
                 dst = [OUT + c * thh * OW for c in range(tcc)]
                 windows = [IN + c * win_stride for c in range(tcc)]
+                if ident is not None:
+                    ident.begin_compute()
+                    if is_max:
+                        _gemm_window(ident, base, windows, nrows, Wp)
+                    if not is_max or not separable:   # the first element (avg: every one)
+                        ident.reset(OUT, tcc * thh * OW)
+                        taps = [(i, j) for i in range(wl.pool_h) for j in range(wl.pool_w)]
+                        ident.gemm([(dst[c], base + c * win_stride + i * Wp + j)
+                                    for c in range(tcc) for i, j in taps[:1 if is_max else P]],
+                                   loops)
+                    ident.end_compute()
                 if separable:
                     _separable_reduce(q, wl, data, windows, dst, thh, Wp)
                     passes += tcc * separable_passes(wl.pool_h, wl.pool_w,
                                                      separable_columns(wl)[1], thh, OW)
                 else:
-                    copy_rows(q, [(dst[c], windows[c]) for c in range(tcc)], loops)
+                    if ident is None:
+                        copy_rows(q, [(dst[c], windows[c]) for c in range(tcc)], loops)
                     rest = [(dst[c], windows[c] + i * Wp + j) for c in range(tcc)
                             for i in range(wl.pool_h) for j in range(wl.pool_w) if i or j]
-                    if rest:
+                    if rest and (is_max or ident is None):   # the gemm avg pool has summed
                         alu(q, op, rest, loops)
                 size = tcc * thh * OW
                 # 3. exact truncating division (avg)
@@ -432,12 +502,16 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
                 pipe.end_store()
                 n_tiles += 1
     pipe.finish()
+    if ident is not None:
+        ident.finish()
     prog = q.synchronize()
+    if ident is not None:
+        IdentityInput.write_identity(prog)
     if mult_buf is not None:
         m = np.broadcast_to(div["mult"][:, :, None, None], (OH, OW, B, BO))
         prog.write("avg_multiplier", np.ascontiguousarray(m, dtype=np.int32))
     info = dict(tile_h=th, tile_c=tc, slots=slots, tiles=n_tiles, acc_used=usage(th, tc, slots),
-                schedule=schedule)
+                schedule=schedule, input_path=input_path)
     if separable:
         info["vector_passes"] = passes
     if div is not None:
@@ -447,20 +521,24 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
 
 
 def build_max_pool2d(cfg: Union[VTAConfig, str], workload: PoolWorkload, epilogue=(),
-                     knobs=None, schedule: str = "direct") -> CompiledPool:
+                     knobs=None, schedule: str = "direct",
+                     input_path: str = "acc8") -> CompiledPool:
     """Compile an int8 max pooling (+ epilogue) for ``cfg``. Padding needs ``cfg.EXT_PAD_MIN``;
     without it (e.g. the ``apache`` preset) an :class:`AluTemplateRefusal` names the extension.
 
     ``knobs``: None / ``"tps"`` / ``"fallback"`` (all the default :class:`PoolKnobs`), a
     :class:`PoolKnobs` or a dict of its fields. ``schedule``: one of :data:`MAX_POOL_SCHEDULES`
     (``"separable"`` needs ``EXT_PAD_MIN`` and records its vector passes in
-    ``info["vector_passes"]``)."""
-    return _build_pool(cfg, workload, epilogue, knobs, "max", schedule)
+    ``info["vector_passes"]``). ``input_path``: one of
+    :data:`~.alu_program.INPUT_PATHS` (``"gemm"`` refuses a max pool with padding)."""
+    return _build_pool(cfg, workload, epilogue, knobs, "max", schedule, input_path)
 
 
 def build_avg_pool2d(cfg: Union[VTAConfig, str], workload: PoolWorkload, epilogue=(),
-                     knobs=None) -> CompiledPool:
+                     knobs=None, input_path: str = "acc8") -> CompiledPool:
     """Compile an average pooling with TVM's CPU semantics on the int32 cast of the int8 input
     (int32 window sum, division truncating toward zero, ``count_include_pad`` as given), then the
-    epilogue and the truncating int8 store."""
-    return _build_pool(cfg, workload, epilogue, knobs, "avg")
+    epilogue and the truncating int8 store. ``input_path``: one of
+    :data:`~.alu_program.INPUT_PATHS` (``"gemm"``: the window sum is GEMMs from the input
+    buffer)."""
+    return _build_pool(cfg, workload, epilogue, knobs, "avg", "direct", input_path)
