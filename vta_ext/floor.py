@@ -25,8 +25,15 @@ The floor is ``max(compute, memory)`` of the operator *as written* (no padding):
   ``INP`` and ``WGT``, one each way round (an embedding may bind the weights to the input
   buffer): the cheaper assignment is charged. The other tensors (an ALU operator's inputs, the
   epilogue vectors, which a folded bias carries in the weights) are charged at the cheapest load
-  kind (``INP``, ``WGT``, ``ACC``). The sum charges every tensor to one memory port (the Pynq
-  design's modules share one AXI port).
+  kind (``INP``, ``WGT``, ``ACC``). The modules move data in parallel: the load module (LOAD INP
+  / WGT), the compute module (LOAD ACC / ACC_8BIT) and the store module each drive their own AXI
+  master (the Pynq design's RTL, ``../shared/vta-hw``: five masters, each with its own slave, no
+  shared-bus arbitration; the cycle model's DMAs overlap the same way). So the memory term is the
+  busiest master's least work (:func:`memory_floor`): the output on the store module; a GEMM
+  operator's input and weights on the load module (only it fills those buffers); the tensors that
+  either load path can carry (an ALU operator's inputs where both ``LOAD ACC_8BIT`` and an identity
+  GEMM from the input buffer exist, the int32 epilogue vectors) split at best evenly between the
+  two load masters.
 
 The ALU passes per output block, by operator:
 
@@ -101,8 +108,9 @@ class Floor:
     compute_alu : float
         ALU micro-ops of the passes the operator needs times their cycles per micro-op.
     memory : float
-        Every tensor moved once at its memory kind's bandwidth, plus one DMA instruction of one
-        row for each (module docstring).
+        The busiest DMA master's work: every tensor moved once at its memory kind's bandwidth,
+        plus one DMA instruction of one row for each, on the master that carries it
+        (:func:`memory_floor`).
     serial : float
         Compute-module cycles besides the passes that no other module can take over: an ALU
         operator's inputs into the accumulator, a GEMM operator's accumulator initialisation
@@ -349,20 +357,40 @@ def cheapest_moved(config: VTAConfig, nbytes: float, kinds: Sequence[str] = LOAD
 
 
 def memory_floor(config: VTAConfig, size: OperatorSize) -> float:
-    """The memory term of the floor of ``size`` (module docstring)."""
+    """The memory term of the floor of ``size``: the least work of the busiest DMA master
+    (module docstring).
+
+    Each tensor is moved once at its cheapest kind (:func:`moved_cycles`). The output goes to the
+    store master. A GEMM operator's input and weights go to the load master (the input and weight
+    buffers are filled only by it). An ALU operator's inputs go to the compute master by ``LOAD
+    ACC_8BIT`` (with ``ISA_ACC_8BIT_LOAD``) or to the load master by ``LOAD INP`` and an identity
+    GEMM (``BLOCK_IN == BLOCK_OUT``): with both ways they may be split between the two. The int32
+    epilogue vectors may go either way (``LOAD ACC``, or digits in the weights). With ``only_load``
+    and ``only_compute`` the bytes only one of the two load masters can take and ``either`` those
+    both can, the load side is ``max(only_load, only_compute, (only_load + only_compute +
+    either) / 2)``; the term is the larger of it and the output's.
+    """
     cfg = config
     vectors = sum(st[0] in VECTOR_STAGES for st in size.epilogue)
     inp = size.in_elements * cfg.INP_WIDTH / 8
     wgt = size.weight_elements * cfg.WGT_WIDTH / 8
+    either = cheapest_moved(cfg, vectors * size.channels * cfg.ACC_WIDTH / 8)
+    only_load = only_compute = 0.0
     if size.kind in GEMM_KINDS:
-        operands = min(moved_cycles(cfg, "INP", inp) + moved_cycles(cfg, "WGT", wgt),
-                       moved_cycles(cfg, "WGT", inp) + moved_cycles(cfg, "INP", wgt))
-    elif size.kind == "add":        # its two inputs, each moved on its own
-        operands = 2 * cheapest_moved(cfg, inp / 2)
+        only_load = min(moved_cycles(cfg, "INP", inp) + moved_cycles(cfg, "WGT", wgt),
+                        moved_cycles(cfg, "WGT", inp) + moved_cycles(cfg, "INP", wgt))
     else:
-        operands = cheapest_moved(cfg, inp) + cheapest_moved(cfg, wgt)
-    return (operands + cheapest_moved(cfg, vectors * size.channels * cfg.ACC_WIDTH / 8)
-            + moved_cycles(cfg, "OUT", size.out_elements * cfg.OUT_WIDTH / 8))
+        operands = (2 * cheapest_moved(cfg, inp / 2) if size.kind == "add"   # two inputs
+                    else cheapest_moved(cfg, inp) + cheapest_moved(cfg, wgt))
+        by_acc, by_inp = bool(cfg.ISA_ACC_8BIT_LOAD), cfg.BLOCK_IN == cfg.BLOCK_OUT
+        if by_acc and by_inp:
+            either += operands
+        elif by_inp:
+            only_load = operands
+        else:
+            only_compute = operands
+    load = max(only_load, only_compute, (only_load + only_compute + either) / 2)
+    return max(load, moved_cycles(cfg, "OUT", size.out_elements * cfg.OUT_WIDTH / 8))
 
 
 #: ALU operators whose inputs reach the ALU only through the accumulator (:func:`serial_floor`)
