@@ -28,7 +28,9 @@ The floor is ``max(compute, memory)`` of the operator *as written* (no padding):
   kind (``INP``, ``WGT``, ``ACC``). The modules move data in parallel: the load module (LOAD INP
   / WGT), the compute module (LOAD ACC / ACC_8BIT) and the store module each drive their own AXI
   master (the Pynq design's RTL, ``../shared/vta-hw``: five masters, each with its own slave, no
-  shared-bus arbitration; the cycle model's DMAs overlap the same way). So the memory term is the
+  shared-bus arbitration; the cycle model's DMAs overlap the same way; on the RTL a LOAD INP of
+  1,024 rows, a STORE of 1,024 rows and a LOAD ACC of 256 rows take 2,119 cycles together, as
+  the LOAD alone does: ``docs/efficiency.md``). So the memory term is the
   busiest master's least work (:func:`memory_floor`): the output on the store module; a GEMM
   operator's input and weights on the load module (only it fills those buffers); the tensors that
   either load path can carry (an ALU operator's inputs where both ``LOAD ACC_8BIT`` and an identity
