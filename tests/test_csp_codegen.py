@@ -326,3 +326,43 @@ def test_tps_search_is_done_once_per_program_and_keyed_by_config_value():
         assert again.sram["inp"] > depth >= tight.sram["inp"]
     finally:
         K.search = real
+
+
+def test_build_gemm_runs_without_collections_and_restores_the_collector(monkeypatch):
+    """The program emission pauses the cyclic collector (its records hold no cycles) and leaves
+    it enabled afterwards: with the collector's callbacks counting the collections that start
+    while the build's work (``_build_gemm``) is on the stack, there are none, while the same build with the pause made a no-op sees some (so the
+    build allocates enough to trigger it); the collector is enabled after the build."""
+    import contextlib
+    import gc
+    import sys
+
+    from tvm_csp_embed import choice
+
+    cfg = load_config("default")
+    wl, shapes, perms, pads, *_ = _conv_case(1, 32, 10, 12, 32, 3, 3, (1, 1), (1, 1))
+    pg = packed_gemm(embed_all(wl, gemm(cfg), "strict")[0][0], shapes, perms, pads)
+
+    def collections_during_build():
+        starts = []
+
+        def count(phase, info):   # a collection started while the build's work runs
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_name != "_build_gemm":
+                frame = frame.f_back
+            if phase == "start" and frame is not None:
+                starts.append(info["generation"])
+
+        gc.collect()
+        gc.callbacks.append(count)
+        try:
+            compiled = build_gemm(cfg, pg, EPILOGUE, "tps")
+        finally:
+            gc.callbacks.remove(count)
+        assert compiled.program.insn_count > 0 and gc.isenabled()
+        return len(starts)
+
+    assert gc.isenabled()
+    assert collections_during_build() == 0
+    monkeypatch.setattr(choice, "gc_paused", contextlib.nullcontext)
+    assert collections_during_build() > 0

@@ -51,6 +51,8 @@ def _forget_in_memory():
     executor._CYCLES.clear()
     S._packed.cache_clear()
     stock_knobs._MEMO.clear()
+    stock_knobs._NEIGHBOURHOODS.clear()
+    stock_knobs._BOUNDS.clear()
 
 
 def _build_and_run():

@@ -190,6 +190,34 @@ def test_neighbourhood_starts_at_tps_and_fits():
         assert isinstance(tiling.evaluate(cfg, wl, ep, Conv2dKnobs(**p)), tiling.TilingChoice)
 
 
+def test_neighbourhood_and_bound_evaluated_once_per_workload(monkeypatch):
+    """The choice's bound and the search ask for the same neighbourhood: the template's model
+    evaluates its points once (the second call evaluates nothing), each call gets the same
+    points in its own copies, and the kept bound is the least of the points' own bounds."""
+    from vta_ext.templates import tiling
+    from vta_ext.templates.workload import Conv2dWorkload
+
+    stock_knobs._NEIGHBOURHOODS.clear()
+    stock_knobs._BOUNDS.clear()
+    cfg = vta_ext.load_config("default")
+    wl = Conv2dWorkload(batch=1, height=14, width=14, in_channels=64, out_channels=64,
+                        kernel_h=3, kernel_w=3, pad_h=1, pad_w=1, stride_h=1, stride_w=1)
+    ep = (("bias",), ("shr", 8), ("clip", 0, 127))
+    calls = []
+    evaluate = tiling.evaluate
+    monkeypatch.setattr(tiling, "evaluate", lambda *a, **k: calls.append(1) or evaluate(*a, **k))
+    first = stock_knobs.neighbourhood(cfg, wl, ep)
+    evaluated = len(calls)
+    first[0]["tile_h"] = -1                       # the caller's copy, not the kept points
+    second = stock_knobs.neighbourhood(cfg, wl, ep)
+    assert evaluated > 0 and len(calls) == evaluated
+    assert second[0]["tile_h"] != -1 and len(second) == len(first) > 1
+    bound = stock_knobs.lowest_bound(cfg, wl, ep)
+    assert len(calls) == evaluated
+    assert bound == min(stock_knobs._bound(cfg, wl, ep, k) for k in second)
+    assert stock_knobs.lowest_bound(cfg, wl, ep) == bound
+
+
 def test_both_threads_searched_on_a_one_tap_depthwise(cache):
     """DenseNet-121's per-channel 1x1 (a one-tap depthwise conv) on ``pipelined``: the point
     with both thread knobs at 2 overlaps the loads along rows and channels; the search reaches it

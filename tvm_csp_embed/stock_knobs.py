@@ -56,6 +56,9 @@ THREAD_SETS = (("h_nthread",), ("oc_nthread",), ("h_nthread", "oc_nthread"))
 TILES = ("tile_h", "tile_w", "tile_co", "tile_ci")
 
 _MEMO: Dict[str, "SearchedPoint"] = {}
+#: :func:`neighbourhood`'s points and :func:`lowest_bound`'s bound by :func:`_memo_key`
+_NEIGHBOURHOODS: Dict[tuple, List[Dict[str, Any]]] = {}
+_BOUNDS: Dict[tuple, Optional[float]] = {}
 _LOCK = threading.Lock()
 
 
@@ -114,15 +117,36 @@ class StockSearch:
         return lowest_bound(self.config, self.workload, self.epilogue)
 
 
+def _memo_key(config, workload, epilogue: Sequence[tuple]) -> tuple:
+    """What :func:`neighbourhood` and :func:`lowest_bound` depend on: the configuration's value,
+    the workload and the epilogue."""
+    from vta_ext.executor import config_digest
+
+    return config_digest(config), workload, tuple(tuple(stage) for stage in epilogue)
+
+
 def neighbourhood(config, workload, epilogue: Sequence[tuple]) -> List[Dict[str, Any]]:
     """The TPS point of the stock GEMM ``workload`` and its two-thread variants that fit, TPS
     first, the variants in the TPS order (fewest modelled DRAM bytes, then fewest instructions).
 
+    Each fitting point is evaluated by the template's model once per process (kept in
+    :data:`_NEIGHBOURHOODS`; the choice's bound and the search both ask for it); the caller gets
+    its own copies.
+
     Raises
     ------
     TemplateRefusal
-        When no point fits (the template's own refusal).
+        When no point fits (the template's own refusal; not kept).
     """
+    key = _memo_key(config, workload, epilogue)
+    points = _NEIGHBOURHOODS.get(key)
+    if points is None:
+        points = _NEIGHBOURHOODS[key] = _neighbourhood(config, workload, epilogue)
+    return [dict(k) for k in points]
+
+
+def _neighbourhood(config, workload, epilogue: Sequence[tuple]) -> List[Dict[str, Any]]:
+    """:func:`neighbourhood`'s work."""
     from vta_ext.templates import tiling
 
     tps = tiling.tps_knobs(config, workload, epilogue).knobs
@@ -165,13 +189,16 @@ def _bound(config, workload, epilogue, knobs) -> Optional[float]:
 def lowest_bound(config, workload, epilogue: Sequence[tuple]) -> Optional[float]:
     """A lower bound on the cycles of ``workload``'s program at any point of its
     :func:`neighbourhood` (the least of their bounds), so at the point :func:`searched_point`
-    takes; None when the bound is not known."""
-    try:
-        points = neighbourhood(config, workload, epilogue)
-    except TemplateRefusal:
-        return None
-    bounds = [_bound(config, workload, epilogue, k) for k in points]
-    return None if any(b is None for b in bounds) else min(bounds)
+    takes; None when the bound is not known. Kept per process (:data:`_BOUNDS`)."""
+    key = _memo_key(config, workload, epilogue)
+    if key not in _BOUNDS:
+        try:
+            points = neighbourhood(config, workload, epilogue)
+        except TemplateRefusal:
+            return None
+        bounds = [_bound(config, workload, epilogue, k) for k in points]
+        _BOUNDS[key] = None if any(b is None for b in bounds) else min(bounds)
+    return _BOUNDS[key]
 
 
 def _key(config, workload, epilogue) -> str:
