@@ -406,9 +406,9 @@ def serial_floor(config: VTAConfig, size: OperatorSize) -> float:
     * An ALU operator (:data:`SERIAL_KINDS`) reads only the accumulator, and only compute-module
       instructions write it: every input row enters by a ``LOAD ACC_8BIT`` of its int8 lanes
       (with ``ISA_ACC_8BIT_LOAD``, at the ``ACC`` bandwidth) or by a GEMM through an identity
-      weight tile from rows the load module brought in (``BLOCK_IN == BLOCK_OUT``,
-      ``GEMM_CYCLES_PER_UOP`` a row); an int32 ``LOAD ACC`` needs int32 data in DRAM, which no
-      VTA operator stores.
+      weight tile from rows the load module brought in (``BLOCK_IN == BLOCK_OUT``): a GEMM adds,
+      so the row is first initialised as below, then ``GEMM_CYCLES_PER_UOP``; an int32 ``LOAD
+      ACC`` needs int32 data in DRAM, which no VTA operator stores.
     * A GEMM operator accumulates (a GEMM adds to its accumulator row; there is no overwriting
       GEMM), so every output row starts from a value a compute-module instruction wrote: a fill
       (``PAD_ELEM_CYCLES`` a row), a reset GEMM (``GEMM_CYCLES_PER_UOP``) or an immediate ALU
@@ -422,8 +422,8 @@ def serial_floor(config: VTAConfig, size: OperatorSize) -> float:
 
     cfg = config
     lanes = cfg.BATCH * cfg.BLOCK_OUT
+    init = min(cfg.PAD_ELEM_CYCLES, cfg.GEMM_CYCLES_PER_UOP, cfg.ALU_CYCLES_PER_UOP_IMM)
     if size.kind in GEMM_KINDS:
-        init = min(cfg.PAD_ELEM_CYCLES, cfg.GEMM_CYCLES_PER_UOP, cfg.ALU_CYCLES_PER_UOP_IMM)
         return size.out_elements / lanes * init
     if size.kind not in SERIAL_KINDS:
         return 0.0
@@ -431,7 +431,7 @@ def serial_floor(config: VTAConfig, size: OperatorSize) -> float:
     if cfg.ISA_ACC_8BIT_LOAD:
         per_row.append(timing(cfg).dma("ACC").cycles(0, 0, lanes * cfg.INP_WIDTH / 8))
     if cfg.BLOCK_IN == cfg.BLOCK_OUT:
-        per_row.append(cfg.GEMM_CYCLES_PER_UOP)
+        per_row.append(init + cfg.GEMM_CYCLES_PER_UOP)
     return size.in_elements / lanes * min(per_row) if per_row else 0.0
 
 
