@@ -339,6 +339,112 @@ def test_folded_fused_layouts_charge_what_their_relax_ops_write():
         assert (first == 1).all() and (rest == -128).all()
 
 
+def _stem_candidate(hw: int, pad: int, cfg):
+    """The ``NCHW x=1 y=k16 z=c4*s4`` embedding (data as A) of 1x3xHWxHW * 16x3x3x3 s2."""
+    from tvm_csp_embed.candidates import CspWorkload, candidates
+
+    base = CspWorkload("conv2d", (("n", 1), ("c", 3), ("h", hw), ("w", hw), ("k", 16), ("kh", 3),
+                                  ("kw", 3), ("pt", pad), ("pl", pad), ("pb", pad), ("pr", pad),
+                                  ("sh", 2), ("sw", 2)))
+    cands, _ = candidates(cfg, base, "relaxed", ["NCHW"], (("bias",), ("shr", 9), ("clip", -128, 127)))
+    return next(x for x in cands if x.label.startswith("NCHW x=1 y=k16 z=c4*s4 (A<-data"))
+
+
+def test_stem_lanes_written_by_a_column_the_gather_reads():
+    """A 3-channel 3x3 stride-2 stem (DB10's shape, smaller), NCHW z = c4*s4: its 7 spare lanes
+    are the 4th channel's 4 taps and the 4th tap of the 3 real channels. The taps of the 4th
+    channel share their columns with real taps, so every lane's constant takes a ``where`` pass
+    over the packed input; the 4th tap of the 3 real channels is one pattern of the column
+    unroll, which can read a column appended to the input instead: 3 lanes (+-32,640).
+    Hand count for 1x3x28x28 p1, elements written: the ``where`` form pads to 4x30x30 (3,600),
+    unrolls the columns to 4x30x14x4 (6,720), transposes (6,720) and writes the constants
+    (6,720): 23,760; the gathered form appends 2 columns (the pad's right zero column, then the
+    lane column) to the 3x28x28 input (3x28x30 = 2,520), pads to 4x30x31 (3,720), unrolls
+    (6,720), transposes (6,720): 19,680, no ``where``. The Relax ops the packing emits write that
+    much, and the compiled packing holds 1, -128, -128 wherever the digits' reduction points
+    read, whatever the input."""
+    import tvm
+    from tvm import relax
+
+    from tvm_csp_embed.codegen.biasfold import _lane_classes, _reads, fold_data_layout, fold_forms
+    from vta_ext.config import load_config
+    from vta_ext.host import VIEW_OPS, layout_traffic
+
+    cand = _stem_candidate(28, 1, load_config("default"))
+    (full, _), (sub, _) = fold_forms(cand.packed)
+    assert (full.lanes, sub.lanes) == (7, 3)
+    assert layout_traffic(fold_data_layout(cand.packed, 7)) == 23_760
+    layout = fold_data_layout(cand.packed, 3)
+    assert layout_traffic(layout) == 19_680
+    kinds = [st[0] for st in layout.steps]
+    assert "set" not in kinds and kinds.index("concat") < kinds.index("pad") < kinds.index("unroll")
+
+    written = []
+
+    class Packer:                     # the offload pass's packer interface, on a BlockBuilder
+        def __init__(self, bb):
+            self.bb = bb
+
+        def operand(self, expr):
+            return expr
+
+        def emit(self, expr, name):
+            var = self.bb.emit(expr, name)
+            if expr.op.name not in VIEW_OPS:
+                written.append((expr.op.name, int(np.prod([int(d) for d in var.ty.shape]))))
+            return var
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(layout.src_shape, "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(layout.pack(Packer(bb), x))
+        bb.emit_func_output(out)
+    assert written == [("relax.concat", 2_520), ("relax.nn.pad", 3_720), ("relax.take", 6_720),
+                       ("relax.permute_dims", 6_720)], written
+    vm = relax.VirtualMachine(relax.build(bb.get(), target="llvm"), tvm.cpu())
+    cl = _lane_classes(cand.packed)
+    points = {tuple(int(v) for v in cl["wvals"][p]): p for c, ps in cl["candidates"] for p in ps}
+    for seed in range(2):
+        src = np.random.default_rng(seed).integers(-128, 128, layout.src_shape).astype(np.int8)
+        got = vm["main"](tvm.runtime.tensor(src)).numpy().ravel()
+        for lane, value in zip(sub.weight_index, (1, -128, -128)):
+            assert (got[_reads(cl, points[lane])] == value).all()
+
+
+@pytest.mark.parametrize("hw, pad, bias_range, lanes", [
+    (28, 1, 12_000, 3),      # DB10-like: the gather writes 3 lanes
+    (32, 0, 12_000, 3),      # squeezenet1_1's stem, smaller
+    (28, 1, 60_000, 7),      # a bias only all 7 lanes hold: the where form
+])
+def test_stem_folded_in_the_lanes_the_gather_writes_bit_exact(hw, pad, bias_range, lanes):
+    """The stem embedding of :func:`test_stem_lanes_written_by_a_column_the_gather_reads` built
+    folded (``bias_lanes`` = the lanes of the form whose range holds the bias) runs bit-exact
+    against the numpy reference of the operator, on the simulator; and a whole build of the
+    layer (default objective) is bit-exact against llvm, with the fold the objective takes."""
+    import dataclasses
+
+    from tvm_csp_embed.codegen.biasfold import fold_decision
+    from tvm_csp_embed.reference import reference_for
+    from vta_ext.config import load_config
+
+    cfg = load_config("default")
+    cand = _stem_candidate(hw, pad, cfg)
+    rng = np.random.default_rng(hw + pad)
+    bias = rng.integers(-bias_range, bias_range, 16)
+    epilogue = (("bias",), ("shr", 9), ("clip", -128, 127))
+    decided, note = fold_decision(cand.packed, "conv2d", epilogue, bias, True)
+    assert decided == lanes, note
+    cw = dataclasses.replace(cand.workload, bias_lanes=lanes)
+    template = vta_ext.strategy.get_template("conv2d", "csp-relaxed")
+    compiled = template.build(cfg, cw, epilogue, "cycles")
+    inputs, expected, unpack = reference_for("conv2d", "csp-relaxed")(cfg, cw, epilogue, rng)
+    out, _ = compiled.run(*inputs)
+    np.testing.assert_array_equal(unpack(out), expected)
+    mod, arrays = _conv(3, hw, 3, stride=2, padding=pad, bias=bias)
+    _build_and_compare(mod, arrays)
+
+
 # ------------------------------------------------------------------------------ counts
 def _uops(program, kind):
     """Executed micro-ops of the compute instructions ``kind`` selects."""
@@ -402,14 +508,15 @@ def test_every_candidate_embedding_folds_bit_exact(c, hw, k, stride, mode):
     """Every embedding the solver offers for a thin conv (NCHW, NHWC, fused; operand-swapped
     ones) whose spare lanes can carry the bias: the folded program on the simulator equals the
     numpy reference (``csp_reference``: random operator tensors, the bias in the range of the
-    embedding's lanes, packed by the folded layouts). The strict (stock-family) embedding of an
+    embedding's lanes, packed by the folded layouts), in every lane form (:func:`fold_forms`: all
+    spare lanes, and the subset whose constants the stencil gather reads). The strict (stock-family) embedding of an
     8-channel conv, z = c16, has its input padded by the DMA: the digits must sit at a filter tap
     whose reads the DMA never pads (csp-strict itself never folds; the program is built here
     directly)."""
     import dataclasses
 
     from tvm_csp_embed.candidates import CspWorkload, candidates, fused_variants
-    from tvm_csp_embed.codegen.biasfold import FoldLanes, fold_lanes
+    from tvm_csp_embed.codegen.biasfold import FoldLanes, fold_forms, fold_lanes
     from tvm_csp_embed.reference import reference_for
     from vta_ext.config import load_config
 
@@ -421,24 +528,28 @@ def test_every_candidate_embedding_folds_bit_exact(c, hw, k, stride, mode):
     epilogue = (("bias",), ("shr", 9), ("clip", -128, 127))
     layouts = ["NCHW", "NHWC"] + fused_variants(base, cfg) if mode == "relaxed" else ["NCHW"]
     cands, _ = candidates(cfg, base, mode, layouts, epilogue)
-    folded = swapped = dma = 0
+    folded = swapped = dma = subsets = 0
     template = vta_ext.strategy.get_template("conv2d", "csp-relaxed")
     for cand in cands:
         lanes = fold_lanes(cand.packed)
         if cand.refused or not isinstance(lanes, FoldLanes):
             continue
-        cw = dataclasses.replace(cand.workload, bias_lanes=lanes.lanes)
-        compiled = template.build(cfg, cw, epilogue, "cycles")
-        inputs, expected, unpack = reference_for("conv2d", "csp-relaxed")(
-            cfg, cw, epilogue, np.random.default_rng(folded))
-        out, _ = compiled.run(*inputs)
-        np.testing.assert_array_equal(unpack(out), expected, err_msg=cand.label)
+        for form, _ in fold_forms(cand.packed):     # every spare lane; a subset the gather writes
+            cw = dataclasses.replace(cand.workload, bias_lanes=form.lanes)
+            compiled = template.build(cfg, cw, epilogue, "cycles")
+            inputs, expected, unpack = reference_for("conv2d", "csp-relaxed")(
+                cfg, cw, epilogue, np.random.default_rng(folded))
+            out, _ = compiled.run(*inputs)
+            np.testing.assert_array_equal(unpack(out), expected, err_msg=f"{cand.label} {form}")
+            subsets += form.lanes != lanes.lanes
         folded += 1
         swapped += lanes.data == "B"
         dma += cand.packed.operands[lanes.data].device_padded
     assert folded >= (3 if mode == "relaxed" else 1)
     assert mode == "relaxed" or dma == folded
-    print(f"{folded} embeddings folded ({swapped} operand-swapped, {dma} with DMA padding)")
+    assert mode == "strict" or subsets >= 1
+    print(f"{folded} embeddings folded ({swapped} operand-swapped, {dma} with DMA padding, "
+          f"{subsets} also into the lanes the gather writes)")
 
 
 def test_records_written_before_bias_lanes_still_apply():

@@ -432,6 +432,8 @@ def _fold_forms(pg: PackedGemm):
     if isinstance(full, str):
         raise ValueError(f"cannot fold the bias into {pg.embedding.mapping_str()}: {full}")
     forms = [(full, _fold_data_layout(pg))]
+    if all(st[0] != "set" for st in forms[0][1].steps):
+        return tuple(forms)          # the copies the layout makes write every lane already
     sub = _gathered_lanes(pg, full)
     if sub is not None and sub[0].lanes < full.lanes and sub[1].copied < forms[0][1].copied:
         forms.append(sub)
@@ -690,15 +692,24 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Optional[Tuple[FoldLane
     st, before, after = steps[t], shapes[t], shapes[t + 1]
     axis, ext = st[1], st[2]
     other = [i for i in range(len(after)) if not axis <= i < axis + len(ext)]
-    groups: Dict[tuple, list] = {}
+    found: Dict[tuple, list] = {}
     for j, p in enumerate(_lane_points(host, lanes, t)):
         pattern = []
         for i, e in enumerate(ext):
-            vals = np.unique(_coordinate(p, after, axis + i))
-            pattern.append(int(vals[0]) if len(vals) == 1 else None if len(vals) == e else False)
+            seen = np.flatnonzero(np.bincount(_coordinate(p, after, axis + i), minlength=e))
+            pattern.append(int(seen[0]) if len(seen) == 1 else None if len(seen) == e else False)
         if False not in pattern:
-            coords = np.stack([_coordinate(p, after, i) for i in other], axis=1)
-            groups.setdefault(tuple(pattern), []).append((j, coords))
+            found.setdefault(tuple(pattern), []).append((j, p))
+    # a pattern's redirection reaches every position of the other axes at its loop points: only
+    # one whose lanes fill that region can leave every real position alone (checked below)
+    region = math.prod(after[i] for i in other)
+    groups = {pattern: [(j, np.stack([_coordinate(p, after, i) for i in other], axis=1))
+                        for j, p in members]
+              for pattern, members in found.items()
+              if sum(len(p) for _, p in members) == region * math.prod(
+                  e for v, e in zip(pattern, ext) if v is None)}
+    if not groups:
+        return None
     prev = steps[t - 1] if t else None
     padded = prev is not None and prev[0] == "pad"
     src = shapes[t - 1] if padded else before
@@ -706,15 +717,17 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Optional[Tuple[FoldLane
     zeros = prev[1][axis][1] if padded else 0
     limit = np.array([s for i, s in enumerate(src) if i != axis])
     probes = [np.full(host.src_shape, v, dtype=np.int8) for v in _PROBES]
-    plain = [host.pack_numpy(x).ravel() for x in probes]
 
-    def marked(patterns):
-        """The layout that redirects ``patterns`` to the appended columns, a marker per lane,
-        and its packings of the probes."""
+    def marked(patterns, whole: bool = False):
+        """The layout that redirects ``patterns`` to the appended columns, a marker per lane
+        (``whole``: a marker per column, in all of it): ``(block, layout of a block)``."""
         n = zeros + len(patterns)
         block = np.zeros(src[:axis] + (n,) + src[axis + 1:], dtype=np.int64)
         for g, pattern in enumerate(patterns):
             col = np.moveaxis(block, axis, 0)[zeros + g]
+            if whole:
+                col[...] = _MARK + g
+                continue
             for j, coords in groups[pattern]:
                 c = coords - lo
                 inside = ((c >= 0) & (c < limit)).all(axis=1)
@@ -730,17 +743,22 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Optional[Tuple[FoldLane
                 head = steps[:t] + (concat,)
             return HostLayout(host.src_shape, head + (gather,) + steps[t + 1:], host.name)
 
-        return block, layout, [layout(block).pack_numpy(x).ravel() for x in probes]
+        return block, layout
 
-    # a pattern whose redirection changes a position some real reduction point reads is out
-    usable = []
-    for pattern in groups:
-        got = marked([pattern])[2]
-        if _spare_positions(cl, np.flatnonzero(np.any([g != q for g, q in zip(got, plain)], axis=0))):
-            usable.append(pattern)
+    # a pattern whose redirection changes a position some real reduction point reads is out:
+    # with a marker per column (none of them a probe value), the positions it reaches hold it
+    if len(groups) > 127 - _MARK:
+        return None
+    block, layout = marked(list(groups), whole=True)
+    reached = layout(block).pack_numpy(probes[1]).ravel()
+    at = np.flatnonzero(reached >= _MARK)
+    real = np.bincount(reached[at] - _MARK, weights=~_spare_positions(cl, at),
+                       minlength=len(groups))
+    usable = [pattern for g, pattern in enumerate(groups) if not real[g]]
     if not usable:
         return None
-    block, layout, got = marked(usable)
+    block, layout = marked(usable)
+    got = [layout(block).pack_numpy(x).ravel() for x in probes]
     chosen = sorted(((points[0], c) for c, points in cl["candidates"] if points))
     points = dict(cl["candidates"])
     kept = []
@@ -773,14 +791,17 @@ def _reads(cl: dict, p: int) -> np.ndarray:
     return flat
 
 
-def _spare_positions(cl: dict, flat: np.ndarray) -> bool:
-    """Whether every stored data position of ``flat`` belongs to a spare class (no real
+def _spare_positions(cl: dict, flat: np.ndarray) -> np.ndarray:
+    """Per stored data position of ``flat``, whether it belongs to a spare class (no real
     reduction point reads it)."""
     dops, ddims, classes = cl["dops"], cl["ddims"], cl["classes"]
+    extents = [dops.dims[i].extent for i in ddims]
+    spare = np.zeros(math.prod(extents), dtype=bool)
+    spare[np.ravel_multi_index(tuple(classes[[c for c, _ in cl["candidates"]]].T), extents)] = True
     shape = dops.stored_shape
-    spare = {tuple(int(v) for v in classes[c]) for c, _ in cl["candidates"]}
-    coords = np.stack([_coordinate(flat, shape, i) + dops.dims[i].stored_lo for i in ddims], axis=1)
-    return all(tuple(int(v) for v in row) in spare for row in np.unique(coords, axis=0))
+    code = np.ravel_multi_index(tuple(_coordinate(flat, shape, i) + dops.dims[i].stored_lo
+                                      for i in ddims), extents)
+    return spare[code]
 
 
 def _rows_before(host: HostLayout, t: int, axis: int, values: Tuple[int, ...]):
