@@ -266,6 +266,40 @@ def test_lane_constants_come_with_the_gather_bit_exact(shape, family, rows, obje
     assert (kinds.index("concat") < kinds.index("unroll")) == rows, (p.plan, kinds)
 
 
+def _emitted_packing(layout):
+    """The Relax ops ``layout.pack`` emits through the offload pass's packer interface (on a
+    BlockBuilder): ``([(op name, elements written) of each op that copies], pack)``, ``pack``
+    running the llvm build of the packing on a numpy array."""
+    import tvm
+    from tvm import relax
+
+    from vta_ext.host import VIEW_OPS
+
+    written = []
+
+    class Packer:
+        def __init__(self, bb):
+            self.bb = bb
+
+        def operand(self, expr):
+            return expr
+
+        def emit(self, expr, name):
+            var = self.bb.emit(expr, name)
+            if expr.op.name not in VIEW_OPS:
+                written.append((expr.op.name, int(np.prod([int(d) for d in var.ty.shape]))))
+            return var
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(layout.src_shape, "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(layout.pack(Packer(bb), x))
+        bb.emit_func_output(out)
+    vm = relax.VirtualMachine(relax.build(bb.get(), target="llvm"), tvm.cpu())
+    return written, lambda src: vm["main"](tvm.runtime.tensor(src)).numpy()
+
+
 def test_folded_fused_layouts_charge_what_their_relax_ops_write():
     """The host model charges a layout what its Relax ops write (``layout_traffic``). Hand count
     for 1x3x8x8 * 16x3x3x3 p1, fused-crs with the data as A: pad to 3x10x10 (300), unroll rows
@@ -277,13 +311,10 @@ def test_folded_fused_layouts_charge_what_their_relax_ops_write():
     padding after each column's 80 (12 x 87 = 1,044), the row unroll to 12x12x32 (4,608) and the
     lane transpose (4,608): 12,436; with the fold the concat in place of that padding writes the
     two lane constants too (12 x 89 = 1,068): 12,460, where a ``where`` would add 4,608."""
-    import tvm
-    from tvm import relax
-
     from tvm_csp_embed.candidates import CspWorkload, candidates
     from tvm_csp_embed.codegen.biasfold import fold_data_layout, fold_lanes
     from vta_ext.config import load_config
-    from vta_ext.host import VIEW_OPS, layout_traffic
+    from vta_ext.host import layout_traffic
 
     cfg = load_config("default")
     epilogue = (("bias",), ("shr", 9), ("clip", -128, 127))
@@ -301,36 +332,14 @@ def test_folded_fused_layouts_charge_what_their_relax_ops_write():
         assert layout_traffic(cand.packed.operands["A"].host) == plain
         assert layout_traffic(layout_of) == folded
 
-        written, ops = [], []
-
-        class Packer:                 # the offload pass's packer interface, on a BlockBuilder
-            def __init__(self, bb):
-                self.bb = bb
-
-            def operand(self, expr):
-                return expr
-
-            def emit(self, expr, name):
-                var = self.bb.emit(expr, name)
-                ops.append(expr.op.name)
-                if expr.op.name not in VIEW_OPS:
-                    written.append(int(np.prod([int(d) for d in var.ty.shape])))
-                return var
-
-        bb = relax.BlockBuilder()
-        x = relax.Var("x", relax.TensorType(layout_of.src_shape, "int8"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                out = bb.emit_output(layout_of.pack(Packer(bb), x))
-            bb.emit_func_output(out)
-        assert sum(written) == folded, (layout, written)
+        written, pack = _emitted_packing(layout_of)
+        ops = [op for op, _ in written]
+        assert sum(n for _, n in written) == folded, (layout, written)
         assert "relax.where" not in ops and "relax.concat" in ops, ops
         # the compiled packing holds the lane constants: the GEMM of the packed data with a weight
         # vector that is 1 at the lanes' first reduction point only reads 1, of one at -128 reads
         # -128, at every output position (independent of the source values)
-        src = np.random.default_rng(0).integers(-128, 128, layout_of.src_shape).astype(np.int8)
-        got = relax.VirtualMachine(relax.build(bb.get(), target="llvm"), tvm.cpu())["main"](
-            tvm.runtime.tensor(src)).numpy()
+        got = pack(np.random.default_rng(0).integers(-128, 128, layout_of.src_shape).astype(np.int8))
         lanes = fold_lanes(cand.packed)
         first = got[tuple(slice(None) if e == 1 else v for v, e in
                                                zip(lanes.data_index[0], lanes.data_shape))]
@@ -363,12 +372,9 @@ def test_stem_lanes_written_by_a_column_the_gather_reads():
     (6,720), transposes (6,720): 19,680, no ``where``. The Relax ops the packing emits write that
     much, and the compiled packing holds 1, -128, -128 wherever the digits' reduction points
     read, whatever the input."""
-    import tvm
-    from tvm import relax
-
     from tvm_csp_embed.codegen.biasfold import _lane_classes, _reads, fold_data_layout, fold_forms
     from vta_ext.config import load_config
-    from vta_ext.host import VIEW_OPS, layout_traffic
+    from vta_ext.host import layout_traffic
 
     cand = _stem_candidate(28, 1, load_config("default"))
     (full, _), (sub, _) = fold_forms(cand.packed)
@@ -379,35 +385,14 @@ def test_stem_lanes_written_by_a_column_the_gather_reads():
     kinds = [st[0] for st in layout.steps]
     assert "set" not in kinds and kinds.index("concat") < kinds.index("pad") < kinds.index("unroll")
 
-    written = []
-
-    class Packer:                     # the offload pass's packer interface, on a BlockBuilder
-        def __init__(self, bb):
-            self.bb = bb
-
-        def operand(self, expr):
-            return expr
-
-        def emit(self, expr, name):
-            var = self.bb.emit(expr, name)
-            if expr.op.name not in VIEW_OPS:
-                written.append((expr.op.name, int(np.prod([int(d) for d in var.ty.shape]))))
-            return var
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(layout.src_shape, "int8"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(layout.pack(Packer(bb), x))
-        bb.emit_func_output(out)
+    written, pack = _emitted_packing(layout)
     assert written == [("relax.concat", 2_520), ("relax.nn.pad", 3_720), ("relax.take", 6_720),
                        ("relax.permute_dims", 6_720)], written
-    vm = relax.VirtualMachine(relax.build(bb.get(), target="llvm"), tvm.cpu())
     cl = _lane_classes(cand.packed)
     points = {tuple(int(v) for v in cl["wvals"][p]): p for c, ps in cl["candidates"] for p in ps}
     for seed in range(2):
         src = np.random.default_rng(seed).integers(-128, 128, layout.src_shape).astype(np.int8)
-        got = vm["main"](tvm.runtime.tensor(src)).numpy().ravel()
+        got = pack(src).ravel()
         for lane, value in zip(sub.weight_index, (1, -128, -128)):
             assert (got[_reads(cl, points[lane])] == value).all()
 
