@@ -397,6 +397,29 @@ def test_stem_lanes_written_by_a_column_the_gather_reads():
             assert (got[_reads(cl, points[lane])] == value).all()
 
 
+def test_where_pass_stays_where_no_lane_is_a_column_and_the_report_says_why():
+    """1x3x10x10 * 16x3x2x2, NCHW z = c4*r2*s2: the 4 spare lanes are the padded 4th channel's
+    4 taps, which the unroll reads at the same columns as the real channels' taps: no unroll
+    pattern holds lanes only, so the lane constants keep their ``where`` pass over the packed
+    input (one form, with a ``set`` step), and the fold's sentence says so."""
+    from tvm_csp_embed.candidates import CspWorkload, candidates
+    from tvm_csp_embed.codegen.biasfold import fold_decision, fold_forms
+    from vta_ext.config import load_config
+
+    epilogue = (("bias",), ("shr", 9), ("clip", -128, 127))
+    base = CspWorkload("conv2d", (("n", 1), ("c", 3), ("h", 10), ("w", 10), ("k", 16), ("kh", 2),
+                                  ("kw", 2), ("pt", 0), ("pl", 0), ("pb", 0), ("pr", 0),
+                                  ("sh", 1), ("sw", 1)))
+    cands, _ = candidates(load_config("default"), base, "relaxed", ["NCHW"], epilogue)
+    cand = next(x for x in cands if x.label.startswith("NCHW x=1 y=k16 z=c4*r2*s2 (A<-data"))
+    (form, layout), = fold_forms(cand.packed)
+    assert form.lanes == 4 and layout.steps[-1][0] == "set"
+    lanes, note = fold_decision(cand.packed, "conv2d", epilogue, np.arange(-8, 8) * 1000, True)
+    assert lanes == 4
+    assert note.endswith("its lane constants take a where pass over the packed input: no lane is "
+                         "one pattern of the unroll's loops over the whole of the other axes"), note
+
+
 @pytest.mark.parametrize("hw, pad, bias_range, lanes", [
     (28, 1, 12_000, 3),      # DB10-like: the gather writes 3 lanes
     (32, 0, 12_000, 3),      # squeezenet1_1's stem, smaller

@@ -397,13 +397,15 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
 
 
 def fold_form_note(pg: PackedGemm, lanes: int) -> str:
-    """The build report's words on the lanes a fold into ``lanes`` lanes takes when
-    :func:`fold_forms` offers a choice: the subset the gather writes, or why not that subset
-    (only a bias it does not hold takes every lane); "" without a choice."""
+    """The build report's words on the lanes a fold into ``lanes`` lanes takes: the subset the
+    gather writes, or why not that subset (a bias it does not hold), or why the lane constants
+    take a ``where`` pass (:func:`_gathered_lanes` found no subset); "" when the layout's own
+    copies write every lane."""
     forms = fold_forms(pg)
     full = forms[0][0]
     if len(forms) == 1:
-        return ""
+        why = pg.memo("fold_gather_why", lambda: "")
+        return f"its lane constants take a where pass over the packed input: {why}" if why else ""
     if lanes != full.lanes:
         return (f"the {lanes} of {full.lanes} lanes whose constants the stencil gather reads "
                 f"from a column appended to its source")
@@ -414,9 +416,9 @@ def fold_form_note(pg: PackedGemm, lanes: int) -> str:
 
 def fold_forms(pg: PackedGemm) -> Tuple[Tuple[FoldLanes, HostLayout], ...]:
     """The ways the lane constants of ``pg``'s fold can be written, each ``(lanes, data layout)``:
-    every spare lane (:func:`fold_lanes`, written by :func:`_gathered` or a ``set`` step), then,
-    when the gather writes a subset of them with fewer host bytes (:func:`_gathered_lanes`), that
-    subset. Their lane counts differ, so a workload's ``bias_lanes`` names one. Computed once per
+    every spare lane (:func:`fold_lanes`, written by :func:`_gathered` or a ``set`` step, or by
+    :func:`_gathered_lanes` when it reaches them all with fewer host bytes), then, when the gather
+    writes a subset of them with fewer host bytes (:func:`_gathered_lanes`), that subset. Their lane counts differ, so a workload's ``bias_lanes`` names one. Computed once per
     program (``pg.memo``).
 
     Raises
@@ -435,8 +437,17 @@ def _fold_forms(pg: PackedGemm):
     if all(st[0] != "set" for st in forms[0][1].steps):
         return tuple(forms)          # the copies the layout makes write every lane already
     sub = _gathered_lanes(pg, full)
-    if sub is not None and sub[0].lanes < full.lanes and sub[1].copied < forms[0][1].copied:
-        forms.append(sub)
+    if isinstance(sub, str):
+        why = sub
+    elif sub[1].copied >= forms[0][1].copied:
+        why = f"the gather's {sub[0].lanes} lanes copy no fewer bytes"
+    else:
+        why = ""
+        if sub[0].lanes == full.lanes:
+            forms[0] = sub           # the gather writes every lane: the where pass is not needed
+        else:
+            forms.append(sub)
+    pg.memo("fold_gather_why", lambda: why)
     return tuple(forms)
 
 
@@ -662,9 +673,9 @@ def _lane_points(host: HostLayout, lanes: FoldLanes, t: int):
 _PROBES, _MARK = (0, 7), 10
 
 
-def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Optional[Tuple[FoldLanes, HostLayout]]:
+def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Union[Tuple[FoldLanes, HostLayout], str]:
     """The lanes of ``lanes`` that a stencil unroll's ``take`` can read from a constant block
-    appended to its source, and the data layout that writes them; None when there are none.
+    appended to its source, and the data layout that writes them; or why there are none.
 
     Where :func:`_gathered` needs every lane to cover all positions of the axes the unroll does
     not touch (a 3-channel stem padded to 4 channels has lanes that are one channel's taps, and
@@ -687,8 +698,10 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Optional[Tuple[FoldLane
     host = pg.operands[lanes.data].host
     shapes, steps = host.shapes, host.steps
     t = _creating_step(host)
-    if t < 0 or steps[t][0] != "unroll" or len(steps[t]) > 5 or lanes.lanes > 127 - _MARK:
-        return None
+    if t < 0 or steps[t][0] != "unroll" or len(steps[t]) > 5:
+        return "its layout has no stencil unroll whose take could read them"
+    if lanes.lanes > 127 - _MARK:
+        return f"{lanes.lanes} lanes, more than the probe's markers"
     st, before, after = steps[t], shapes[t], shapes[t + 1]
     axis, ext = st[1], st[2]
     other = [i for i in range(len(after)) if not axis <= i < axis + len(ext)]
@@ -709,7 +722,7 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Optional[Tuple[FoldLane
               if sum(len(p) for _, p in members) == region * math.prod(
                   e for v, e in zip(pattern, ext) if v is None)}
     if not groups:
-        return None
+        return "no lane is one pattern of the unroll's loops over the whole of the other axes"
     prev = steps[t - 1] if t else None
     padded = prev is not None and prev[0] == "pad"
     src = shapes[t - 1] if padded else before
@@ -748,7 +761,7 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Optional[Tuple[FoldLane
     # a pattern whose redirection changes a position some real reduction point reads is out:
     # with a marker per column (none of them a probe value), the positions it reaches hold it
     if len(groups) > 127 - _MARK:
-        return None
+        return f"{len(groups)} unroll patterns, more than the probe's markers"
     block, layout = marked(list(groups), whole=True)
     reached = layout(block).pack_numpy(probes[1]).ravel()
     at = np.flatnonzero(reached >= _MARK)
@@ -756,7 +769,7 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Optional[Tuple[FoldLane
                        minlength=len(groups))
     usable = [pattern for g, pattern in enumerate(groups) if not real[g]]
     if not usable:
-        return None
+        return "every pattern's column would reach positions real reduction points read"
     block, layout = marked(usable)
     got = [layout(block).pack_numpy(x).ravel() for x in probes]
     chosen = sorted(((points[0], c) for c, points in cl["candidates"] if points))
@@ -768,7 +781,7 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Optional[Tuple[FoldLane
         if at is not None:
             kept.append((j, at, c))
     if not kept:
-        return None
+        return "no digit's reads see only the appended column"
     consts = fold_constants(len(kept))
     values = np.zeros_like(block)
     for (j, _, _), v in zip(kept, consts):
