@@ -429,7 +429,8 @@ def test_stem_folded_in_the_lanes_the_gather_writes_bit_exact(hw, pad, bias_rang
     """The stem embedding of :func:`test_stem_lanes_written_by_a_column_the_gather_reads` built
     folded (``bias_lanes`` = the lanes of the form whose range holds the bias) runs bit-exact
     against the numpy reference of the operator, on the simulator; and a whole build of the
-    layer (default objective) is bit-exact against llvm, with the fold the objective takes."""
+    layer (default objective) is bit-exact against llvm, with the fold the objective takes, whose
+    priced host bytes equal the relayout bytes the build emits."""
     import dataclasses
 
     from tvm_csp_embed.codegen.biasfold import fold_decision
@@ -450,7 +451,11 @@ def test_stem_folded_in_the_lanes_the_gather_writes_bit_exact(hw, pad, bias_rang
     out, _ = compiled.run(*inputs)
     np.testing.assert_array_equal(unpack(out), expected)
     mod, arrays = _conv(3, hw, 3, stride=2, padding=pad, bias=bias)
-    _build_and_compare(mod, arrays)
+    p, report = _build_and_compare(mod, arrays)
+    # the host bytes the objective priced the chosen plan at are those the built module's
+    # relayouts write (counted by the build report on the offloaded module)
+    priced = int(re.search(r"VTA \+ ([\d,]+) B host layout\)", p.detail).group(1).replace(",", ""))
+    assert priced == report.layout_bytes, p.detail
 
 
 # ------------------------------------------------------------------------------ counts
