@@ -447,12 +447,15 @@ def kept_twin(cand: Candidate) -> Candidate:
     ``set`` pass over the packed input) that outweighs the ALU pass it saves."""
     from vta_ext.host import layout_traffic
 
+    from .codegen.biasfold import fold_form_note
+
     extra = layout_traffic(data_layout(cand)) - layout_traffic(data_layout(cand, folded=False))
+    note = fold_form_note(cand.packed, cand.workload.bias_lanes)
     return Candidate(cand.workload.with_bias_lanes(0), cand.embedding, cand.packed,
                      estimate=cand.estimate, footprint=cand.footprint, place=cand.place,
                      bias_note=(f"{_KEPT_BY_OBJECTIVE} the fold into {cand.workload.bias_lanes} "
                                 f"lanes (its lane constants add {extra:,} bytes of host layout "
-                                f"traffic)"))
+                                f"traffic{'; ' + note if note else ''})"))
 
 
 #: how :func:`kept_twin`'s report sentence starts (its GEMM twin, :func:`gemm_twin`, repeats
@@ -514,7 +517,7 @@ def operand_layouts(op, cand: Candidate) -> Dict[str, Any]:
     if cand.workload.bias_lanes:
         from .codegen.biasfold import fold_layouts
 
-        return fold_layouts(pg, op.bias.value.numpy())
+        return fold_layouts(pg, op.bias.value.numpy(), cand.workload.bias_lanes)
     return {pg.operands[r].tensor: pg.operands[r].host for r in "AB"}
 
 
@@ -527,7 +530,7 @@ def data_layout(cand: Candidate, folded: bool = True):
     if folded and cand.workload.bias_lanes:
         from .codegen.biasfold import fold_data_layout
 
-        return fold_data_layout(pg)
+        return fold_data_layout(pg, cand.workload.bias_lanes)
     data = cand.embedding.workload.inputs[0].name
     return next(pg.operands[r].host for r in "AB" if pg.operands[r].tensor == data)
 

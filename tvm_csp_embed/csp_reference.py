@@ -39,7 +39,7 @@ def _packed_inputs(cw, pg, tensors, epilogue, rng, bias_shape):
         return rng.integers(lo, hi, bias_shape).astype(np.int32)
     vec = vector_tensors(epilogue, rng, draw)
     layouts = ({pg.operands[r].tensor: pg.operands[r].host for r in "AB"} if not cw.bias_lanes
-               else fold_layouts(pg, vec["bias"]))
+               else fold_layouts(pg, vec["bias"], cw.bias_lanes))
     inputs = [layouts[pg.operands[r].tensor].pack_numpy(tensors[pg.operands[r].tensor]) for r in "AB"]
     inputs += [pg.bias_layout(bias_shape).pack_numpy(v) for kind, v in vec.items()
                if not (cw.bias_lanes and kind == "bias")]

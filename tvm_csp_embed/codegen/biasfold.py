@@ -54,7 +54,7 @@ from .plan import AXIS_PREFIX, PackedGemm
 from .relayout import HostLayout, _is_identity
 
 __all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "fold_range", "fold_constants", "fold_digits",
-           "FoldLanes", "fold_lanes", "fold_decision", "fold_layouts", "fold_data_layout", "fold_epilogue",
+           "FoldLanes", "fold_lanes", "fold_decision", "fold_forms", "fold_form_note", "fold_layouts", "fold_data_layout", "fold_epilogue",
            "FOLD_KINDS", "gemm_bias_decision", "gemm_bias_lanes_decision", "gemm_bias_epilogue", "gemm_bias_operands"]
 
 #: the data constant of the first spare lane (it carries the residue of the bias modulo 128)
@@ -201,6 +201,43 @@ def _dim_values(dim, values: Dict[str, np.ndarray]) -> np.ndarray:
 
 
 def _fold_lanes(pg: PackedGemm) -> Union[FoldLanes, str]:
+    found = _lane_classes(pg)
+    if isinstance(found, str):
+        return found
+    cl = found
+    chosen = [(points[0], c) for c, points in cl["candidates"] if points]
+    if not chosen:
+        if cl["dops"].device_padded and not cl["real_reads"].all():
+            return "the input DMA pads every read of the spare input lanes"
+        return "the input's spare lanes are shared with real ones"
+    return _lanes_at(cl, sorted(chosen))
+
+
+def _lanes_at(cl: dict, chosen: Sequence[Tuple[int, int]]) -> FoldLanes:
+    """The :class:`FoldLanes` of the ``(digit point, class)`` pairs ``chosen`` (in lane order)."""
+    dops, ddims, dkinds, classes = cl["dops"], cl["ddims"], cl["dkinds"], cl["classes"]
+    shape = tuple(dops.dims[i].extent if k == "red" else 1 for i, k in enumerate(dkinds))
+    data_index = []
+    for _, c in chosen:
+        pos = [0] * len(dops.dims)
+        for i, v in zip(ddims, classes[c]):
+            pos[i] = int(v)
+        data_index.append(tuple(pos))
+    wvals = cl["wvals"]
+    return FoldLanes(cl["data"], cl["weight"], shape, tuple(data_index), cl["wdims"],
+                     tuple(tuple(int(v) for v in wvals[p]) for p, _ in chosen),
+                     tuple(int(v) for v in wvals[0]))
+
+
+def _lane_classes(pg: PackedGemm) -> Union[dict, str]:
+    """The spare classes of ``pg``'s data operand and, per class (in order of its first
+    reduction point), every reduction point of it whose reads the input DMA never pads (the
+    places its digit can sit), with what :func:`_lanes_at` and :func:`_gathered_lanes` need; or
+    why no class can carry the bias. Computed once per program (``pg.memo``)."""
+    return pg.memo("fold_lane_classes", lambda: _find_lane_classes(pg))
+
+
+def _find_lane_classes(pg: PackedGemm) -> Union[dict, str]:
     emb = pg.embedding
     wl = emb.workload
     if not any(wl.reduction[wl.dims.index(d)] for d in emb.padding):
@@ -253,29 +290,15 @@ def _fold_lanes(pg: PackedGemm) -> Union[FoldLanes, str]:
     inverse = inverse.ravel()
     real_reads = np.bincount(inverse[~spare], minlength=len(classes))
     free_ranges = _free_ranges(pg, reduction)
-    chosen = []
+    candidates = []
     for c in np.argsort(first, kind="stable"):
         if real_reads[c]:
             continue                       # a real point reads this class too
-        for p in np.flatnonzero(inverse == c):
-            if _stored_at(dops, p, values, free_ranges):
-                chosen.append((int(p), int(c)))
-                break
-    if not chosen:
-        if dops.device_padded and not real_reads.all():
-            return "the input DMA pads every read of the spare input lanes"
-        return "the input's spare lanes are shared with real ones"
-    chosen.sort()
-    shape = tuple(dops.dims[i].extent if k == "red" else 1 for i, k in enumerate(dkinds))
-    data_index = []
-    for _, c in chosen:
-        pos = [0] * len(dops.dims)
-        for i, v in zip(ddims, classes[c]):
-            pos[i] = int(v)
-        data_index.append(tuple(pos))
-    return FoldLanes(data, weight, shape, tuple(data_index), wdims,
-                     tuple(tuple(int(v) for v in wvals[p]) for p, _ in chosen),
-                     tuple(int(v) for v in wvals[0]))
+        candidates.append((int(c), [int(p) for p in np.flatnonzero(inverse == c)
+                                    if _stored_at(dops, p, values, free_ranges)]))
+    return dict(data=data, weight=weight, dops=dops, ddims=ddims, dkinds=dkinds, classes=classes,
+                wdims=wdims, wvals=wvals, values=values, free=free_ranges, real_reads=real_reads,
+                candidates=candidates)
 
 
 def _free_ranges(pg: PackedGemm, reduction: set) -> Dict[str, int]:
@@ -363,11 +386,81 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
             why = f"{np.asarray(bias).size} bias values for {k} output channels"
         else:
             why = _outside(bias, lanes.lanes, f"the {lanes.lanes} spare lane(s) hold")
-            if why is None:
-                lo, hi = fold_range(lanes.lanes)
-                return lanes.lanes, (f"bias folded into {lanes.lanes} spare reduction lane(s) "
-                                     f"(holds {lo:,}..{hi:,})")
+            fits = [(f, d) for f, d in fold_forms(pg) if _outside(bias, f.lanes, "") is None]
+            if fits:
+                f, d = min(fits, key=lambda fd: fd[1].copied)
+                lo, hi = fold_range(f.lanes)
+                note = fold_form_note(pg, f.lanes)
+                return f.lanes, (f"bias folded into {f.lanes} spare reduction lane(s) "
+                                 f"(holds {lo:,}..{hi:,})" + (f", {note}" if note else ""))
     return 0, f"bias kept on the ALU: {why}"
+
+
+def fold_form_note(pg: PackedGemm, lanes: int) -> str:
+    """The build report's words on the lanes a fold into ``lanes`` lanes takes: the subset the
+    gather writes, or why not that subset (a bias it does not hold), or why the lane constants
+    take a ``where`` pass (:func:`_gathered_lanes` found no subset); "" when the layout's own
+    copies write every lane."""
+    forms = fold_forms(pg)
+    full = forms[0][0]
+    if len(forms) == 1:
+        why = pg.memo("fold_gather_why", lambda: "")
+        return f"its lane constants take a where pass over the packed input: {why}" if why else ""
+    if lanes != full.lanes:
+        return (f"the {lanes} of {full.lanes} lanes whose constants the stencil gather reads "
+                f"from a column appended to its source")
+    sub = forms[1][0]
+    lo, hi = fold_range(sub.lanes)
+    return f"not the {sub.lanes} lanes the gather writes: they hold {lo:,}..{hi:,} only"
+
+
+def fold_forms(pg: PackedGemm) -> Tuple[Tuple[FoldLanes, HostLayout], ...]:
+    """The ways the lane constants of ``pg``'s fold can be written, each ``(lanes, data layout)``:
+    every spare lane (:func:`fold_lanes`, written by :func:`_gathered` or a ``set`` step, or by
+    :func:`_gathered_lanes` when it reaches them all with fewer host bytes), then, when the gather
+    writes a subset of them with fewer host bytes (:func:`_gathered_lanes`), that subset. Their lane counts differ, so a workload's ``bias_lanes`` names one. Computed once per
+    program (``pg.memo``).
+
+    Raises
+    ------
+    ValueError
+        If ``pg`` has no lane for the bias (:func:`fold_lanes`).
+    """
+    return pg.memo("fold_forms", lambda: _fold_forms(pg))
+
+
+def _fold_forms(pg: PackedGemm):
+    full = fold_lanes(pg)
+    if isinstance(full, str):
+        raise ValueError(f"cannot fold the bias into {pg.embedding.mapping_str()}: {full}")
+    forms = [(full, _fold_data_layout(pg))]
+    if all(st[0] != "set" for st in forms[0][1].steps):
+        return tuple(forms)          # the copies the layout makes write every lane already
+    sub = _gathered_lanes(pg, full)
+    if isinstance(sub, str):
+        why = sub
+    elif sub[1].copied >= forms[0][1].copied:
+        why = f"the gather's {sub[0].lanes} lanes copy no fewer bytes"
+    else:
+        why = ""
+        if sub[0].lanes == full.lanes:
+            forms[0] = sub           # the gather writes every lane: the where pass is not needed
+        else:
+            forms.append(sub)
+    pg.memo("fold_gather_why", lambda: why)
+    return tuple(forms)
+
+
+def _form(pg: PackedGemm, lanes: Optional[int]) -> Tuple[FoldLanes, HostLayout]:
+    """The form of :func:`fold_forms` with ``lanes`` lanes (None: every spare lane)."""
+    forms = fold_forms(pg)
+    if lanes is None:
+        return forms[0]
+    for f in forms:
+        if f[0].lanes == lanes:
+            return f
+    raise ValueError(f"{pg.embedding.mapping_str()}: no fold into {lanes} lanes (it has "
+                     f"{', '.join(str(f.lanes) for f, _ in forms)})")
 
 
 def _not_a_constant_leading_bias(kind: str, epilogue, bias, strict: bool) -> Optional[str]:
@@ -396,34 +489,37 @@ def _outside(bias, lanes: int, holder: str) -> Optional[str]:
     return None
 
 
-def fold_layouts(pg: PackedGemm, bias) -> Dict[str, HostLayout]:
+def fold_layouts(pg: PackedGemm, bias, lanes: Optional[int] = None) -> Dict[str, HostLayout]:
     """Tensor name -> host layout of the data and weight operands with the bias folded in: the
     operands' own layouts plus a ``("set", ...)`` step that writes the lane constants into the
     data and the digits of ``bias`` (one value per output channel) into the weights.
 
-    Computed once per program and bias values (``pg.memo``).
+    ``lanes`` (a workload's ``bias_lanes``) picks the form of :func:`fold_forms`; None: every
+    spare lane. Computed once per program, lanes and bias values (``pg.memo``).
 
     Raises
     ------
     ValueError
-        If ``pg`` has no lane for the bias (:func:`fold_lanes`), or a value is out of range.
+        If ``pg`` has no lane for the bias (:func:`fold_lanes`), no form of ``lanes`` lanes, or
+        a value is out of range.
     """
     b = np.ascontiguousarray(np.asarray(bias, dtype=np.int64).ravel())
-    return pg.memo(("fold_layouts", b.tobytes()), lambda: _fold_layouts(pg, b))
+    return pg.memo(("fold_layouts", lanes, b.tobytes()), lambda: _fold_layouts(pg, b, lanes))
 
 
-def fold_data_layout(pg: PackedGemm) -> HostLayout:
+def fold_data_layout(pg: PackedGemm, lanes: Optional[int] = None) -> HostLayout:
     """The host layout of the data operand with the bias folded in (it does not depend on the bias
     values): its own steps with the lane constants written by the copies they already make
     (:func:`_gathered`), or followed by a ``("set", ...)`` step, whichever writes fewer elements
-    (:attr:`~.relayout.HostLayout.copied`). Computed once per program (``pg.memo``).
+    (:attr:`~.relayout.HostLayout.copied`); with ``lanes`` (a workload's ``bias_lanes``), the
+    layout of the form of :func:`fold_forms` with that many lanes.
 
     Raises
     ------
     ValueError
-        If ``pg`` has no lane for the bias (:func:`fold_lanes`).
+        If ``pg`` has no lane for the bias (:func:`fold_lanes`) or no form of ``lanes`` lanes.
     """
-    return pg.memo("fold_data_layout", lambda: _fold_data_layout(pg))
+    return _form(pg, lanes)[1]
 
 
 def _fold_data_layout(pg: PackedGemm) -> HostLayout:
@@ -491,9 +587,7 @@ def _gathered(host: HostLayout, lanes: FoldLanes, consts: Tuple[int, ...]):
       the source, which the host model charges).
     """
     shapes, steps = host.shapes, host.steps
-    t = len(steps) - 1
-    while t >= 0 and (steps[t][0] in ("reshape", "permute") or _is_identity(steps[t], shapes[t])):
-        t -= 1
+    t = _creating_step(host)
     if t < 0:
         return None
     st, before, after = steps[t], shapes[t], shapes[t + 1]
@@ -504,17 +598,7 @@ def _gathered(host: HostLayout, lanes: FoldLanes, consts: Tuple[int, ...]):
             return None
     elif st[0] != "unroll" or len(st) > 5:
         return None
-    def mapped():
-        """Each lane's points at step ``t``'s output, one lane at a time, so that a layout that
-        fails on its first lane costs one lane's points (they are millions on large layers)."""
-        for j in range(lanes.lanes):
-            p = _lane_flat(host.shape, lanes, j)
-            for u in range(len(steps) - 1, t, -1):
-                if not _is_identity(steps[u], shapes[u]):
-                    p = _back(p, steps[u], shapes[u], shapes[u + 1])
-            yield p
-
-    pts = mapped()
+    pts = _lane_points(host, lanes, t)
     if st[0] == "pad":
         a = padded[0]
         values = [0] * st[1][a][1]
@@ -561,6 +645,178 @@ def _gathered(host: HostLayout, lanes: FoldLanes, consts: Tuple[int, ...]):
     return min(forms, key=lambda f: HostLayout(host.src_shape, f).copied)
 
 
+def _creating_step(host: HostLayout) -> int:
+    """The index of the last step of ``host`` that creates data (not a reshape, a transpose or
+    an identity), -1 if none."""
+    shapes, steps = host.shapes, host.steps
+    t = len(steps) - 1
+    while t >= 0 and (steps[t][0] in ("reshape", "permute") or _is_identity(steps[t], shapes[t])):
+        t -= 1
+    return t
+
+
+def _lane_points(host: HostLayout, lanes: FoldLanes, t: int):
+    """Each lane's points at step ``t``'s output (flat indices), one lane at a time, so that a
+    layout that fails on its first lane costs one lane's points (they are millions on large
+    layers)."""
+    shapes, steps = host.shapes, host.steps
+    for j in range(lanes.lanes):
+        p = _lane_flat(host.shape, lanes, j)
+        for u in range(len(steps) - 1, t, -1):
+            if not _is_identity(steps[u], shapes[u]):
+                p = _back(p, steps[u], shapes[u], shapes[u + 1])
+        yield p
+
+
+#: the values of the two probe sources :func:`_gathered_lanes` packs, and the first of the
+#: markers it writes in place of the lane constants (one per lane; all distinct int8 values)
+_PROBES, _MARK = (0, 7), 10
+
+
+def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Union[Tuple[FoldLanes, HostLayout], str]:
+    """The lanes of ``lanes`` that a stencil unroll's ``take`` can read from a constant block
+    appended to its source, and the data layout that writes them; or why there are none.
+
+    Where :func:`_gathered` needs every lane to cover all positions of the axes the unroll does
+    not touch (a 3-channel stem padded to 4 channels has lanes that are one channel's taps, and
+    the spare channel), here a lane may sit at some positions of the other axes only (one input
+    channel): per pattern of unroll loop values, one column appended to the unroll axis holds each
+    lane's constant at that lane's positions of the other axes. The column is appended by a
+    ``concat`` of the *unpadded* source when a ``pad`` comes just before the take (the pad's zeros
+    at that axis's end then come with the column, so the pad writes one column more), else of the
+    take's source. A lane whose positions lie in a padded part of the other axes (the spare
+    channel, the padded border rows) is dropped, unless its digit can sit at a reduction point
+    whose reads avoid them.
+
+    It is checked on the layout itself, not derived: the layout, with a distinct marker per lane,
+    packs two constant probe sources (:data:`_PROBES`); a lane is kept at the first reduction
+    point of its class (:func:`_lane_classes`) at whose every read both packings hold its marker;
+    and every packed position where they differ from the packings of the data's own layout must
+    belong to a spare class (no real reduction point reads it). The kept lanes (in lane order)
+    get :func:`fold_constants`, dropped ones 0."""
+    cl = _lane_classes(pg)
+    host = pg.operands[lanes.data].host
+    shapes, steps = host.shapes, host.steps
+    t = _creating_step(host)
+    if t < 0 or steps[t][0] != "unroll" or len(steps[t]) > 5:
+        return "its layout has no stencil unroll whose take could read them"
+    if lanes.lanes > 127 - _MARK:
+        return f"{lanes.lanes} lanes, more than the probe's markers"
+    st, before, after = steps[t], shapes[t], shapes[t + 1]
+    axis, ext = st[1], st[2]
+    other = [i for i in range(len(after)) if not axis <= i < axis + len(ext)]
+    found: Dict[tuple, list] = {}
+    for j, p in enumerate(_lane_points(host, lanes, t)):
+        pattern = []
+        for i, e in enumerate(ext):
+            seen = np.flatnonzero(np.bincount(_coordinate(p, after, axis + i), minlength=e))
+            pattern.append(int(seen[0]) if len(seen) == 1 else None if len(seen) == e else False)
+        if False not in pattern:
+            found.setdefault(tuple(pattern), []).append((j, p))
+    # a pattern's redirection reaches every position of the other axes at its loop points: only
+    # one whose lanes fill that region can leave every real position alone (checked below)
+    region = math.prod(after[i] for i in other)
+    groups = {pattern: [(j, np.stack([_coordinate(p, after, i) for i in other], axis=1))
+                        for j, p in members]
+              for pattern, members in found.items()
+              if sum(len(p) for _, p in members) == region * math.prod(
+                  e for v, e in zip(pattern, ext) if v is None)}
+    if not groups:
+        return "no lane is one pattern of the unroll's loops over the whole of the other axes"
+    prev = steps[t - 1] if t else None
+    padded = prev is not None and prev[0] == "pad"
+    src = shapes[t - 1] if padded else before
+    lo = np.array([prev[1][i][0] if padded else 0 for i in range(len(before)) if i != axis])
+    zeros = prev[1][axis][1] if padded else 0
+    limit = np.array([s for i, s in enumerate(src) if i != axis])
+    probes = [np.full(host.src_shape, v, dtype=np.int8) for v in _PROBES]
+
+    def marked(patterns, whole: bool = False):
+        """The layout that redirects ``patterns`` to the appended columns, a marker per lane
+        (``whole``: a marker per column, in all of it): ``(block, layout of a block)``."""
+        n = zeros + len(patterns)
+        block = np.zeros(src[:axis] + (n,) + src[axis + 1:], dtype=np.int64)
+        for g, pattern in enumerate(patterns):
+            col = np.moveaxis(block, axis, 0)[zeros + g]
+            if whole:
+                col[...] = _MARK + g
+                continue
+            for j, coords in groups[pattern]:
+                c = coords - lo
+                inside = ((c >= 0) & (c < limit)).all(axis=1)
+                col[tuple(c[inside].T)] = _MARK + j
+        gather = st + (tuple((pat, before[axis] + g) for g, pat in enumerate(patterns)),)
+
+        def layout(values: np.ndarray) -> HostLayout:
+            concat = ("concat", axis, tuple(int(v) for v in values.ravel()), "int8", n)
+            if padded:
+                widths = tuple((w[0], 0) if i == axis else w for i, w in enumerate(prev[1]))
+                head = steps[:t - 1] + (concat, ("pad", widths))
+            else:
+                head = steps[:t] + (concat,)
+            return HostLayout(host.src_shape, head + (gather,) + steps[t + 1:], host.name)
+
+        return block, layout
+
+    # a pattern whose redirection changes a position some real reduction point reads is out:
+    # with a marker per column (none of them a probe value), the positions it reaches hold it
+    if len(groups) > 127 - _MARK:
+        return f"{len(groups)} unroll patterns, more than the probe's markers"
+    block, layout = marked(list(groups), whole=True)
+    reached = layout(block).pack_numpy(probes[1]).ravel()
+    at = np.flatnonzero(reached >= _MARK)
+    real = np.bincount(reached[at] - _MARK, weights=~_spare_positions(cl, at),
+                       minlength=len(groups))
+    usable = [pattern for g, pattern in enumerate(groups) if not real[g]]
+    if not usable:
+        return "every pattern's column would reach positions real reduction points read"
+    block, layout = marked(usable)
+    got = [layout(block).pack_numpy(x).ravel() for x in probes]
+    chosen = sorted(((points[0], c) for c, points in cl["candidates"] if points))
+    points = dict(cl["candidates"])
+    kept = []
+    for j, (_, c) in enumerate(chosen[:lanes.lanes]):
+        at = next((p for p in points[c] if all((g[_reads(cl, p)] == _MARK + j).all() for g in got)),
+                  None)
+        if at is not None:
+            kept.append((j, at, c))
+    if not kept:
+        return "no digit's reads see only the appended column"
+    consts = fold_constants(len(kept))
+    values = np.zeros_like(block)
+    for (j, _, _), v in zip(kept, consts):
+        values[block == _MARK + j] = v
+    return _lanes_at(cl, [(p, c) for _, p, c in kept]), layout(values)
+
+
+def _reads(cl: dict, p: int) -> np.ndarray:
+    """The flat indices into the stored data operand that reduction point ``p`` reads (at every
+    value of the free loops and axes)."""
+    dops, values, free = cl["dops"], cl["values"], cl["free"]
+    names = sorted({v for d in dops.dims for v, _ in d.terms if v not in values})
+    grid = np.indices([free[v] for v in names]).reshape(len(names), -1)
+    at = dict(zip(names, grid.astype(np.int64)))
+    flat = np.zeros(grid.shape[1], dtype=np.int64)
+    for d, stride in zip(dops.dims, _strides(dops.stored_shape)):
+        index = d.const - d.stored_lo + sum(c * (int(values[v][p]) if v in values else at[v])
+                                            for v, c in d.terms)
+        flat = flat + index * int(stride)
+    return flat
+
+
+def _spare_positions(cl: dict, flat: np.ndarray) -> np.ndarray:
+    """Per stored data position of ``flat``, whether it belongs to a spare class (no real
+    reduction point reads it)."""
+    dops, ddims, classes = cl["dops"], cl["ddims"], cl["classes"]
+    extents = [dops.dims[i].extent for i in ddims]
+    spare = np.zeros(math.prod(extents), dtype=bool)
+    spare[np.ravel_multi_index(tuple(classes[[c for c, _ in cl["candidates"]]].T), extents)] = True
+    shape = dops.stored_shape
+    code = np.ravel_multi_index(tuple(_coordinate(flat, shape, i) + dops.dims[i].stored_lo
+                                      for i in ddims), extents)
+    return spare[code]
+
+
 def _rows_before(host: HostLayout, t: int, axis: int, values: Tuple[int, ...]):
     """``(steps before step t, inner)``: the steps of ``host`` before step ``t`` with one row per
     value of ``values`` appended (after the last pad) to the axis that one reshape fuses as the
@@ -600,9 +856,8 @@ def _rows_before(host: HostLayout, t: int, axis: int, values: Tuple[int, ...]):
     return tuple(out), shapes[t][axis] // outer
 
 
-def _fold_layouts(pg: PackedGemm, bias: np.ndarray) -> Dict[str, HostLayout]:
-    data = fold_data_layout(pg)
-    lanes = fold_lanes(pg)
+def _fold_layouts(pg: PackedGemm, bias: np.ndarray, n: Optional[int]) -> Dict[str, HostLayout]:
+    lanes, data = _form(pg, n)
     dop, wop = pg.operands[lanes.data], pg.operands[lanes.weight]
     digits = fold_digits(bias, lanes.lanes)
     # the output channel of every packed weight position: the weights' own layout of a probe

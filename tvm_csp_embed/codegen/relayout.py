@@ -17,7 +17,9 @@ a tuple of positional steps with every shape known,
   lane constants, appended to the source by a ``concat`` step; the same ``take``);
 * ``("concat", axis, values, dtype)`` -- appending ``values`` along ``axis``, the same at every
   position of the other axes (``relax.op.concat`` with a constant; with leading zeros it stands
-  in for a ``pad`` of that axis's end);
+  in for a ``pad`` of that axis's end); ``("concat", axis, block, dtype, n)`` appends ``n``
+  entries whose values differ over the other axes too: ``block`` is the appended constant in
+  row-major order (the tensor's shape with ``n`` at ``axis``);
 * ``("reshape", shape)`` -- split and fuse;
 * ``("slice", ((begin, end), ...))`` -- cropping;
 * ``("broadcast", shape)`` -- repeating size-1 axes (the per-channel bias over the lanes);
@@ -71,7 +73,7 @@ def step_shape(shape: Sequence[int], step: Step) -> Tuple[int, ...]:
         return shape[:axis] + tuple(extents) + shape[axis + 1:]
     if kind == "concat":
         axis = step[1]
-        return shape[:axis] + (shape[axis] + len(step[2]),) + shape[axis + 1:]
+        return shape[:axis] + (shape[axis] + _concat_count(step),) + shape[axis + 1:]
     if kind == "reshape":
         if math.prod(step[1]) != math.prod(shape):
             raise ValueError(f"reshape {shape} -> {tuple(step[1])} changes the size")
@@ -298,14 +300,21 @@ def _set_arrays(st: Step, dtype) -> Tuple[np.ndarray, np.ndarray]:
     return mask, out
 
 
+def _concat_count(st: Step) -> int:
+    """How many entries a ``concat`` step appends along its axis."""
+    return int(st[4]) if len(st) > 4 else len(st[2])
+
+
 def _concat_block(shape: Sequence[int], st: Step) -> np.ndarray:
-    """The constant a ``("concat", axis, values, dtype)`` step appends to a tensor of ``shape``:
-    ``values`` along the axis, repeated over the others."""
-    _, axis, values, dtype = st
+    """The constant a ``("concat", axis, values, dtype[, n])`` step appends to a tensor of
+    ``shape``: ``values`` along the axis, repeated over the others, or the whole block."""
+    axis, values, dtype = st[1], st[2], st[3]
     along = [1] * len(shape)
-    along[axis] = len(values)
+    along[axis] = _concat_count(st)
     full = list(shape)
-    full[axis] = len(values)
+    full[axis] = _concat_count(st)
+    if len(st) > 4:
+        along = full
     block = np.asarray(values, dtype=np.int64).astype(dtype).reshape(along)
     return np.ascontiguousarray(np.broadcast_to(block, full))
 
