@@ -429,6 +429,13 @@ def fold_forms(pg: PackedGemm) -> Tuple[Tuple[FoldLanes, HostLayout], ...]:
     return pg.memo("fold_forms", lambda: _fold_forms(pg))
 
 
+#: the most input channels (a conv2d's data, NCHW) on which :func:`_fold_forms` looks for the lane
+#: subset a stencil gather can write (:func:`_gathered_lanes`): the stems and thin layers it is for
+#: have few; on wide layers (ResNeXt-50's 128-channel grouped convs: 0.3-0.9 s a candidate) its
+#: check costs seconds of a cold build
+GATHER_CHECK_CHANNELS = 16
+
+
 def _fold_forms(pg: PackedGemm):
     full = fold_lanes(pg)
     if isinstance(full, str):
@@ -436,7 +443,11 @@ def _fold_forms(pg: PackedGemm):
     forms = [(full, _fold_data_layout(pg))]
     if all(st[0] != "set" for st in forms[0][1].steps):
         return tuple(forms)          # the copies the layout makes write every lane already
-    sub = _gathered_lanes(pg, full)
+    src = pg.operands[full.data].host.src_shape
+    sub = (f"the lane subset is looked for only on inputs of at most {GATHER_CHECK_CHANNELS} "
+           f"channels (stems, thin layers; this one has {src[1]}): the check follows every lane "
+           "position, seconds on wide layers" if len(src) == 4 and src[1] > GATHER_CHECK_CHANNELS
+           else _gathered_lanes(pg, full))
     if isinstance(sub, str):
         why = sub
     elif sub[1].copied >= forms[0][1].copied:
