@@ -39,10 +39,10 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from vta_ext.config import VTAConfig, load_config
-from vta_ext.isa import AluOp, MemType, Stage
+from vta_ext.isa import AluOp, MemType
 from vta_ext.layout import MAX_DMA_PAD, MAX_LOOP_EXTENT
 from vta_ext.runtime import CommandQueue, UopKernel
-from vta_ext.templates.alu_program import CompiledAluOp, StorePipeline, alu
+from vta_ext.templates.alu_program import CompiledAluOp, LoadPipeline, StorePipeline, alu
 from vta_ext.templates.epilogue import (GEMM_BIAS_STAGE, emit_epilogue, has_bias,
                                         has_multiplier, normalize_epilogue)
 from vta_ext.templates.errors import AluTemplateRefusal, KnobError
@@ -156,34 +156,6 @@ def block_sparse_weight(weight: np.ndarray, block: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ program
-class _LoadPipeline:
-    """Load/compute tokens for tiles whose input and weight tiles rotate through ``slots`` SRAM
-    halves: the load of a half waits for the compute of that half's previous tile (WAR), the
-    compute waits for its load (RAW); the remaining tokens are popped at the end."""
-
-    def __init__(self, q: CommandQueue, slots: int) -> None:
-        self.q, self.slots, self.tiles = q, slots, 0
-
-    def begin_load(self) -> int:
-        if self.tiles >= self.slots:
-            self.q.dep_pop(Stage.COMPUTE, Stage.LOAD)
-        return self.tiles % self.slots
-
-    def end_load(self) -> None:
-        self.q.dep_push(Stage.LOAD, Stage.COMPUTE)
-
-    def begin_compute(self) -> None:
-        self.q.dep_pop(Stage.LOAD, Stage.COMPUTE)
-
-    def end_compute(self) -> None:
-        self.q.dep_push(Stage.COMPUTE, Stage.LOAD)
-        self.tiles += 1
-
-    def finish(self) -> None:
-        for _ in range(min(self.tiles, self.slots)):
-            self.q.dep_pop(Stage.COMPUTE, Stage.LOAD)
-
-
 def _refuse(what: str, why: str) -> None:
     raise AluTemplateRefusal(f"{what}: {why}")
 
@@ -298,7 +270,7 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
     row_buf = q.alloc(int(np.prod(row_shape)), "bias_row") if gemm_bias else None
     digit_buf = q.alloc(int(np.prod(digit_shape)), "bias_digits") if gemm_bias else None
     out = q.alloc(int(np.prod(out_shape)), "out")
-    loads, stores = _LoadPipeline(q, slots), StorePipeline(q, slots)
+    loads, stores = LoadPipeline(q, slots), StorePipeline(q, slots)
     weights_in = [None] * slots        # the unit whose tiles each weight half holds
     vectors_in = None                  # the unit whose bias / multiplier rows the acc holds
     count = 0

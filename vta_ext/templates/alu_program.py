@@ -47,7 +47,7 @@ from ..runtime import CommandQueue, UopKernel
 from .errors import AluTemplateError, AluTemplateRefusal, KnobError
 
 __all__ = ["MAX_KERNEL_UOPS", "INPUT_PATHS", "check_input_path", "IdentityInput",
-           "choose_row_tiles", "alu", "alu_range", "copy_rows", "StorePipeline",
+           "choose_row_tiles", "alu", "alu_range", "copy_rows", "TokenRing", "StorePipeline", "LoadPipeline",
            "CompiledAluOp", "check_positive", "check_non_negative", "require_multiple", "check_slots"]
 
 #: largest micro-op kernel a tile of an ALU template may use (channel blocks x window elements)
@@ -177,7 +177,56 @@ def copy_rows(q: CommandQueue, uops, loops) -> None:
     alu(q, AluOp.ADD, uops, loops)
 
 
-class StorePipeline:
+class TokenRing:
+    """Dependency tokens for tiles that rotate through ``slots`` SRAM regions between a producing
+    and a consuming module: the producer's work on a region waits until the consumer released
+    that region's previous tile (WAR), the consumer's until the producer handed the tile over
+    (RAW); :meth:`finish` consumes the release tokens still queued, so that every token stays
+    inside the program.
+
+    Parameters
+    ----------
+    q : CommandQueue
+        The program being written.
+    slots : int
+        Regions (2 lets the producer work on one tile while the consumer works on the previous).
+    producer, consumer : Stage
+        The two modules (e.g. LOAD and COMPUTE, or COMPUTE and STORE).
+    """
+
+    def __init__(self, q: CommandQueue, slots: int, producer: Stage, consumer: Stage) -> None:
+        if slots < 1:
+            raise AluTemplateError(f"at least one region is needed, got slots={slots}")
+        self.q, self.slots, self.tiles = q, slots, 0
+        self.producer, self.consumer = producer, consumer
+
+    def acquire(self) -> int:
+        """Before the producer's first instruction of a tile: its region (0 .. slots-1), once
+        the consumer has released that region's previous tile."""
+        if self.tiles >= self.slots:
+            self.q.dep_pop(self.consumer, self.producer)
+        return self.tiles % self.slots
+
+    def hand_over(self) -> None:
+        """After the producer's last instruction of a tile."""
+        self.q.dep_push(self.producer, self.consumer)
+
+    def take(self) -> None:
+        """Before the consumer's first instruction of a tile."""
+        self.q.dep_pop(self.producer, self.consumer)
+
+    def release(self) -> None:
+        """After the consumer's last instruction of a tile: its region may be produced again."""
+        self.q.dep_push(self.consumer, self.producer)
+        self.tiles += 1
+
+    def finish(self) -> None:
+        """After the last tile: consume the release tokens still queued."""
+        for _ in range(min(self.tiles, self.slots)):
+            self.q.dep_pop(self.consumer, self.producer)
+
+
+class StorePipeline(TokenRing):
     """Compute/store dependency tokens for tiles whose outputs rotate through ``slots`` regions.
 
     Usage per tile: ``slot = p.begin_tile()`` (before the tile's first compute instruction),
@@ -188,26 +237,29 @@ class StorePipeline:
     def __init__(self, q: CommandQueue, slots: int) -> None:
         if slots < 1:
             raise AluTemplateError(f"at least one output slot is needed, got slots={slots}")
-        self.q, self.slots, self.tiles = q, slots, 0
+        super().__init__(q, slots, Stage.COMPUTE, Stage.STORE)
 
-    def begin_tile(self) -> int:
-        if self.tiles >= self.slots:  # WAR: the store of this slot's previous tile has finished
-            self.q.dep_pop(Stage.STORE, Stage.COMPUTE)
-        return self.tiles % self.slots
+    begin_tile = TokenRing.acquire
+    end_compute = TokenRing.hand_over
+    begin_store = TokenRing.take
+    end_store = TokenRing.release
 
-    def end_compute(self) -> None:
-        self.q.dep_push(Stage.COMPUTE, Stage.STORE)
 
-    def begin_store(self) -> None:
-        self.q.dep_pop(Stage.COMPUTE, Stage.STORE)
+class LoadPipeline(TokenRing):
+    """Load/compute dependency tokens for tiles whose inputs rotate through ``slots`` regions of
+    the input (and weight) buffers.
 
-    def end_store(self) -> None:
-        self.q.dep_push(Stage.STORE, Stage.COMPUTE)
-        self.tiles += 1
+    Usage per tile: ``slot = p.begin_load()``, the LOADs, ``p.end_load()``; on the compute side
+    ``p.begin_compute()``, the GEMMs, ``p.end_compute()``; after the last tile ``p.finish()``.
+    """
 
-    def finish(self) -> None:
-        for _ in range(min(self.tiles, self.slots)):
-            self.q.dep_pop(Stage.STORE, Stage.COMPUTE)
+    def __init__(self, q: CommandQueue, slots: int) -> None:
+        super().__init__(q, slots, Stage.LOAD, Stage.COMPUTE)
+
+    begin_load = TokenRing.acquire
+    end_load = TokenRing.hand_over
+    begin_compute = TokenRing.take
+    end_compute = TokenRing.release
 
 
 def check_input_path(cfg: VTAConfig, input_path: str, what: str) -> bool:
@@ -233,7 +285,7 @@ def check_input_path(cfg: VTAConfig, input_path: str, what: str) -> bool:
     return True
 
 
-class IdentityInput:
+class IdentityInput(LoadPipeline):
     """The identity-GEMM input path (module docstring): LOAD INP into ``slots`` input-buffer
     regions of ``region`` rows each, and GEMMs through the identity weight tile.
 
@@ -262,15 +314,14 @@ class IdentityInput:
         if slots < 1 or region < 1 or slots * region > cfg.inp_depth:
             raise AluTemplateError(f"{what}: {slots} input region(s) of {region} rows do not fit "
                                    f"the input buffer's {cfg.inp_depth}")
-        self.q, self.slots, self.region, self.tiles = q, slots, region, 0
+        super().__init__(q, slots)
+        self.region = region
         wgt = q.alloc(cfg.elem_bytes(MemType.WGT), self.BUFFER)
         q.load_2d(wgt, 0, 1, 1, 1, 0, 0, 0, 0, 0, MemType.WGT)
 
     def begin_load(self) -> int:
         """Before a tile's loads: wait until its region is free (WAR); its first row."""
-        if self.tiles >= self.slots:
-            self.q.dep_pop(Stage.COMPUTE, Stage.LOAD)
-        return (self.tiles % self.slots) * self.region
+        return LoadPipeline.begin_load(self) * self.region
 
     def load(self, src, offset: int, x_size: int, y_size: int, x_stride: int, x_pad: int,
              y_pad_before: int, y_pad_after: int, dst: int) -> None:
@@ -278,14 +329,6 @@ class IdentityInput:
         ``y_pad_before`` / ``y_pad_after`` rows) into input-buffer row ``dst``."""
         self.q.load_2d(src, offset, x_size, y_size, x_stride, x_pad, y_pad_before, x_pad,
                        y_pad_after, dst, MemType.INP)
-
-    def end_load(self) -> None:
-        """After a tile's loads: hand them to the compute module (RAW)."""
-        self.q.dep_push(Stage.LOAD, Stage.COMPUTE)
-
-    def begin_compute(self) -> None:
-        """Before a tile's first GEMM: wait for its loads."""
-        self.q.dep_pop(Stage.LOAD, Stage.COMPUTE)
 
     def reset(self, base: int, size: int) -> None:
         """Zero the accumulator rows ``base .. base+size-1`` (reset GEMMs)."""
@@ -297,16 +340,6 @@ class IdentityInput:
         """One GEMM: ``acc[dst] += inp[src]`` (the identity tile) for each ``(dst, src)`` micro-op
         over up to two ``(extent, dst_factor, src_factor)`` loops, outer first."""
         self.q.push_gemm(_filled(UopKernel("gemm", reset=reset), uops, loops))
-
-    def end_compute(self) -> None:
-        """After a tile's last GEMM: its region may be loaded again (WAR)."""
-        self.q.dep_push(Stage.COMPUTE, Stage.LOAD)
-        self.tiles += 1
-
-    def finish(self) -> None:
-        """Consume the compute->load tokens still queued (every token stays inside the program)."""
-        for _ in range(min(self.tiles, self.slots)):
-            self.q.dep_pop(Stage.COMPUTE, Stage.LOAD)
 
     @classmethod
     def write_identity(cls, program) -> None:
