@@ -11,9 +11,7 @@ the sentence saying why are cached on disk (``choices/``).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import hashlib
 import json
 import math
@@ -25,6 +23,7 @@ import tvm
 from vta_ext.errors import TemplateRefusal
 from vta_ext.strategy import MatchedOp, OpPlan, get_template
 
+from .collector import gc_paused  # noqa: F401  (re-exported: choice.gc_paused)
 from .cache import _write, cache_dir, source_digest
 from .candidates import (DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape, bias_signature,
                          data_layout, packed_inputs, unfolded)
@@ -338,23 +337,6 @@ def stock_refuses(kind: str, op: MatchedOp, config) -> bool:
     except TemplateRefusal:
         return True
     return False
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the block (if it runs; nested blocks leave it
-    to the outermost). Planning an operator (decoding embeddings, packed programs, knob grids)
-    and building and timing its candidates allocate hundreds of thousands of long-lived objects
-    and no reference cycles; each full collection the allocations trigger meanwhile would walk
-    every object of the process (about 0.1 s in a cold ResNet-18 build). Garbage is collected as
-    usual once the block ends."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def cycles_bound(config, kind: str, op: MatchedOp, cand: Candidate) -> float:

@@ -18,6 +18,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from ..collector import gc_paused
 from .biasfold import gemm_bias_operands
 from .knobs import (KnobPoint, Pruned, check_point, cycle_point, fallback_point, knob_names,
                     tps_point)
@@ -149,12 +150,11 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
 
     Notes
     -----
-    The cyclic garbage collector pauses meanwhile (:func:`~tvm_csp_embed.choice.gc_paused`): the
+    The cyclic garbage collector pauses meanwhile (:func:`~tvm_csp_embed.collector.gc_paused`): the
     emission allocates one long-lived record per instruction and no reference cycles, and a full
     collection it triggered would walk every object of the process (one of the two in a warm
     MobileNetV2 or ResNeXt-50 224 build, about 0.15 s each).
     """
-    from ..choice import gc_paused
 
     with gc_paused():
         return _build_gemm(cfg, pg, epilogue, knobs, acc_init)
