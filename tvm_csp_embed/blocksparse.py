@@ -41,6 +41,7 @@ import numpy as np
 from vta_ext.config import VTAConfig, load_config
 from vta_ext.isa import AluOp, MemType
 from vta_ext.layout import MAX_DMA_PAD, MAX_LOOP_EXTENT
+from vta_ext.memory import gemm_kernel_uop_budget
 from vta_ext.runtime import CommandQueue, UopKernel
 from vta_ext.templates.alu_program import CompiledAluOp, LoadPipeline, StorePipeline, alu
 from vta_ext.templates.epilogue import (GEMM_BIAS_STAGE, emit_epilogue, has_bias,
@@ -231,7 +232,7 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
                                 cfg.inp_depth),
                 "weight (wgt)": (slots * wslot, cfg.wgt_depth),
                 "accumulator (acc)": (slots * n_out * th * OW + nvec * n_out, cfg.acc_depth),
-                "micro-op (uop)": (th * OW, min(cfg.uop_depth // 2, MAX_LOOP_EXTENT))}
+                "micro-op (uop)": (th * OW, min(gemm_kernel_uop_budget(cfg), MAX_LOOP_EXTENT))}
         over = [f"{name} {used} > {depth}" for name, (used, depth) in need.items() if used > depth]
         return "; ".join(over) or None
 

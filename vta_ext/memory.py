@@ -35,7 +35,8 @@ from .isa import MemType
 from .layout import UOP_BITS
 
 __all__ = ["Scratchpad", "scratchpads", "scratchpad", "scratchpad_of_scope", "INP_SCOPE",
-           "WGT_SCOPE", "ACC_SCOPE", "SCOPES", "LOAD_TARGETS", "STORE_SOURCE"]
+           "WGT_SCOPE", "ACC_SCOPE", "SCOPES", "LOAD_TARGETS", "STORE_SOURCE",
+           "gemm_kernel_uop_budget"]
 
 #: TIR storage scopes of the input, weight and accumulator buffers (the original stack's names)
 INP_SCOPE = "local.inp_buffer"
@@ -168,3 +169,9 @@ def scratchpad_of_scope(cfg: VTAConfig, scope: str) -> Scratchpad:
         if sp.scope == scope:
             return sp
     raise KeyError(f"{scope!r} is not a VTA on-chip scope; the scopes are {SCOPES}")
+
+
+def gemm_kernel_uop_budget(cfg: VTAConfig) -> int:
+    """The most micro-ops one GEMM kernel of a tile may have: half the micro-op buffer, so that
+    the tile's reset (or bias) kernel and its GEMM kernel fit in it together."""
+    return cfg.uop_depth // 2

@@ -625,7 +625,7 @@ def _fit_checks(cfg, m: Mapping[str, Any]) -> List[tuple]:
     :func:`_measure`), in the order :func:`evaluate` reports them."""
     from vta_ext.isa import MemType
     from vta_ext.layout import MAX_LOOP_EXTENT
-    from vta_ext.memory import scratchpad
+    from vta_ext.memory import gemm_kernel_uop_budget, scratchpad
 
     out = []
     for name in ("inp", "wgt", "acc"):
@@ -634,7 +634,7 @@ def _fit_checks(cfg, m: Mapping[str, Any]) -> List[tuple]:
         out.append((used > depth, lambda at, name=name, used=used, depth=depth:
                     f"the {name} tiles need {at(used)} entries (all virtual threads), more than the "
                     f"{name} scratchpad's {depth}"))
-    budget = cfg.uop_depth // 2
+    budget = gemm_kernel_uop_budget(cfg)
     out.append((m["uops"] > budget, lambda at: f"the GEMM kernel of {at(m['uops'])} micro-ops exceeds "
                 f"half the micro-op buffer ({budget}; the reset and GEMM kernels must fit together)"))
     out.append((m["folded"] > MAX_LOOP_EXTENT, lambda at: f"a folded GEMM loop of {at(m['folded'])} "

@@ -65,7 +65,7 @@ import numpy as np
 from ..config import VTAConfig, load_config
 from ..isa import MemType
 from ..layout import MAX_LOOP_EXTENT
-from ..memory import scratchpad
+from ..memory import gemm_kernel_uop_budget, scratchpad
 from .epilogue import alu_count, normalize_epilogue, vector_stages
 from .errors import Conv2dRefusal, KnobError
 from .knobs import (Conv2dKnobs, DenseKnobs, check_int_knob, conv2d_knobs_as_dense,
@@ -408,7 +408,7 @@ def _fit_checks(cfg: VTAConfig, m: Mapping[str, Any]) -> List[Tuple[Any, Callabl
         out.append((used > depth, lambda at, name=name, used=used, depth=depth: (
             f"the {name} tiles need {at(used)} entries (all virtual threads), more than the {name} "
             f"scratchpad's {depth}")))
-    budget = cfg.uop_depth // 2
+    budget = gemm_kernel_uop_budget(cfg)
     out.append((m["uops"] > budget, lambda at: (
         f"the GEMM kernel of {at(m['uops'])} micro-ops exceeds half the micro-op buffer ({budget}; "
         "the reset and GEMM kernels must fit together)")))
