@@ -302,3 +302,29 @@ def test_d9_choice_never_slower_than_stock(config):
         assert "GEMM block-sparse" in conv_placement(report).plan
         assert _vta_cycles(report) < 0.8 * stock_cycles
 
+
+@pytest.mark.slow
+def test_stock_chosen_csp_plan_priced_with_its_input_packing(monkeypatch):
+    """MobileNet's D8 (512 channels in 32 groups, 14x14, stride 2) on ``pipelined``, end to end:
+    the CSP plan is the stock template there; the grouped units' choice prices it with the host
+    layout bytes the CSP choice itself gave the stock plan (its input packing included), so the
+    block-sparse program, with the same blocked layouts, is weighed on equal host terms. The
+    block-sparse unit is withheld so that the report line keeps both figures."""
+    import re
+
+    import tvm_csp_embed.grouped as grouped
+
+    def refuse(op, config, width):
+        raise TemplateRefusal("withheld by the test")
+
+    monkeypatch.setattr(grouped, "_sparse_plan", refuse)
+    mod, arrays, ref = case(512, 14, 32, 2)
+    out, report = vta_build(mod, arrays, "pipelined", "end-to-end")
+    np.testing.assert_array_equal(out, ref)
+    detail = conv_placement(report).detail
+    own = re.search(r"\(([\d,]+) VTA \+ ([\d,]+) B host layout\) with the stock template's own "
+                    r"plan", detail)
+    units = re.search(r"the only unit that runs it \([\d,]+ cycles end to end \(([\d,]+) VTA \+ "
+                      r"([\d,]+) B host layout\)\)", detail)
+    assert own is not None and units is not None, detail
+    assert units.groups() == own.groups(), detail
