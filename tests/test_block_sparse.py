@@ -1,5 +1,5 @@
-"""Grouped convs of groups that are not whole blocks (RegNetX: 24 channels a group) on the GEMM
-block-sparse program (tvm_csp_embed.blocksparse): its tile grid against a hand count and a dense
+"""Grouped convs of groups that are not whole blocks (RegNetX: 24 channels a group) or exactly one
+block (MobileNet's D1-D9: 16) on the GEMM block-sparse program (tvm_csp_embed.blocksparse): its tile grid against a hand count and a dense
 block-diagonal mask, its program bit-exact against an independent numpy grouped convolution on
 default, pipelined and pynq (fsim) and the pynq RTL, the Relax build against numpy and llvm, and
 its micro-op count (7 per tap, pixel and pair of 24-channel groups)."""
@@ -215,3 +215,116 @@ def test_warm_build_serves_the_block_sparse_choice(tmp_path, monkeypatch):
     assert conv_placement(warm) == p
     np.testing.assert_array_equal(cold_out, ref)
     np.testing.assert_array_equal(warm_out, ref)
+
+
+# ------------------------------------------------------------------------------ one-block groups
+# Groups of exactly one 16-channel block (MobileNet's D1-D9, RegNetX-400MF): one nonzero tile
+# per output block and tap, the stock grouped conv2d template's tiles, run by the block-sparse
+# program as a contender of the CSP plan.
+def test_one_block_groups_tile_grid_hand_count():
+    """Four groups of 16 channels: output block ``o`` reads input block ``o`` only; each group is
+    its own unit."""
+    assert tile_grid(64, 16, 16) == [(0,), (1,), (2,), (3,)]
+    assert units(tile_grid(64, 16, 16)) == [(0, 1, 0, 1), (1, 1, 1, 1), (2, 1, 2, 1),
+                                            (3, 1, 3, 1)]
+
+
+#: (channels, image, stride) of 16-channel groups
+ONE_BLOCK = [(64, 7, 1), (48, 8, 2)]
+
+
+@pytest.mark.parametrize("config", PRESETS)
+@pytest.mark.parametrize("c,hw,stride", ONE_BLOCK)
+def test_one_block_groups_program_bit_exact(config, c, hw, stride):
+    compiled, inputs, ref, unpack = _direct(config, c, hw, stride, width=16)
+    out, _ = compiled.run(*inputs)
+    np.testing.assert_array_equal(unpack(out), ref)
+
+
+def test_one_block_groups_micro_ops():
+    """One GEMM micro-op per output pixel, tap and group (hand count: 4 groups, 7x7, 9 taps)."""
+    compiled, _, _, _ = _direct("pipelined", 64, 7, 1, width=16)
+    executed = sum((i.uop_end - i.uop_bgn) * i.iter_out * i.iter_in
+                   for i in compiled.program.insns if isinstance(i, GemmInsn) and not i.reset_reg)
+    assert executed == 4 * 7 * 7 * 9
+
+
+@pytest.mark.parametrize("config", PRESETS)
+def test_relax_one_block_groups_bit_exact(config, sparse_only):
+    """Withheld the CSP plan, 16-channel groups run on the block-sparse program (the
+    block-diagonal unit refused: it is the stock template), bit-exact against numpy and llvm."""
+    mod, arrays, ref = case(64, 7, 4, 1)
+    out, report = vta_build(mod, arrays, config)
+    np.testing.assert_array_equal(out, ref)
+    p = conv_placement(report)
+    assert p.device == "vta" and "GEMM block-sparse" in p.plan, str(report)
+    assert "groups of one 16-channel block" in p.detail
+    if config == "default":
+        np.testing.assert_array_equal(run(mod, "llvm", arrays), ref)
+
+
+def test_pynq_rtl_one_block_groups_bit_exact(rtl, sparse_only):
+    import tvm
+    from tvm import relax
+
+    import vta_ext
+
+    mod, arrays, ref = case(64, 7, 4, 1)
+    with vta_ext.build_options(strategy="csp-relaxed", objective="cycles"):
+        vm = relax.VirtualMachine(relax.build(mod, target=vta_ext.vta_target("pynq")), tvm.cpu())
+    assert "GEMM block-sparse" in conv_placement(vta_ext.last_build_report()).plan
+    np.testing.assert_array_equal(run_one_call_on(rtl, vm, arrays), ref)
+
+
+def _vta_cycles(report) -> int:
+    (p,) = [q for q in report.on_vta if q.call is not None]
+    return report.cycles(p)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["pipelined", "default"])
+def test_d9_choice_never_slower_than_stock(config):
+    """MobileNet's D9 (1024 channels in 64 groups at 7x7): csp-relaxed weighs the block-sparse
+    program against the CSP plan by cycles; its choice takes no more cycles than the stock
+    strategy's own build of the layer (an independent build), and on ``pipelined`` the
+    block-sparse program wins (41,798 against 59,856 cycles when written), bit-exact."""
+    import vta_ext
+
+    mod, arrays, ref = case(1024, 7, 64, 1)
+    out, report = vta_build(mod, arrays, config)
+    np.testing.assert_array_equal(out, ref)
+    with vta_ext.build_options(strategy="stock"):
+        stock = run(mod, vta_ext.vta_target(config), arrays)
+    np.testing.assert_array_equal(stock, ref)
+    stock_cycles = _vta_cycles(vta_ext.last_build_report())
+    assert _vta_cycles(report) <= stock_cycles
+    if config == "pipelined":
+        assert "GEMM block-sparse" in conv_placement(report).plan
+        assert _vta_cycles(report) < 0.8 * stock_cycles
+
+
+@pytest.mark.slow
+def test_stock_chosen_csp_plan_priced_with_its_input_packing(monkeypatch):
+    """MobileNet's D8 (512 channels in 32 groups, 14x14, stride 2) on ``pipelined``, end to end:
+    the CSP plan is the stock template there; the grouped units' choice prices it with the host
+    layout bytes the CSP choice itself gave the stock plan (its input packing included), so the
+    block-sparse program, with the same blocked layouts, is weighed on equal host terms. The
+    block-sparse unit is withheld so that the report line keeps both figures."""
+    import re
+
+    import tvm_csp_embed.grouped as grouped
+
+    def refuse(op, config, width):
+        raise TemplateRefusal("withheld by the test")
+
+    monkeypatch.setattr(grouped, "_sparse_plan", refuse)
+    mod, arrays, ref = case(512, 14, 32, 2)
+    out, report = vta_build(mod, arrays, "pipelined", "end-to-end")
+    np.testing.assert_array_equal(out, ref)
+    detail = conv_placement(report).detail
+    own = re.search(r"\(([\d,]+) VTA \+ ([\d,]+) B host layout\) with the stock template's own "
+                    r"plan", detail)
+    units = re.search(r"the only unit that runs it \([\d,]+ cycles end to end \(([\d,]+) VTA \+ "
+                      r"([\d,]+) B host layout\)\)", detail)
+    assert own is not None and units is not None, detail
+    assert units.groups() == own.groups(), detail

@@ -25,7 +25,8 @@ micro-ops per tap and pixel for three output blocks, and no padding inside the c
   program reads them (:func:`block_sparse_weight`); a constant weight (every quantised model's) is packed at
   build time, any other is refused (the other units run it).
 * **Which layers**: groups with as many output as input channels, square blocks, no dilation,
-  and a unit's window, tiles and outputs fitting the scratchpads at one output row.
+  and a unit's window, tiles and outputs fitting the scratchpads at one output row. Groups of
+  exactly one block (``w = BLOCK``) are one tile per output block and tap, each group a unit.
 
 :mod:`.grouped` builds it next to the CSP plan and the block-diagonal unit and keeps the one the
 objective scores best.

@@ -39,8 +39,12 @@ is at most ``w / BLOCK`` where the GEMM bounds it.
   7 per tap for a pair of 24-channel groups, in the stock blocked layout) is the unit that
   competes with the CSP plan, built and scored the same way; the choice weighs every unit that
   plans and the report line names each with its score or its refusal. For ``w`` dividing
-  ``BLOCK`` the block-sparse program is refused (the block-diagonal unit runs the same tiles);
-  groups of whole blocks keep the CSP plan alone.
+  ``BLOCK`` the block-sparse program is refused (the block-diagonal unit runs the same tiles).
+* **Groups of exactly one block** (``w = BLOCK``: MobileNet's D1-D9, RegNetX-400MF): the
+  block-diagonal unit is refused (it would be the stock grouped conv2d template, which the CSP
+  plan already weighs), and the block-sparse program (one nonzero tile per output block and tap,
+  each group its own unit, the whole image per tile where it fits) competes with the CSP plan;
+  groups of several whole blocks keep the CSP plan alone.
 
 Registered for ``group_conv2d`` under ``csp-relaxed`` (``csp-strict`` keeps the CSP plan alone).
 """
@@ -99,11 +103,11 @@ class NarrowGroupWorkload(GroupConv2dWorkload):
 
 def competes(op: MatchedOp, config) -> Optional[int]:
     """The channels per group of grouped ``op`` if the units of this module compete with the CSP
-    plan: fewer than ``BLOCK_IN`` (the block-diagonal unit) or not whole blocks (the
-    block-sparse program, :mod:`.blocksparse`); None when the groups are whole blocks (the CSP
-    plan alone)."""
+    plan: fewer than ``BLOCK_IN`` (the block-diagonal unit), exactly one block or not whole
+    blocks (the block-sparse program, :mod:`.blocksparse`); None when the groups are several
+    whole blocks (the CSP plan alone)."""
     w = _shape(op.operands[1])[1]
-    return w if w < config.BLOCK_IN or w % config.BLOCK_IN else None
+    return w if w <= config.BLOCK_IN or w % config.BLOCK_IN else None
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,9 @@ def _diagonal_plan(op: MatchedOp, config, width: int) -> OpPlan:
     """The block-diagonal plan of ``op`` (groups of ``width`` channels), or a refusal saying why
     the unit cannot run it."""
     geo = _geometry(op, config, width)
+    if width == geo.block:
+        raise TemplateRefusal(f"groups of one {width}-channel block: the block-diagonal program "
+                              "is the stock grouped conv2d template, which the CSP plan weighs")
     if geo.block % width:
         raise TemplateRefusal(f"{width} channels per group do not divide the {geo.block}-channel "
                               "block (a group would straddle two weight tiles; padding each group "
@@ -167,7 +174,7 @@ def _sparse_plan(op: MatchedOp, config, width: int) -> OpPlan:
     block, act = geo.block, geo.act
     data, weight = op.operands
     c = act.c
-    if block % width == 0:
+    if width < block and block % width == 0:
         raise TemplateRefusal(f"groups of {width} channels divide the {block}-channel block: "
                               f"the block-diagonal unit runs the same tiles")
     if not isinstance(weight, tvm.ir.expr.Constant):
@@ -379,7 +386,8 @@ class NarrowGroupTemplate(CspGemmTemplate):
         block = config.BLOCK_IN
         if unit == "sparse":
             return f"{SPARSE_TEXT} (groups of {width} channels, only the nonzero {block}x{block} weight tiles)"
-        per = f"{block // width} groups" if block % width == 0 else "groups"
+        per = {0: "groups", 1: "one group"}.get(block // width if block % width == 0 else 0,
+                                                  f"{block // width} groups")
         return f"{DIAGONAL_TEXT} ({per} of {width} channels per {block}x{block} weight tile)"
 
     @staticmethod

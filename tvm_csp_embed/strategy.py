@@ -171,8 +171,9 @@ class CspGemmTemplate(OpTemplate):
             else:
                 workload = search.place(point.knobs)
                 text += f"; {point.text(self.strategy)}"
+        # with the stock plan's activation layout: the grouped units' choice prices its packing
         return OpPlan(workload, plan.inputs, plan.out_layout, f"{plan.description}; {text}",
-                      plan.padding)
+                      plan.padding, in_layout=plan.in_layout)
 
     def _search(self, plan: OpPlan, op: MatchedOp, config, options) -> Optional[StockSearch]:
         """The point search of the stock template's ``plan`` for ``op`` (:mod:`.stock_knobs`),
