@@ -15,7 +15,12 @@ block-diagonal GEMM program of a depthwise conv2d, :mod:`.depthwise`) at a searc
   thread set, the first :data:`SEARCHED` points in the TPS order (fewest DRAM bytes first; each
   costs a build); a point whose lower bound (:func:`~.choice.stock_cycles_bound`) is not below
   the best timed is not built. The fewest
-  cycles win, TPS on a tie, so the point is never slower on the cycle model than TPS.
+  cycles win, TPS on a tie, so the point is never slower on the cycle model than TPS;
+* the descent (:func:`_descend`): when the best point has at most :data:`FEW_TILES` output tiles
+  per virtual thread, its loads, compute and stores hardly overlap (the first tile's loads and the
+  last tile's store are exposed: DenseNet-121's 1x992x7x7 per-channel conv has two tiles at TPS),
+  so the search tries, with each thread set, the next smaller output-channel tile that divides the
+  blocks, and goes on while the cycles go down (one build a step).
 
 The result (knobs, its cycles and TPS's) is kept in memory and on disk (``stock_points/`` in the
 cache directory, keyed by the configuration's value, the stock workload, the epilogue's shape,
@@ -40,7 +45,7 @@ from vta_ext.templates.errors import KnobError
 from .cache import _write, cache_dir, source_digest
 from .choice import STOCK_COMPARED, stock_cycles_bound
 
-__all__ = ["SEARCHED", "SEARCH_VERSION", "THREAD_SETS", "SearchedPoint", "StockSearch",
+__all__ = ["SEARCHED", "SEARCH_VERSION", "THREAD_SETS", "FEW_TILES", "tiles_per_thread", "SearchedPoint", "StockSearch",
            "neighbourhood", "thread_set", "searched_point", "lowest_bound", "searches"]
 
 #: points built and timed beyond TPS, at most, of each thread set: the first variant (fewest DRAM
@@ -48,7 +53,9 @@ __all__ = ["SEARCHED", "SEARCH_VERSION", "THREAD_SETS", "SearchedPoint", "StockS
 #: every fourth DeepBench row, on default and pipelined, and each point costs a build
 SEARCHED = 1
 #: the search's format: bump it when the neighbourhood or the rule changes (it keys the caches)
-SEARCH_VERSION = 4
+SEARCH_VERSION = 5
+#: a point with at most this many output tiles per virtual thread is refined by :func:`_descend`
+FEW_TILES = 2
 #: the sets of thread knobs a variant sets to 2 (both at once: loads overlap compute along both
 #: the rows and the output channels; DenseNet-121's 1x1 depthwise convs on ``pipelined`` run 8 %
 #: faster there than at either alone), and the inner tiles it may halve
@@ -71,7 +78,7 @@ class SearchedPoint:
     #: its cycles on the cycle model, and the TPS point's
     cycles: int
     tps_cycles: int
-    #: points built and timed, and points in the neighbourhood
+    #: points built and timed, and points in the neighbourhood (with those the descent timed)
     timed: int
     points: int
 
@@ -274,7 +281,53 @@ def _search(config, workload, epilogue, cycles) -> SearchedPoint:
         per_set[threads] = per_set.get(threads, 0) + 1
         if c < best_cycles:
             best, best_cycles = k, c
-    return SearchedPoint(tuple(sorted(best.items())), best_cycles, tps_cycles, timed, len(points))
+    best, best_cycles, steps = _descend(config, workload, epilogue, cycles, best, best_cycles)
+    return SearchedPoint(tuple(sorted(best.items())), best_cycles, tps_cycles, timed + steps,
+                         len(points) + steps)
+
+
+def tiles_per_thread(config, workload, knobs: Dict[str, Any]) -> Optional[int]:
+    """Output tiles each virtual thread of the conv2d program at ``knobs`` computes (None for a
+    workload or knobs without an output-channel and a row tile, a dense program)."""
+    if not all(k in knobs for k in ("tile_co", "tile_h", "tile_w")) or not hasattr(workload, "out_height"):
+        return None
+    ceil = lambda a, b: -(-a // b)  # noqa: E731
+    blocks = ceil(workload.out_channels, config.BLOCK_OUT)
+    tiles = (ceil(blocks, knobs["tile_co"]) * ceil(workload.out_height, knobs["tile_h"])
+             * ceil(workload.out_width, knobs["tile_w"]) * ceil(workload.batch, knobs.get("tile_b", 1)))
+    return ceil(tiles, knobs.get("oc_nthread", 1) * knobs.get("h_nthread", 1))
+
+
+def _descend(config, workload, epilogue, cycles, best: Dict[str, Any], best_cycles: int
+             ) -> Tuple[Dict[str, Any], int, int]:
+    """The module docstring's descent from ``best``: ``(point, its cycles, points timed)``."""
+    from vta_ext.templates import tiling
+
+    few = tiles_per_thread(config, workload, best)
+    if few is None or few > FEW_TILES:
+        return best, best_cycles, 0
+    blocks = -(-workload.out_channels // config.BLOCK_OUT)
+    start, timed = dict(best), 0
+    knob_type = type(tiling.tps_knobs(config, workload, epilogue).knobs)
+    for threads in THREAD_SETS:
+        point = dict(start, **{name: 2 if name in threads else 1 for name in ("h_nthread", "oc_nthread")})
+        last = best_cycles
+        for tile in sorted((d for d in range(1, start["tile_co"]) if blocks % d == 0), reverse=True):
+            k = dict(point, tile_co=tile)
+            try:
+                if not isinstance(tiling.evaluate(config, workload, epilogue, knob_type(**k)),
+                                  tiling.TilingChoice):
+                    continue
+                c = cycles(k)
+            except (KnobError, TemplateRefusal):
+                continue
+            timed += 1
+            if c >= last:
+                break
+            last = c
+            if c < best_cycles:
+                best, best_cycles = k, c
+    return best, best_cycles, timed
 
 
 def searches(policy, mode: str) -> bool:
