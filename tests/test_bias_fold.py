@@ -397,6 +397,35 @@ def test_stem_lanes_written_by_a_column_the_gather_reads():
             assert (got[_reads(cl, points[lane])] == value).all()
 
 
+@pytest.mark.parametrize("hw, pad", [(28, 1), (15, 0)])
+def test_point_reads_equal_the_loop_nest_evaluated_point_by_point(hw, pad):
+    """The reads of every spare reduction point of the stem (what :func:`_gathered_lanes` checks
+    the lane markers at) equal each packed data dim's index expression evaluated with plain
+    integers at every value of the free loops (row-major over the free loop names, sorted), made
+    flat over the stored shape: the affine split (the free loops' part once, a per-point offset)
+    changes no read."""
+    import itertools
+
+    from tvm_csp_embed.codegen.biasfold import _lane_classes, _point_reads
+    from vta_ext.config import load_config
+
+    cl = _lane_classes(_stem_candidate(hw, pad, load_config("default")).packed)
+    dops, values, free = cl["dops"], cl["values"], cl["free"]
+    names = sorted({v for d in dops.dims for v, _ in d.terms if v not in values})
+    reads = _point_reads(cl)
+    points = [p for _, ps in cl["candidates"] for p in ps]
+    assert points
+    for p in points:
+        want = []
+        for combo in itertools.product(*(range(free[v]) for v in names)):
+            at = dict(zip(names, combo))
+            at.update({v: int(values[v][p]) for v in values})
+            index = [d.const - d.stored_lo + sum(c * at[v] for v, c in d.terms) for d in dops.dims]
+            assert all(0 <= i < s for i, s in zip(index, dops.stored_shape))
+            want.append(int(np.ravel_multi_index(index, dops.stored_shape)))
+        assert reads(p).tolist() == want
+
+
 def test_where_pass_stays_where_no_lane_is_a_column_and_the_report_says_why():
     """1x3x10x10 * 16x3x2x2, NCHW z = c4*r2*s2: the 4 spare lanes are the padded 4th channel's
     4 taps, which the unroll reads at the same columns as the real channels' taps: no unroll

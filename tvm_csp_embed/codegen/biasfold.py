@@ -759,7 +759,7 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Union[Tuple[FoldLanes, 
         gather = st + (tuple((pat, before[axis] + g) for g, pat in enumerate(patterns)),)
 
         def layout(values: np.ndarray) -> HostLayout:
-            concat = ("concat", axis, tuple(int(v) for v in values.ravel()), "int8", n)
+            concat = ("concat", axis, tuple(values.ravel().tolist()), "int8", n)
             if padded:
                 widths = tuple((w[0], 0) if i == axis else w for i, w in enumerate(prev[1]))
                 head = steps[:t - 1] + (concat, ("pad", widths))
@@ -785,9 +785,9 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Union[Tuple[FoldLanes, 
     got = [layout(block).pack_numpy(x).ravel() for x in probes]
     chosen = sorted(((points[0], c) for c, points in cl["candidates"] if points))
     points = dict(cl["candidates"])
-    kept = []
+    kept, reads = [], _point_reads(cl)
     for j, (_, c) in enumerate(chosen[:lanes.lanes]):
-        at = next((p for p in points[c] if all((g[_reads(cl, p)] == _MARK + j).all() for g in got)),
+        at = next((p for p in points[c] if all((g[reads(p)] == _MARK + j).all() for g in got)),
                   None)
         if at is not None:
             kept.append((j, at, c))
@@ -803,16 +803,31 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Union[Tuple[FoldLanes, 
 def _reads(cl: dict, p: int) -> np.ndarray:
     """The flat indices into the stored data operand that reduction point ``p`` reads (at every
     value of the free loops and axes)."""
+    return _point_reads(cl)(p)
+
+
+def _point_reads(cl: dict):
+    """:func:`_reads` of ``cl`` as a function of the reduction point: the part of the flat
+    indices the free loops and axes give is computed once, each point adds its own offset (the
+    indices are affine in the loop variables)."""
     dops, values, free = cl["dops"], cl["values"], cl["free"]
     names = sorted({v for d in dops.dims for v, _ in d.terms if v not in values})
     grid = np.indices([free[v] for v in names]).reshape(len(names), -1)
     at = dict(zip(names, grid.astype(np.int64)))
-    flat = np.zeros(grid.shape[1], dtype=np.int64)
+    base = np.zeros(grid.shape[1], dtype=np.int64)
+    offset = []                     # per reduction variable, its coefficient in the flat index
     for d, stride in zip(dops.dims, _strides(dops.stored_shape)):
-        index = d.const - d.stored_lo + sum(c * (int(values[v][p]) if v in values else at[v])
-                                            for v, c in d.terms)
-        flat = flat + index * int(stride)
-    return flat
+        base = base + (d.const - d.stored_lo) * int(stride)
+        for v, c in d.terms:
+            if v in values:
+                offset.append((v, c * int(stride)))
+            else:
+                base = base + c * at[v] * int(stride)
+
+    def reads(p: int) -> np.ndarray:
+        return base + sum(k * int(values[v][p]) for v, k in offset)
+
+    return reads
 
 
 def _spare_positions(cl: dict, flat: np.ndarray) -> np.ndarray:
