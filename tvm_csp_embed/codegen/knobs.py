@@ -8,12 +8,14 @@ Knobs of a packed GEMM (:class:`~.plan.PackedGemm`), as a plain dict (what recor
   z-blocks one load step brings in;
 * ``vt_<loop>`` in {1, 2}: virtual threads over the outer tiles of the first output-channel loop
   and of the first image-row loop (the original's ``oc_nthread`` / ``h_nthread``);
-* ``order`` in {0, 1, 2}: the loop order of the output tiles and which operand stays resident
+* ``order`` in {0, ..., 5}: the loop order of the output tiles and which operand stays resident
   (:func:`~.loops.loop_orders`): 0 the stock rule (both caches loaded at every load step; the
   default, also when a record has no ``order``), 1 weight-resident (output-channel tiles outer,
   the weight tile loaded once per output-channel tile and reused by every spatial tile below),
   2 data-resident (output-channel tiles innermost, the data tile loaded once per spatial tile and
   reused by every output-channel tile). A resident tile holds the whole reduction of its tile.
+  3, 4, 5 (relaxed embeddings with a plain loop and a z tile loop, :func:`_has_batch_inner`):
+  0, 1, 2 with the plain loops inside the load point (:func:`~.loops.batch_inner`).
 
 A point is **pruned** when the schedule cannot realise it (a thread count that does not
 divide the outer loop, an order with no loop to hold its operand) or when it does not fit: the
@@ -44,7 +46,7 @@ import numpy as np
 
 from vta_ext.templates.epilogue import GEMM_BIAS_STAGE
 
-from .loops import ORDERS, loop_orders, tiled_loops, vt_loops
+from .loops import BATCH_INNER, ORDERS, batch_inner, loop_orders, tiled_loops, vt_loops
 from .plan import AXIS_PREFIX, PackedGemm
 from .schedule import acc_init_of
 
@@ -118,8 +120,19 @@ def knob_domain(pg: PackedGemm) -> Dict[str, Tuple[int, ...]]:
     ext = {lp.name: lp.extent for lp in pg.loops}
     dom = {f"tile_{n}": tuple(_divisors(ext[n])) for n in tiled_loops(pg)}
     dom.update({f"vt_{n}": (1, 2) for n in vt_loops(pg)})
-    dom[ORDER_KNOB] = (0, 1, 2)
+    dom[ORDER_KNOB] = tuple(ORDERS) if _has_batch_inner(pg) else tuple(range(BATCH_INNER))
     return dom
+
+
+def _has_batch_inner(pg: PackedGemm) -> bool:
+    """Whether ``pg`` has the batch-inner orders (:func:`~.loops.batch_inner`): a relaxed
+    embedding (``csp-strict`` keeps the stock template's program, so its loop orders), a plain
+    loop of more than one iteration and a z tile loop of more than one (without one the caches
+    sit at the store point, below the plain loops, in every order: :func:`_inside`)."""
+    loops = [lp for lp in pg.loops if lp.extent > 1]
+    return (pg.embedding.mode != "strict"
+            and any(pg.roles[lp.name] == "plain" for lp in loops)
+            and any(pg.roles[lp.name] == "ztile" for lp in loops))
 
 
 def knob_defaults(pg: PackedGemm) -> Dict[str, int]:
@@ -174,7 +187,8 @@ def _structural_checks(pg: PackedGemm, k: Mapping[str, Any], order: int,
     with the values ``at`` extracts. ``threads``: :func:`_thread_checks` of ``pg`` and ``k`` if
     the caller has them (no order changes them)."""
     out = list(_thread_checks(pg, k) if threads is None else threads)
-    if order and loop_orders(pg, order).resident_at is None:
+    orders = loop_orders(pg, order)
+    if orders.resident is not None and orders.resident_at is None:
         out.append((True, lambda at: f"order={order} ({ORDERS[order]}) needs an outer loop above the "
                                      f"other operand's tiles to hold the resident tile, and this "
                                      f"embedding has none"))
@@ -201,15 +215,16 @@ def _scalar(v) -> int:
 # ------------------------------------------------------------------------------------ the model
 # Every function of the model takes knob values that are ints (one point) or numpy integer arrays
 # that broadcast against each other (a grid of points, :func:`search`); the arithmetic is the same.
-def _inside(pg: PackedGemm, k: Mapping[str, Any]) -> Dict[str, Tuple[Any, Any]]:
-    """Loop -> ``(outer count, inner extent)`` relative to the load point of the input caches."""
+def _inside(pg: PackedGemm, k: Mapping[str, Any], inner: bool = False) -> Dict[str, Tuple[Any, Any]]:
+    """Loop -> ``(outer count, inner extent)`` relative to the load point of the input caches;
+    ``inner``: the plain loops sit inside it (:func:`~.loops.batch_inner`)."""
     anchored = any(lp.extent > 1 for lp in pg.loops if pg.roles[lp.name] == "ztile")
     out = {}
     for lp in pg.loops:
         role, e = pg.roles[lp.name], lp.extent
         if role == "reduce":
             out[lp.name] = (1, e)
-        elif role in ("plain", "shared") and anchored:
+        elif (role == "shared" or (role == "plain" and not inner)) and anchored:
             out[lp.name] = (e, 1)
         else:
             t = k[f"tile_{lp.name}"]
@@ -302,16 +317,18 @@ def _free_dims(op):
     return [d for d in op.dims if not d.terms[0][0].startswith(AXIS_PREFIX)]
 
 
-def _kernel_extents(pg: PackedGemm, k: Mapping[str, Any]) -> list:
+def _kernel_extents(pg: PackedGemm, k: Mapping[str, Any], inner: bool = False) -> list:
     ext = {lp.name: lp.extent for lp in pg.loops}
-    return [ext[n] if pg.roles[n] == "reduce" else k[f"tile_{n}"] for n in loop_orders(pg).kernel]
+    return [ext[n] if pg.roles[n] == "reduce" else k[f"tile_{n}"]
+            for n in loop_orders(pg, BATCH_INNER if inner else 0).kernel]
 
 
-def _kernel(pg: PackedGemm, k: Mapping[str, Any]):
+def _kernel(pg: PackedGemm, k: Mapping[str, Any], inner: bool = False):
     """``(micro-ops, largest folded loop)`` of one load step's GEMM kernel: its first two non-unit
-    loops fold into the GEMM instruction's loop fields, the rest are unrolled into micro-ops."""
+    loops fold into the GEMM instruction's loop fields, the rest are unrolled into micro-ops;
+    ``inner``: the batch-inner orders' kernel (:func:`~.loops.batch_inner`)."""
     uops, folded, seen = 1, 0, 0
-    for e in _kernel_extents(pg, k):
+    for e in _kernel_extents(pg, k, inner):
         big = e > 1
         if big is False:            # a unit loop (an int extent): neither folds nor unrolls
             continue
@@ -330,7 +347,7 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
     ``common`` is :func:`_order_free` of the same ``pg``, ``ep`` and ``k`` (computed here when
     None): :func:`knob_grid` measures every order of one grid and computes it once.
     """
-    c = _order_free(cfg, pg, ep, k) if common is None else common
+    c = _order_free(cfg, pg, ep, k, batch_inner(order)) if common is None else common
     orders = loop_orders(pg, order)
     res = orders.resident
     loads, sram, nbytes, insns = c["loads"], c["sram"], c["bytes"], c["insns"]
@@ -361,7 +378,8 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
             "cycles": _pipeline(busy, c["pipeline"], res_loads) + c["fetch"]}
 
 
-def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]) -> Dict[str, Any]:
+def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any],
+                inner: bool = False) -> Dict[str, Any]:
     """The figures of the points ``k`` that no loop order changes, with both operands' caches at
     the load point (the stock order; :func:`_measure` replaces the resident operand's figures):
     ``loads`` (:func:`_operand_loads` per operand), ``sram``, ``uops``, ``folded``, ``bytes``,
@@ -372,7 +390,7 @@ def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]
     from vta_ext.templates.epilogue import alu_count, has_bias, simplify_epilogue
 
     ep = simplify_epilogue(ep)      # the ALU passes the build runs (build_gemm)
-    inside = _inside(pg, k)
+    inside = _inside(pg, k, inner)
     # scratchpad entries as the stock model counts them: a batch-like loop's whole tile, also when
     # the caches sit below it (the lowering then allocates less; counting the tile keeps TPS the
     # stock template's policy on the stock family)
@@ -387,7 +405,7 @@ def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]
     bias_tile = _prod(k[f"tile_{n}"] for n in c_loops if n in pg.channel_loops)
     with_bias = has_bias(ep)
     sram["acc"] = (ctile + (bias_tile if with_bias else 0)) * threads
-    uops, folded = _kernel(pg, k)
+    uops, folded = _kernel(pg, k, inner)
     nbytes = {"inp_load_nbytes": loads["A"]["nbytes"], "wgt_load_nbytes": loads["B"]["nbytes"]}
     stores = _prod(ext[n] // k[f"tile_{n}"] for n in c_loops)
     nbytes["acc_load_nbytes"] = stores * bias_tile * cfg.acc_elem_bytes if with_bias else 0
@@ -786,14 +804,15 @@ def knob_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
     view["threads"][...] = np.expand_dims(_prod(k[f"vt_{n}"] for n in vt_loops(pg)), -1)
     checks = []
     thread_checks = _thread_checks(pg, k)      # what no order changes, computed once
-    common = None
+    commons = {}                                # per batch_inner(order)
     for j, order in enumerate(dom[ORDER_KNOB]):
         conds = _structural_checks(pg, k, order, thread_checks)
         m = None
         if not any(c is True for c, _ in conds):
-            if common is None:
-                common = _order_free(cfg, pg, ep, k)
-            m = _measure(cfg, pg, ep, k, order, common)
+            inner = batch_inner(order)
+            if inner not in commons:
+                commons[inner] = _order_free(cfg, pg, ep, k, inner)
+            m = _measure(cfg, pg, ep, k, order, commons[inner])
             conds += _fit_checks(cfg, m)
         # the first violated condition of each point: the conditions from last to first, each
         # overriding the ones after it

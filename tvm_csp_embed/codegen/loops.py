@@ -17,7 +17,8 @@ from typing import List, Optional, Tuple
 
 from .plan import PackedGemm
 
-__all__ = ["LoopOrders", "ORDERS", "loop_orders", "vt_loops", "tiled_loops", "thread_padding"]
+__all__ = ["LoopOrders", "ORDERS", "BATCH_INNER", "batch_inner", "loop_orders", "vt_loops",
+           "tiled_loops", "thread_padding"]
 
 
 def vt_loops(pg: PackedGemm) -> List[str]:
@@ -92,8 +93,23 @@ class LoopOrders:
     resident_at: Optional[str] = None
 
 
-#: values of the ``order`` knob (:func:`loop_orders`)
-ORDERS = {0: "stock", 1: "weight-resident", 2: "data-resident"}
+#: values of the ``order`` knob (:func:`loop_orders`); ``order + BATCH_INNER`` is ``order`` with the
+#: plain (data-only, non-stencil) output loops inside the load point (:func:`batch_inner`)
+ORDERS = {0: "stock", 1: "weight-resident", 2: "data-resident",
+          3: "stock, batch inner", 4: "weight-resident, batch inner", 5: "data-resident, batch inner"}
+#: the offset of the batch-inner orders in :data:`ORDERS`
+BATCH_INNER = 3
+
+
+def batch_inner(order: int) -> bool:
+    """Whether loop order ``order`` puts the plain output loops inside the load point.
+
+    The stock rule loads the data and runs the GEMM kernel once per batch step (a plain loop's
+    iteration: an image). In a stencil-unrolled layout (fused-rs, fused-crs) an output column is a
+    plain loop too, so the stock rule issues one input LOAD and one GEMM instruction per output
+    pixel (one issue cycle per few micro-ops); inside the load point one LOAD brings the tile's
+    pixels and one GEMM instruction walks them."""
+    return order >= BATCH_INNER
 
 
 def loop_orders(pg: PackedGemm, order: int = 0) -> LoopOrders:
@@ -105,7 +121,8 @@ def loop_orders(pg: PackedGemm, order: int = 0) -> LoopOrders:
     image rows, and hoists the weight tensor's cache to the innermost of the weight loops; 2
     (data-resident) puts the output-channel loops innermost (shared, batch, rows, output channels)
     and hoists the data tensor's cache to the innermost loop above them. The hoisted cache holds the
-    whole reduction of its tile; the other operand stays at the load point.
+    whole reduction of its tile; the other operand stays at the load point. ``order`` 3, 4, 5 are
+    0, 1, 2 with the plain loops in the GEMM kernel below the load point (:func:`batch_inner`).
     """
     return pg.memo(("loop_orders", order), lambda: _loop_orders(pg, order))
 
@@ -119,6 +136,10 @@ def _loop_orders(pg: PackedGemm, order: int) -> LoopOrders:
     stencil = [n for n in c if role[n] == "stencil"]
     weight = [n for n in c if role[n] == "weight"]
     last = stencil[-1:]
+    if order not in ORDERS:
+        raise ValueError(f"order={order!r}; valid orders: {', '.join(map(str, ORDERS))}")
+    inner = batch_inner(order)
+    order = order - BATCH_INNER if inner else order
     resident = resident_at = None
     if order == 0:
         outer = batch + stencil[:-1] + weight + last
@@ -132,11 +153,16 @@ def _loop_orders(pg: PackedGemm, order: int) -> LoopOrders:
         above = shared + plain + stencil
         resident = "A" if pg.embedding.binding["A"] == pg.embedding.workload.inputs[0].name else "B"
         resident_at = above[-1] if above else None
-    else:
-        raise ValueError(f"order={order!r}; valid orders: {', '.join(map(str, ORDERS))}")
     ztile = [lp.name for lp in pg.loops if role[lp.name] == "ztile"]
     reduce_ = [lp.name for lp in pg.loops if role[lp.name] == "reduce"]
-    kernel = ztile + last + reduce_[::-1] + weight + stencil[:-1]
+    if inner:
+        # the plain loops leave the GEMM stage's loops above the load point for the kernel, after
+        # the last image row (so the first two non-unit loops, which fold into the instruction's
+        # loop fields, are the z tile and the image columns of the tile)
+        batch = shared
+        kernel = ztile + last + plain + reduce_[::-1] + weight + stencil[:-1]
+    else:
+        kernel = ztile + last + reduce_[::-1] + weight + stencil[:-1]
     vts = vt_loops(pg)
     # the first-row split is made first, then the output-channel one (the original's order)
     vts = [n for n in vts if role[n] == "stencil"] + [n for n in vts if role[n] == "weight"]
