@@ -229,6 +229,54 @@ def test_the_gemm_unit_tunes_and_verifies(tmp_path):
     assert p.plan == "csp-relaxed GEMM block-diagonal" and "tuned record from" in p.detail
 
 
+def test_warm_build_loads_the_block_diagonal_program(tmp_path, monkeypatch):
+    """The chosen block-diagonal program is kept on disk (``programs/``): a warm build in a new
+    process state schedules, lowers and emits nothing, loads the same instructions and DRAM image
+    the cold build made, times them alike and stays bit-exact against numpy."""
+    from vta_ext import executor
+    from vta_ext.templates import conv2d
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    mod, arrays, ref = case(48, 9, 3, 1, 1)
+    cold_out, cold = vta_build(mod, arrays, "default")
+    p = depthwise_placement(cold)
+    assert p.plan == "csp-relaxed GEMM block-diagonal"
+    assert len(list((tmp_path / "programs").glob("*.npz"))) == 1
+    built = executor.compiled_op(cold.key_of(p)).program
+    cold_insns, cold_image = list(built.insns), built.dram.copy()
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a warm build must load the block-diagonal program, not compile it")
+    monkeypatch.setattr(conv2d, "compile_conv2d", forbidden)
+    warm_out, warm = vta_build(mod, arrays, "default")
+    np.testing.assert_array_equal(cold_out, ref)
+    np.testing.assert_array_equal(warm_out, ref)
+    loaded = executor.compiled_op(warm.key_of(depthwise_placement(warm))).program
+    assert loaded.insns == cold_insns
+    # the instructions and micro-ops as the cold build encoded them (data buffers: this run's)
+    start = min(phys for phys, _ in loaded.segments) - loaded.dram_base
+    np.testing.assert_array_equal(loaded.dram[start:], cold_image[start:])
+    assert warm.cycles(depthwise_placement(warm)) == cold.cycles(p)
+
+
+def test_unreadable_program_is_built_again(tmp_path, monkeypatch):
+    """A program cache entry that does not load (here: truncated) is built again, bit-exact."""
+    from vta_ext import executor
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    mod, arrays, ref = case(48, 9, 3, 1, 1)
+    vta_build(mod, arrays, "default")
+    (entry,) = (tmp_path / "programs").glob("*.npz")
+    entry.write_bytes(entry.read_bytes()[:100])
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+    out, report = vta_build(mod, arrays, "default")
+    np.testing.assert_array_equal(out, ref)
+    assert depthwise_placement(report).plan == "csp-relaxed GEMM block-diagonal"
+
+
 def test_warm_build_times_no_unit(tmp_path, monkeypatch):
     """The chosen unit is kept on disk: a warm build (nothing in memory) builds and times
     neither unit again, places the same plan and stays bit-exact against numpy."""

@@ -291,13 +291,77 @@ def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
     from vta_ext.templates.group_conv2d import build_group_conv2d
 
     gw = diagonal_workload(config, wl)
-    builder = build_group_conv2d if isinstance(gw, GroupConv2dWorkload) else build_conv2d
-    if getattr(wl, "knobs", ()) and knobs == "cycles":
-        knobs = dict(wl.knobs)
-    compiled = builder(config, gw, program_epilogue(wl, epilogue), knobs)
+    compiled = _load_program(config, wl, epilogue, knobs)
+    if compiled is None:
+        builder = build_group_conv2d if isinstance(gw, GroupConv2dWorkload) else build_conv2d
+        point = dict(wl.knobs) if getattr(wl, "knobs", ()) and knobs == "cycles" else knobs
+        compiled = builder(config, gw, program_epilogue(wl, epilogue), point)
     if compiled.gemm_bias:
         compiled.bias_operands = functools.partial(_bias_gemm_operands, lanes=_block(config))
     return compiled
+
+
+def _program_path(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
+    """Where the program cache keeps the block-diagonal program :func:`build_diagonal` builds
+    from these arguments (``<cache_dir>/programs/``): keyed by all of them, the configuration's
+    value and the code (:func:`~.cache.source_digest`)."""
+    import hashlib
+
+    from .cache import cache_dir, source_digest
+
+    text = json.dumps({"v": 1, "config": config.to_dict(), "type": type(wl).__name__,
+                       "workload": dataclasses.asdict(wl), "knobs": knobs,
+                       "epilogue": [list(stage) for stage in epilogue], "code": source_digest()},
+                      sort_keys=True, default=str)
+    return cache_dir() / "programs" / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.npz"
+
+
+def keep_program(config, wl, epilogue: Sequence[tuple], knobs, compiled) -> None:
+    """Store the block-diagonal program ``compiled`` (:func:`build_diagonal` of the other
+    arguments) in the program cache, so that a warm build, which reads its plan from the
+    caches, loads it (:func:`_load_program`) instead of scheduling, lowering and emitting it
+    again: arrays only (:meth:`vta_ext.runtime.Program.to_arrays` and the compiled operator's
+    knobs and shapes as JSON), written atomically."""
+    import os
+    import tempfile
+
+    from vta_ext.templates.knobs import Conv2dKnobs
+
+    if type(compiled.knobs) is not Conv2dKnobs:
+        raise TypeError(f"keep_program: a block-diagonal program has Conv2dKnobs, got "
+                        f"{type(compiled.knobs).__name__}")
+    path = _program_path(config, wl, epilogue, knobs)
+    meta = {"knobs": dataclasses.asdict(compiled.knobs),
+            "shapes": {k: list(v) for k, v in compiled.shapes.items()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp_", suffix=".npz")
+    with os.fdopen(fd, "wb") as f:
+        np.savez(f, meta=np.array(json.dumps(meta)), **compiled.program.to_arrays())
+    os.replace(tmp, path)       # atomic: concurrent builds never read half a file
+
+
+def _load_program(config, wl, epilogue: Sequence[tuple], knobs) -> Optional[Any]:
+    """The block-diagonal program :func:`keep_program` stored for these arguments (its bias
+    operands not set), or None (none stored, or unreadable: it is built)."""
+    import zipfile
+
+    from vta_ext.runtime import Program
+    from vta_ext.templates.conv2d import CompiledConv2d
+    from vta_ext.templates.epilogue import normalize_epilogue
+    from vta_ext.templates.knobs import Conv2dKnobs
+
+    try:
+        with np.load(_program_path(config, wl, epilogue, knobs), allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        meta = json.loads(str(arrays.pop("meta")))
+        program = Program.from_arrays(config, arrays)
+        knob_point = Conv2dKnobs(**meta["knobs"])
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+        return None
+    shapes = {k: tuple(v) for k, v in meta["shapes"].items()}
+    return CompiledConv2d(config, diagonal_workload(config, wl),
+                          normalize_epilogue(program_epilogue(wl, epilogue)), knob_point, program,
+                          shapes, {"load": 0.0})
 
 
 def _bias_gemm_operands(bias_packed: np.ndarray, lanes: int) -> Dict[str, np.ndarray]:
@@ -388,9 +452,10 @@ class DepthwiseTemplate(OpTemplate):
         refused: Dict[str, str] = {}
         workloads: Dict[str, DepthwiseUnitWorkload] = {}
         notes: Dict[str, str] = {}
+        policies: Dict[str, Any] = {}
         for unit in UNITS:
             wl = DepthwiseUnitWorkload(**base, unit=unit)
-            policy = options.knobs_for(self.kind, self.strategy, wl, config)[0]
+            policy = policies[unit] = options.knobs_for(self.kind, self.strategy, wl, config)[0]
             try:
                 wl, timed[unit], notes[unit] = self._timed_unit(
                     config, wl, op.epilogue, policy, diagonal_bias_gemm(op, config, wl))
@@ -406,7 +471,18 @@ class DepthwiseTemplate(OpTemplate):
             why += f"; {notes[unit]}"
         if cache is not None:
             cache.store({"workload": dataclasses.asdict(wl), "why": why})
+            if unit == "gemm":      # built and timed above: the program a warm build loads
+                self._keep(config, wl, op.epilogue, policies[unit])
         return self._plan_of(op, config, stock, wl, why)
+
+    def _keep(self, config, wl: DepthwiseUnitWorkload, epilogue, policy) -> None:
+        """Store the chosen block-diagonal program (built when the plan timed it) in the program
+        cache (:func:`keep_program`) under the arguments its build gets."""
+        from vta_ext.executor import compiled_op, op_key
+
+        compiled = compiled_op(op_key(self.kind, self.strategy, config, wl, epilogue, policy),
+                               config=config)
+        keep_program(config, wl, tuple(tuple(stage) for stage in epilogue), policy, compiled)
 
     def _plan_of(self, op: MatchedOp, config, stock: OpPlan, wl: DepthwiseUnitWorkload,
                  why: str) -> OpPlan:
