@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -50,7 +51,7 @@ from vta_ext.packing import pack_conv_weight
 from vta_ext.stock import StockDepthwiseConv2d, _gemm_knob_space
 from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, register_plan_summary,
                               register_template)
-from vta_ext.templates.depthwise import DepthwiseConv2dWorkload
+from vta_ext.templates.depthwise import NEEDED_EXTENSIONS, DepthwiseConv2dWorkload
 from vta_ext.templates.errors import KnobError
 from vta_ext.templates.workload import Conv2dWorkload, GroupConv2dWorkload
 
@@ -104,6 +105,37 @@ def _block(config) -> int:
                               f"diagonal tiles); {config.name} has {config.BLOCK_IN}x"
                               f"{config.BLOCK_OUT}")
     return config.BLOCK_IN
+
+
+def alu_floor(config, op: MatchedOp, wl: DepthwiseConv2dWorkload) -> float:
+    """A lower bound on the cycles of the ALU unit's program of depthwise ``op`` (``wl``: its
+    stock workload, channels padded): the floor of the operator as written on the ALU taps
+    alone (:func:`vta_ext.floor.own_floor`; the padded channels only add work).
+
+    Parameters
+    ----------
+    config : VTAConfig
+    op : MatchedOp
+        The depthwise conv2d (its activation gives the channels as written).
+    wl : DepthwiseConv2dWorkload
+        Its kernel, padding and strides.
+
+    Returns
+    -------
+    float
+        :attr:`vta_ext.floor.Floor.total` of the ALU unit.
+    """
+    from vta_ext.floor import OperatorSize, own_floor, touched
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    n, c, h, w = (int(d) for d in op.operands[0].ty.shape)
+    oh, ow = wl.out_height, wl.out_width
+    plane = (touched(h, wl.kernel_h, wl.pad_h, wl.stride_h, oh)
+             * touched(w, wl.kernel_w, wl.pad_w, wl.stride_w, ow))
+    taps = wl.kernel_h * wl.kernel_w
+    size = OperatorSize("depthwise_conv2d", 0, n * c * oh * ow, n * c * plane, c * taps, c, taps,
+                        epilogue=normalize_epilogue(op.epilogue))
+    return own_floor(config, size).total
 
 
 def diagonal_workload(config, wl: DepthwiseConv2dWorkload):
@@ -453,9 +485,16 @@ class DepthwiseTemplate(OpTemplate):
         workloads: Dict[str, DepthwiseUnitWorkload] = {}
         notes: Dict[str, str] = {}
         policies: Dict[str, Any] = {}
-        for unit in UNITS:
+        floor: Optional[float] = None
+        for unit in ("gemm", "alu"):       # the GEMM unit first: its cycles may spare the ALU's
             wl = DepthwiseUnitWorkload(**base, unit=unit)
             policy = policies[unit] = options.knobs_for(self.kind, self.strategy, wl, config)[0]
+            workloads[unit], notes[unit] = wl, ""
+            if unit == "alu" and "gemm" in timed and options.objective != "footprint" and all(
+                    getattr(config, f) for f in NEEDED_EXTENSIONS):
+                floor = alu_floor(config, op, stock.workload)
+                if floor > timed["gemm"]:     # the ALU unit cannot win (it wins a tie only)
+                    continue
             try:
                 wl, timed[unit], notes[unit] = self._timed_unit(
                     config, wl, op.epilogue, policy, diagonal_bias_gemm(op, config, wl))
@@ -465,7 +504,10 @@ class DepthwiseTemplate(OpTemplate):
         if not timed:
             raise TemplateRefusal(f"{self.strategy}: no unit runs this depthwise conv2d: "
                                   + "; ".join(f"{UNIT_TEXT[u]}: {refused[u]}" for u in UNITS))
-        unit, why = self._choose(timed, refused, options.objective)
+        if set(timed) | set(refused) == {"gemm"}:     # the ALU unit not built: its floor
+            unit, why = "gemm", self._floored(timed["gemm"], floor)
+        else:
+            unit, why = self._choose(timed, refused, options.objective)
         wl = workloads[unit]
         if notes[unit]:
             why += f"; {notes[unit]}"
@@ -490,6 +532,15 @@ class DepthwiseTemplate(OpTemplate):
         return OpPlan(wl, inputs, stock.out_layout,
                       f"{stock.description}; {UNIT_TEXT[wl.unit]} chosen by {self.strategy}: {why}",
                       stock.padding, in_layout=stock.in_layout)
+
+    @staticmethod
+    def _floored(gemm: int, floor: float) -> str:
+        """Why the GEMM unit runs when the ALU unit's floor (:func:`alu_floor`) exceeds its
+        cycles."""
+        return (f"fewest cycles on the cycle model: {gemm:,} cycles against at least "
+                f"{math.ceil(floor):,} cycles ({floor / max(gemm, 1):.2f}x or more: its floor, so "
+                f"not built) for {UNIT_TEXT['alu']}; both take and leave the same packed layouts, "
+                "so the host work is the same")
 
     @staticmethod
     def _choose(timed: Dict[str, int], refused: Dict[str, str], objective: str) -> Tuple[str, str]:
