@@ -684,7 +684,7 @@ class Program:
         """
         image = self.dram
         start = min(phys for phys, _ in self.segments) - self.dram_base
-        names = sorted(self.buffers)
+        names = list(self.buffers)     # in allocation order
         late = [n for n in names if self.buffers[n].phys_addr - self.dram_base >= start]
         if late:
             raise RuntimeError_(f"Program.to_arrays: buffer(s) {late} lie after the instructions")
