@@ -145,6 +145,55 @@ def test_choice_is_the_fewer_modelled_cycles(gemm_cycles):
     assert report.floor(p).total <= report.cycles(p)
 
 
+@pytest.mark.parametrize("preset", ["default", "pipelined"])
+@pytest.mark.parametrize("c, hw, k, stride, pad", [
+    (32, 16, 3, 1, 1), (20, 9, 3, 2, 1), (48, 7, 5, 1, 2), (16, 8, 3, 2, 1), (96, 14, 3, 2, 1),
+    (144, 12, 3, 1, 1), (40, 10, 1, 1, 0)])
+def test_alu_floor_never_exceeds_the_alu_program(preset, c, hw, k, stride, pad):
+    """The bound that spares the ALU unit's build (:func:`~tvm_csp_embed.depthwise.alu_floor`) is
+    at most the cycle model's count of the ALU program it stands for (channels padded to whole
+    blocks), so a unit it prunes could not have won (the GEMM unit's cycles are below it)."""
+    from types import SimpleNamespace
+
+    from tvm_csp_embed.depthwise import alu_floor
+    from vta_ext.sim.cycles import CycleModel
+    from vta_ext.templates.depthwise import DepthwiseConv2dWorkload, build_depthwise_conv2d
+
+    config = vta_ext.load_config(preset)
+    epilogue = (("bias",), ("shr", 8), ("clip", -128, 127))
+    padded = -(-c // config.BLOCK_OUT) * config.BLOCK_OUT
+    wl = DepthwiseConv2dWorkload(batch=config.BATCH, channels=padded, height=hw, width=hw,
+                                 kernel_h=k, kernel_w=k, pad_h=pad, pad_w=pad, stride_h=stride,
+                                 stride_w=stride)
+    op = SimpleNamespace(operands=[SimpleNamespace(ty=SimpleNamespace(shape=(1, c, hw, hw)))],
+                         epilogue=epilogue)
+    program = build_depthwise_conv2d(config, wl, epilogue).program
+    assert 0 < alu_floor(config, op, wl) <= CycleModel(config).run_program(program).total_cycles
+
+
+def test_alu_unit_pruned_by_its_floor_is_not_built(monkeypatch, tmp_path):
+    """On ``default`` the GEMM unit times below the ALU unit's floor: the plan builds no ALU
+    program, runs the unit that both units built and timed would choose (the GEMM, fewer cycles
+    than the ALU program's count) and the report gives the floor it compared against."""
+    from vta_ext.templates import depthwise as alu_template
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the ALU unit's floor exceeds the GEMM unit's cycles: not built")
+    build = alu_template.build_depthwise_conv2d
+    monkeypatch.setattr(alu_template, "build_depthwise_conv2d", forbidden)
+    mod, arrays, ref = case(32, 8, 3, 1, 1)
+    out, report = vta_build(mod, arrays, "default")
+    np.testing.assert_array_equal(out, ref)
+    p = depthwise_placement(report)
+    assert "its floor, so not built" in p.detail
+    monkeypatch.setattr(alu_template, "build_depthwise_conv2d", build)
+    cycles, unit = _timed(report, p)      # both units built and timed now
+    assert unit == "gemm" and cycles["gemm"] < cycles["alu"]
+    assert report.cycles(p) == cycles["gemm"]
+
+
 def test_pynq_runs_depthwise_on_the_gemm_core_only():
     """pynq has neither ALU MUL nor ACC_8BIT loads: the ALU template refuses, the report says so
     and the GEMM program runs; stock keeps the operator on the CPU."""
@@ -227,6 +276,54 @@ def test_the_gemm_unit_tunes_and_verifies(tmp_path):
     np.testing.assert_array_equal(out, ref)
     p = depthwise_placement(vta_ext.last_build_report())
     assert p.plan == "csp-relaxed GEMM block-diagonal" and "tuned record from" in p.detail
+
+
+def test_warm_build_loads_the_block_diagonal_program(tmp_path, monkeypatch):
+    """The chosen block-diagonal program is kept on disk (``programs/``): a warm build in a new
+    process state schedules, lowers and emits nothing, loads the same instructions and DRAM image
+    the cold build made, times them alike and stays bit-exact against numpy."""
+    from vta_ext import executor
+    from vta_ext.templates import conv2d
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    mod, arrays, ref = case(48, 9, 3, 1, 1)
+    cold_out, cold = vta_build(mod, arrays, "default")
+    p = depthwise_placement(cold)
+    assert p.plan == "csp-relaxed GEMM block-diagonal"
+    assert len(list((tmp_path / "programs").glob("*.npz"))) == 1
+    built = executor.compiled_op(cold.key_of(p)).program
+    cold_insns, cold_image = list(built.insns), built.dram.copy()
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a warm build must load the block-diagonal program, not compile it")
+    monkeypatch.setattr(conv2d, "compile_conv2d", forbidden)
+    warm_out, warm = vta_build(mod, arrays, "default")
+    np.testing.assert_array_equal(cold_out, ref)
+    np.testing.assert_array_equal(warm_out, ref)
+    loaded = executor.compiled_op(warm.key_of(depthwise_placement(warm))).program
+    assert loaded.insns == cold_insns
+    # the instructions and micro-ops as the cold build encoded them (data buffers: this run's)
+    start = min(phys for phys, _ in loaded.segments) - loaded.dram_base
+    np.testing.assert_array_equal(loaded.dram[start:], cold_image[start:])
+    assert warm.cycles(depthwise_placement(warm)) == cold.cycles(p)
+
+
+def test_unreadable_program_is_built_again(tmp_path, monkeypatch):
+    """A program cache entry that does not load (here: truncated) is built again, bit-exact."""
+    from vta_ext import executor
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    mod, arrays, ref = case(48, 9, 3, 1, 1)
+    vta_build(mod, arrays, "default")
+    (entry,) = (tmp_path / "programs").glob("*.npz")
+    entry.write_bytes(entry.read_bytes()[:100])
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+    out, report = vta_build(mod, arrays, "default")
+    np.testing.assert_array_equal(out, ref)
+    assert depthwise_placement(report).plan == "csp-relaxed GEMM block-diagonal"
 
 
 def test_warm_build_times_no_unit(tmp_path, monkeypatch):

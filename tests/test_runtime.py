@@ -233,3 +233,29 @@ def test_a_program_is_encoded_only_when_its_image_is_read(monkeypatch):
     expected = np.full((8, lanes), 2 * len(range(0, 60, 8)), np.int8)
     expected[4:] = 2 * len(range(4, 60, 8))
     np.testing.assert_array_equal(program.read("out", np.int8, (8, lanes)), expected)
+
+
+def test_a_program_round_trips_through_plain_arrays(monkeypatch):
+    """``Program.to_arrays`` / ``from_arrays`` (the depthwise program cache): a program of
+    several segments comes back with the same instructions, image, segments and buffers (in
+    allocation order), though its data buffers had been written and run, and runs to the
+    hand-counted output."""
+    program = _sixty_adds(monkeypatch, 3)
+    lanes = CFG.BATCH * CFG.BLOCK_OUT
+    program.write("acc", np.full((8, lanes), 7, np.int32))
+    program.run(FunctionalSimulator(CFG))           # the data buffers are not part of the copy
+    arrays = program.to_arrays()
+    assert all(isinstance(a, np.ndarray) and a.dtype != object for a in arrays.values())
+    copy = runtime.Program.from_arrays(CFG, arrays)
+    assert len(copy.segments) > 1 and copy.segments == program.segments
+    assert copy.insns == program.insns
+    assert list(copy.buffers) == list(program.buffers) == ["acc", "out"]
+    assert copy.buffers == program.buffers
+    start = min(phys for phys, _ in program.segments) - program.dram_base
+    np.testing.assert_array_equal(copy.dram[start:], program.dram[start:])
+    assert not copy.dram[:start].any()
+    copy.write("acc", np.zeros((8, lanes), np.int32))
+    copy.run(FunctionalSimulator(CFG))
+    expected = np.full((8, lanes), 3 * len(range(0, 60, 8)), np.int8)
+    expected[4:] = 3 * len(range(4, 60, 8))
+    np.testing.assert_array_equal(copy.read("out", np.int8, (8, lanes)), expected)

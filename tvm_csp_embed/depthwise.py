@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -50,7 +51,7 @@ from vta_ext.packing import pack_conv_weight
 from vta_ext.stock import StockDepthwiseConv2d, _gemm_knob_space
 from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, register_plan_summary,
                               register_template)
-from vta_ext.templates.depthwise import DepthwiseConv2dWorkload
+from vta_ext.templates.depthwise import NEEDED_EXTENSIONS, DepthwiseConv2dWorkload
 from vta_ext.templates.errors import KnobError
 from vta_ext.templates.workload import Conv2dWorkload, GroupConv2dWorkload
 
@@ -104,6 +105,37 @@ def _block(config) -> int:
                               f"diagonal tiles); {config.name} has {config.BLOCK_IN}x"
                               f"{config.BLOCK_OUT}")
     return config.BLOCK_IN
+
+
+def alu_floor(config, op: MatchedOp, wl: DepthwiseConv2dWorkload) -> float:
+    """A lower bound on the cycles of the ALU unit's program of depthwise ``op`` (``wl``: its
+    stock workload, channels padded): the floor of the operator as written on the ALU taps
+    alone (:func:`vta_ext.floor.own_floor`; the padded channels only add work).
+
+    Parameters
+    ----------
+    config : VTAConfig
+    op : MatchedOp
+        The depthwise conv2d (its activation gives the channels as written).
+    wl : DepthwiseConv2dWorkload
+        Its kernel, padding and strides.
+
+    Returns
+    -------
+    float
+        :attr:`vta_ext.floor.Floor.total` of the ALU unit.
+    """
+    from vta_ext.floor import OperatorSize, own_floor, touched
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    n, c, h, w = (int(d) for d in op.operands[0].ty.shape)
+    oh, ow = wl.out_height, wl.out_width
+    plane = (touched(h, wl.kernel_h, wl.pad_h, wl.stride_h, oh)
+             * touched(w, wl.kernel_w, wl.pad_w, wl.stride_w, ow))
+    taps = wl.kernel_h * wl.kernel_w
+    size = OperatorSize("depthwise_conv2d", 0, n * c * oh * ow, n * c * plane, c * taps, c, taps,
+                        epilogue=normalize_epilogue(op.epilogue))
+    return own_floor(config, size).total
 
 
 def diagonal_workload(config, wl: DepthwiseConv2dWorkload):
@@ -291,13 +323,77 @@ def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
     from vta_ext.templates.group_conv2d import build_group_conv2d
 
     gw = diagonal_workload(config, wl)
-    builder = build_group_conv2d if isinstance(gw, GroupConv2dWorkload) else build_conv2d
-    if getattr(wl, "knobs", ()) and knobs == "cycles":
-        knobs = dict(wl.knobs)
-    compiled = builder(config, gw, program_epilogue(wl, epilogue), knobs)
+    compiled = _load_program(config, wl, epilogue, knobs)
+    if compiled is None:
+        builder = build_group_conv2d if isinstance(gw, GroupConv2dWorkload) else build_conv2d
+        point = dict(wl.knobs) if getattr(wl, "knobs", ()) and knobs == "cycles" else knobs
+        compiled = builder(config, gw, program_epilogue(wl, epilogue), point)
     if compiled.gemm_bias:
         compiled.bias_operands = functools.partial(_bias_gemm_operands, lanes=_block(config))
     return compiled
+
+
+def _program_path(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
+    """Where the program cache keeps the block-diagonal program :func:`build_diagonal` builds
+    from these arguments (``<cache_dir>/programs/``): keyed by all of them, the configuration's
+    value and the code (:func:`~.cache.source_digest`)."""
+    import hashlib
+
+    from .cache import cache_dir, source_digest
+
+    text = json.dumps({"v": 1, "config": config.to_dict(), "type": type(wl).__name__,
+                       "workload": dataclasses.asdict(wl), "knobs": knobs,
+                       "epilogue": [list(stage) for stage in epilogue], "code": source_digest()},
+                      sort_keys=True, default=str)
+    return cache_dir() / "programs" / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.npz"
+
+
+def keep_program(config, wl, epilogue: Sequence[tuple], knobs, compiled) -> None:
+    """Store the block-diagonal program ``compiled`` (:func:`build_diagonal` of the other
+    arguments) in the program cache, so that a warm build, which reads its plan from the
+    caches, loads it (:func:`_load_program`) instead of scheduling, lowering and emitting it
+    again: arrays only (:meth:`vta_ext.runtime.Program.to_arrays` and the compiled operator's
+    knobs and shapes as JSON), written atomically."""
+    import os
+    import tempfile
+
+    from vta_ext.templates.knobs import Conv2dKnobs
+
+    if type(compiled.knobs) is not Conv2dKnobs:
+        raise TypeError(f"keep_program: a block-diagonal program has Conv2dKnobs, got "
+                        f"{type(compiled.knobs).__name__}")
+    path = _program_path(config, wl, epilogue, knobs)
+    meta = {"knobs": dataclasses.asdict(compiled.knobs),
+            "shapes": {k: list(v) for k, v in compiled.shapes.items()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp_", suffix=".npz")
+    with os.fdopen(fd, "wb") as f:
+        np.savez(f, meta=np.array(json.dumps(meta)), **compiled.program.to_arrays())
+    os.replace(tmp, path)       # atomic: concurrent builds never read half a file
+
+
+def _load_program(config, wl, epilogue: Sequence[tuple], knobs) -> Optional[Any]:
+    """The block-diagonal program :func:`keep_program` stored for these arguments (its bias
+    operands not set), or None (none stored, or unreadable: it is built)."""
+    import zipfile
+
+    from vta_ext.runtime import Program
+    from vta_ext.templates.conv2d import CompiledConv2d
+    from vta_ext.templates.epilogue import normalize_epilogue
+    from vta_ext.templates.knobs import Conv2dKnobs
+
+    try:
+        with np.load(_program_path(config, wl, epilogue, knobs), allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        meta = json.loads(str(arrays.pop("meta")))
+        program = Program.from_arrays(config, arrays)
+        knob_point = Conv2dKnobs(**meta["knobs"])
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+        return None
+    shapes = {k: tuple(v) for k, v in meta["shapes"].items()}
+    return CompiledConv2d(config, diagonal_workload(config, wl),
+                          normalize_epilogue(program_epilogue(wl, epilogue)), knob_point, program,
+                          shapes, {"load": 0.0})
 
 
 def _bias_gemm_operands(bias_packed: np.ndarray, lanes: int) -> Dict[str, np.ndarray]:
@@ -388,9 +484,17 @@ class DepthwiseTemplate(OpTemplate):
         refused: Dict[str, str] = {}
         workloads: Dict[str, DepthwiseUnitWorkload] = {}
         notes: Dict[str, str] = {}
-        for unit in UNITS:
+        policies: Dict[str, Any] = {}
+        floor: Optional[float] = None
+        for unit in ("gemm", "alu"):       # the GEMM unit first: its cycles may spare the ALU's
             wl = DepthwiseUnitWorkload(**base, unit=unit)
-            policy = options.knobs_for(self.kind, self.strategy, wl, config)[0]
+            policy = policies[unit] = options.knobs_for(self.kind, self.strategy, wl, config)[0]
+            workloads[unit], notes[unit] = wl, ""
+            if unit == "alu" and "gemm" in timed and options.objective != "footprint" and all(
+                    getattr(config, f) for f in NEEDED_EXTENSIONS):
+                floor = alu_floor(config, op, stock.workload)
+                if floor > timed["gemm"]:     # the ALU unit cannot win (it wins a tie only)
+                    continue
             try:
                 wl, timed[unit], notes[unit] = self._timed_unit(
                     config, wl, op.epilogue, policy, diagonal_bias_gemm(op, config, wl))
@@ -400,13 +504,27 @@ class DepthwiseTemplate(OpTemplate):
         if not timed:
             raise TemplateRefusal(f"{self.strategy}: no unit runs this depthwise conv2d: "
                                   + "; ".join(f"{UNIT_TEXT[u]}: {refused[u]}" for u in UNITS))
-        unit, why = self._choose(timed, refused, options.objective)
+        if set(timed) | set(refused) == {"gemm"}:     # the ALU unit not built: its floor
+            unit, why = "gemm", self._floored(timed["gemm"], floor)
+        else:
+            unit, why = self._choose(timed, refused, options.objective)
         wl = workloads[unit]
         if notes[unit]:
             why += f"; {notes[unit]}"
         if cache is not None:
             cache.store({"workload": dataclasses.asdict(wl), "why": why})
+            if unit == "gemm":      # built and timed above: the program a warm build loads
+                self._keep(config, wl, op.epilogue, policies[unit])
         return self._plan_of(op, config, stock, wl, why)
+
+    def _keep(self, config, wl: DepthwiseUnitWorkload, epilogue, policy) -> None:
+        """Store the chosen block-diagonal program (built when the plan timed it) in the program
+        cache (:func:`keep_program`) under the arguments its build gets."""
+        from vta_ext.executor import compiled_op, op_key
+
+        compiled = compiled_op(op_key(self.kind, self.strategy, config, wl, epilogue, policy),
+                               config=config)
+        keep_program(config, wl, tuple(tuple(stage) for stage in epilogue), policy, compiled)
 
     def _plan_of(self, op: MatchedOp, config, stock: OpPlan, wl: DepthwiseUnitWorkload,
                  why: str) -> OpPlan:
@@ -414,6 +532,15 @@ class DepthwiseTemplate(OpTemplate):
         return OpPlan(wl, inputs, stock.out_layout,
                       f"{stock.description}; {UNIT_TEXT[wl.unit]} chosen by {self.strategy}: {why}",
                       stock.padding, in_layout=stock.in_layout)
+
+    @staticmethod
+    def _floored(gemm: int, floor: float) -> str:
+        """Why the GEMM unit runs when the ALU unit's floor (:func:`alu_floor`) exceeds its
+        cycles."""
+        return (f"fewest cycles on the cycle model: {gemm:,} cycles against at least "
+                f"{math.ceil(floor):,} cycles ({floor / max(gemm, 1):.2f}x or more: its floor, so "
+                f"not built) for {UNIT_TEXT['alu']}; both take and leave the same packed layouts, "
+                "so the host work is the same")
 
     @staticmethod
     def _choose(timed: Dict[str, int], refused: Dict[str, str], objective: str) -> Tuple[str, str]:

@@ -89,7 +89,7 @@ from .templates.epilogue import VECTOR_STAGES, Epilogue, alu_ops, normalize_epil
 from .templates.workload import out_size
 
 __all__ = ["Floor", "OperatorSize", "operator_floor", "depthwise_floor", "max_pool_passes",
-           "serial_floor",
+           "own_floor", "serial_floor",
            "SERIAL_KINDS", "key_floor", "efficiency",
            "GEMM_KINDS", "ALU_KINDS", "memory_floor", "moved_cycles", "cheapest_moved", "LOAD_KINDS"]
 
@@ -291,11 +291,7 @@ def operator_floor(config: VTAConfig, size: OperatorSize) -> Floor:
     Floor
     """
     cfg = config
-    gemm = size.macs / (cfg.BATCH * cfg.BLOCK_IN * cfg.BLOCK_OUT) * cfg.GEMM_CYCLES_PER_UOP
-    imm, vec = alu_passes(cfg, size)
-    alu = (size.out_elements / (cfg.BATCH * cfg.BLOCK_OUT)
-           * (imm * cfg.ALU_CYCLES_PER_UOP_IMM + vec * cfg.ALU_CYCLES_PER_UOP_VEC))
-    floor = Floor(gemm, alu, memory_floor(cfg, size), serial_floor(cfg, size))
+    floor = own_floor(cfg, size)
     if size.kind in ("add", "avg_pool2d") and cfg.BLOCK_IN == cfg.BLOCK_OUT:
         return identity_gemm_floor(cfg, size, floor)
     return depthwise_floor(cfg, size, floor) if size.kind == "depthwise_conv2d" else floor
@@ -433,6 +429,19 @@ def serial_floor(config: VTAConfig, size: OperatorSize) -> float:
     if cfg.BLOCK_IN == cfg.BLOCK_OUT:
         per_row.append(init + cfg.GEMM_CYCLES_PER_UOP)
     return size.in_elements / lanes * min(per_row) if per_row else 0.0
+
+
+def own_floor(config: VTAConfig, size: OperatorSize) -> Floor:
+    """The floor of ``size`` run as its kind says, without the other units
+    :func:`operator_floor` considers: a depthwise conv2d on the ALU taps alone (its ALU unit,
+    which :mod:`tvm_csp_embed.depthwise` compares with the block-diagonal GEMM program), an add
+    or average pool without the identity GEMM."""
+    cfg = config
+    gemm = size.macs / (cfg.BATCH * cfg.BLOCK_IN * cfg.BLOCK_OUT) * cfg.GEMM_CYCLES_PER_UOP
+    imm, vec = alu_passes(cfg, size)
+    alu = (size.out_elements / (cfg.BATCH * cfg.BLOCK_OUT)
+           * (imm * cfg.ALU_CYCLES_PER_UOP_IMM + vec * cfg.ALU_CYCLES_PER_UOP_VEC))
+    return Floor(gemm, alu, memory_floor(cfg, size), serial_floor(cfg, size))
 
 
 def depthwise_floor(config: VTAConfig, size: OperatorSize, alu: Floor) -> Floor:

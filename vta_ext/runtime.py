@@ -22,8 +22,8 @@ from .config import MAX_XFER, PAGE_BYTES, VTAConfig
 from .errors import TemplateRefusal
 from .hazard import cure, distance_of
 from .isa import (AluInsn, AluOp, FieldRangeError, FinishInsn, GemmInsn, Insn, MemInsn, MemType,
-                  Opcode, Stage, Uop, clip_bounds, disassemble, encode_stream, encode_uops,
-                  stage_of)
+                  Opcode, Stage, Uop, clip_bounds, decode_stream, disassemble, encode_stream,
+                  encode_uops, stage_of)
 from .layout import IMM_MAX, IMM_MIN, LOOP_ITER_BITS, MAX_LOOP_EXTENT
 
 __all__ = ["CommandQueue", "UopKernel", "Program", "DramBuffer", "RuntimeError_",
@@ -668,6 +668,49 @@ class Program:
 
     def disassemble(self) -> str:
         return disassemble(self.config, self.insns)
+
+    def to_arrays(self) -> Dict[str, np.ndarray]:
+        """The program as plain arrays (no Python objects), for a disk cache
+        (:meth:`from_arrays` rebuilds it): the encoded instructions and micro-ops (the DRAM
+        image from the first segment on; :meth:`CommandQueue.program` lays them out after every
+        data buffer, which a new program has zero), the image's size and base, the segments and
+        the buffers.
+
+        Raises
+        ------
+        RuntimeError_
+            When a data buffer lies after the first segment (not a layout
+            :class:`CommandQueue` makes).
+        """
+        image = self.dram
+        start = min(phys for phys, _ in self.segments) - self.dram_base
+        names = list(self.buffers)     # in allocation order
+        late = [n for n in names if self.buffers[n].phys_addr - self.dram_base >= start]
+        if late:
+            raise RuntimeError_(f"Program.to_arrays: buffer(s) {late} lie after the instructions")
+        return {"image": image[start:].copy(),
+                "layout": np.array([image.size, start, self.dram_base], np.int64),
+                "segments": np.array(self.segments, np.int64).reshape(-1, 2),
+                "buffer_names": np.array(names, dtype=str),
+                "buffers": np.array([[self.buffers[n].phys_addr, self.buffers[n].nbytes]
+                                     for n in names], np.int64).reshape(-1, 2)}
+
+    @classmethod
+    def from_arrays(cls, config: VTAConfig, arrays: Dict[str, np.ndarray]) -> "Program":
+        """The program :meth:`to_arrays` gave ``arrays`` for, on ``config``: the same DRAM image
+        and the instructions decoded from it (:func:`~vta_ext.isa.decode_stream`)."""
+        size, start, dram_base = (int(v) for v in arrays["layout"])
+        dram = np.zeros(size, np.uint8)
+        dram[start:] = arrays["image"]
+        segments = [(int(phys), int(count)) for phys, count in arrays["segments"]]
+        step = config.INS_ELEM_BYTES
+        insns: List[Insn] = []
+        for phys, count in segments:
+            insns += decode_stream(config, dram[phys - dram_base: phys - dram_base + count * step]
+                                   .tobytes())
+        buffers = {str(n): DramBuffer(str(n), int(a), int(b))
+                   for n, (a, b) in zip(arrays["buffer_names"], arrays["buffers"])}
+        return cls(config, dram, dram_base, segments, buffers, insns)
 
     def __repr__(self) -> str:
         return (f"Program({self.config.name}, {self.insn_count} instructions in "
