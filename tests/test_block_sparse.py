@@ -328,3 +328,57 @@ def test_stock_chosen_csp_plan_priced_with_its_input_packing(monkeypatch):
                       r"([\d,]+) B host layout\)\)", detail)
     assert own is not None and units is not None, detail
     assert units.groups() == own.groups(), detail
+
+
+# ------------------------------------------------------------------------------ accumulator zeroing
+def _zeroing(compiled):
+    """(reset GEMM micro-ops, accumulator rows written by padding-only LOADs) of a program."""
+    from vta_ext.isa import MemInsn, MemType, Opcode
+
+    insns = compiled.program.insns
+    resets = sum((i.uop_end - i.uop_bgn) * i.iter_out * i.iter_in
+                 for i in insns if isinstance(i, GemmInsn) and i.reset_reg)
+    fills = sum(i.x_size * (i.y_pad_0 + i.y_pad_1) for i in insns
+                if isinstance(i, MemInsn) and i.opcode == Opcode.LOAD
+                and i.memory_type == MemType.ACC and i.y_size == 0)
+    return resets, fills
+
+
+#: how the program zeroes its accumulator per preset, by hand from the presets' JSON: a
+#: padding-only LOAD costs ACC_INSN_CYCLES + 1 + PAD_ELEM_CYCLES (1) a row, a GEMM reset
+#: GEMM_INSN_CYCLES + 1 + GEMM_CYCLES_PER_UOP a row. default: 1 + 320 < 1 + 4 * 320, the fill;
+#: pipelined: 1 + 320 = 1 + 320, a tie, the reset stays; pynq: 11 + 320 < 20 + 320, the fill
+#: (test_pynq_rtl_bit_exact runs it on the RTL)
+ZEROING = {"default": "fill", "pipelined": "reset", "pynq": "fill"}
+
+
+@pytest.mark.parametrize("config", PRESETS)
+def test_accumulator_zeroed_once_by_the_cheaper_way(config):
+    """Every output accumulator row (5 blocks of 8x8 pixels for 72 channels) is zeroed once, by
+    padding-only LOADs where those are cheaper, else by GEMM reset micro-ops."""
+    compiled, inputs, ref, unpack = _direct(config, 72, 8, 1)
+    resets, fills = _zeroing(compiled)
+    rows = 5 * 8 * 8
+    assert (resets, fills) == ((0, rows) if ZEROING[config] == "fill" else (rows, 0))
+    assert compiled.info["acc_init"] == ZEROING[config]
+    np.testing.assert_array_equal(unpack(compiled.run(*inputs)[0]), ref)
+
+
+def test_fill_saves_cycles_on_default(monkeypatch):
+    """On default the padding-only fill takes 3 cycles a row fewer than the reset (4 - 1): the
+    cycle model of the same layer with the reset forced is slower by at least that much."""
+    from vta_ext.sim.cycles import CycleModel
+
+    import tvm_csp_embed.blocksparse as bs
+
+    def cycles():
+        compiled, inputs, ref, unpack = _direct("default", 72, 16, 1)
+        np.testing.assert_array_equal(unpack(compiled.run(*inputs)[0]), ref)
+        return CycleModel(load_config("default")).run_program(compiled.program).total_cycles
+
+    fill = cycles()
+    monkeypatch.setattr(bs, "zero_by_fill", lambda cfg, entries: False)
+    reset = cycles()
+    rows = 5 * 16 * 16
+    assert reset - fill >= 3 * rows
+

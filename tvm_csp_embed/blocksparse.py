@@ -14,7 +14,9 @@ micro-ops per tap and pixel for three output blocks, and no padding inside the c
   blocks whose input-block ranges overlap (a pair of 24-channel groups; a last odd group alone).
   Per tile (batch block, unit, ``tile_h`` output rows, all columns): the input window of the
   unit's input blocks (zero padding by the DMA), the unit's nonzero tiles (reloaded only when the
-  unit changes), a reset, then one GEMM instruction per nonzero tile whose two loops walk the taps
+  unit changes), the accumulator zeroed (a padding-only LOAD where the cycle model times it
+  below a GEMM reset, :func:`zero_by_fill`; else the reset), then one GEMM instruction per
+  nonzero tile whose two loops walk the taps
   (``KH``, ``KW``) and whose micro-ops are the tile's output pixels (so the micro-ops writing one
   accumulator row are a tile's pixels apart: the hazard contract of ``pynq`` holds without a cure
   for tiles of more than 3 pixels); then the epilogue on the ALU (the bias and the multiplier
@@ -41,9 +43,10 @@ import numpy as np
 
 from vta_ext.config import VTAConfig, load_config
 from vta_ext.isa import AluOp, MemType
-from vta_ext.layout import MAX_DMA_PAD, MAX_LOOP_EXTENT
+from vta_ext.layout import MAX_DMA_PAD, MAX_LOOP_EXTENT, MEMOP_SIZE_BITS
 from vta_ext.memory import gemm_kernel_uop_budget
 from vta_ext.runtime import CommandQueue, UopKernel
+from vta_ext.sim.cycles import timing
 from vta_ext.templates.alu_program import CompiledAluOp, LoadPipeline, StorePipeline, alu
 from vta_ext.templates.epilogue import (GEMM_BIAS_STAGE, emit_epilogue, has_bias,
                                         has_multiplier, normalize_epilogue)
@@ -309,7 +312,7 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
                         if buf is not None:
                             q.load_2d(buf, o0, no, 1, no, 0, 0, 0, 0, reg, MemType.ACC)
                     vectors_in = (n, o0)
-                _reset(q, OUT, no * thh, OW)
+                _zero(q, cfg, data, OUT, no * thh, OW)
                 for t, (ol, il) in enumerate(tiles):
                     k = UopKernel("gemm")
                     k.loop_begin(KH, 0, Wp, KW)
@@ -354,9 +357,31 @@ def build_block_sparse(cfg, workload: BlockSparseWorkload, epilogue=(),
         inputs.append(("bias", vec_shape, np.int32))
     if with_mult:
         inputs.append(("mult", vec_shape, np.int32))
-    info = dict(tile_h=th, slots=slots, tiles=count, units=len(parts), weight_tiles=T)
+    info = dict(tile_h=th, slots=slots, tiles=count, units=len(parts), weight_tiles=T,
+                acc_init="fill" if zero_by_fill(cfg, n_out * th * OW) else "reset")
     return CompiledBlockSparse(cfg, wl, epilogue, prog, inputs, out_shape,
                                {"build": time.perf_counter() - t0}, info)
+
+
+def zero_by_fill(cfg: VTAConfig, entries: int) -> bool:
+    """Whether ``entries`` accumulator entries are zeroed sooner by one LOAD made only of
+    padding (``y_size`` 0, one padding row of ``entries`` elements: no DRAM byte read, the
+    ``"fill"`` of :mod:`.codegen.schedule`) than by a GEMM reset of ``entries`` micro-ops, by the
+    cycle model's own durations (:func:`vta_ext.sim.cycles.timing`); a tie keeps the reset."""
+    t = timing(cfg)
+    fill = t.dma("ACC").cycles(1, 0, 0, entries)
+    return fill < t.gemm_fixed + entries * t.gemm and entries < 1 << MEMOP_SIZE_BITS
+
+
+def _zero(q: CommandQueue, cfg: VTAConfig, src, base: int, rows: int, cols: int) -> None:
+    """Zero the accumulator rows ``[base, base + rows * cols)``: a padding-only LOAD where
+    :func:`zero_by_fill` finds it faster (``src`` is only the DRAM base the LOAD names; it reads
+    nothing), else the GEMM reset (:func:`_reset`)."""
+    n = rows * cols
+    if zero_by_fill(cfg, n):
+        q.load_2d(src, 0, n, 0, n, 0, 1, 0, 0, base, MemType.ACC)
+    else:
+        _reset(q, base, rows, cols)
 
 
 def _reset(q: CommandQueue, base: int, rows: int, cols: int) -> None:

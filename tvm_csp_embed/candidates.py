@@ -30,13 +30,18 @@ from .workload import FUSED_CONV_VARIANTS, conv2d, conv2d_fused, dense, group_co
 __all__ = ["MODES", "STRATEGY_NAMES", "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "CONV_LAYOUTS",
            "CspWorkload", "Candidate", "operator_workload", "fused_variants", "packed_of",
            "stock_mapping_cost", "solve_request", "layout_solves", "candidates", "bias_signature", "fold_candidate",
-           "kept_twin", "gemm_twin", "thread_padded_twin", "unfolded", "program_epilogue", "operand_layouts", "packed_inputs"]
+           "kept_twin", "gemm_twin", "is_stock_mapping", "with_stock_mapping", "thread_padded_twin", "unfolded", "program_epilogue", "operand_layouts", "packed_inputs"]
 
 #: strategy name -> constraint set of the solver
 MODES = {"csp-strict": "strict", "csp-relaxed": "relaxed"}
 STRATEGY_NAMES = tuple(MODES)
 #: embeddings the solver returns per layer and layout
 DEFAULT_SOLUTIONS = 4
+#: structures the solve of a layer and layout keeps (:func:`layout_solves`; an enumeration visits
+#: every structure within the cost bound whatever it keeps, so keeping more costs no solve time):
+#: the candidates are the ``DEFAULT_SOLUTIONS`` cheapest, plus the stock mapping's embedding where
+#: it is among these and not among those (:func:`with_stock_mapping`)
+ENUMERATED_SOLUTIONS = 16
 #: seconds the solver may take per layer and layout
 DEFAULT_TIMEOUT = 30.0
 #: the layouts of a conv2d's free dims, with the permutations from NCHW/OIHW (``permute_dims`` axes)
@@ -323,12 +328,15 @@ def layout_solves(config, base: CspWorkload, mode: str, layouts: Sequence[str],
     ``(source layout, order)`` when its workload is a dim permutation of an earlier layout's
     (:meth:`~tvm_csp_embed.workload.Workload.permutation_of`; NHWC of NCHW) under a constraint
     set with :data:`~tvm_csp_embed.solve.PERMUTABLE`, else None. A layout with a source is not
-    solved: its embeddings are the source's, permuted (:func:`~.cache.permuted_embeddings`)."""
+    solved: its embeddings are the source's, permuted (:func:`~.cache.permuted_embeddings`).
+    An enumeration's request keeps at least :data:`ENUMERATED_SOLUTIONS` structures
+    (:func:`candidates` takes ``solutions`` of them and the stock mapping's,
+    :func:`with_stock_mapping`)."""
     permutable = all(c in CONSTRAINT_SETS.get(mode, ()) for c in PERMUTABLE)
     out = []
     for layout in layouts:
         req = solve_request(config, dataclasses.replace(base, layout=layout, mode=mode),
-                            solutions, timeout)
+                            _enumerated(solutions), timeout)
         source = None
         for prev, preq, psrc in out if permutable else ():
             order = req.wl.permutation_of(preq.wl) if psrc is None else None
@@ -337,6 +345,37 @@ def layout_solves(config, base: CspWorkload, mode: str, layouts: Sequence[str],
                 break
         out.append((layout, req, source))
     return out
+
+
+def _enumerated(solutions: Optional[int]) -> int:
+    """The structures a solve asked for ``solutions`` keeps: at least
+    :data:`ENUMERATED_SOLUTIONS` for an enumeration (more than one), ``solutions`` for a branch
+    and bound (one)."""
+    n = DEFAULT_SOLUTIONS if solutions is None else solutions
+    return n if n <= 1 else max(n, ENUMERATED_SOLUTIONS)
+
+
+def is_stock_mapping(emb, wl) -> bool:
+    """Whether embedding ``emb`` of the conv2d ``wl`` is the stock template's mapping: the data on
+    operand ``A``, ``y`` walking the output channels alone, ``z`` the input channels alone (``x``
+    the batch, if anything): the mapping whose output is the stock blocked layout, which a next
+    VTA operator takes without host layout work."""
+    if not ({"k", "c"} <= set(wl.dims) and wl.inputs):
+        return False
+    return (emb.binding.get("A") == wl.inputs[0].name and emb.dims_of("y") == ("k",)
+            and emb.dims_of("z") == ("c",) and set(emb.dims_of("x")) <= {"n"})
+
+
+def with_stock_mapping(embeddings: Sequence, solutions: int, wl) -> List:
+    """The ``solutions`` first of ``embeddings`` (best first), and after them the first stock
+    mapping among the rest (:func:`is_stock_mapping`) when none of those is one: the solver ranks
+    structures by padding, so a layer that pads less with the pixels on the lanes (a 1x1 conv of
+    72 output channels at 112x112) would otherwise lose the one embedding whose layout its
+    neighbours hand over for free."""
+    first = list(embeddings[:solutions])
+    if any(is_stock_mapping(e, wl) for e in first):
+        return first
+    return first + [e for e in embeddings[solutions:] if is_stock_mapping(e, wl)][:1]
 
 
 def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epilogue,
@@ -355,15 +394,15 @@ def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epi
         if source is not None and solved[source[0]].status in ("ok", "infeasible"):
             res = permuted_embeddings(solved[source[0]], source[1], req.wl, req.instr, mode, config)
         else:       # its own solve (also when the source's timed out)
-            res = cached_embeddings(req.wl, req.instr, mode, solutions=solutions, timeout=timeout,
-                                    cfg=config, max_cost=req.max_cost)
+            res = cached_embeddings(req.wl, req.instr, mode, solutions=req.solutions,
+                                    timeout=timeout, cfg=config, max_cost=req.max_cost)
         solved[layout] = res
         if statuses is not None:
             statuses[layout] = res.status
         if res.status != "ok":
             notes.append(f"{layout}: {res.message}")
             continue
-        for emb in res.embeddings:
+        for emb in with_stock_mapping(res.embeddings, solutions, req.wl):
             cw = _record(cw0, layout, emb)
             pg = packed_of(cw, config)
             cand = Candidate(cw, emb, pg, footprint=_footprint(pg))

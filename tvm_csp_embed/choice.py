@@ -26,6 +26,7 @@ from vta_ext.strategy import MatchedOp, OpPlan, get_template
 from .collector import gc_paused  # noqa: F401  (re-exported: choice.gc_paused)
 from .cache import _write, cache_dir, source_digest
 from .candidates import (DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape, bias_signature,
+                         is_stock_mapping,
                          data_layout, packed_inputs, unfolded)
 from .codegen.plan import PackedGemm
 
@@ -557,6 +558,10 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
         # take one place of CYCLE_RANKED
         # and a twin padded for two threads (:func:`~.candidates.thread_padded_twin`)
         place_of = {id(c): unfolded(c.place or c.workload) for c in usable}
+        # the stock mapping's embedding (and its twins) is timed wherever its static estimate,
+        # which does not see host layout work, ranks it: its layout the neighbours hand over
+        anchored = {place_of[id(c)] for c in usable if c.embedding is not None
+                    and is_stock_mapping(c.embedding, c.embedding.workload)}
         distinct = lambda cands: len({place_of[id(c)] for c in cands})  # noqa: E731
         prune = PRUNE_BY_BOUND and objective in ("cycles", "end-to-end")
         slack = 1 + AGREEMENT_SLACK if op.input_layout is not None else 1
@@ -567,16 +572,18 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
 
         def considered():
             """The candidates the choice times: in estimate order, those of the first
-            CYCLE_RANKED embeddings, up to RANK_FACTOR times the best estimate once one is in;
-            a candidate whose build failed leaves its place to the next."""
-            out, places = [], set()
+            CYCLE_RANKED embeddings, up to RANK_FACTOR times the best estimate once one is in,
+            and those of the stock mapping (:data:`anchored`) wherever they rank; a candidate
+            whose build failed leaves its place to the next."""
+            out, places, closed = [], set(), False
             for c in by_estimate:
                 if id(c) in failed:
                     continue
                 place = place_of[id(c)]
-                if (len(places) == CYCLE_RANKED and place not in places) or (
-                        out and c.estimate > RANK_FACTOR * first):
-                    break
+                closed = closed or (len(places) == CYCLE_RANKED and place not in places) or bool(
+                    out and c.estimate > RANK_FACTOR * first)
+                if closed and place not in anchored:
+                    continue
                 places.add(place)
                 out.append(c)
             return out
