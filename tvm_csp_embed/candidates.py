@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from vta_ext.errors import TemplateRefusal
 from vta_ext.strategy import MatchedOp
@@ -30,6 +30,7 @@ from .workload import FUSED_CONV_VARIANTS, conv2d, conv2d_fused, dense, group_co
 __all__ = ["MODES", "STRATEGY_NAMES", "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "CONV_LAYOUTS",
            "CspWorkload", "Candidate", "operator_workload", "fused_variants", "packed_of",
            "stock_mapping_cost", "solve_request", "layout_solves", "candidates", "bias_signature", "fold_candidate",
+           "settle",
            "kept_twin", "gemm_twin", "is_stock_mapping", "with_stock_mapping", "thread_padded_twin", "unfolded", "program_epilogue", "operand_layouts", "packed_inputs"]
 
 #: strategy name -> constraint set of the solver
@@ -273,6 +274,10 @@ class Candidate:
     #: the workload whose place among the timed candidates this one shares (a
     #: :func:`thread_padded_twin`'s embedding), None: its own (:func:`unfolded` of its workload)
     place: Optional[CspWorkload] = None
+    #: what the bias fold still has to decide (:func:`fold_candidate`): steps that set the form's
+    #: ``bias_lanes`` and the ``bias_note``s, run in order by :func:`settle`; empty: decided
+    pending: List[Callable[["Candidate"], None]] = dataclasses.field(default_factory=list,
+                                                                     repr=False)
 
     @property
     def label(self) -> str:
@@ -465,18 +470,48 @@ def bias_signature(op) -> Any:
 
 def fold_candidate(op, cand: Candidate, kind: str) -> Candidate:
     """``cand`` with the bias fold decided for ``op`` (:func:`~.codegen.biasfold.fold_decision`):
-    its workload's ``bias_lanes`` and its ``bias_note`` set (``csp-strict`` never folds)."""
+    its workload's ``bias_lanes`` and its ``bias_note`` set (``csp-strict`` never folds).
+
+    Whether the bias folds is decided now (:func:`~.codegen.biasfold.fold_fits`); which form it
+    takes (every spare lane, or the subset a stencil gather writes, whose check follows every
+    lane position) is left to :func:`settle`, which the choice runs only on the candidates whose
+    exact host bytes it needs (:mod:`.choice`). Until then ``bias_lanes`` is the number of every
+    spare lane: nonzero exactly when the bias folds, which is all the epilogue and the cycle
+    bound need (:func:`program_epilogue`)."""
     import tvm
 
-    from .codegen.biasfold import fold_decision
+    from .codegen.biasfold import fold_decision, fold_fits
 
     bias = op.bias.value.numpy() if isinstance(op.bias, tvm.ir.expr.Constant) else None
-    lanes, note = fold_decision(cand.packed, kind, op.epilogue, bias,
-                                isinstance(op.operands[1], tvm.ir.expr.Constant),
-                                strict=cand.workload.mode == "strict")
+    args = (cand.packed, kind, op.epilogue, bias, isinstance(op.operands[1], tvm.ir.expr.Constant))
+    strict = cand.workload.mode == "strict"
+    lanes, note = fold_fits(*args, strict=strict)
     cand.workload = cand.workload.with_bias_lanes(lanes)
     cand.bias_note = note
+    if lanes:
+        def decide(c: Candidate) -> None:
+            lanes, c.bias_note = fold_decision(*args, strict=strict)
+            c.workload = c.workload.with_bias_lanes(lanes)
+
+        cand.pending.append(decide)
     return cand
+
+
+def settle(cand: Candidate) -> Candidate:
+    """``cand`` with what its bias fold left pending (:func:`fold_candidate`, and the notes of its
+    twins, :func:`kept_twin`, :func:`gemm_twin`) decided: its form's ``bias_lanes`` and its
+    ``bias_note``. Idempotent."""
+    while cand.pending:
+        cand.pending.pop(0)(cand)
+    return cand
+
+
+def _when_settled(cand: Candidate, step: Callable[[Candidate], None]) -> None:
+    """Run ``step(cand)`` now if ``cand`` has nothing pending, else after what is (:func:`settle`)."""
+    if cand.pending:
+        cand.pending.append(step)
+    else:
+        step(cand)
 
 
 def kept_twin(cand: Candidate) -> Candidate:
@@ -484,17 +519,26 @@ def kept_twin(cand: Candidate) -> Candidate:
     the objective prices host work, since writing the fold's lane constants may cost host layout
     work (:func:`~.codegen.biasfold.fold_data_layout`: a ``concat`` onto a gather's source, or a
     ``set`` pass over the packed input) that outweighs the ALU pass it saves."""
+    twin = Candidate(cand.workload.with_bias_lanes(0), cand.embedding, cand.packed,
+                     estimate=cand.estimate, footprint=cand.footprint, place=cand.place)
+    if cand.pending:                 # its note names the fold's form: decided with cand's
+        twin.pending.append(lambda t: _kept_note(t, settle(cand)))
+    else:
+        _kept_note(twin, cand)
+    return twin
+
+
+def _kept_note(twin: Candidate, cand: Candidate) -> None:
+    """Set the ``bias_note`` of :func:`kept_twin` ``twin`` of the folded ``cand``."""
     from vta_ext.host import layout_traffic
 
     from .codegen.biasfold import fold_form_note
 
     extra = layout_traffic(data_layout(cand)) - layout_traffic(data_layout(cand, folded=False))
     note = fold_form_note(cand.packed, cand.workload.bias_lanes)
-    return Candidate(cand.workload.with_bias_lanes(0), cand.embedding, cand.packed,
-                     estimate=cand.estimate, footprint=cand.footprint, place=cand.place,
-                     bias_note=(f"{_KEPT_BY_OBJECTIVE} the fold into {cand.workload.bias_lanes} "
-                                f"lanes (its lane constants add {extra:,} bytes of host layout "
-                                f"traffic{'; ' + note if note else ''})"))
+    twin.bias_note = (f"{_KEPT_BY_OBJECTIVE} the fold into {cand.workload.bias_lanes} "
+                      f"lanes (its lane constants add {extra:,} bytes of host layout "
+                      f"traffic{'; ' + note if note else ''})")
 
 
 #: how :func:`kept_twin`'s report sentence starts (its GEMM twin, :func:`gemm_twin`, repeats
@@ -518,16 +562,26 @@ def gemm_twin(op, cand: Candidate, kind: str) -> Optional[Candidate]:
     ok, note = gemm_bias_decision(cand.packed, kind, op.epilogue, bias,
                                   strict=cand.workload.mode == "strict")
     if not ok:
-        if note and cand.bias_note:
-            cand.bias_note += f"; {note}"
+        def refused(c: Candidate) -> None:
+            if note and c.bias_note:
+                c.bias_note += f"; {note}"
+
+        _when_settled(cand, refused)      # cand's note may wait for its fold's form
         return None
-    if cand.bias_note.startswith(_KEPT_BY_OBJECTIVE):     # the twin of a kept_twin
-        note += f"; not folded: {cand.bias_note[len(_KEPT_ON_ALU):]}"
-    if cand.bias_note:
-        cand.bias_note += "; not by a GEMM: it was not faster"
-    return Candidate(cand.workload.with_bias_lanes(0, gemm=True), cand.embedding, cand.packed,
+    twin = Candidate(cand.workload.with_bias_lanes(0, gemm=True), cand.embedding, cand.packed,
                      estimate=cand.estimate, footprint=cand.footprint, bias_note=note,
                      place=cand.place)
+
+    def notes(c: Candidate) -> None:
+        if c.bias_note.startswith(_KEPT_BY_OBJECTIVE):     # the twin of a kept_twin
+            twin.bias_note += f"; not folded: {c.bias_note[len(_KEPT_ON_ALU):]}"
+        if c.bias_note:
+            c.bias_note += "; not by a GEMM: it was not faster"
+
+    if cand.pending:
+        twin.pending.append(lambda t: settle(cand))
+    _when_settled(cand, notes)
+    return twin
 
 
 def unfolded(cw: CspWorkload) -> CspWorkload:

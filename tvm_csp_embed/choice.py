@@ -27,13 +27,13 @@ from .collector import gc_paused  # noqa: F401  (re-exported: choice.gc_paused)
 from .cache import _write, cache_dir, source_digest
 from .candidates import (DEFAULT_SOLUTIONS, Candidate, CspWorkload, _shape, bias_signature,
                          is_stock_mapping,
-                         data_layout, packed_inputs, unfolded)
+                         data_layout, packed_inputs, settle, unfolded)
 from .codegen.plan import PackedGemm
 
 __all__ = ["StockContender", "CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK",
            "STOCK", "CPU", "PRUNE_BY_BOUND",
            "choose", "cycles_bound", "agree", "time_stock", "stock_refuses", "objective_key",
-           "plan_host_bytes", "output_users", "consumer_key", "consumer_text",
+           "plan_host_bytes", "folded_host_bytes_bound", "output_users", "consumer_key", "consumer_text",
            "operand_pack_bytes", "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
            "gc_paused",
            "stock_host_relayout_seconds"]
@@ -231,17 +231,42 @@ def plan_host_bytes(op: MatchedOp, in_layout, out_layout, stock_out) -> int:
 
     taken = (op.input_layout is not None and in_layout is not None
              and same_arrangement(op.input_layout, in_layout))
+    cost = _output_host_bytes(op, out_layout, stock_out)
+    if not taken:
+        cost += (0 if op.input_unpacked else layout_traffic(op.input_layout)) + layout_traffic(in_layout)
+    return cost
+
+
+def _output_host_bytes(op: MatchedOp, out_layout, stock_out) -> int:
+    """The output's part of :func:`plan_host_bytes`."""
+    from vta_ext.host import layout_traffic
+    from vta_ext.packing import same_arrangement
+
     kept = stock_out is not None and out_layout is not None and same_arrangement(out_layout, stock_out)
     to_vta, to_cpu = output_users(op)
     repacked = to_vta and not kept
     cost = 0
-    if not taken:
-        cost += (0 if op.input_unpacked else layout_traffic(op.input_layout)) + layout_traffic(in_layout)
     if to_cpu or repacked:
         cost += layout_traffic(out_layout)
     if repacked:
         cost += layout_traffic(stock_out)
     return cost
+
+
+def folded_host_bytes_bound(op: MatchedOp, data_bytes: int, out_layout, stock_out) -> int:
+    """A lower bound on :func:`plan_host_bytes` ``(op, in_layout, out_layout, stock_out)`` for
+    every data layout ``in_layout`` that writes at least ``data_bytes`` bytes
+    (:func:`vta_ext.host.layout_traffic`; for a folded bias whose form is not decided yet,
+    :func:`~.codegen.biasfold.fold_copied_bound`): the output's part exactly, plus
+    ``data_bytes`` for an input from the host (``op.input_layout`` None), else nothing.
+
+    Proof. The output's part does not depend on ``in_layout``. With ``op.input_layout`` None
+    nothing is taken over and no producer's output is unpacked: the input's part is
+    ``layout_traffic(in_layout) >= data_bytes``. Otherwise the input's part is at least 0 (the
+    packed input may be taken over).
+    """
+    return (data_bytes if op.input_layout is None else 0) + _output_host_bytes(op, out_layout,
+                                                                              stock_out)
 
 
 class _CountingPacker:
@@ -514,10 +539,16 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
     from vta_ext.templates.errors import KnobError
 
     objective = options.objective
-    knobs = {c.workload: options.knobs_for(kind, strategy, c.workload, config)[0]
-             for c in usable}
+    eager = ""
+    if getattr(options, "records", None) is not None and any(c.pending for c in usable):
+        # a tuned record may be keyed by the fold's form: decide every one first
+        eager = ("; every bias fold's form decided before the choice (tuned records may depend "
+                 "on it)")
+        for c in usable:
+            settle(c)
+    knobs = {id(c): options.knobs_for(kind, strategy, c.workload, config)[0] for c in usable}
     key = _choice_key(config, base, mode, layouts, objective_key(options), op.epilogue,
-                      [knobs[c.workload] for c in usable], _contender_key(contender),
+                      [knobs[id(c)] for c in usable], _contender_key(contender),
                       op.input_layout, bias_signature(op), consumer_key(op))
     path = cache_dir() / "choices" / f"{key}.json"
     if path.exists():
@@ -529,13 +560,13 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                 return CPU, data["why"]
             chosen = CspWorkload(**data["workload"])
             for c in usable:
-                if c.workload == chosen:
+                if unfolded(c.workload) == unfolded(chosen) and settle(c).workload == chosen:
                     return c, data["why"]
         except (OSError, ValueError, KeyError):
             pass
     if objective == "footprint":
         ranked = sorted(usable, key=lambda c: (c.footprint, c.estimate))
-        best = ranked[0]
+        best = settle(ranked[0])
         why = (f"smallest packed footprint {best.footprint:,} B of {len(usable)} embedding(s)"
                + (f" (next {ranked[1].footprint:,} B, {ranked[1].label})" if len(ranked) > 1 else ""))
     else:
@@ -568,7 +599,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
         agree_out = contender[0].out_layout if contender is not None else None
         by_estimate = sorted(usable, key=lambda c: c.estimate)
         rank = {id(c): i for i, c in enumerate(by_estimate)}
-        failed, done, lower = set(), set(), {}
+        failed, done, lower, cheap, cycles = set(), set(), {}, {}, {}
 
         def considered():
             """The candidates the choice times: in estimate order, those of the first
@@ -588,15 +619,74 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                 out.append(c)
             return out
 
+        def form_pending(c) -> bool:
+            """Whether ``c``'s bias fold has not decided its form yet (:func:`settle`; a twin
+            whose bias is not folded may still wait for its note, which no bound needs)."""
+            return bool(c.pending and c.workload.bias_lanes)
+
+        def settled(c):
+            """``c`` with its fold's form decided (:func:`settle`), when it has one."""
+            return settle(c) if form_pending(c) else c
+
+        def cycles_of(c):
+            """:func:`cycles_bound` of ``c`` (the same before and after :func:`settle`: it needs
+            only whether the bias folds)."""
+            if id(c) not in cycles:
+                cycles[id(c)] = cycles_bound(config, kind, op, c)
+            return cycles[id(c)]
+
         def lower_bound(c):
-            """A lower bound on ``c``'s score (its host bytes are set on the way)."""
+            """A lower bound on ``c``'s score (its bias fold settled, its host bytes set on the
+            way)."""
             if id(c) not in lower:
-                act = data_layout(c)   # with the lane constants of a folded bias
+                act = data_layout(settled(c))   # with the lane constants of a folded bias
                 c.host_bytes = (plan_host_bytes(op, act, c.packed.operands["C"].host, stock_out)
                                 + operand_pack_bytes(op, packed_inputs(op, c)))
-                lower[id(c)] = cycles_bound(config, kind, op, c) + (
+                lower[id(c)] = cycles_of(c) + (
                     host.layout_cycles(c.host_bytes) if objective == "end-to-end" else 0)
             return lower[id(c)]
+
+        def cheap_bound(c):
+            """A lower bound on :func:`lower_bound` of ``c`` that needs no fold form while one is
+            pending (:func:`folded_host_bytes_bound` of
+            :func:`~.codegen.biasfold.fold_copied_bound`; a folded bias's weights and bias are
+            constants, so no operand is packed at run time), else that bound itself."""
+            from .codegen.biasfold import fold_copied_bound
+
+            if id(c) in lower or not form_pending(c):
+                return lower_bound(c)
+            if id(c) not in cheap:
+                nbytes = folded_host_bytes_bound(op, fold_copied_bound(c.packed),
+                                                 c.packed.operands["C"].host, stock_out)
+                cheap[id(c)] = cycles_of(c) + (
+                    host.layout_cycles(nbytes) if objective == "end-to-end" else 0)
+            return cheap[id(c)]
+
+        def points_bound(c) -> int:
+            """:func:`agreement_points` of ``c``, or at least as many while its fold form is
+            pending (its input is counted as taken over whenever a VTA operator produces it)."""
+            if not form_pending(c):
+                return agreement_points(op, agree_out, *plan_layouts(op, c))
+            return (agreement_points(op, agree_out, None, c.packed.operands["C"].host)
+                    + int(op.input_layout is not None))
+
+        def lowest(pending):
+            """The candidate of ``pending`` of the lowest ``(lower_bound, rank)``, computing that
+            bound only while a candidate could still be it (by :func:`cheap_bound` order); those
+            seen on the way whose cheap bound is already beaten are skipped, as they would be
+            when their turn came (``beaten`` only grows with the bound and with the timed plans
+            until then, and no build happens in between). None if every one is skipped."""
+            best = None
+            for c in sorted(pending, key=lambda c: (cheap_bound(c), rank[id(c)])):
+                if best is not None and best[0] <= (cheap_bound(c), rank[id(c)]):
+                    break
+                if prune and form_pending(c) and beaten(cheap_bound(c), points_bound(c)):
+                    done.add(id(c))
+                    skipped.append(c)
+                    continue
+                if best is None or (lower_bound(c), rank[id(c)]) < best[0]:
+                    best = ((lower_bound(c), rank[id(c)]), c)
+            return None if best is None else best[1]
 
         def beaten(bound, pts) -> bool:
             """Whether a plan whose score is at least ``bound`` and whose layout agreement is
@@ -613,12 +703,14 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
             pending = [c for c in considered() if id(c) not in done]
             if not pending:
                 break
-            c = min(pending, key=lambda c: (lower_bound(c), rank[id(c)]))
+            c = lowest(pending)
+            if c is None:
+                continue
             done.add(id(c))
             if prune and beaten(lower_bound(c), agreement_points(op, agree_out, *plan_layouts(op, c))):
                 skipped.append(c)
                 continue
-            k = op_key(kind, strategy, config, c.workload, op.epilogue, knobs[c.workload])
+            k = op_key(kind, strategy, config, c.workload, op.epilogue, knobs[id(c)])
             try:
                 compiled_op(k, config=config)
             except KnobError as err:
@@ -656,7 +748,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                       f"(the best by the static estimate, within x{RANK_FACTOR:g} of it)"
                       + (f", {len(skipped)} more not built: a lower bound on their score exceeds "
                          f"the best" if skipped else "")
-                      + (f"; {consumer_text(op)}" if objective == "end-to-end" else ""))
+                      + (f"; {consumer_text(op)}" if objective == "end-to-end" else "") + eager)
         stock, stock_skip = None, None
         if PRUNE_BY_BOUND and objective in ("cycles", "end-to-end") and contender is not None:
             bound = (stock_cycles_bound(config, kind, op, contender.plan, contender.knobs)
@@ -701,7 +793,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                    + (f"; next {ranked[1].label}: {unit(ranked[1])}" if len(ranked) > 1 else "")
                    + (f"; stock template: {unit(stock)}" if stock is not None else ""))
     _write(path, {"workload": dataclasses.asdict(best.workload), "why": why})
-    return best, why
+    return settle(best), why
 
 
 

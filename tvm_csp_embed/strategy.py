@@ -72,7 +72,7 @@ from .cache import add_idle_work, remove_idle_work, solve_concurrently, solved
 from .candidates import (CONV_LAYOUTS, DEFAULT_SOLUTIONS, DEFAULT_TIMEOUT, MODES, STRATEGY_NAMES,
                          Candidate, CspWorkload, _conv_params, _packed, _shape, bias_signature,  # noqa: F401
                          candidates, fold_candidate, fused_variants, gemm_twin, layout_solves, operator_workload,
-                         packed_inputs, kept_twin, packed_of, program_epilogue, solve_request, stock_mapping_cost,
+                         packed_inputs, kept_twin, packed_of, program_epilogue, settle, solve_request, stock_mapping_cost,
                          unfolded)
 from .choice import (AGREEMENT_SLACK, CPU, CYCLE_RANKED, RANK_FACTOR, STOCK, STOCK_COMPARED,
                      StockContender, _choice_key, _contender_key, blocked_output, choose,
@@ -334,7 +334,7 @@ class CspGemmTemplate(OpTemplate):
         pg = packed_of(cw, config)
         # the fold decided again: the key holds what it depends on (bias_signature), so the
         # decision is the entry's
-        cand = fold_candidate(op, Candidate(unfolded(cw), pg.embedding, pg), self.kind)
+        cand = settle(fold_candidate(op, Candidate(unfolded(cw), pg.embedding, pg), self.kind))
         if cand.workload.bias_lanes and not cw.bias_lanes:
             cand = kept_twin(cand)
         twin = gemm_twin(op, cand, self.kind)

@@ -54,7 +54,7 @@ from .plan import AXIS_PREFIX, PackedGemm
 from .relayout import HostLayout, _is_identity
 
 __all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "fold_range", "fold_constants", "fold_digits",
-           "FoldLanes", "fold_lanes", "fold_decision", "fold_forms", "fold_form_note", "fold_layouts", "fold_data_layout", "fold_epilogue",
+           "FoldLanes", "fold_lanes", "fold_decision", "fold_fits", "fold_copied_bound", "fold_forms", "fold_form_note", "fold_layouts", "fold_data_layout", "fold_epilogue",
            "FOLD_KINDS", "gemm_bias_decision", "gemm_bias_lanes_decision", "gemm_bias_epilogue", "gemm_bias_operands"]
 
 #: the data constant of the first spare lane (it carries the residue of the bias modulo 128)
@@ -369,6 +369,29 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
         ``(lanes, "bias folded into N spare reduction lanes (...)")`` or
         ``(0, "bias kept on the ALU: <why>")``.
     """
+    lanes, why = fold_fits(pg, kind, epilogue, bias, weight_constant, strict)
+    if not lanes:
+        return 0, why
+    fits = [(f, d) for f, d in fold_forms(pg) if _outside(bias, f.lanes, "") is None]
+    f, d = min(fits, key=lambda fd: fd[1].copied)
+    lo, hi = fold_range(f.lanes)
+    note = fold_form_note(pg, f.lanes)
+    return f.lanes, (f"bias folded into {f.lanes} spare reduction lane(s) "
+                     f"(holds {lo:,}..{hi:,})" + (f", {note}" if note else ""))
+
+
+def fold_fits(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Optional[np.ndarray],
+              weight_constant: bool, strict: bool = False) -> Tuple[int, str]:
+    """Whether the bias of an operator folds into ``pg``'s spare lanes at all, without choosing
+    the form (:func:`fold_forms`) that :func:`fold_decision` takes: ``(lanes, "")`` with the
+    number of every spare lane (:func:`fold_lanes`), or :func:`fold_decision`'s own
+    ``(0, "bias kept on the ALU: <why>")`` (or ``(0, "")`` without a bias stage).
+
+    It needs no lane subset (:func:`_gathered_lanes`): every form's lanes are some of the spare
+    lanes, and :func:`fold_range` grows with the number of lanes, so a bias fits some form
+    exactly when it fits every spare lane (the first form). Parameters as
+    :func:`fold_decision`.
+    """
     from vta_ext.templates.epilogue import has_bias, normalize_epilogue
 
     epilogue = normalize_epilogue(epilogue)
@@ -386,13 +409,8 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
             why = f"{np.asarray(bias).size} bias values for {k} output channels"
         else:
             why = _outside(bias, lanes.lanes, f"the {lanes.lanes} spare lane(s) hold")
-            fits = [(f, d) for f, d in fold_forms(pg) if _outside(bias, f.lanes, "") is None]
-            if fits:
-                f, d = min(fits, key=lambda fd: fd[1].copied)
-                lo, hi = fold_range(f.lanes)
-                note = fold_form_note(pg, f.lanes)
-                return f.lanes, (f"bias folded into {f.lanes} spare reduction lane(s) "
-                                 f"(holds {lo:,}..{hi:,})" + (f", {note}" if note else ""))
+            if why is None:
+                return lanes.lanes, ""
     return 0, f"bias kept on the ALU: {why}"
 
 
@@ -436,17 +454,28 @@ def fold_forms(pg: PackedGemm) -> Tuple[Tuple[FoldLanes, HostLayout], ...]:
 GATHER_CHECK_CHANNELS = 16
 
 
+def _full_form(pg: PackedGemm) -> Tuple[FoldLanes, HostLayout]:
+    """The first form of :func:`fold_forms` before the lane subset is looked for: every spare
+    lane, written by :func:`_fold_data_layout`. Computed once per program (``pg.memo``)."""
+    return pg.memo("fold_full_form", lambda: (fold_lanes(pg), _fold_data_layout(pg)))
+
+
+def _gather_check_skipped(pg: PackedGemm) -> bool:
+    """Whether :func:`_fold_forms` does not look for the lane subset on ``pg``'s data: more than
+    :data:`GATHER_CHECK_CHANNELS` input channels."""
+    src = pg.operands[fold_lanes(pg).data].host.src_shape
+    return len(src) == 4 and src[1] > GATHER_CHECK_CHANNELS
+
+
 def _fold_forms(pg: PackedGemm):
-    full = fold_lanes(pg)
-    if isinstance(full, str):
-        raise ValueError(f"cannot fold the bias into {pg.embedding.mapping_str()}: {full}")
-    forms = [(full, _fold_data_layout(pg))]
+    forms = [_full_form(pg)]
+    full = forms[0][0]
     if all(st[0] != "set" for st in forms[0][1].steps):
         return tuple(forms)          # the copies the layout makes write every lane already
     src = pg.operands[full.data].host.src_shape
     sub = (f"the lane subset is looked for only on inputs of at most {GATHER_CHECK_CHANNELS} "
            f"channels (stems, thin layers; this one has {src[1]}): the check follows every lane "
-           "position, seconds on wide layers" if len(src) == 4 and src[1] > GATHER_CHECK_CHANNELS
+           "position, seconds on wide layers" if _gather_check_skipped(pg)
            else _gathered_lanes(pg, full))
     if isinstance(sub, str):
         why = sub
@@ -534,6 +563,13 @@ def fold_data_layout(pg: PackedGemm, lanes: Optional[int] = None) -> HostLayout:
 
 
 def _fold_data_layout(pg: PackedGemm) -> HostLayout:
+    """Every spare lane's data layout: :func:`_gathered` or a ``set`` step, fewer copies first.
+
+    Raises
+    ------
+    ValueError
+        If ``pg`` has no lane for the bias (:func:`fold_lanes`).
+    """
     lanes = fold_lanes(pg)
     if isinstance(lanes, str):
         raise ValueError(f"cannot fold the bias into {pg.embedding.mapping_str()}: {lanes}")
@@ -759,13 +795,7 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Union[Tuple[FoldLanes, 
         gather = st + (tuple((pat, before[axis] + g) for g, pat in enumerate(patterns)),)
 
         def layout(values: np.ndarray) -> HostLayout:
-            concat = ("concat", axis, tuple(values.ravel().tolist()), "int8", n)
-            if padded:
-                widths = tuple((w[0], 0) if i == axis else w for i, w in enumerate(prev[1]))
-                head = steps[:t - 1] + (concat, ("pad", widths))
-            else:
-                head = steps[:t] + (concat,)
-            return HostLayout(host.src_shape, head + (gather,) + steps[t + 1:], host.name)
+            return _column_layout(host, t, n, tuple(values.ravel().tolist()), gather)
 
         return block, layout
 
@@ -798,6 +828,54 @@ def _gathered_lanes(pg: PackedGemm, lanes: FoldLanes) -> Union[Tuple[FoldLanes, 
     for (j, _, _), v in zip(kept, consts):
         values[block == _MARK + j] = v
     return _lanes_at(cl, [(p, c) for _, p, c in kept]), layout(values)
+
+
+def _column_layout(host: HostLayout, t: int, n: int, values: tuple, gather) -> HostLayout:
+    """The layout of :func:`_gathered_lanes`: ``host`` with a block of ``n`` columns (``values``,
+    the whole block) appended to the unroll axis of its stencil unroll (step ``t``) before the
+    unroll's ``take``, replaced by ``gather`` (the unroll with its redirections): to the unpadded
+    source when a ``pad`` comes just before (the pad then leaves that axis's end alone: the block
+    holds its zeros first), else to the take's source."""
+    steps = host.steps
+    prev = steps[t - 1] if t else None
+    axis = steps[t][1]
+    concat = ("concat", axis, values, "int8", n)
+    if prev is not None and prev[0] == "pad":
+        widths = tuple((w[0], 0) if i == axis else w for i, w in enumerate(prev[1]))
+        head = steps[:t - 1] + (concat, ("pad", widths))
+    else:
+        head = steps[:t] + (concat,)
+    return HostLayout(host.src_shape, head + (gather,) + steps[t + 1:], host.name)
+
+
+def fold_copied_bound(pg: PackedGemm) -> int:
+    """A lower bound on the elements the data layout of ``pg``'s fold writes
+    (:attr:`~.relayout.HostLayout.copied`), whichever form of :func:`fold_forms` the fold takes,
+    without looking for the lane subset (:func:`_gathered_lanes`, which follows every lane
+    position).
+
+    The first form (every spare lane) is known (:func:`_full_form`). Without a ``set`` step it is
+    the only one. With one, the subset's layout, if there is one, is :func:`_column_layout` of
+    some ``n >= z + 1`` columns (``z``: the zeros of the axis end a pad just before the unroll
+    wrote, at least one pattern's column) with the unroll's own output: its copies grow with
+    ``n`` (the concat's and the pad's outputs do, the steps after the unroll do not change), so
+    the layout of ``n = z + 1`` bounds it; the bound is the smaller of the two.
+
+    Raises
+    ------
+    ValueError
+        If ``pg`` has no lane for the bias (:func:`fold_lanes`).
+    """
+    full = _full_form(pg)[1]
+    if all(st[0] != "set" for st in full.steps) or _gather_check_skipped(pg):
+        return full.copied
+    host = pg.operands[fold_lanes(pg).data].host
+    t = _creating_step(host)
+    if t < 0 or host.steps[t][0] != "unroll" or len(host.steps[t]) > 5:
+        return full.copied               # _gathered_lanes finds no subset there
+    prev = host.steps[t - 1] if t else None
+    zeros = prev[1][host.steps[t][1]][1] if prev is not None and prev[0] == "pad" else 0
+    return min(full.copied, _column_layout(host, t, zeros + 1, (), host.steps[t]).copied)
 
 
 def _reads(cl: dict, p: int) -> np.ndarray:
