@@ -133,10 +133,13 @@ class CompiledGemm:
 
 
 def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
-               acc_init: Optional[str] = None) -> CompiledGemm:
+               acc_init: Optional[str] = None, early_release: Optional[bool] = None) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
     ``"reset"``, :data:`~.schedule.ACC_INITS`; None: :func:`~.schedule.acc_init_of`) says how each
-    output tile's accumulator is zeroed.
+    output tile's accumulator is zeroed; ``early_release`` (None: :func:`~.schedule.acc_init_of`
+    is ``"fill"``) lets a tile's first load wait for the previous tile's last GEMM rather than its
+    accumulator fill (:func:`vta_ext.lower.sync.release_after_gemm`; the program's
+    ``generated.release`` says where it applied or why not).
     The epilogue runs in its fewest ALU passes
     (:func:`vta_ext.templates.epilogue.simplify_epilogue`).
 
@@ -157,10 +160,11 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     """
 
     with gc_paused():
-        return _build_gemm(cfg, pg, epilogue, knobs, acc_init)
+        return _build_gemm(cfg, pg, epilogue, knobs, acc_init, early_release)
 
 
-def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str]) -> CompiledGemm:
+def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str],
+                early_release: Optional[bool]) -> CompiledGemm:
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule
@@ -173,14 +177,15 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
     point, explicit = resolve_knobs(cfg, pg, epilogue, knobs)
     timings = {}
     t0 = time.perf_counter()
-    sch, _ = schedule_gemm(cfg, pg, simplify_epilogue(epilogue), point,
-                           acc_init_of(pg) if acc_init is None else acc_init)
+    acc_init = acc_init_of(pg) if acc_init is None else acc_init
+    sch, _ = schedule_gemm(cfg, pg, simplify_epilogue(epilogue), point, acc_init)
     t1 = time.perf_counter()
     lowered = lower_schedule(sch.mod)
     func = lowered["csp_gemm"] if "csp_gemm" in [g.name_hint for g in lowered.functions] else \
         list(lowered.functions.values())[0]
     try:
-        gen = lower_to_runtime(cfg, func)
+        gen = lower_to_runtime(cfg, func, early_release=(
+            acc_init == "fill" if early_release is None else early_release))
     except SramOverflowError as err:
         message = (f"embedding {pg.embedding.mapping_str()} with knobs {point} on {cfg.name!r}: "
                    f"{err}. Reduce the tile knobs or the virtual threads")
