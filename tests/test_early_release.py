@@ -38,31 +38,46 @@ from conftest import rtl_device  # noqa: E402
 pytestmark = pytest.mark.usefixtures("fresh_embedding_cache")
 
 EPILOGUE = (("bias",), ("shr", 9), ("clip", -128, 127))
-#: order 4: weight-resident, batch inner (one z step per tile); order 1: one GEMM per pixel
-ORDERS = (4, 1)
 
 
-def _case(config: str):
-    """The fused-rs embedding of a 1 -> 32 channel 5x5 conv on 24x24 (pad 2)."""
+#: (layout, order): fused-rs at a batch-inner point (one z step: the release moves into the GEMM
+#: region) and at a per-pixel one (a GEMM loop: its last release carries over); NCHW at a
+#: weight-resident point (the weight tiles load in the loop around the tile loop, whose release
+#: and pop then move out of it)
+CASES = [("fused-rs", 4), ("fused-rs", 1), ("NCHW", 1)]
+#: the workload of each layout: a 1 -> 32 channel 5x5 conv on 24x24 (pad 2), a 32 -> 64 channel
+#: 3x3 conv on 14x14 (pad 1)
+SHAPES = {"fused-rs": (1, 24, 32, 5), "NCHW": (32, 14, 64, 3)}
+
+
+def _case(config: str, layout: str):
+    """The ``layout`` embedding (y on the output channels) of the conv of :data:`SHAPES`."""
     from tvm_csp_embed.candidates import CspWorkload, candidates, fused_variants
 
     cfg = load_config(config)
-    wl = CspWorkload("conv2d", (("n", 1), ("c", 1), ("h", 24), ("w", 24), ("k", 32), ("kh", 5),
-                                ("kw", 5), ("pt", 2), ("pl", 2), ("pb", 2), ("pr", 2), ("sh", 1),
+    c, hw, k, f = SHAPES[layout]
+    p = f // 2
+    wl = CspWorkload("conv2d", (("n", 1), ("c", c), ("h", hw), ("w", hw), ("k", k), ("kh", f),
+                                ("kw", f), ("pt", p), ("pl", p), ("pb", p), ("pr", p), ("sh", 1),
                                 ("sw", 1)))
     cands, _ = candidates(cfg, wl, "relaxed", ["NCHW"] + fused_variants(wl, cfg), EPILOGUE)
-    return cfg, next(c for c in cands if not c.refused and c.label.startswith("fused-rs")
+    return cfg, next(c for c in cands if not c.refused and c.label.startswith(layout)
                      and "y=k16" in c.label)
 
 
 def _point(cfg, pg, order: int):
-    """The point of fewest estimated cycles with ``order``, two threads on the output channels and
-    several tiles (so that there is a next tile to load)."""
+    """The point of fewest estimated cycles with ``order``, two threads on the output channels,
+    several column tiles (so that there is a next tile to load), two z steps where the input has
+    two channel blocks (so that the fill starts the tile loop) and, where the output channels have
+    more than two blocks, two output-channel tiles per thread (a next weight tile)."""
     grid = K.knob_grid(cfg, pg, EPILOGUE)
+    ext = {lp.name: lp.extent for lp in pg.loops}
     best = None
     for i in np.flatnonzero(grid.valid):
         p = grid.point(int(i))
-        if p["order"] != order or p.get("vt_k", 1) != 2 or p["tile_ow"] > 8:
+        per_thread = ext["k"] // p["tile_k"] // p.get("vt_k", 1)
+        if (p["order"] != order or p.get("vt_k", 1) != 2 or p["tile_ow"] > 8
+                or per_thread < (2 if ext["k"] > 2 else 1) or p.get("tile_c", 1) != 1):
             continue
         if best is None or grid.cycles[i] < best[0]:
             best = (float(grid.cycles[i]), p)
@@ -95,9 +110,9 @@ def _is_input_load(insn) -> bool:
             and insn.memory_type == MemType.INP)
 
 
-@pytest.mark.parametrize("order", ORDERS)
-def test_early_release_is_bit_exact_race_free_and_faster(order):
-    cfg, cand = _case("default")
+@pytest.mark.parametrize("layout, order", CASES)
+def test_early_release_is_bit_exact_race_free_and_faster(layout, order):
+    cfg, cand = _case("default", layout)
     pg = cand.packed
     knobs = _point(cfg, pg, order)
     old = build_gemm(cfg, pg, EPILOGUE, knobs, early_release=False)
@@ -141,10 +156,11 @@ def test_early_release_is_bit_exact_race_free_and_faster(order):
     assert all(load < start for (start, _), load in list(zip(f_new, l_new))[1:])
     # a whole-tile first load was on the compute module's path; a one-pixel load hides anyway
     assert t_new < t_old if order == 4 else t_new <= t_old, (t_new, t_old)
+    assert len(new.program.insns) <= len(old.program.insns) + 4   # (the first and last tokens)
 
 
 def test_without_a_fill_nothing_moves():
-    cfg, cand = _case("default")
+    cfg, cand = _case("default", "fused-rs")
     pg = cand.packed
     knobs = _point(cfg, pg, 4)
     old = build_gemm(cfg, pg, EPILOGUE, knobs, acc_init="reset", early_release=False)
@@ -155,12 +171,12 @@ def test_without_a_fill_nothing_moves():
             == encode_stream(cfg, old.program.insns))
 
 
-@pytest.mark.parametrize("order", ORDERS)
-def test_early_release_is_bit_exact_on_the_pynq_rtl(order):
+@pytest.mark.parametrize("layout, order", CASES)
+def test_early_release_is_bit_exact_on_the_pynq_rtl(layout, order):
     from vta_ext.hazard import program_violations
 
     device = rtl_device()
-    cfg, cand = _case("pynq")
+    cfg, cand = _case("pynq", layout)
     pg = cand.packed
     compiled = build_gemm(cfg, pg, EPILOGUE, _point(cfg, pg, order), early_release=True)
     assert compiled.generated.release.startswith("loads released by the previous tile's last GEMM")

@@ -245,27 +245,52 @@ def _release_tile(body: list) -> Optional[str]:
     if isinstance(node, Region):
         k = max(i for i, x in enumerate(node.items) if _reads_loaded(x))
         node.items.insert(k + 1, Dep("push", *_RELEASE))
-    elif last + 1 < len(body) and _token_only(body[last + 1], "pop"):
-        # the GEMM loop's last release was popped right after it; the next tile's load pops it now
-        del body[last + 1]
+        return None
+    drain = _drain_after(body, last)
+    if drain is not None:
+        # the GEMM loop's last release was popped after it; the next tile's first load pops it now
+        del body[drain]
     else:
         body.insert(last + 1, Region(None, [Dep("push", *_RELEASE)]))
     return None
 
 
+def _drain_after(body: list, i: int) -> Optional[int]:
+    """The index of the token-only region that pops the release of ``body[i]``'s last GEMM (only
+    token-only regions of other tokens between), or None."""
+    for j in range(i + 1, len(body)):
+        n = body[j]
+        if not _token_only(n):
+            return None
+        if _token_only(n, "pop"):
+            return j
+        if any(_is_release(d, k) for d in n.items for k in ("push", "pop")):
+            return None
+    return None
+
+
+class _Credit(Region):
+    """The release token added before a loop for its first iteration (:func:`_release`)."""
+
+
+class _Drain(Region):
+    """The pop added after a loop of its last iteration's release (:func:`_release`)."""
+
+
 def _hoistable(body: list) -> bool:
-    """Whether ``body`` is one loop between its added release token and pop, with only token-only
-    regions around (nothing between the pop of one iteration and the token of the next reads or
-    loads a buffer, so the pair moves out of the enclosing loop)."""
-    idx = [i for i, n in enumerate(body) if not _token_only(n)]
-    if len(idx) != 1:
+    """Whether the release token and pop added around one loop of ``body`` can move out of the
+    loop ``body`` belongs to: they are the only ones, and nothing else in ``body`` holds a GEMM (so
+    the release the pop of one iteration takes is pushed after every GEMM that reads what the loads
+    up to the next iteration's inner loop overwrite: those loads may take it instead)."""
+    credits = [i for i, n in enumerate(body) if isinstance(n, _Credit)]
+    drains = [i for i, n in enumerate(body) if isinstance(n, _Drain)]
+    if len(credits) != 1 or len(drains) != 1 or credits[0] >= drains[0]:
         return False
-    i = idx[0]
-    if not (isinstance(body[i], Loop) and 0 < i < len(body) - 1
-            and _token_only(body[i - 1], "push") and _token_only(body[i + 1], "pop")):
+    c, d = credits[0], drains[0]
+    inner = [i for i in range(c + 1, d) if not _token_only(body[i])]
+    if len(inner) != 1 or not isinstance(body[inner[0]], Loop):
         return False
-    others = body[:i - 1] + body[i + 2:]
-    return not any(_is_release(d, k) for n in others for d in n.items for k in ("push", "pop"))
+    return not any(_reads_loaded(n) for i, n in enumerate(body) if i != inner[0])
 
 
 def _release(items: list, notes: List[str], moved: List[str]) -> list:
@@ -287,8 +312,7 @@ def _release(items: list, notes: List[str], moved: List[str]) -> list:
             else:
                 notes.append(why)
         elif not it.vthread and _hoistable(body):
-            i = next(i for i, n in enumerate(body) if not _token_only(n))
-            del body[i + 1], body[i - 1]
+            body[:] = [n for n in body if not isinstance(n, (_Credit, _Drain))]
             carried = True
         if carried:
             # the first tile's release ahead of the tokens planned before the loop: it then waits
@@ -297,8 +321,8 @@ def _release(items: list, notes: List[str], moved: List[str]) -> list:
             while at and _token_only(out[at - 1]) and not any(
                     _is_release(d, k) for d in out[at - 1].items for k in ("push", "pop")):
                 at -= 1
-            out.insert(at, Region(None, [Dep("push", *_RELEASE)]))
-            out += [loop, Region(None, [Dep("pop", *_RELEASE)])]
+            out.insert(at, _Credit(None, [Dep("push", *_RELEASE)]))
+            out += [loop, _Drain(None, [Dep("pop", *_RELEASE)])]
         else:
             out.append(loop)
     return out
@@ -313,7 +337,7 @@ def release_after_gemm(items: list) -> Tuple[list, str]:
     previous tile's store. The loads overwrite only input and weight buffers, which only GEMMs read,
     so here the tile's last GEMM releases them instead and the next tile's first load pops that
     token; one token before the loop stands for the first tile's release and one pop after it takes
-    the last tile's (both moved out of enclosing loops that hold nothing else). Per thread, as every
+    the last tile's (both moved out of enclosing loops that hold no other GEMM). Per thread, as every
     region. The number of tokens of each iteration is unchanged.
 
     Parameters
