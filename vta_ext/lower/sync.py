@@ -20,7 +20,10 @@ from typing import Dict, List, Optional, Tuple
 from ..isa import MemType, Stage
 from .ir import Alu, Dep, Dma, GemmKernel, Loop, LoweringError, Region
 
-__all__ = ["insert_dependencies", "release_after_gemm"]
+__all__ = ["insert_dependencies", "release_after_gemm", "released", "RELEASED"]
+
+#: how :func:`release_after_gemm`'s note starts where it moved a token
+RELEASED = "loads released by the previous tile's last GEMM"
 
 
 def _stage(node) -> Optional[Stage]:
@@ -356,9 +359,15 @@ def release_after_gemm(items: list) -> Tuple[list, str]:
     out = _release(items, notes, moved)
     why = "; ".join(sorted(set(notes)))
     if moved and notes:
-        return out, f"loads released by the previous tile's last GEMM in loop(s) {', '.join(moved)}, " \
-                    f"after the accumulator fill elsewhere ({why})"
+        return out, f"{RELEASED} in loop(s) {', '.join(moved)}, after the accumulator fill " \
+                    f"elsewhere ({why})"
     if moved:
-        return out, f"loads released by the previous tile's last GEMM (loop(s) {', '.join(moved)})"
+        return out, f"{RELEASED} (loop(s) {', '.join(moved)})"
     return out, f"loads released after the accumulator fill: {why or 'no tile loop starts with one'}"
 
+
+
+def released(generated) -> bool:
+    """Whether the generated program ``generated`` (:class:`~.codegen.GeneratedProgram`) has a
+    token moved by :func:`release_after_gemm`."""
+    return generated.release.startswith(RELEASED)
