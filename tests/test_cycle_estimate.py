@@ -162,22 +162,32 @@ def test_cycle_point_avoids_the_exposed_resident_load():
 
 
 def test_no_load_overlaps_an_epilogue():
-    """The rule's premise, on the lowered program (ResNet-18 C4 on ``pipelined``, four threads):
-    a group's epilogue ALU passes run after all its GEMMs, and no input or weight load runs under
-    them (the next group's loads wait for its first fill), so the estimate adds the epilogues of a
-    group to the slower of its load and compute streams instead of overlapping them."""
+    """The rule's premise, on the lowered program with the stage-based token plan (ResNet-18 C4
+    on ``pipelined``, four threads): a group's epilogue ALU passes run after all its GEMMs, and no
+    input or weight load runs under them (the next group's loads wait for its first fill), so the
+    estimate adds the epilogues of a group to the slower of its load and compute streams instead
+    of overlapping them. The CSP builds' early release (``vta_ext.lower.sync.release_after_gemm``)
+    breaks the premise on purpose: there the next group's first loads do run under the epilogues,
+    and the estimate, which does not model it, is an upper bound on that part."""
     cfg = load_config("pipelined")
     pg = _programs(cfg, LAYERS["C4"], "relaxed")[0]
     knobs = {"tile_n": 1, "tile_k": 4, "tile_oh": 2, "tile_ow": 28, "tile_c": 1, "vt_k": 2,
              "vt_oh": 2, "order": 1}
-    report = CycleModel(cfg, record_timeline=True).run_program(
-        build_gemm(cfg, pg, EPILOGUES[0], knobs).program)
-    alu = [(s, e) for m, s, e, kind in report.timeline if kind == "alu"]
-    loads = [(s, e) for m, s, e, kind in report.timeline if kind == "load"]
-    assert alu and loads
-    # intervals sorted by start; ALU passes run back to back on the compute module
-    starts = np.array([s for s, _ in alu])
-    ends = np.array([e for _, e in alu])
-    for s, e in loads:
-        i = np.searchsorted(starts, e, side="left") - 1      # the last ALU pass starting before e
-        assert i < 0 or ends[i] <= s, ("a load under an ALU pass", (s, e), (starts[i], ends[i]))
+
+    def overlapping(early_release):
+        report = CycleModel(cfg, record_timeline=True).run_program(
+            build_gemm(cfg, pg, EPILOGUES[0], knobs, early_release=early_release).program)
+        alu = [(s, e) for m, s, e, kind in report.timeline if kind == "alu"]
+        loads = [(s, e) for m, s, e, kind in report.timeline if kind == "load"]
+        assert alu and loads
+        # intervals sorted by start; ALU passes run back to back on the compute module
+        starts = np.array([s for s, _ in alu])
+        ends = np.array([e for _, e in alu])
+        out = []
+        for s, e in loads:
+            i = np.searchsorted(starts, e, side="left") - 1      # the last ALU pass starting before e
+            if not (i < 0 or ends[i] <= s):
+                out.append(((s, e), (starts[i], ends[i])))
+        return out
+    assert overlapping(False) == []
+    assert overlapping(True)

@@ -133,10 +133,14 @@ class CompiledGemm:
 
 
 def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
-               acc_init: Optional[str] = None) -> CompiledGemm:
+               acc_init: Optional[str] = None, early_release: Optional[bool] = None) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
     ``"reset"``, :data:`~.schedule.ACC_INITS`; None: :func:`~.schedule.acc_init_of`) says how each
-    output tile's accumulator is zeroed.
+    output tile's accumulator is zeroed; ``early_release`` lets a tile's first load wait for the
+    previous tile's last GEMM rather than its accumulator fill
+    (:func:`vta_ext.lower.sync.release_after_gemm`; None: where :func:`~.schedule.acc_init_of` is
+    ``"fill"`` and the cycle model times it faster than the stage-based plan; the program's
+    ``generated.release`` says where it applied or why not).
     The epilogue runs in its fewest ALU passes
     (:func:`vta_ext.templates.epilogue.simplify_epilogue`).
 
@@ -157,14 +161,42 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     """
 
     with gc_paused():
-        return _build_gemm(cfg, pg, epilogue, knobs, acc_init)
+        return _build_gemm(cfg, pg, epilogue, knobs, acc_init, early_release)
 
 
-def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str]) -> CompiledGemm:
+def _emit(cfg, gen, shapes: Dict[str, tuple]):
+    """The program of the generated code ``gen`` with DRAM buffers of ``shapes`` (in that order)."""
+    from vta_ext.runtime import CommandQueue
+
+    q = CommandQueue(cfg)
+    bufs = {}
+    for name, shape in shapes.items():
+        dtype = np.int32 if name == "bias" else np.int8
+        bufs[name] = q.alloc(int(np.prod(shape)) * np.dtype(dtype).itemsize, name)
+    gen.emit(q, bufs)
+    return q.synchronize()
+
+
+def _faster(cfg, early, plain):
+    """``(program, generated)`` of the early release (``early``) where the cycle model times it
+    faster than the stage-based plan (``plain``), else ``plain`` with its ``release`` saying so."""
+    from vta_ext.sim.cycles import CycleModel
+
+    model = CycleModel(cfg)
+    fast, slow = (model.run_program(p).total_cycles for p in (early[0], plain[0]))
+    if fast < slow:
+        return early
+    plain[1].release = (f"loads released after the accumulator fill: the early release is not "
+                        f"faster ({fast:,} against {slow:,} cycles)")
+    return plain
+
+
+def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str],
+                early_release: Optional[bool]) -> CompiledGemm:
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule
-    from vta_ext.runtime import CommandQueue
+    from vta_ext.lower.sync import released
     from vta_ext.templates.epilogue import (GEMM_BIAS_STAGE, has_bias, normalize_epilogue,
                                             simplify_epilogue)
     from vta_ext.templates.errors import Conv2dRefusal, KnobError
@@ -173,14 +205,17 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
     point, explicit = resolve_knobs(cfg, pg, epilogue, knobs)
     timings = {}
     t0 = time.perf_counter()
-    sch, _ = schedule_gemm(cfg, pg, simplify_epilogue(epilogue), point,
-                           acc_init_of(pg) if acc_init is None else acc_init)
+    acc_init = acc_init_of(pg) if acc_init is None else acc_init
+    sch, _ = schedule_gemm(cfg, pg, simplify_epilogue(epilogue), point, acc_init)
     t1 = time.perf_counter()
     lowered = lower_schedule(sch.mod)
     func = lowered["csp_gemm"] if "csp_gemm" in [g.name_hint for g in lowered.functions] else \
         list(lowered.functions.values())[0]
     try:
-        gen = lower_to_runtime(cfg, func)
+        gen = lower_to_runtime(cfg, func, early_release=(
+            acc_init == "fill" if early_release is None else early_release))
+        # by default the early release is kept only where the cycle model times it faster
+        plain = lower_to_runtime(cfg, func) if early_release is None and released(gen) else None
     except SramOverflowError as err:
         message = (f"embedding {pg.embedding.mapping_str()} with knobs {point} on {cfg.name!r}: "
                    f"{err}. Reduce the tile knobs or the virtual threads")
@@ -192,13 +227,9 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
         shapes["bias"] = bias_shape(pg)
     if GEMM_BIAS_STAGE in epilogue:
         shapes.update(gemm_bias_shapes(pg))
-    q = CommandQueue(cfg)
-    bufs = {}
-    for name, shape in shapes.items():
-        dtype = np.int32 if name == "bias" else np.int8
-        bufs[name] = q.alloc(int(np.prod(shape)) * np.dtype(dtype).itemsize, name)
-    gen.emit(q, bufs)
-    prog = q.synchronize()
+    prog = _emit(cfg, gen, shapes)
+    if plain is not None:
+        prog, gen = _faster(cfg, (prog, gen), (_emit(cfg, plain, shapes), plain))
     t3 = time.perf_counter()
     timings.update(schedule=t1 - t0, lower=t2 - t1, generate=t3 - t2)
     return CompiledGemm(cfg, pg, epilogue, knob_record(point), prog, shapes, timings, gen)

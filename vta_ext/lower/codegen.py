@@ -33,7 +33,7 @@ from .alloc import SramOverflowError, allocate, count_threads, shared_buffers
 from .convert import TirConverter
 from .ir import Alu, Dep, Dma, GemmKernel, Loop, LoweringError, Region, SramBuf
 from .patterns import analyse
-from .sync import insert_dependencies
+from .sync import insert_dependencies, release_after_gemm
 from .uops import alu_kernel, form_kernels, gemm_kernel, make_kernel
 
 __all__ = ["LoweringError", "SramOverflowError", "lower_to_runtime", "GeneratedProgram"]
@@ -274,6 +274,7 @@ class GeneratedProgram:
     sram_used: Dict[str, int]
     nthreads: int
     reused: List[str] = field(default_factory=list)
+    release: str = ""
 
     def emit(self, q, buffers: Dict[str, object]) -> None:
         """Append the function's instructions to the :class:`CommandQueue` ``q``.
@@ -286,7 +287,8 @@ class GeneratedProgram:
         self.fn(q, buffers)
 
 
-def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False) -> GeneratedProgram:
+def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
+                     early_release: bool = False) -> GeneratedProgram:
     """Lower a PrimFunc (after :func:`lower_schedule`) to a :class:`GeneratedProgram`.
 
     Parameters
@@ -302,6 +304,10 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False) -> GeneratedProg
         halves; the GEMMs of both threads read the half loaded last. The token protocol is
         unchanged: thread 0's next load into a half waits for the compute that follows the
         compute of the other thread, so both threads' GEMMs on that half are done.
+    early_release : bool
+        The first load of a tile waits for the previous tile's last GEMM instead of the tile's
+        accumulator fill (:func:`~.sync.release_after_gemm`); the program's ``release`` says
+        where it applied or why not. Off: the stage-based plan of the original compiler.
     """
     conv = TirConverter(cfg)
     items = analyse(conv, conv.stmts(func.body))
@@ -315,6 +321,9 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False) -> GeneratedProg
                                 f"schedule has {nthreads}")
         shared = {name: f"_half{i}" for i, name in enumerate(shared_buffers(items))}
     items = insert_dependencies(items)
+    release = ""
+    if early_release:
+        items, release = release_after_gemm(items)
     em = _Emitter(cfg, shared)
     for var in shared.values():
         em.line(1, f"{var} = 1")
@@ -326,7 +335,7 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False) -> GeneratedProg
     ns["_CONSTANTS"] = _CONSTANTS
     exec(compile(src, "<vta_lowered>", "exec"), ns)
     return GeneratedProgram(src, ns["_generated"], sorted(conv.globals), used, nthreads,
-                            sorted(shared))
+                            sorted(shared), release)
 
 
 def _region_dmas(items) -> list:

@@ -6,15 +6,24 @@ dependency push/pop pair is inserted at every change of stage, including loop ba
 the loop were not there, and :mod:`.codegen` replicates each region with its tokens per thread.
 :func:`insert_dependencies` is the entry point; the emitter routes the non-adjacent store <-> load
 tokens through a compute-stage NOP.
+
+:func:`release_after_gemm` (an option of :func:`vta_ext.lower.codegen.lower_to_runtime`, which the
+CSP builds take) then moves one token of the stage-based plan: in a tile loop that starts with an
+accumulator fill, the first input load of a tile no longer waits for that fill (which waits for the
+tile's previous store) but only for the previous tile's last GEMM, the last instruction that reads
+what the load overwrites.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
-from ..isa import Stage
+from ..isa import MemType, Stage
 from .ir import Alu, Dep, Dma, GemmKernel, Loop, LoweringError, Region
 
-__all__ = ["insert_dependencies"]
+__all__ = ["insert_dependencies", "release_after_gemm", "released", "RELEASED"]
+
+#: how :func:`release_after_gemm`'s note starts where it moved a token
+RELEASED = "loads released by the previous tile's last GEMM"
 
 
 def _stage(node) -> Optional[Stage]:
@@ -173,3 +182,192 @@ def insert_dependencies(items: list) -> list:
     planner = _SyncPlanner()
     planner.plan(items)
     return _apply_sync(items, planner)
+
+
+#: the compute -> load token: the compute module releases the input and weight buffers it has read
+_RELEASE = (Stage.COMPUTE, Stage.LOAD)
+
+
+def _is_release(d, kind: str) -> bool:
+    return isinstance(d, Dep) and d.kind == kind and (d.frm, d.to) == _RELEASE
+
+
+def _token_only(node, kind: Optional[str] = None) -> bool:
+    """Whether ``node`` is a token-only region (of one compute -> load ``kind`` token if given)."""
+    if not (isinstance(node, Region) and node.stage is None):
+        return False
+    return kind is None or (len(node.items) == 1 and _is_release(node.items[0], kind))
+
+
+def _leaves(node):
+    """The leaves (DMAs, ALU stages, GEMM kernels, tokens) of a planned node, loops walked."""
+    if isinstance(node, Region):
+        for x in node.items:
+            yield from _leaves(x)
+    elif isinstance(node, Loop):
+        for x in node.body:
+            yield from _leaves(x)
+    else:
+        yield node
+
+
+def _reads_loaded(node) -> bool:
+    """Whether ``node`` holds a GEMM: the only compute instruction that reads the input and weight
+    buffers the load module writes."""
+    return any(isinstance(x, GemmKernel) for x in _leaves(node))
+
+
+def _loads(node) -> bool:
+    """Whether ``node`` holds an instruction of the load module."""
+    return any(isinstance(x, Dma) and x.stage == Stage.LOAD for x in _leaves(node))
+
+
+def _is_fill(node) -> bool:
+    """Whether ``node`` is a compute region made only of accumulator fills (padding-only LOADs:
+    they write the accumulator and read nothing the load module writes)."""
+    return (isinstance(node, Region) and node.stage == Stage.COMPUTE and bool(node.items)
+            and all(isinstance(x, Dma) and x.fill and x.mem == MemType.ACC for x in node.items))
+
+
+def _release_tile(body: list) -> Optional[str]:
+    """Move the release token of one tile loop's ``body`` (planned) from after its accumulator fill
+    to after its last GEMM, which the next iteration's first load then pops; None when done (the
+    caller adds one token before the loop, for the first iteration, and pops one after it), else
+    why not."""
+    fill = body[0]
+    pushes = [d for d in fill.after if _is_release(d, "push")]
+    if len(pushes) != 1:
+        return "the accumulator fill is not followed by a load"
+    last = max((i for i, n in enumerate(body) if _reads_loaded(n)), default=None)
+    if last is None:
+        return "the tile loop holds no GEMM"
+    if any(_loads(n) for n in body[last + 1:]):
+        return "a load follows the tile's last GEMM"
+    fill.after.remove(pushes[0])
+    node = body[last]
+    if isinstance(node, Region):
+        k = max(i for i, x in enumerate(node.items) if _reads_loaded(x))
+        node.items.insert(k + 1, Dep("push", *_RELEASE))
+        return None
+    drain = _drain_after(body, last)
+    if drain is not None:
+        # the GEMM loop's last release was popped after it; the next tile's first load pops it now
+        del body[drain]
+    else:
+        body.insert(last + 1, Region(None, [Dep("push", *_RELEASE)]))
+    return None
+
+
+def _drain_after(body: list, i: int) -> Optional[int]:
+    """The index of the token-only region that pops the release of ``body[i]``'s last GEMM (only
+    token-only regions of other tokens between), or None."""
+    for j in range(i + 1, len(body)):
+        n = body[j]
+        if not _token_only(n):
+            return None
+        if _token_only(n, "pop"):
+            return j
+        if any(_is_release(d, k) for d in n.items for k in ("push", "pop")):
+            return None
+    return None
+
+
+class _Credit(Region):
+    """The release token added before a loop for its first iteration (:func:`_release`)."""
+
+
+class _Drain(Region):
+    """The pop added after a loop of its last iteration's release (:func:`_release`)."""
+
+
+def _hoistable(body: list) -> bool:
+    """Whether the release token and pop added around one loop of ``body`` can move out of the
+    loop ``body`` belongs to: they are the only ones, and nothing else in ``body`` holds a GEMM (so
+    the release the pop of one iteration takes is pushed after every GEMM that reads what the loads
+    up to the next iteration's inner loop overwrite: those loads may take it instead)."""
+    credits = [i for i, n in enumerate(body) if isinstance(n, _Credit)]
+    drains = [i for i, n in enumerate(body) if isinstance(n, _Drain)]
+    if len(credits) != 1 or len(drains) != 1 or credits[0] >= drains[0]:
+        return False
+    c, d = credits[0], drains[0]
+    inner = [i for i in range(c + 1, d) if not _token_only(body[i])]
+    if len(inner) != 1 or not isinstance(body[inner[0]], Loop):
+        return False
+    return not any(_reads_loaded(n) for i, n in enumerate(body) if i != inner[0])
+
+
+def _release(items: list, notes: List[str], moved: List[str]) -> list:
+    """:func:`release_after_gemm` on ``items``: the loops it changed named in ``moved``, why it
+    changed none of a loop that starts with a fill in ``notes``."""
+    out = []
+    for it in items:
+        if not isinstance(it, Loop):
+            out.append(it)
+            continue
+        body = _release(it.body, notes, moved)
+        loop = Loop(it.var, it.extent, body, it.vthread)
+        carried = False
+        if not it.vthread and body and _is_fill(body[0]):
+            why = _release_tile(body)
+            if why is None:
+                carried = True
+                moved.append(it.var)
+            else:
+                notes.append(why)
+        elif not it.vthread and _hoistable(body):
+            body[:] = [n for n in body if not isinstance(n, (_Credit, _Drain))]
+            carried = True
+        if carried:
+            # the first tile's release ahead of the tokens planned before the loop: it then waits
+            # for nothing they pop (e.g. the resident weights' loads)
+            at = len(out)
+            while at and _token_only(out[at - 1]) and not any(
+                    _is_release(d, k) for d in out[at - 1].items for k in ("push", "pop")):
+                at -= 1
+            out.insert(at, _Credit(None, [Dep("push", *_RELEASE)]))
+            out += [loop, _Drain(None, [Dep("pop", *_RELEASE)])]
+        else:
+            out.append(loop)
+    return out
+
+
+def release_after_gemm(items: list) -> Tuple[list, str]:
+    """Let the first load of each tile run under the previous tile's epilogue and store.
+
+    The stage-based plan of :func:`insert_dependencies` makes a tile loop that starts with an
+    accumulator fill (``[fill] [loads] [GEMMs] [epilogue] [store]``) release the loads after the
+    fill, and the fill waits for the thread's previous store: the tile's first load waits for the
+    previous tile's store. The loads overwrite only input and weight buffers, which only GEMMs read,
+    so here the tile's last GEMM releases them instead and the next tile's first load pops that
+    token; one token before the loop stands for the first tile's release and one pop after it takes
+    the last tile's (both moved out of enclosing loops that hold no other GEMM). Per thread, as every
+    region. The number of tokens of each iteration is unchanged.
+
+    Parameters
+    ----------
+    items : list
+        The output of :func:`insert_dependencies` (changed in place and rebuilt).
+
+    Returns
+    -------
+    tuple
+        ``(items, note)``: the planned items and one line saying where the token moved or why it
+        did not.
+    """
+    notes: List[str] = []
+    moved: List[str] = []
+    out = _release(items, notes, moved)
+    why = "; ".join(sorted(set(notes)))
+    if moved and notes:
+        return out, f"{RELEASED} in loop(s) {', '.join(moved)}, after the accumulator fill " \
+                    f"elsewhere ({why})"
+    if moved:
+        return out, f"{RELEASED} (loop(s) {', '.join(moved)})"
+    return out, f"loads released after the accumulator fill: {why or 'no tile loop starts with one'}"
+
+
+
+def released(generated) -> bool:
+    """Whether the generated program ``generated`` (:class:`~.codegen.GeneratedProgram`) has a
+    token moved by :func:`release_after_gemm`."""
+    return generated.release.startswith(RELEASED)
