@@ -228,6 +228,9 @@ def _deepbench_module(n, c, h, w, k, fh, fw, ph, pw, sh, sw):
 #: DeepBench layers 10 (3->64 3x3 stride 2) and 107 (1->32 5x20, stride 2x8): csp-relaxed broke
 #: the contract on both before the cure (5,832 and 494 instructions under apache)
 DEEPBENCH = {10: (1, 3, 108, 108, 64, 3, 3, 1, 1, 2, 2), 107: (1, 1, 40, 151, 32, 5, 20, 8, 8, 2, 8)}
+#: the layers whose csp-relaxed program for the original ``apache`` preset breaks the hazard
+#: contract (DB10's no longer does since its batch-inner loop order: one GEMM instruction a tile)
+APACHE_BREAKS = {107}
 
 
 def _programs(mod, config, **options):
@@ -279,7 +282,7 @@ def test_deepbench_thin_layers_under_csp_relaxed_are_bit_exact_on_the_rtl(layer)
     arrays = random_inputs(mod, layer)
     expected = run_module(mod, "llvm", arrays)
     options = dict(strategy="csp-relaxed", objective="cycles")
-    assert _violations(_programs(mod, "apache", **options)) > 0
+    assert (_violations(_programs(mod, "apache", **options)) > 0) == (layer in APACHE_BREAKS)
     clear_run_log()
     with vta_ext.build_options(**options), vta_ext.run_on(device):
         got = run_module(mod, vta_ext.vta_target("pynq"), arrays)
