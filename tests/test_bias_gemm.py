@@ -77,9 +77,11 @@ def _run(cfg, pg, arrays, bias, epilogue, knobs="cycles", device=None):
     a = pg.operands["A"].host.pack_numpy(arrays[pg.operands["A"].tensor])
     b = pg.operands["B"].host.pack_numpy(arrays[pg.operands["B"].tensor])
     packed_bias = pg.bias_layout(bias.shape).pack_numpy(bias)
-    if device is not None:
-        with vta_ext.run_on(device):
-            out, stats = compiled.run(a, b, packed_bias)
+    if device is not None:      # on the device itself, which must count its cycles
+        sim = device.simulator(cfg)
+        out, stats = compiled.run(a, b, packed_bias, simulator=sim)
+        cycles = sim.take_cycles()
+        assert cycles and all(cycles), cycles
     else:
         out, stats = compiled.run(a, b, packed_bias)
     return compiled, pg.operands["C"].host.unpack_numpy(out), stats

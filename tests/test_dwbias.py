@@ -68,9 +68,11 @@ def _run(cfg, c, k, width, hw=8, bias_gemm=True, knobs=None, device=None, seed=0
     packed_bias = np.ascontiguousarray(np.broadcast_to(
         bias.reshape(1, c // bo, 1, 1, 1, bo), (1, c // bo, 1, 1, cfg.BATCH, bo)))
     compiled = build_diagonal(cfg, _workload(cfg, c, k, width, hw, bias_gemm), EPILOGUE, knobs)
-    if device is not None:
-        with vta_ext.run_on(device):
-            out, _ = compiled.run(pack_activation(x, cfg), kernel, packed_bias)
+    if device is not None:      # on the device itself, which must count its cycles
+        sim = device.simulator(cfg)
+        out, _ = compiled.run(pack_activation(x, cfg), kernel, packed_bias, simulator=sim)
+        cycles = sim.take_cycles()
+        assert cycles and all(cycles), cycles
     else:
         out, _ = compiled.run(pack_activation(x, cfg), kernel, packed_bias)
     n, cb, oh, ow, b, co = out.shape
