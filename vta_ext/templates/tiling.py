@@ -76,7 +76,7 @@ from .workload import (Conv2dWorkload, DenseWorkload, check_conv2d_workload, che
 __all__ = ["TilingChoice", "PrunedPoint", "BYTE_COUNTERS", "knob_domain", "knob_space",
            "pruned_points", "tps_knobs", "TilingGrid", "tiling_grid", "fallback_knobs",
            "check_knobs", "resolve_knobs", "evaluate", "dram_bytes", "sram_usage", "gemm_uops",
-           "estimate_insns", "group_span", "total_gemm_uops", "output_blocks"]
+           "estimate_insns", "group_span", "total_gemm_uops", "output_blocks", "tile_dma_floor"]
 
 #: the simulator counters the DRAM model predicts
 BYTE_COUNTERS = ("inp_load_nbytes", "wgt_load_nbytes", "acc_load_nbytes", "out_store_nbytes")
@@ -234,12 +234,57 @@ def _clipped_sum(n_out: int, tile, stride: int, kernel: int, pad: int, size: int
         sums = np.array([_clipped_sum(n_out, int(t), stride, kernel, pad, size) for t in divisors],
                         dtype=np.int64)
         return sums[at].reshape(tile.shape)
+    return sum(_clipped(n_out, tile, stride, kernel, pad, size))
+
+
+def _clipped(n_out: int, tile: int, stride: int, kernel: int, pad: int, size: int) -> List[int]:
+    """The input rows (or columns) each of the ``n_out / tile`` tiles' windows reads inside the
+    image ``[0, size)``."""
     win = window_size(tile, kernel, stride)
-    total = 0
-    for t in range(n_out // tile):
-        lo = t * tile * stride - pad
-        total += max(0, min(lo + win, size) - max(lo, 0))
-    return total
+    return [max(0, min(lo + win, size) - max(lo, 0))
+            for lo in (t * tile * stride - pad for t in range(n_out // tile))]
+
+
+def tile_dma_floor(cfg: VTAConfig, wl: Conv2dWorkload, knobs: Conv2dKnobs
+                   ) -> Optional[Tuple[float, float]]:
+    """Lower bounds on the cycles of one virtual thread's loads of one output tile and of one
+    tile's store (:meth:`vta_ext.sim.cycles.DmaCost.cycles`), for a point whose reduction is one
+    step (``(C/g)/ci == tile_ci``) without reuse-aware double buffering; None otherwise.
+
+    Per the DRAM model (module docstring) the tile's loads move, per batch block, its input-channel
+    blocks of the window clipped to the image (at least the least clipped window of any tile) and
+    its ``tile_co x KH x KW`` kernel elements; its store moves ``tile_b x tile_co x tile_h x
+    tile_w`` output elements. Each kind is counted as one DMA of the fewest rows it can have
+    (:func:`_dma_rows`; the weights one), without padding.
+    """
+    from ..sim.cycles import timing
+
+    geo = _geometry(cfg, wl)
+    if knobs.reuse or geo.cbg != knobs.tile_ci:
+        return None
+    t = timing(cfg)
+    rows = min(_clipped(geo.oh, knobs.tile_h, wl.stride_h, wl.kernel_h, wl.pad_h, wl.height))
+    cols = min(_clipped(geo.ow, knobs.tile_w, wl.stride_w, wl.kernel_w, wl.pad_w, wl.width))
+    blocks = knobs.tile_b * int(_inp_blocks_per_step(geo, knobs))
+    wide = window_size(knobs.tile_w, wl.kernel_w, wl.stride_w) == wl.width
+    whole = wide and window_size(knobs.tile_h, wl.kernel_h, wl.stride_h) == wl.height
+    inp = t.dma("INP").cycles(1, _dma_rows(blocks, rows, wide, whole),
+                              blocks * rows * cols * cfg.inp_elem_bytes)
+    wgt = t.dma("WGT").cycles(1, 1, knobs.tile_co * knobs.tile_ci * wl.kernel_h * wl.kernel_w
+                              * cfg.wgt_elem_bytes)
+    out_blocks = knobs.tile_b * knobs.tile_co
+    rows_out = _dma_rows(out_blocks, knobs.tile_h, knobs.tile_w == geo.ow,
+                         (knobs.tile_w, knobs.tile_h) == (geo.ow, geo.oh))
+    store = t.dma("OUT").cycles(1, rows_out, out_blocks * knobs.tile_h * knobs.tile_w
+                                * cfg.out_elem_bytes)
+    return inp + wgt, store
+
+
+def _dma_rows(blocks: int, rows: int, wide: bool, whole: bool) -> int:
+    """The fewest DMA rows that move ``rows`` rows of each of ``blocks`` blocks of a packed
+    tensor: one if the tile is the whole image (the blocks lie one after the other), one per
+    block if it is as wide as the image (its rows lie one after the other), else every row."""
+    return 1 if whole else blocks if wide else blocks * rows
 
 
 def _dram(cfg: VTAConfig, geo: _Geometry, wl: Conv2dWorkload, k, with_bias) -> Dict[str, Any]:
