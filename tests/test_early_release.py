@@ -157,11 +157,10 @@ def test_early_release_is_bit_exact_race_free_and_faster(layout, order):
     # a whole-tile first load was on the compute module's path; a one-pixel load hides anyway
     assert t_new < t_old if order == 4 else t_new <= t_old, (t_new, t_old)
     assert len(new.program.insns) <= len(old.program.insns) + 4   # (the first and last tokens)
-    # the default keeps the early release only where the cycle model times it faster
+    # the default is the early release wherever a tile loop starts with a fill
     default = build_gemm(cfg, pg, EPILOGUE, knobs)
-    t_default = CycleModel(cfg).run_program(default.program).total_cycles
-    assert t_default == min(t_old, t_new)
-    assert default.generated.release.startswith("loads released by") == (t_new < t_old)
+    assert default.generated.release.startswith("loads released by")
+    assert encode_stream(cfg, default.program.insns) == encode_stream(cfg, new.program.insns)
 
 
 def test_without_a_fill_nothing_moves():

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 from ..isa import MemType, Stage
 from .ir import Alu, Dep, Dma, GemmKernel, Loop, LoweringError, Region
 
-__all__ = ["insert_dependencies", "release_after_gemm", "released", "RELEASED"]
+__all__ = ["insert_dependencies", "release_after_gemm", "RELEASED"]
 
 #: how :func:`release_after_gemm`'s note starts where it moved a token
 RELEASED = "loads released by the previous tile's last GEMM"
@@ -364,10 +364,3 @@ def release_after_gemm(items: list) -> Tuple[list, str]:
     if moved:
         return out, f"{RELEASED} (loop(s) {', '.join(moved)})"
     return out, f"loads released after the accumulator fill: {why or 'no tile loop starts with one'}"
-
-
-
-def released(generated) -> bool:
-    """Whether the generated program ``generated`` (:class:`~.codegen.GeneratedProgram`) has a
-    token moved by :func:`release_after_gemm`."""
-    return generated.release.startswith(RELEASED)
