@@ -409,10 +409,14 @@ def tiles_per_thread(config, workload, knobs: Dict[str, Any]) -> Optional[int]:
     if not all(k in knobs for k in ("tile_co", "tile_h", "tile_w")) or not hasattr(workload, "out_height"):
         return None
     ceil = lambda a, b: -(-a // b)  # noqa: E731
-    blocks = ceil(workload.out_channels, config.BLOCK_OUT)
-    tiles = (ceil(blocks, knobs["tile_co"]) * ceil(workload.out_height, knobs["tile_h"])
+    tiles = (ceil(_channel_blocks(config, workload), knobs["tile_co"]) * ceil(workload.out_height, knobs["tile_h"])
              * ceil(workload.out_width, knobs["tile_w"]) * ceil(workload.batch, knobs.get("tile_b", 1)))
     return ceil(tiles, knobs.get("oc_nthread", 1) * knobs.get("h_nthread", 1))
+
+
+def _channel_blocks(config, workload) -> int:
+    """Output-channel blocks of ``workload`` (channels padded to ``BLOCK_OUT``)."""
+    return -(-workload.out_channels // config.BLOCK_OUT)
 
 
 def _descend(config, workload, epilogue, cycles, best: Dict[str, Any], best_cycles: int
@@ -423,16 +427,16 @@ def _descend(config, workload, epilogue, cycles, best: Dict[str, Any], best_cycl
     few = tiles_per_thread(config, workload, best)
     if few is None or few > FEW_TILES:
         return best, best_cycles, 0
-    blocks = -(-workload.out_channels // config.BLOCK_OUT)
+    blocks = _channel_blocks(config, workload)
     start, timed = dict(best), 0
-    knob_type = type(tiling.tps_knobs(config, workload, epilogue).knobs)
     for threads in THREAD_SETS:
         point = dict(start, **{name: 2 if name in threads else 1 for name in ("h_nthread", "oc_nthread")})
         last = best_cycles
         for tile in sorted((d for d in range(1, start["tile_co"]) if blocks % d == 0), reverse=True):
             k = dict(point, tile_co=tile)
             try:
-                if not isinstance(tiling.evaluate(config, workload, epilogue, knob_type(**k)),
+                knobs, _ = tiling.resolve_knobs(config, workload, epilogue, k)
+                if not isinstance(tiling.evaluate(config, workload, epilogue, knobs),
                                   tiling.TilingChoice):
                     continue
                 c = cycles(k)
