@@ -146,3 +146,54 @@ def test_csp_plan_to_the_cpu_priced_as_the_build_relayouts_it(tmp_path, monkeypa
     priced = {n for out, n in calls if out is plan1.out_layout}
     assert priced, "the chosen plan was not priced (stock chosen?)"
     assert sum(_relayout_bytes(mod)) in priced
+
+
+def _pool_module(hw: int):
+    """``main(x)``: conv1 on a 1x16xHWxHW input, its output's only user a global average pool
+    (``avg_pool2d`` of the whole HWxHW window, clip, int8)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, hw, hw), "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y1 = conv_chain(bb, x, relax.const(W1), relax.const(B1), padding=1, shift=8,
+                            clip=(-128, 127))
+            y = bb.emit(relax.op.nn.avg_pool2d(relax.op.astype(y1, "int32"), (hw, hw)))
+            y = bb.emit(relax.op.clip(y, -128, 127))
+            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("hw", [14, 28])
+def test_a_pool_sure_to_be_refused_is_no_vta_consumer(hw):
+    """A 28x28 window's divisor, 784, has no exact multiply-shift reciprocal within int32, so the
+    pool stays on the CPU, and the conv feeding it must count its output as going to the CPU
+    (its unpack priced); a 14x14 window's pool runs on VTA and the conv's output is handed over.
+    The reference is the build report's own placement of the pool."""
+    x = RNG.integers(-128, 128, (1, 16, hw, hw)).astype(np.int8)
+    seen = []
+    template = vta_ext.strategy.get_template("conv2d", "csp-relaxed")
+    plan = type(template).plan
+
+    def spy(self, op, config):
+        seen.append(op)
+        return plan(self, op, config)
+
+    with pytest.MonkeyPatch.context() as mp, vta_ext.build_options(strategy="csp-relaxed"):
+        mp.setattr(type(template), "plan", spy)
+        ex = relax.build(_pool_module(hw), target="ext_vta")
+    report = vta_ext.last_build_report()
+    pools = [p for p in report.operators if p.op == "relax.nn.avg_pool2d"]
+    assert len(pools) == 1
+    on_vta = pools[0] in report.on_vta
+    assert on_vta == (hw == 14), str(report)
+    if not on_vta:
+        assert "no exact multiply-shift reciprocal" in pools[0].reason
+    (op1,) = seen
+    assert op1.consumers == (("vta",) if on_vta else ("cpu",))
+    y1 = requantize(conv2d_nchw(x, W1, padding=1), B1, 8, (-128, 127)).astype(np.int64)
+    total = y1.sum(axis=(2, 3), keepdims=True)
+    mean = np.sign(total) * (np.abs(total) // (hw * hw))     # TVM's integer avg pool truncates
+    ref = np.clip(mean, -128, 127).astype(np.int8)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_array_equal(got, ref)

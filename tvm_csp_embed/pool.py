@@ -212,6 +212,10 @@ class _TimedVariantTemplate(OpTemplate):
     def _stock(self) -> OpTemplate:
         raise NotImplementedError
 
+    def refusal(self, op: MatchedOp, config) -> Optional[str]:
+        """The stock template's (every variant runs the stock plan's workload)."""
+        return self._stock_template.refusal(op, config)
+
     def plan(self, op: MatchedOp, config) -> OpPlan:
         """The stock plan of ``op`` with the variant of fewer modelled cycles."""
         from vta_ext.options import current_options

@@ -7,7 +7,7 @@ template of :mod:`vta_ext.templates`. The registry entries at the bottom are the
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from tvm import relax
 
@@ -246,6 +246,20 @@ class StockPool(_Stock):
     def workload_type(self):
         from .templates.pool import PoolWorkload
         return PoolWorkload
+
+    def refusal(self, op: MatchedOp, config) -> Optional[str]:
+        """Why :meth:`plan` refuses ``op`` (a stock plan builds nothing), or, for an average pool,
+        that its divisors have no exact multiply-shift reciprocal
+        (:func:`~vta_ext.templates.pool.division_plan`); None if neither."""
+        from .templates.pool import division_plan
+
+        try:
+            workload = self.plan(op, config).workload
+            if self.kind == "avg_pool2d":
+                division_plan(workload)
+        except TemplateRefusal as err:
+            return str(err)
+        return None
 
     def plan(self, op: MatchedOp, config) -> OpPlan:
         a = op.core.attrs

@@ -295,6 +295,21 @@ class OpTemplate:
         of knob values) into an object with ``.program`` and ``.run(*packed, simulator=)``."""
         raise NotImplementedError
 
+    def refusal(self, op: MatchedOp, config) -> Optional[str]:
+        """Why this template will refuse ``op``, where that is known cheaply before planning.
+
+        The offload pass's pre-pass asks it of every matched operator, so that an operator sure
+        to stay on the CPU does not count as a VTA consumer of its producer's output
+        (:func:`~vta_ext.offload.consumers.consumer_flags`).
+
+        Returns
+        -------
+        str or None
+            The refusal's reason; None when none is known (:meth:`plan` may still refuse). The
+            default knows none.
+        """
+        return None
+
     def prefetch(self, ops: Sequence[MatchedOp], config) -> None:
         """Work this template can do for all of a module's operators of its kind at once, before
         :meth:`plan` is called for each in turn (e.g. solving their distinct workloads

@@ -15,9 +15,11 @@ for a CPU user anyway (then taking it in another layout costs only the packing).
 :attr:`~vta_ext.strategy.MatchedOp.consumers` and :attr:`~vta_ext.strategy.MatchedOp.input_unpacked`,
 which the CSP choice's host layout pricing reads (``tvm_csp_embed.choice.plan_host_bytes``).
 
-A matched operator whose template later refuses it runs on the CPU although it was counted as
-``"vta"`` here, and a concat or split that is not block-aligned is made in NCHW after all: both are
-known only once the operators are planned.
+A matched operator whose template is known to refuse it (``OpTemplate.refusal``: the reasons a
+template can tell without planning, e.g. an average pool without an exact reciprocal) counts as a
+CPU user. One that a template refuses only when planning it still counts as ``"vta"``, and a concat
+or split that is not block-aligned is made in NCHW after all: both are known only once the
+operators are planned.
 """
 from __future__ import annotations
 
@@ -48,8 +50,8 @@ def consumer_flags(mod, matched: Sequence[Tuple[MatchedOp, str]],
         Every matched operator with the name of the variable its last call (the ``astype int8``,
         the int8 pool or clip) is bound to, as the match-only pre-pass found them.
     on_vta : callable
-        Whether a matched operator has a template under the strategy in effect (it runs on VTA
-        unless the template refuses it when planning).
+        Whether a matched operator has a template under the strategy in effect that is not known
+        to refuse it (it runs on VTA unless the template refuses it when planning).
 
     Returns
     -------

@@ -22,7 +22,8 @@ __all__ = ["OffloadToVTA"]
 
 def _prefetch(mod: tvm.IRModule, config: VTAConfig) -> Dict[str, dict]:
     """Give each template all of the module's operators it will plan (``OpTemplate.prefetch``),
-    before they are planned one at a time; return who uses each one's output
+    before they are planned one at a time, but those it is known to refuse
+    (``OpTemplate.refusal``); return who uses each one's output
     (:func:`~vta_ext.offload.consumers.consumer_flags`, by ``MatchedOp.name``)."""
     matcher = Offloader(mod, config, match_only=True)
     for func in mod.functions.values():
@@ -36,6 +37,8 @@ def _prefetch(mod: tvm.IRModule, config: VTAConfig) -> Dict[str, dict]:
             template = get_template(m.kind, strategy)
         except TemplateRefusal:
             continue
+        if template.refusal(m, config) is not None:
+            continue                    # stays on the CPU: planning it will say why
         templates[m.name] = template
         groups.setdefault(id(template), (template, []))[1].append(m)
     flags = consumer_flags(mod, list(zip(matcher.matched, matcher.matched_ends)),

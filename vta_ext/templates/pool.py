@@ -124,7 +124,7 @@ from .workload import out_size, window_size
 
 __all__ = ["PoolWorkload", "PoolKnobs", "CompiledPool", "build_max_pool2d", "build_avg_pool2d",
            "choose_reciprocal", "avg_divisors", "AluTemplateError", "AluTemplateRefusal",
-           "MAX_POOL_SCHEDULES", "separable_passes"]
+           "MAX_POOL_SCHEDULES", "separable_passes", "division_plan"]
 
 #: the schedules of :func:`build_max_pool2d`: ``"direct"`` (the stock program: copy the first
 #: window element, then one MAX per other element) and ``"separable"`` (module docstring)
@@ -254,6 +254,26 @@ def choose_reciprocal(divisors, max_abs_per_element: int = 128,
                              "int32")
 
 
+def division_plan(wl: PoolWorkload) -> Optional[dict]:
+    """How an average pool of ``wl`` divides its window sums: None when every divisor is 1, else
+    ``k`` (the shift) and either one immediate multiplier ``imm`` (uniform divisors, the
+    multiplier within the ALU immediate) or a per-output int32 vector ``mult``; raises
+    :class:`AluTemplateRefusal` when no exact multiply-shift reciprocal exists
+    (:func:`choose_reciprocal`)."""
+    divisors = avg_divisors(wl)
+    if divisors.max() <= 1:
+        return None
+    if divisors.min() == divisors.max():
+        try:
+            k, ms = choose_reciprocal(divisors, 128, IMM_MAX)
+            return dict(k=k, imm=ms[int(divisors.flat[0])], vector=False)
+        except AluTemplateRefusal:
+            pass
+    k, ms = choose_reciprocal(divisors, 128)
+    mult = np.vectorize(lambda d: ms[int(d)])(divisors).astype(np.int32)
+    return dict(k=k, vector=True, mult=mult, multipliers={int(d): int(m) for d, m in ms.items()})
+
+
 def _check_schedule(cfg: VTAConfig, schedule: str, is_max: bool, what: str) -> bool:
     """Whether ``schedule`` is the separable one; refuse it where it cannot run."""
     if schedule not in MAX_POOL_SCHEDULES:
@@ -355,23 +375,7 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
     # micro-ops per channel block of the widest ALU kernel
     kernel_uops = max(wl.pool_h - 1, wl.pool_w) if separable else P
 
-    # ---- division plan (average pooling)
-    div = None
-    if not is_max:
-        divisors = avg_divisors(wl)
-        if divisors.max() > 1:
-            uniform = divisors.min() == divisors.max()
-            if uniform:
-                try:
-                    k, ms = choose_reciprocal(divisors, 128, IMM_MAX)
-                    div = dict(k=k, imm=ms[int(divisors.flat[0])], vector=False)
-                except AluTemplateRefusal:
-                    uniform = False
-            if not uniform:
-                k, ms = choose_reciprocal(divisors, 128)
-                mult = np.vectorize(lambda d: ms[int(d)])(divisors).astype(np.int32)
-                div = dict(k=k, vector=True, mult=mult,
-                           multipliers={int(d): int(m) for d, m in ms.items()})
+    div = None if is_max else division_plan(wl)
 
     # ---- tiling
     def inp_rows(th, tc):
