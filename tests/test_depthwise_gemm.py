@@ -346,3 +346,31 @@ def test_warm_build_times_no_unit(tmp_path, monkeypatch):
     np.testing.assert_array_equal(warm_out, ref)
     np.testing.assert_array_equal(cold_out, ref)
     assert depthwise_placement(warm) == depthwise_placement(cold)
+
+
+def test_a_refused_program_is_not_built_again(monkeypatch):
+    """A block-diagonal program whose tiles overflow a buffer refuses with the lowering's words;
+    asked again (another layer of the same shape and epilogue), it refuses with the same words
+    and nothing is scheduled or lowered."""
+    from tvm_csp_embed import depthwise
+    from vta_ext.config import load_config
+    from vta_ext.errors import TemplateRefusal
+    from vta_ext.templates import conv2d
+
+    cfg = load_config("default")
+    # 16 x 64 x 64 pixels of one thread: 65,536 input elements, far over the input buffer
+    wl = depthwise.DepthwiseUnitWorkload(batch=1, channels=32, height=64, width=64, kernel_h=3,
+                                         kernel_w=3, pad_h=1, pad_w=1, stride_h=1, stride_w=1,
+                                         unit="gemm", knobs=(("tile_h", 64), ("tile_w", 64)))
+    epilogue = (("bias",), ("shr", 8), ("clip", -128, 127))
+    builds = []
+    compile_conv2d = conv2d.compile_conv2d
+    monkeypatch.setattr(conv2d, "compile_conv2d",
+                        lambda *a, **k: builds.append(1) or compile_conv2d(*a, **k))
+    words = []
+    for _ in range(2):
+        with pytest.raises(TemplateRefusal) as err:
+            depthwise.modelled_cycles("depthwise_conv2d", "csp-relaxed", cfg, wl, epilogue, "cycles")
+        words.append(str(err.value))
+    assert "local.inp_buffer" in words[0] and words[0] == words[1]
+    assert builds == [1]

@@ -301,16 +301,29 @@ def bias_twin(wl, cycles_of, decision: Tuple[bool, str]) -> Tuple[Any, int, str]
                      f"{add:,} cycles)")
 
 
+#: why each program key that did not build refused, per process: the executor keeps only the
+#: programs that build, and a key builds the same program every time, so it refuses again (two
+#: layers of one shape and epilogue: MobileNetV2's 1x384x14x14 bias GEMM twins)
+_REFUSED: Dict[str, str] = {}
+
+
 def modelled_cycles(kind: str, strategy: str, config, wl, epilogue, knobs) -> int:
     """Modelled cycles of the program of ``wl`` under ``(kind, strategy)`` (built and cached by
-    the executor); a :class:`TemplateRefusal` when its template refuses it or its knobs."""
+    the executor); a :class:`TemplateRefusal` when its template refuses it or its knobs (its
+    words kept in :data:`_REFUSED`: the same key is not built again)."""
     from vta_ext.executor import compiled_op, cycle_report, op_key
 
     key = op_key(kind, strategy, config, wl, epilogue, knobs)
+    if key in _REFUSED:
+        raise TemplateRefusal(_REFUSED[key])
     try:
         compiled_op(key, config=config)
     except KnobError as err:
-        raise TemplateRefusal(f"knobs {knobs!r}: {err}") from err
+        _REFUSED[key] = f"knobs {knobs!r}: {err}"
+        raise TemplateRefusal(_REFUSED[key]) from err
+    except TemplateRefusal as err:
+        _REFUSED[key] = str(err)
+        raise
     return cycle_report(key).total_cycles
 
 
