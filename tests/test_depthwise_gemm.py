@@ -346,3 +346,69 @@ def test_warm_build_times_no_unit(tmp_path, monkeypatch):
     np.testing.assert_array_equal(warm_out, ref)
     np.testing.assert_array_equal(cold_out, ref)
     assert depthwise_placement(warm) == depthwise_placement(cold)
+
+
+def test_look_ahead_chooses_the_unit_while_a_build_waits(tmp_path, monkeypatch):
+    """The idle work ``prefetch`` queues (:func:`tvm_csp_embed.cache.add_idle_work`) chooses the
+    operator's unit before its plan: run at once here (as a thread waiting for a solve runs it),
+    it builds and times the units, removes itself when nothing is left, and the plan then times
+    no unit; the placement is the one of a build without look-ahead and bit-exact against
+    numpy."""
+    from tvm_csp_embed import cache, depthwise
+    from vta_ext import executor
+
+    mod, arrays, ref = case(32, 9, 3, 2, 1)
+    prefetch = depthwise.DepthwiseTemplate.prefetch
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path / "plain"))
+    monkeypatch.setattr(depthwise.DepthwiseTemplate, "prefetch", lambda self, ops, config: None)
+    plain_out, plain = vta_build(mod, arrays, "default")
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+
+    steps = []
+
+    def prefetch_and_idle(self, ops, config):
+        prefetch(self, ops, config)
+        step = self._idle
+        steps.extend([step(), step()])          # one operator: work, then nothing left
+        assert step not in cache._IDLE
+        monkeypatch.setattr(depthwise.DepthwiseTemplate, "_timed_unit", forbidden)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the look-ahead chose the unit: the plan must not time it again")
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path / "ahead"))
+    monkeypatch.setattr(depthwise.DepthwiseTemplate, "prefetch", prefetch_and_idle)
+    out, report = vta_build(mod, arrays, "default")
+    assert steps == [True, False]
+    np.testing.assert_array_equal(plain_out, ref)
+    np.testing.assert_array_equal(out, ref)
+    assert depthwise_placement(report) == depthwise_placement(plain)
+    assert report.cycles(depthwise_placement(report)) == plain.cycles(depthwise_placement(plain))
+
+
+def test_a_refused_program_is_not_built_again(monkeypatch):
+    """A block-diagonal program whose tiles overflow a buffer refuses with the lowering's words;
+    asked again (another layer of the same shape and epilogue), it refuses with the same words
+    and nothing is scheduled or lowered."""
+    from tvm_csp_embed import depthwise
+    from vta_ext.config import load_config
+    from vta_ext.errors import TemplateRefusal
+    from vta_ext.templates import conv2d
+
+    cfg = load_config("default")
+    # 16 x 64 x 64 pixels of one thread: 65,536 input elements, far over the input buffer
+    wl = depthwise.DepthwiseUnitWorkload(batch=1, channels=32, height=64, width=64, kernel_h=3,
+                                         kernel_w=3, pad_h=1, pad_w=1, stride_h=1, stride_w=1,
+                                         unit="gemm", knobs=(("tile_h", 64), ("tile_w", 64)))
+    epilogue = (("bias",), ("shr", 8), ("clip", -128, 127))
+    builds = []
+    compile_conv2d = conv2d.compile_conv2d
+    monkeypatch.setattr(conv2d, "compile_conv2d",
+                        lambda *a, **k: builds.append(1) or compile_conv2d(*a, **k))
+    words = []
+    for _ in range(2):
+        with pytest.raises(TemplateRefusal) as err:
+            depthwise.modelled_cycles("depthwise_conv2d", "csp-relaxed", cfg, wl, epilogue, "cycles")
+        words.append(str(err.value))
+    assert "local.inp_buffer" in words[0] and words[0] == words[1]
+    assert builds == [1]

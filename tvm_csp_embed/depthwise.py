@@ -301,16 +301,29 @@ def bias_twin(wl, cycles_of, decision: Tuple[bool, str]) -> Tuple[Any, int, str]
                      f"{add:,} cycles)")
 
 
+#: why each program key that did not build refused, per process: the executor keeps only the
+#: programs that build, and a key builds the same program every time, so it refuses again (two
+#: layers of one shape and epilogue: MobileNetV2's 1x384x14x14 bias GEMM twins)
+_REFUSED: Dict[str, str] = {}
+
+
 def modelled_cycles(kind: str, strategy: str, config, wl, epilogue, knobs) -> int:
     """Modelled cycles of the program of ``wl`` under ``(kind, strategy)`` (built and cached by
-    the executor); a :class:`TemplateRefusal` when its template refuses it or its knobs."""
+    the executor); a :class:`TemplateRefusal` when its template refuses it or its knobs (its
+    words kept in :data:`_REFUSED`: the same key is not built again)."""
     from vta_ext.executor import compiled_op, cycle_report, op_key
 
     key = op_key(kind, strategy, config, wl, epilogue, knobs)
+    if key in _REFUSED:
+        raise TemplateRefusal(_REFUSED[key])
     try:
         compiled_op(key, config=config)
     except KnobError as err:
-        raise TemplateRefusal(f"knobs {knobs!r}: {err}") from err
+        _REFUSED[key] = f"knobs {knobs!r}: {err}"
+        raise TemplateRefusal(_REFUSED[key]) from err
+    except TemplateRefusal as err:
+        _REFUSED[key] = str(err)
+        raise
     return cycle_report(key).total_cycles
 
 
@@ -468,9 +481,50 @@ class DepthwiseTemplate(OpTemplate):
         self._stock = StockDepthwiseConv2d()
 
     # ---------------------------------------------------------------- plan
+    def prefetch(self, ops: Sequence[MatchedOp], config) -> None:
+        """Have the threads that wait for a background solve choose the units of ``ops``
+        meanwhile, in module order (:meth:`_look_ahead`, :func:`~.cache.add_idle_work`): a cold
+        build then builds and times the block-diagonal knob points while it would otherwise wait,
+        and :meth:`plan` finds the choice in the unit cache. Nothing is queued with tuned records
+        (no unit cache: :func:`_unit_cache`)."""
+        from vta_ext.options import current_options
+
+        from .cache import add_idle_work, remove_idle_work
+
+        remove_idle_work(getattr(self, "_idle", None))
+        self._ahead: Dict[str, MatchedOp] = {}
+        if current_options().records is not None:
+            return
+        self._ahead = {op.name: op for op in ops}
+        self._idle = self._look_ahead(config)
+        add_idle_work(self._idle)
+
+    def _look_ahead(self, config):
+        """Idle work (:func:`~.cache.add_idle_work`): the unit choice of the next operator of
+        :meth:`prefetch` not planned yet (:meth:`plan`, whose result the unit cache keeps; its
+        errors are left for its own plan to report). It gives the same choice whenever it runs:
+        the choice depends only on the operator, the configuration and the options."""
+        from vta_ext.timing import phase
+
+        from .cache import remove_idle_work
+
+        def step() -> bool:
+            if not self._ahead:
+                remove_idle_work(step)
+                return False
+            op = next(iter(self._ahead.values()))
+            with phase("plan"):
+                try:
+                    self.plan(op, config)
+                except Exception:  # noqa: BLE001 -- its own plan() reports it
+                    pass
+            return True
+        return step
+
     def plan(self, op: MatchedOp, config) -> OpPlan:
         from vta_ext.options import current_options
 
+        getattr(self, "_ahead", {}).pop(op.name, None)
         options = current_options()
         stock = self._stock.plan(op, config)     # refuses dilation and asymmetric padding
         base = dataclasses.asdict(stock.workload)
