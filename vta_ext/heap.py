@@ -13,8 +13,8 @@ into the permanent generation (:func:`gc.freeze`), and the end of the build move
 the oldest generation (:func:`gc.unfreeze`). What the collector would free meanwhile (garbage
 reference cycles among those objects) it frees after the build instead: the build's results are
 the same, and its collections walk only what was allocated since the last paused step (a cold
-ResNeXt-50 224 ``csp-relaxed`` build on ``default``: 0.29-0.35 s of collections, 1 full and 8 of
-the middle generation, down to 0.02 s). A build whose templates pause the collector nowhere (the
+ResNeXt-50 224 ``csp-relaxed`` build on ``default``: 0.27-0.30 s of CPU in collections, 1 full and
+9 of the middle generation, down to 0.01 s). A build whose templates pause the collector nowhere (the
 stock templates) is left as it was.
 """
 from __future__ import annotations
