@@ -9,6 +9,7 @@ from tvm import relax
 
 from ..config import VTAConfig
 from ..errors import TemplateRefusal
+from ..heap import frozen_heap
 from ..options import current_options
 from ..report import publish
 from ..strategy import MatchedOp, get_template
@@ -53,7 +54,8 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
 
     @tvm.transform.module_pass(opt_level=0, name="VTAOffload")
     def offload(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        with timed_build() as timer:
+        # the collector walks only what the last paused step left (:mod:`vta_ext.heap`)
+        with frozen_heap(), timed_build() as timer:
             with phase("solve"):
                 consumers = _prefetch(mod, config)
             rewriter = Offloader(mod, config, consumers=consumers)
