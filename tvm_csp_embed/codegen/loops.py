@@ -4,8 +4,8 @@
 * :func:`vt_loops`: the loops that may carry two virtual threads;
 * :func:`loop_orders`: the loop orders of the schedule for each value of the ``order`` knob
   (:data:`ORDERS`), with the operand a resident order hoists;
-* :func:`thread_padding`: the padding that gives an odd output-channel loop an even extent, so
-  that it can carry two virtual threads.
+* :func:`thread_padding`: the padding that gives an odd thread loop (output channels, or a plain
+  loop of a stencil-unrolled layout) an even extent, so that it can carry two virtual threads.
 
 The knob space and its model (:mod:`.knobs`) and the schedule (:mod:`.schedule`) both read these;
 neither imports the other.
@@ -18,37 +18,91 @@ from typing import List, Optional, Tuple
 from .plan import PackedGemm
 
 __all__ = ["LoopOrders", "ORDERS", "BATCH_INNER", "batch_inner", "loop_orders", "vt_loops",
-           "tiled_loops", "thread_padding"]
+           "row_thread_loop", "tiled_loops", "thread_padding"]
 
 
 def vt_loops(pg: PackedGemm) -> List[str]:
     """Loops that may carry two virtual threads: the first output-channel (``weight``) loop and the
-    first image-row (``stencil``) loop that is not the last one, in that order of nesting."""
+    first image-row (``stencil``) loop that is not the last one, in that order of nesting; where
+    there is no such image-row loop, a ``plain`` loop the instruction walks or one padded for the
+    threads (:func:`row_thread_loop`, :func:`thread_padding`)."""
 
     def make():
         c = pg.c_loops()
         weight = [n for n in c if pg.roles[n] == "weight"]
-        stencil = [n for n in c if pg.roles[n] == "stencil"][:-1]
-        return tuple(weight[:1] + stencil[:1])
+        row = row_thread_loop(pg)
+        if row is not None and pg.roles[row] == "plain" and not _plain_threads(pg, row):
+            row = None
+        return tuple(weight[:1] + ([row] if row is not None else []))
     return list(pg.memo("vt_loops", make))
 
 
+def row_thread_loop(pg: PackedGemm) -> Optional[str]:
+    """The spatial loop that may carry the second kind of virtual thread (the original's
+    ``h_nthread``), or None: the first image-row (``stencil``) loop that is not the last one, else
+    the first ``plain`` loop of more than one iteration.
+
+    In a stencil-unrolled layout (``fused-rs``, ``fused-crs``, or a z over the filter columns)
+    the output columns (or rows) are ``plain`` loops (the data's subscript of them holds no
+    reduction dim), and the last image row is the store point's loop. Without the plain loop the
+    only thread split left is the output channels', whose threads each load the same input tile:
+    DeepBench layer 0 on ``pipelined`` (``fused-rs``, 2 output-channel blocks) loads its
+    stencil-unrolled input twice and is load-bound (759,352 cycles); split over the output
+    columns, it loads it once (678,715).
+
+    A plain loop carries threads where the instruction walks it (y over the output pixels) and,
+    for a full loop, only in the twin padded for them (:func:`thread_padding`), which the choice
+    times next to the embedding's own program: the knob model's estimate of a full plain loop's
+    threads is not always right (offered on every embedding, it took slower points than before
+    on the fused-crs stems of DeepBench on ``default``, layer 15: 3,917,171 -> 4,726,245 cycles)."""
+    c = pg.c_loops()
+    stencil = [n for n in c if pg.roles[n] == "stencil"][:-1]
+    if stencil:
+        return stencil[0]
+    ext = {lp.name: lp.extent for lp in pg.loops}
+    plain = [n for n in c if pg.roles[n] == "plain" and ext[n] > 1]
+    return plain[0] if plain else None
+
+
+def _plain_threads(pg: PackedGemm, name: str) -> bool:
+    """Whether the plain loop ``name`` may carry threads: the tile loop of a dim the instruction
+    walks (y over the output pixels, the weights bound to A), or a full loop (its dim not walked)
+    whose dim the embedding pads, which only :func:`thread_padding` does (the solver pads the dims
+    it walks)."""
+    lp = pg.loop[name]
+    return lp.kind == "tile" or (lp.kind == "full" and pg.embedding.padding.get(lp.dim, 0) > 0)
+
+
 def thread_padding(pg: PackedGemm) -> Optional[Tuple[str, int]]:
-    """``(workload dim, elements)``: the padding of one more tile that makes the first
-    output-channel (``weight``) loop of ``pg`` even, or None when it needs none.
+    """``(workload dim, elements)``: the padding of one more tile that makes a thread loop of
+    ``pg`` (:func:`vt_loops`) even, or None when it needs none: the first output-channel
+    (``weight``) loop's, else that of a ``plain`` thread loop (:func:`row_thread_loop`).
 
     A virtual-thread count must divide its loop's outer tiles (:mod:`.knobs`), so an odd weight
     loop (1000 output channels: 63 blocks) never carries two threads: its weight loads cannot
     overlap its GEMMs under the weight-streaming orders. One more block of zero weights (the
-    embedding's padding of that dim, as the solver pads it) makes the loop even. None when the
-    loop is even, has one tile, is not the tile loop of a dim the instruction walks, or when
-    that dim is walked with a stride (its padding would not be one tile)."""
+    embedding's padding of that dim, as the solver pads it) makes the loop even. Likewise an odd
+    plain loop (DeepBench layer 0's 341 output columns) takes one more column of zero input, whose
+    output is computed and dropped by the unpack. None when the loop is even, has one tile, or is
+    the tile loop of a dim walked with a stride (its padding would not be one tile)."""
     weight = [lp for lp in pg.loops if pg.roles[lp.name] == "weight"][:1]
-    if not weight or weight[0].name not in vt_loops(pg):
+    if weight and weight[0].name in vt_loops(pg):
+        extra = _one_more_tile(pg, weight[0])
+        if extra is not None:
+            return extra
+    row = row_thread_loop(pg)
+    if row is not None and pg.roles[row] == "plain" and pg.loop[row].kind == "full":
+        return _one_more_tile(pg, pg.loop[row])
+    return None
+
+
+def _one_more_tile(pg: PackedGemm, lp) -> Optional[Tuple[str, int]]:
+    """``(dim, elements)`` of one more tile of the odd loop ``lp`` (a full loop's tile: one
+    element; a walked dim's: its factor), or None: even, one tile, or a strided factor."""
+    if lp.extent % 2 == 0 or lp.extent == 1 or lp.kind == "sub":
         return None
-    lp = weight[0]
-    if lp.kind != "tile" or lp.extent % 2 == 0 or lp.extent == 1:
-        return None
+    if lp.kind == "full":
+        return lp.dim, 1
     factor = pg.embedding.walked[lp.dim]
     if factor.stride != 1:
         return None
@@ -165,6 +219,6 @@ def _loop_orders(pg: PackedGemm, order: int) -> LoopOrders:
         kernel = ztile + last + reduce_[::-1] + weight + stencil[:-1]
     vts = vt_loops(pg)
     # the first-row split is made first, then the output-channel one (the original's order)
-    vts = [n for n in vts if role[n] == "stencil"] + [n for n in vts if role[n] == "weight"]
+    vts = [n for n in vts if role[n] != "weight"] + [n for n in vts if role[n] == "weight"]
     return LoopOrders(tuple(outer), tuple(batch), tuple(ztile), tuple(kernel), tuple(vts),
                       resident, resident_at)
