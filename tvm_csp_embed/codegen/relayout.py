@@ -158,7 +158,7 @@ class HostLayout:
         (:func:`vta_ext.host.layout_traffic`)."""
         shapes = self.shapes
         return sum(_step_copies(st, shapes[i], shapes[i + 1]) for i, st in enumerate(self.steps)
-                   if st[0] != "reshape" and not _is_identity(st, shapes[i]))
+                   if not _is_view(st, shapes[i]))
 
     @property
     def unrolled(self) -> bool:
@@ -241,6 +241,21 @@ def _is_identity(st: Step, shape) -> bool:
     if kind == "broadcast":
         return tuple(st[1]) == tuple(shape)
     return False
+
+
+def _moves_unit_axes_only(st: Step, shape: Sequence[int]) -> bool:
+    """Whether ``st`` is a permutation that keeps the order of the axes longer than 1: it moves
+    no element in memory, so it is emitted as a reshape (a view)."""
+    if st[0] != "permute":
+        return False
+    moved = [p for p in st[1] if shape[p] != 1]
+    return moved == sorted(moved)
+
+
+def _is_view(st: Step, shape: Sequence[int]) -> bool:
+    """Whether the Relax op of ``st`` on ``shape`` copies nothing: a reshape, a permutation of
+    unit axes (:func:`_moves_unit_axes_only`) or an identity step."""
+    return st[0] == "reshape" or _moves_unit_axes_only(st, shape) or _is_identity(st, shape)
 
 
 def _inverse(st: Step, before: Sequence[int]) -> Step:
@@ -341,6 +356,8 @@ def _relax_step(emit, x, st: Step, before: Sequence[int], name: str):
     bind = (lambda e, n: e) if emit is None else emit
     kind = st[0]
     if kind == "permute":
+        if _moves_unit_axes_only(st, before):
+            return bind(relax.op.reshape(x, tuple(before[p] for p in st[1])), name)
         return bind(relax.op.permute_dims(x, list(st[1])), name)
     if kind == "pad":
         widths = [v for pair in st[1] for v in pair]
