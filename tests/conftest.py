@@ -304,3 +304,37 @@ def conv_layer_shapes(names, size, keep, shape_of):
         for h in handles:
             h.remove()
     return sorted(shapes)
+
+
+def emitted_packing(layout):
+    """The Relax ops ``layout.pack`` emits through the offload pass's packer interface (on a
+    BlockBuilder): ``([(op name, elements written) of each op that copies], pack)``, ``pack``
+    running the llvm build of the packing on a numpy array."""
+    import tvm
+    from tvm import relax
+
+    from vta_ext.host import VIEW_OPS
+
+    written = []
+
+    class Packer:
+        def __init__(self, bb):
+            self.bb = bb
+
+        def operand(self, expr):
+            return expr
+
+        def emit(self, expr, name):
+            var = self.bb.emit(expr, name)
+            if expr.op.name not in VIEW_OPS:
+                written.append((expr.op.name, int(np.prod([int(d) for d in var.ty.shape]))))
+            return var
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(layout.src_shape, "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(layout.pack(Packer(bb), x))
+        bb.emit_func_output(out)
+    vm = relax.VirtualMachine(relax.build(bb.get(), target="llvm"), tvm.cpu())
+    return written, lambda src: vm["main"](tvm.runtime.tensor(src)).numpy()

@@ -16,7 +16,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import bind_constants, conv_chain, conv_module, run_module
+from conftest import bind_constants, conv_chain, conv_module, emitted_packing, run_module
 
 import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
 import vta_ext
@@ -266,40 +266,6 @@ def test_lane_constants_come_with_the_gather_bit_exact(shape, family, rows, obje
     assert (kinds.index("concat") < kinds.index("unroll")) == rows, (p.plan, kinds)
 
 
-def _emitted_packing(layout):
-    """The Relax ops ``layout.pack`` emits through the offload pass's packer interface (on a
-    BlockBuilder): ``([(op name, elements written) of each op that copies], pack)``, ``pack``
-    running the llvm build of the packing on a numpy array."""
-    import tvm
-    from tvm import relax
-
-    from vta_ext.host import VIEW_OPS
-
-    written = []
-
-    class Packer:
-        def __init__(self, bb):
-            self.bb = bb
-
-        def operand(self, expr):
-            return expr
-
-        def emit(self, expr, name):
-            var = self.bb.emit(expr, name)
-            if expr.op.name not in VIEW_OPS:
-                written.append((expr.op.name, int(np.prod([int(d) for d in var.ty.shape]))))
-            return var
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(layout.src_shape, "int8"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(layout.pack(Packer(bb), x))
-        bb.emit_func_output(out)
-    vm = relax.VirtualMachine(relax.build(bb.get(), target="llvm"), tvm.cpu())
-    return written, lambda src: vm["main"](tvm.runtime.tensor(src)).numpy()
-
-
 def test_folded_fused_layouts_charge_what_their_relax_ops_write():
     """The host model charges a layout what its Relax ops write (``layout_traffic``). Hand count
     for 1x3x8x8 * 16x3x3x3 p1, fused-crs with the data as A: pad to 3x10x10 (300), unroll rows
@@ -333,7 +299,7 @@ def test_folded_fused_layouts_charge_what_their_relax_ops_write():
         assert layout_traffic(cand.packed.operands["A"].host) == plain
         assert layout_traffic(layout_of) == folded
 
-        written, pack = _emitted_packing(layout_of)
+        written, pack = emitted_packing(layout_of)
         ops = [op for op, _ in written]
         assert sum(n for _, n in written) == folded, (layout, written)
         assert "relax.where" not in ops and "relax.concat" in ops, ops
@@ -386,7 +352,7 @@ def test_stem_lanes_written_by_a_column_the_gather_reads():
     kinds = [st[0] for st in layout.steps]
     assert "set" not in kinds and kinds.index("concat") < kinds.index("pad") < kinds.index("unroll")
 
-    written, pack = _emitted_packing(layout)
+    written, pack = emitted_packing(layout)
     assert written == [("relax.concat", 2_520), ("relax.nn.pad", 3_720), ("relax.take", 6_720),
                        ("relax.permute_dims", 6_720)], written
     cl = _lane_classes(cand.packed)
