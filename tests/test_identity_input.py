@@ -258,10 +258,12 @@ def _pynq_cases():
     x = rng.integers(-128, 128, (1, 32, 13, 13)).astype(np.int8)
     pool = (lambda cfg: build_max_pool2d(cfg, wl, (), None, input_path="gemm"), (x,),
             ref_pool(x, wl, "max"))
-    return {"add": add, "max_pool": pool}
+    inplace = (lambda cfg: build_max_pool2d(cfg, wl, (), None, schedule="inplace",
+                                            input_path="gemm"), (x,), ref_pool(x, wl, "max"))
+    return {"add": add, "max_pool": pool, "max_pool_inplace": inplace}
 
 
-@pytest.mark.parametrize("case", ["add", "max_pool"])
+@pytest.mark.parametrize("case", ["add", "max_pool", "max_pool_inplace"])
 def test_pynq_through_the_identity_gemm(case, rtl):
     """Bit-exact on the functional simulator and on the RTL of the Pynq design; the stock
     program (ACC_8BIT loads) refuses."""
@@ -279,7 +281,7 @@ def test_pynq_through_the_identity_gemm(case, rtl):
 
 def test_pynq_ceil_pool_and_add_run_on_vta_under_csp_relaxed():
     """squeezenet's ceil-mode pool and a residual add, which stayed on the CPU on ``pynq``, run
-    on VTA under csp-relaxed (the GEMM input path, the only variant that runs them), bit-exact
+    on VTA under csp-relaxed (the GEMM input path, the only one that runs them), bit-exact
     against llvm; the stock strategy keeps them on the CPU."""
     from test_ceil_pool import _pool_module
 
@@ -291,7 +293,10 @@ def test_pynq_ceil_pool_and_add_run_on_vta_under_csp_relaxed():
             got, ref, report = _on_arrays("pynq", mod, arrays)
         np.testing.assert_array_equal(got, ref)
         (op,) = report.on_vta
-        assert "identity GEMMs chosen by csp-relaxed: the only variant that runs it" in op.detail
+        # the add has one variant that runs; the pool two (direct and in-place, both by GEMM)
+        assert ("identity GEMMs chosen by csp-relaxed: the only variant that runs it" in op.detail
+                or "identity GEMMs chosen by csp-relaxed: fewest cycles" in op.detail)
+        assert "inputs by LOAD ACC_8BIT" not in op.detail.split(" chosen by ")[0]
         with vta_ext.build_options(strategy="stock"):
             _, _, report = _on_arrays("pynq", mod, arrays)
         assert not report.on_vta

@@ -192,12 +192,12 @@ def test_a_warm_build_builds_only_the_chosen_schedule(tmp_path, monkeypatch):
         builds.append((sorted(built), len(cycled), op.detail, report.vta_keys))
     cold, warm = builds
     # every schedule x input path is tried; the GEMM input path refuses the padded max pool
-    # before it emits a program (its zero INP padding could win a MAX), so two are timed
-    assert cold[:2] == (sorted((s, p) for s in ("direct", "separable")
-                               for p in ("acc8", "gemm")), 2)
+    # before it emits a program (its zero INP padding could win a MAX), so three are timed
+    assert cold[:2] == (sorted((s, p) for s in ("direct", "separable", "inplace")
+                               for p in ("acc8", "gemm")), 3)
     assert "pads with 0" in cold[2]
-    assert warm[:2] == ([("separable", "acc8")], 0)
-    assert warm[2:] == cold[2:] and "separable max pool" in warm[2]
+    assert warm[:2] == ([("inplace", "acc8")], 0)
+    assert warm[2:] == cold[2:] and "in-place max pool" in warm[2]
 
 
 def _on(preset, mod, x):
@@ -231,11 +231,12 @@ def test_stock_keeps_the_direct_pool_and_csp_relaxed_says_why_it_cannot_use_the_
 
 
 # ------------------------------------------------------------------------------ the floor
-def test_the_floor_is_the_fewer_passes_of_the_two_plans():
+def test_the_floor_is_the_fewer_passes_of_the_plans():
     """ResNet-18's pool, 1x64x112x112 3x3 s2 p1: 56x56 outputs, 112 columns read. Direct: 8 MAX
-    passes per output block; separable: 2*112/56 + 3 = 7 per output, less the initial value: 6.
-    4 blocks x 3136 outputs x 6 passes x 6 cycles on default. Without the window (unknown
-    geometry) or without EXT_PAD_MIN, the direct plan's 8."""
+    passes per output block; separable: 2*112/56 + 3 = 7 per output, in place (the first window
+    element the initial value): 6. 4 blocks x 3136 outputs x 6 passes x 6 cycles on default.
+    Without the window (unknown geometry), the direct plan's 8; without EXT_PAD_MIN (apache) the
+    in-place plan still runs an unpadded pool: 6 (tests/test_pool_inplace.py builds it)."""
     cfg = load_config("default")
     outputs = 64 * 56 * 56
     size = OperatorSize("max_pool2d", 0, outputs, 64 * 112 * 112, channels=64, taps=9,
@@ -244,7 +245,7 @@ def test_the_floor_is_the_fewer_passes_of_the_two_plans():
     no_window = dataclasses.replace(size, window=())
     assert operator_floor(cfg, no_window).compute_alu == outputs / 16 * 8 * 6
     apache = load_config("apache")
-    assert operator_floor(apache, size).compute_alu == outputs / 16 * 8 * apache.ALU_CYCLES_PER_UOP_VEC
+    assert operator_floor(apache, size).compute_alu == outputs / 16 * 6 * apache.ALU_CYCLES_PER_UOP_VEC
     # 2x2 s2 (no overlap): separable 1*8/4 + 2 - 1 = 3 = the direct plan's taps - 1
     small = OperatorSize("max_pool2d", 0, 16 * 16, 16 * 64, channels=16, taps=4,
                          window=(2, 2, 4, 4, 8))

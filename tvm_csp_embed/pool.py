@@ -6,7 +6,8 @@ The stock max-pool template (:mod:`vta_ext.templates.pool`) has two schedules
 (the first window element copied, then one MAX pass per other element), and ``"separable"``
 (the height reduced in place once per output row and input column, then the width into output
 rows filled with the lane minimum: about 7 vector passes per output of a 3x3 stride-2 pool against
-10, 5 of a 3x3 stride-1 pool). The pool and add templates have two input paths
+10, 5 of a 3x3 stride-1 pool) and ``"inplace"`` (the separable height pass, then the width in
+place too, with no fill: one pass per output fewer, each output STOREd from its window row). The pool and add templates have two input paths
 (:data:`~vta_ext.templates.alu_program.INPUT_PATHS`): ``"acc8"``, the stock programs' LOAD
 ACC_8BIT on the compute module, and ``"gemm"``, LOAD INP on the load module and GEMM micro-ops
 through an identity weight tile (:class:`~vta_ext.templates.alu_program.IdentityInput`: a
@@ -56,7 +57,11 @@ __all__ = ["PoolScheduleWorkload", "AvgPoolInputWorkload", "AddInputWorkload", "
 #: how the build report names each max-pool schedule
 SCHEDULE_TEXT = {"direct": "the direct max pool (a copy, then a MAX pass per window element)",
                  "separable": "the separable max pool (height in place, then width into a "
-                              "lane-minimum fill)"}
+                              "lane-minimum fill)",
+                 "inplace": "the in-place max pool (height, then width, in place in the window; "
+                            "each output stored from there)"}
+#: the build report's one word for a schedule in a plan's summary (else its name)
+SCHEDULE_WORD = {"inplace": "in-place"}
 #: how the build report names each input path
 INPUT_TEXT = {"acc8": "inputs by LOAD ACC_8BIT (compute module)",
               "gemm": "inputs by LOAD INP (load module) and identity GEMMs",
@@ -312,7 +317,8 @@ def _summary(noun: str, stock_variant: Dict[str, str]) -> Callable[[OpTemplate, 
         if variant == stock_variant:
             what = f"direct {noun}" if "schedule" in variant else noun
             return f"stock {what} ({template.strategy} chose it)"
-        words = [variant["schedule"]] if variant.get("schedule", "direct") != "direct" else []
+        words = ([SCHEDULE_WORD.get(variant["schedule"], variant["schedule"])]
+                 if variant.get("schedule", "direct") != "direct" else [])
         inputs = {"acc8": "", "gemm": ", gemm inputs",
                   "split": ", split inputs"}[variant["input_path"]]
         return f"{template.strategy} {' '.join(words + [noun])}{inputs}"

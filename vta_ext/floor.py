@@ -57,9 +57,9 @@ The ALU passes per output block, by operator:
   A banded embedding over the image width (not implemented) would have a floor of its own.
 * max pooling: the fewer vector MAX passes of the plans that can run it
   (:func:`max_pool_passes`): the direct plan's ``taps - 1`` (the first window element is the
-  initial value) and, with ``EXT_PAD_MIN``, the separable plan's
-  (:func:`vta_ext.templates.pool.separable_passes` per output, less the output's initial value:
-  ``(pool_h - 1) * columns / out_cols + pool_w - 1`` over the input columns the windows read).
+  initial value) and the in-place plan's (:func:`vta_ext.templates.pool.inplace_passes` per
+  output: ``(pool_h - 1) * columns / out_cols + pool_w - 1`` over the input columns the windows
+  read; it needs no ``EXT_PAD_MIN`` beyond what padding needs on every plan).
 * average pooling: ``taps - 1`` vector ADD passes plus the division by a constant: at least a
   multiply and a shift (one shift for a power-of-two window): a lower bound, the exact
   truncating division takes more.
@@ -255,25 +255,25 @@ def max_pool_passes(config: VTAConfig, size: OperatorSize) -> float:
     Parameters
     ----------
     config : VTAConfig
-        The separable plan needs ``EXT_PAD_MIN`` (its output rows start from the lane minimum).
+        Unused (every configuration that runs a max pool runs the in-place plan's passes).
     size : OperatorSize
-        A ``max_pool2d``; the separable plan counts only with its :attr:`~OperatorSize.window`.
+        A ``max_pool2d``; the in-place plan counts only with its :attr:`~OperatorSize.window`.
 
     Returns
     -------
     float
         ``taps - 1`` (the direct plan, the first window element the initial value), or the
-        separable plan's :func:`~vta_ext.templates.pool.separable_passes` per output less one
-        (the output's initial value), whichever is smaller.
+        in-place plan's :func:`~vta_ext.templates.pool.inplace_passes` per output, whichever is
+        smaller.
     """
-    from .templates.pool import separable_passes
+    from .templates.pool import inplace_passes
 
     direct = size.taps - 1
-    if not (size.window and config.EXT_PAD_MIN):
+    if not size.window:
         return direct
     pool_h, pool_w, out_rows, out_cols, columns = size.window
-    outputs = out_rows * out_cols
-    return min(direct, separable_passes(pool_h, pool_w, columns, out_rows, out_cols) / outputs - 1)
+    return min(direct, inplace_passes(pool_h, pool_w, columns, out_rows, out_cols)
+               / (out_rows * out_cols))
 
 
 def operator_floor(config: VTAConfig, size: OperatorSize) -> Floor:

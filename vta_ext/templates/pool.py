@@ -54,6 +54,20 @@ hazard distance (``pynq``, which has no ACC_8BIT loads for pools anyway) the run
 (:func:`vta_ext.hazard.cure`) keeps the in-place width pass in its order: its sources are
 written by the kernel, so it is split, never reordered.
 
+The third schedule, ``schedule="inplace"``, keeps step a and does the width in place too:
+``x[oh*stride_h, ow*stride_w] = max_j x[oh*stride_h, ow*stride_w + j]`` for ``j = 1 ..
+pool_w-1`` (the micro-ops innermost, so iteration ``ow`` reads column ``(ow+1)*stride_w`` before
+iteration ``ow + 1`` overwrites it; no iteration reads a column an earlier one wrote). Every
+output starts from its first window element, so it needs no fill and one vector pass fewer per
+output than the separable schedule (:func:`inplace_passes`: the floor's count,
+:func:`vta_ext.floor.max_pool_passes`). The outputs stay in the window rows, ``stride_w`` apart,
+and a STORE reads adjacent accumulator rows: one STORE per output row of a channel block with
+``stride_w`` 1, else one per output, on the store module, which a pool leaves mostly idle
+(squeezenet1_1's 1x64x55x55 3x3 s2 on ``pipelined``: 70,422 cycles separable, 62,526 in place).
+The windows are the output slots (below): a tile's window region is reloaded only after its
+STOREs. It takes no epilogue (the epilogue runs on dense rows; a pool with one keeps the other
+schedules) and, unlike the separable schedule, no ``EXT_PAD_MIN`` beyond what padding needs.
+
 Output rows rotate through ``slots`` (default 2) accumulator regions so the store of one tile
 overlaps the next tile's work; the compute→store and store→compute tokens are managed by
 :class:`~vta_ext.templates.alu_program.StorePipeline` (all loads are compute-module loads, so they
@@ -124,11 +138,12 @@ from .workload import out_size, window_size
 
 __all__ = ["PoolWorkload", "PoolKnobs", "CompiledPool", "build_max_pool2d", "build_avg_pool2d",
            "choose_reciprocal", "avg_divisors", "AluTemplateError", "AluTemplateRefusal",
-           "MAX_POOL_SCHEDULES", "separable_passes", "division_plan"]
+           "MAX_POOL_SCHEDULES", "separable_passes", "inplace_passes", "division_plan"]
 
 #: the schedules of :func:`build_max_pool2d`: ``"direct"`` (the stock program: copy the first
-#: window element, then one MAX per other element) and ``"separable"`` (module docstring)
-MAX_POOL_SCHEDULES = ("direct", "separable")
+#: window element, then one MAX per other element), ``"separable"`` and ``"inplace"`` (module
+#: docstring)
+MAX_POOL_SCHEDULES = ("direct", "separable", "inplace")
 
 
 def separable_passes(pool_h: int, pool_w: int, cols: float, out_rows: int, out_cols: int) -> float:
@@ -151,6 +166,13 @@ def separable_passes(pool_h: int, pool_w: int, cols: float, out_rows: int, out_c
         along the width (into output rows that start from the lane minimum).
     """
     return (pool_h - 1) * out_rows * cols + pool_w * out_rows * out_cols
+
+
+def inplace_passes(pool_h: int, pool_w: int, cols: float, out_rows: int, out_cols: int) -> float:
+    """Vector MAX passes of the in-place max pool on one channel block: the separable schedule's
+    (:func:`separable_passes`, same parameters) less one per output, whose first window element
+    is the value it starts from (no lane-minimum fill)."""
+    return separable_passes(pool_h, pool_w, cols, out_rows, out_cols) - out_rows * out_cols
 
 
 
@@ -274,22 +296,26 @@ def division_plan(wl: PoolWorkload) -> Optional[dict]:
     return dict(k=k, vector=True, mult=mult, multipliers={int(d): int(m) for d, m in ms.items()})
 
 
-def _check_schedule(cfg: VTAConfig, schedule: str, is_max: bool, what: str) -> bool:
-    """Whether ``schedule`` is the separable one; refuse it where it cannot run."""
+def _check_schedule(cfg: VTAConfig, schedule: str, is_max: bool, epilogue, what: str) -> str:
+    """``schedule``, refused (:class:`AluTemplateRefusal`) where it cannot run."""
     if schedule not in MAX_POOL_SCHEDULES:
         raise AluTemplateError(f"{what}: schedule {schedule!r}; one of "
                                f"{', '.join(MAX_POOL_SCHEDULES)}")
-    if schedule != "separable":
-        return False
+    if schedule == "direct":
+        return schedule
     if not is_max:
-        raise AluTemplateRefusal(f"{what}: the separable schedule is a max pool's (an average "
+        raise AluTemplateRefusal(f"{what}: the {schedule} schedule is a max pool's (an average "
                                  "pool keeps the direct window sum)")
-    if not cfg.EXT_PAD_MIN:
+    if schedule == "separable" and not cfg.EXT_PAD_MIN:
         raise AluTemplateRefusal(
             f"{what}: the separable schedule starts the output rows from the lane minimum (a "
             "padding-only LOAD with pad_min): "
             + cfg.missing_extension("EXT_PAD_MIN", "LOAD ACC_8BIT with pad_min=True"))
-    return True
+    if schedule == "inplace" and epilogue:
+        raise AluTemplateRefusal(
+            f"{what}: the in-place schedule leaves its outputs spread over the window rows, and "
+            "the epilogue runs on dense rows: a max pool with an epilogue keeps another schedule")
+    return schedule
 
 
 def separable_columns(wl: PoolWorkload) -> Tuple[int, int]:
@@ -317,6 +343,43 @@ def _separable_reduce(q: CommandQueue, wl: PoolWorkload, fill_src, windows, dst,
     q.load_2d(fill_src, 0, size, 0, size, 0, 1, 0, 0, dst[0], MemType.ACC_8BIT, pad_min=True)
     alu(q, AluOp.MAX, [(d, w + j) for d, w in zip(dst, windows) for j in range(wl.pool_w)],
         [(out_rows, out_cols, sh), (out_cols, 1, sw)])
+
+
+def _inplace_reduce(q: CommandQueue, wl: PoolWorkload, windows, out_rows: int,
+                    row_len: int) -> None:
+    """The in-place schedule (module docstring) for one tile: the height in place as the
+    separable schedule's step a, then the width in place into each window's first column.
+
+    ``windows``: the accumulator row of each channel block's input window; ``row_len``:
+    accumulator rows per input row (the padded width). Output ``(oh, ow)`` of a window is left in
+    its row ``oh*stride_h*row_len + ow*stride_w``.
+    """
+    first, count = separable_columns(wl)
+    sh, sw = wl.stride_h * row_len, wl.stride_w
+    if wl.pool_h > 1 and count:
+        alu(q, AluOp.MAX, [(w + first, w + first + i * row_len) for w in windows
+                           for i in range(1, wl.pool_h)], [(out_rows, sh, sh), (count, 1, 1)])
+    if wl.pool_w > 1:
+        alu(q, AluOp.MAX, [(w, w + j) for w in windows for j in range(1, wl.pool_w)],
+            [(out_rows, sh, sh), (wl.out_width, sw, sw)])
+
+
+def _store_inplace(q: CommandQueue, wl: PoolWorkload, windows, out, first_out: int,
+                   out_rows: int, row_len: int) -> None:
+    """STORE the in-place schedule's outputs of one tile from their window rows: a STORE per
+    output row of a channel block when the outputs of a row are adjacent (``stride_w`` 1), else
+    a STORE per output (a STORE reads adjacent accumulator rows). ``first_out``: the DRAM element
+    of the tile's first output of its first channel block."""
+    OH, OW = wl.out_height, wl.out_width
+    sh, sw = wl.stride_h * row_len, wl.stride_w
+    for c, w in enumerate(windows):
+        for oh in range(out_rows):
+            dst = first_out + c * OH * OW + oh * OW
+            if sw == 1:
+                q.store_2d(w + oh * sh, MemType.OUT, out, dst, OW, 1, OW)
+                continue
+            for ow in range(OW):
+                q.store_2d(w + oh * sh + ow * sw, MemType.OUT, out, dst + ow, 1, 1, 1)
 
 
 #: input-buffer regions of the identity-GEMM input path (double buffering of the loads)
@@ -353,7 +416,8 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
     _check(cfg, wl, what)
     kn = knobs_from(knobs, PoolKnobs, {"tps": PoolKnobs, "fallback": PoolKnobs})
     is_max = mode == "max"
-    separable = _check_schedule(cfg, schedule, is_max, what)
+    schedule = _check_schedule(cfg, schedule, is_max, epilogue, what)
+    separable, inplace = schedule == "separable", schedule == "inplace"
     gemm = check_input_path(cfg, input_path, what)
     if input_path == "split":
         raise AluTemplateRefusal(f"{what}: the split input path is a two-operand template's (a "
@@ -373,7 +437,8 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
     P = wl.pool_h * wl.pool_w
     Wp = W + 2 * PW
     # micro-ops per channel block of the widest ALU kernel
-    kernel_uops = max(wl.pool_h - 1, wl.pool_w) if separable else P
+    kernel_uops = (max(wl.pool_h - 1, wl.pool_w) if separable
+                   else max(wl.pool_h - 1, wl.pool_w - 1, 1) if inplace else P)
 
     div = None if is_max else division_plan(wl)
 
@@ -385,6 +450,8 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
         # the identity-GEMM avg pool sums from the input buffer: no window in the accumulator
         win = 0 if gemm and not is_max else tc * window_size(th, wl.pool_h, SH) * Wp
         out = tc * th * OW
+        if inplace:   # the outputs stay in the windows, which rotate through the slots
+            win, out = 0, win
         extra = 0
         if div is not None:
             extra = out + (th * OW if div["vector"] else 0)
@@ -411,7 +478,7 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
     win_stride = win_rows * Wp          # accumulator rows per channel block of the input window
     out_size = tc * th * OW
     IN = 0
-    OUT0 = IN + (0 if gemm and not is_max else tc * win_stride)
+    OUT0 = IN + (0 if gemm and not is_max or inplace else tc * win_stride)
     T = OUT0 + slots * out_size         # sign scratch (avg)
     M = T + out_size                    # per-position multipliers (avg, vector)
 
@@ -448,26 +515,32 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
                     ident.end_load()
                 slot = pipe.begin_tile()
                 OUT = OUT0 + slot * out_size
+                if inplace:   # this slot's windows
+                    OUT = IN + slot * tc * win_stride
+                windows = [(OUT if inplace else IN) + c * win_stride for c in range(tcc)]
                 if ident is None:
                     for c in range(tcc):
                         q.load_2d(data, ((n * CB + c0 + c) * H + lo - PH) * W, W, ny, W, PW, ypb,
-                                  PW, ypa, IN + c * win_stride, MemType.ACC_8BIT, pad_min=pad_min)
+                                  PW, ypa, windows[c], MemType.ACC_8BIT, pad_min=pad_min)
                 # 2. window reduction into the output rows
                 loops = [(thh, OW, SH * Wp), (OW, 1, SW)]
                 dst = [OUT + c * thh * OW for c in range(tcc)]
-                windows = [IN + c * win_stride for c in range(tcc)]
                 if ident is not None:
                     ident.begin_compute()
                     if is_max:
                         _gemm_window(ident, base, windows, nrows, Wp)
-                    if not is_max or not separable:   # the first element (avg: every one)
+                    if not is_max or schedule == "direct":   # the first element (avg: each)
                         ident.reset(OUT, tcc * thh * OW)
                         taps = [(i, j) for i in range(wl.pool_h) for j in range(wl.pool_w)]
                         ident.gemm([(dst[c], base + c * win_stride + i * Wp + j)
                                     for c in range(tcc) for i, j in taps[:1 if is_max else P]],
                                    loops)
                     ident.end_compute()
-                if separable:
+                if inplace:
+                    _inplace_reduce(q, wl, windows, thh, Wp)
+                    passes += tcc * inplace_passes(wl.pool_h, wl.pool_w,
+                                                   separable_columns(wl)[1], thh, OW)
+                elif separable:
                     _separable_reduce(q, wl, data, windows, dst, thh, Wp)
                     passes += tcc * separable_passes(wl.pool_h, wl.pool_w,
                                                      separable_columns(wl)[1], thh, OW)
@@ -501,8 +574,11 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
                 emit_epilogue(q, cfg, epilogue, OUT, size)
                 pipe.end_compute()
                 pipe.begin_store()
-                q.store_2d(OUT, MemType.OUT, out, ((n * CB + c0) * OH + oh0) * OW, thh * OW, tcc,
-                           OH * OW)
+                if inplace:
+                    _store_inplace(q, wl, windows, out, ((n * CB + c0) * OH + oh0) * OW, thh, Wp)
+                else:
+                    q.store_2d(OUT, MemType.OUT, out, ((n * CB + c0) * OH + oh0) * OW, thh * OW,
+                               tcc, OH * OW)
                 pipe.end_store()
                 n_tiles += 1
     pipe.finish()
@@ -516,7 +592,7 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
         prog.write("avg_multiplier", np.ascontiguousarray(m, dtype=np.int32))
     info = dict(tile_h=th, tile_c=tc, slots=slots, tiles=n_tiles, acc_used=usage(th, tc, slots),
                 schedule=schedule, input_path=input_path)
-    if separable:
+    if separable or inplace:
         info["vector_passes"] = passes
     if div is not None:
         info["division"] = {k_: v for k_, v in div.items() if k_ != "mult"}
