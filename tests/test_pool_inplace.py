@@ -23,7 +23,7 @@ from vta_ext.floor import OperatorSize, operator_floor
 from vta_ext.isa import MemInsn, Opcode
 from vta_ext.sim.cycles import CycleModel
 from vta_ext.templates.errors import AluTemplateRefusal
-from vta_ext.templates.pool import PoolWorkload, build_max_pool2d
+from vta_ext.templates.pool import PoolWorkload, build_avg_pool2d, build_max_pool2d
 
 
 def stores(program):
@@ -144,3 +144,55 @@ def test_csp_relaxed_runs_squeezenets_pool_in_place(preset):
     assert op.plan == "csp-relaxed in-place max pool", (op.plan, op.detail)
     assert f"fewest cycles on the cycle model: {timed['inplace', 'acc8']:,} cycles" in op.detail
     assert report.cycles(op) >= report.floor(op).structural
+
+
+# ------------------------------------------------------------ average pools: power-of-two divisors
+def _alu_kinds(program):
+    return alu_iterations(program)
+
+
+@pytest.mark.parametrize("preset", ["default", "pipelined"])
+@pytest.mark.parametrize("c,h,pool,stride,pad,cip,epilogue", [
+    (32, 8, 2, 2, 0, False, (("clip", -128, 127),)),   # DenseNet's transition pool
+    (16, 9, 4, 4, 0, False, (("shr", 1),)),             # d = 16, an epilogue after it
+    (16, 8, 2, 2, 1, True, ()),                         # padding counted: d = 4 everywhere
+])
+@pytest.mark.parametrize("path", ["acc8", "gemm"])
+def test_power_of_two_average_is_bit_exact(preset, c, h, pool, stride, pad, cip, epilogue, path):
+    """The truncating division by 2**k as ``(s + (d-1)*[s<0]) >> k`` against numpy (the sums
+    of -128s and of 127s included: the extremes of the bias)."""
+    cfg = load_config(preset)
+    wl = PoolWorkload(1, c, h, h, pool, pool, stride, stride, pad, pad, cip)
+    x = np.random.default_rng(c + h).integers(-128, 128, (1, c, h, h)).astype(np.int8)
+    x[0, 0], x[0, 1] = -128, 127
+    x[0, 2, ::2] = -1                                  # sums just below zero: -1 / d truncates to 0
+    op = build_avg_pool2d(cfg, wl, epilogue, None, input_path=path)
+    np.testing.assert_array_equal(unpack(op.run(pack(x, cfg))[0]), ref_pool(x, wl, "avg", epilogue))
+    assert op.info["division"]["pow2"] == pool * pool
+
+
+def test_power_of_two_division_counts_by_hand():
+    """1x16x8x8 2x2 s2 (16 outputs of one block), d = 4, LOAD ACC_8BIT inputs: per output the
+    first window element's copy (MUL imm 0, ADD), 3 window ADDs, then the division: the copy
+    into the scratch (MUL imm 0, ADD), SHR 31, MUL imm -3, ADD, SHR 2. MUL imm 3 x 16, ADD
+    (1 + 3 + 1 + 1) x 16, SHR 2 x 16; the int8 clip is dropped (no CLIP / MIN / MAX)."""
+    cfg = load_config("default")
+    wl = PoolWorkload(1, 16, 8, 8, 2, 2, 2, 2, 0, 0)
+    op = build_avg_pool2d(cfg, wl, (("clip", -128, 127),), None)
+    assert _alu_kinds(op.program) == {("MUL", True): 3 * 16, ("ADD", False): 6 * 16,
+                                      ("SHR", True): 2 * 16}
+    assert op.info["dropped_stages"] == [["clip", -128, 127]]
+
+
+def test_a_narrower_clip_is_kept():
+    """A clip inside the int8 range changes values: it stays, and the output is numpy's."""
+    cfg = load_config("pipelined")
+    wl = PoolWorkload(1, 16, 8, 8, 2, 2, 2, 2, 0, 0)
+    x = np.random.default_rng(2).integers(-128, 128, (1, 16, 8, 8)).astype(np.int8)
+    ep = (("clip", -128, 126), ("clip", -20, 20))
+    op = build_avg_pool2d(cfg, wl, ep, None)
+    np.testing.assert_array_equal(unpack(op.run(pack(x, cfg))[0]), ref_pool(x, wl, "avg", ep))
+    assert "dropped_stages" not in op.info
+    mx = build_max_pool2d(cfg, wl, (("clip", -128, 127),), None, schedule="inplace")
+    assert mx.info["dropped_stages"] == [["clip", -128, 127]]   # the in-place schedule takes it
+    np.testing.assert_array_equal(unpack(mx.run(pack(x, cfg))[0]), ref_pool(x, wl, "max"))
