@@ -166,7 +166,7 @@ def test_power_of_two_average_is_bit_exact(preset, c, h, pool, stride, pad, cip,
     x = np.random.default_rng(c + h).integers(-128, 128, (1, c, h, h)).astype(np.int8)
     x[0, 0], x[0, 1] = -128, 127
     x[0, 2, ::2] = -1                                  # sums just below zero: -1 / d truncates to 0
-    op = build_avg_pool2d(cfg, wl, epilogue, None, input_path=path)
+    op = build_avg_pool2d(cfg, wl, epilogue, None, input_path=path, lean=True)
     np.testing.assert_array_equal(unpack(op.run(pack(x, cfg))[0]), ref_pool(x, wl, "avg", epilogue))
     assert op.info["division"]["pow2"] == pool * pool
 
@@ -178,7 +178,7 @@ def test_power_of_two_division_counts_by_hand():
     (1 + 3 + 1 + 1) x 16, SHR 2 x 16; the int8 clip is dropped (no CLIP / MIN / MAX)."""
     cfg = load_config("default")
     wl = PoolWorkload(1, 16, 8, 8, 2, 2, 2, 2, 0, 0)
-    op = build_avg_pool2d(cfg, wl, (("clip", -128, 127),), None)
+    op = build_avg_pool2d(cfg, wl, (("clip", -128, 127),), None, lean=True)
     assert _alu_kinds(op.program) == {("MUL", True): 3 * 16, ("ADD", False): 6 * 16,
                                       ("SHR", True): 2 * 16}
     assert op.info["dropped_stages"] == [["clip", -128, 127]]
@@ -190,9 +190,42 @@ def test_a_narrower_clip_is_kept():
     wl = PoolWorkload(1, 16, 8, 8, 2, 2, 2, 2, 0, 0)
     x = np.random.default_rng(2).integers(-128, 128, (1, 16, 8, 8)).astype(np.int8)
     ep = (("clip", -128, 126), ("clip", -20, 20))
-    op = build_avg_pool2d(cfg, wl, ep, None)
+    op = build_avg_pool2d(cfg, wl, ep, None, lean=True)
     np.testing.assert_array_equal(unpack(op.run(pack(x, cfg))[0]), ref_pool(x, wl, "avg", ep))
     assert "dropped_stages" not in op.info
-    mx = build_max_pool2d(cfg, wl, (("clip", -128, 127),), None, schedule="inplace")
+    mx = build_max_pool2d(cfg, wl, (("clip", -128, 127),), None, schedule="inplace", lean=True)
     assert mx.info["dropped_stages"] == [["clip", -128, 127]]   # the in-place schedule takes it
     np.testing.assert_array_equal(unpack(mx.run(pack(x, cfg))[0]), ref_pool(x, wl, "max"))
+
+
+def test_the_stock_program_keeps_the_general_division_and_the_clip():
+    """Without ``lean`` (the stock strategy's program) the 2x2 average divides by the general
+    sequence (a MUL imm by the multiplier, SHR by k) and clips: the original program."""
+    cfg = load_config("default")
+    wl = PoolWorkload(1, 16, 8, 8, 2, 2, 2, 2, 0, 0)
+    op = build_avg_pool2d(cfg, wl, (("clip", -128, 127),), None)
+    assert "pow2" not in op.info["division"] and "dropped_stages" not in op.info
+    assert ("CLIP", True) in alu_iterations(op.program)
+
+
+@pytest.mark.parametrize("preset", ["default", "pipelined"])
+def test_csp_relaxed_average_pool_is_lean_and_bit_exact(preset):
+    """relax.build of DenseNet's 2x2 s2 transition pool (an int8 clip after it) under
+    csp-relaxed: bit-exact against llvm and numpy, and its program divides by the power of two
+    with the clip dropped; the stock strategy's program keeps both (same output)."""
+    from vta_ext import executor
+    from test_identity_input import _avg_module
+
+    x = np.random.default_rng(21).integers(-128, 128, (1, 32, 14, 14)).astype(np.int8)
+    wl = PoolWorkload(1, 32, 14, 14, 2, 2, 2, 2, 0, 0)
+    infos = {}
+    for strategy in ("csp-relaxed", "stock"):
+        with vta_ext.build_options(strategy=strategy):
+            got, ref, report = _on(preset, _avg_module(x.shape, 2, 2, 0), x)
+        np.testing.assert_array_equal(got, ref)
+        np.testing.assert_array_equal(got, ref_pool(x, wl, "avg"))
+        (op,) = report.on_vta
+        infos[strategy] = executor.compiled_op(report.key_of(op)).info
+    assert infos["csp-relaxed"]["division"]["pow2"] == 4
+    assert infos["csp-relaxed"]["dropped_stages"] == [["clip", -128, 127]]
+    assert "pow2" not in infos["stock"]["division"] and "dropped_stages" not in infos["stock"]

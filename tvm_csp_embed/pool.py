@@ -243,9 +243,12 @@ class _TimedVariantTemplate(OpTemplate):
                       f"{stock.description}; {variant_text(variant)} chosen by "
                       f"{self.strategy}: {why}", stock.padding, in_layout=stock.in_layout)
 
+    #: the builder's keywords besides the variant's fields
+    builder_options: Dict[str, Any] = {}
+
     def build(self, config, workload, epilogue: Sequence[tuple], knobs) -> Any:
         """The ALU template's program of ``workload.base`` with the variant's fields."""
-        return self.builder(config, workload.base, tuple(epilogue), knobs,
+        return self.builder(config, workload.base, tuple(epilogue), knobs, **self.builder_options,
                             **{k: getattr(workload, k) for k in workload.VARIANT})
 
     def _timed_choice(self, config, op: MatchedOp, base: Dict[str, Any],
@@ -277,6 +280,7 @@ class MaxPoolTemplate(_TimedVariantTemplate):
     variants = tuple(dict(schedule=s, input_path=p) for p in ONE_INPUT_PATHS
                      for s in MAX_POOL_SCHEDULES)
     builder = staticmethod(build_max_pool2d)
+    builder_options = {"lean": True}   # no int8 clip after the max
 
     def _stock(self) -> OpTemplate:
         return StockPool("max_pool2d")
@@ -290,6 +294,7 @@ class AvgPoolTemplate(_TimedVariantTemplate):
     noun = "avg pool"
     variants = tuple(dict(input_path=p) for p in ONE_INPUT_PATHS)
     builder = staticmethod(build_avg_pool2d)
+    builder_options = {"lean": True}   # the power-of-two division, no int8 clip
 
     def _stock(self) -> OpTemplate:
         return StockPool("avg_pool2d")

@@ -106,13 +106,14 @@ every divisor — verified exhaustively at build time (:func:`choose_reciprocal`
     s = s >> k                  (SHR imm: floor(|s|/d))
     s = s*t                     (MUL vector: apply the sign)
 
-A uniform divisor ``d = 2**k`` (a 2x2 or 4x4 window) divides in five instructions instead
+With ``lean=True`` (``csp-relaxed``'s programs; the stock strategy keeps the original program)
+a uniform divisor ``d = 2**k`` (a 2x2 or 4x4 window) divides in five instructions instead
 (:func:`_pow2_division`): ``t = s`` (MUL imm 0, ADD vector), ``t = t >> 31``, ``t = t*(1-d)``
 (0, or ``d-1`` for a negative sum), ``s = s + t``, ``s = s >> k``: floor of ``(s+d-1)/d`` is the
 ceiling of ``s/d`` for ``s < 0``, so this truncates toward zero (no overflow: ``|s| <= 128*d``).
 DenseNet-121's transition pools (1x128x28x28 2x2 s2 on ``pipelined``: 30,548 -> 22,646 cycles).
 
-A leading ``clip`` stage of the epilogue whose bounds hold every int8 value (``clip(-128, 127)``,
+With ``lean=True`` too, a leading ``clip`` stage of the epilogue whose bounds hold every int8 value (``clip(-128, 127)``,
 which the quantized graphs put after a pool) is dropped (``info["dropped_stages"]``): a max or a
 truncated average of int8 inputs lies between the window's least and greatest element.
 
@@ -443,7 +444,8 @@ def _gemm_window(ident: IdentityInput, base: int, windows, nrows: int, row_len: 
 
 
 def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
-                schedule: str = "direct", input_path: str = "acc8") -> CompiledPool:
+                schedule: str = "direct", input_path: str = "acc8",
+                lean: bool = False) -> CompiledPool:
     t0 = time.perf_counter()
     what = f"{mode}_pool2d {wl}"
     cfg = load_config(cfg)
@@ -454,7 +456,7 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
         raise AluTemplateError(f"expected a PoolWorkload, got {type(wl).__name__}")
     _check(cfg, wl, what)
     written = epilogue
-    epilogue, dropped = _int8_clips_dropped(cfg, epilogue)
+    epilogue, dropped = _int8_clips_dropped(cfg, epilogue) if lean else (epilogue, ())
     kn = knobs_from(knobs, PoolKnobs, {"tps": PoolKnobs, "fallback": PoolKnobs})
     is_max = mode == "max"
     schedule = _check_schedule(cfg, schedule, is_max, epilogue, what)
@@ -481,7 +483,7 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
     kernel_uops = (max(wl.pool_h - 1, wl.pool_w) if separable
                    else max(wl.pool_h - 1, wl.pool_w - 1, 1) if inplace else P)
 
-    div = None if is_max else division_plan(wl, pow2=True)
+    div = None if is_max else division_plan(wl, pow2=lean)
 
     # ---- tiling
     def inp_rows(th, tc):
@@ -647,7 +649,7 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
 
 def build_max_pool2d(cfg: Union[VTAConfig, str], workload: PoolWorkload, epilogue=(),
                      knobs=None, schedule: str = "direct",
-                     input_path: str = "acc8") -> CompiledPool:
+                     input_path: str = "acc8", lean: bool = False) -> CompiledPool:
     """Compile an int8 max pooling (+ epilogue) for ``cfg``. Padding needs ``cfg.EXT_PAD_MIN``;
     without it (e.g. the ``apache`` preset) an :class:`AluTemplateRefusal` names the extension.
 
@@ -655,15 +657,17 @@ def build_max_pool2d(cfg: Union[VTAConfig, str], workload: PoolWorkload, epilogu
     :class:`PoolKnobs` or a dict of its fields. ``schedule``: one of :data:`MAX_POOL_SCHEDULES`
     (``"separable"`` needs ``EXT_PAD_MIN`` and records its vector passes in
     ``info["vector_passes"]``). ``input_path``: one of
-    :data:`~.alu_program.INPUT_PATHS` (``"gemm"`` refuses a max pool with padding)."""
-    return _build_pool(cfg, workload, epilogue, knobs, "max", schedule, input_path)
+    :data:`~.alu_program.INPUT_PATHS` (``"gemm"`` refuses a max pool with padding). ``lean``:
+    drop a leading int8 clip of the epilogue (module docstring; the stock program keeps it)."""
+    return _build_pool(cfg, workload, epilogue, knobs, "max", schedule, input_path, lean)
 
 
 def build_avg_pool2d(cfg: Union[VTAConfig, str], workload: PoolWorkload, epilogue=(),
-                     knobs=None, input_path: str = "acc8") -> CompiledPool:
+                     knobs=None, input_path: str = "acc8", lean: bool = False) -> CompiledPool:
     """Compile an average pooling with TVM's CPU semantics on the int32 cast of the int8 input
     (int32 window sum, division truncating toward zero, ``count_include_pad`` as given), then the
     epilogue and the truncating int8 store. ``input_path``: one of
     :data:`~.alu_program.INPUT_PATHS` (``"gemm"``: the window sum is GEMMs from the input
-    buffer)."""
-    return _build_pool(cfg, workload, epilogue, knobs, "avg", "direct", input_path)
+    buffer). ``lean``: the power-of-two division and no leading int8 clip (module docstring; the
+    stock program keeps the general division and the clip)."""
+    return _build_pool(cfg, workload, epilogue, knobs, "avg", "direct", input_path, lean)
