@@ -51,19 +51,20 @@ CASES = [  # n, c, h, w, pool, stride, pad, knobs
 ]
 
 
+@pytest.mark.parametrize("schedule", ["separable", "inplace"])   # inplace: test_pool_inplace.py
 @pytest.mark.parametrize("preset", ["default", "pipelined"])
 @pytest.mark.parametrize("n,c,h,w,pool,stride,pad,knobs", CASES)
-def test_separable_max_pool_is_bit_exact(preset, n, c, h, w, pool, stride, pad, knobs):
+def test_separable_max_pool_is_bit_exact(preset, n, c, h, w, pool, stride, pad, knobs, schedule):
     cfg = load_config(preset)
     wl = PoolWorkload(n, c, h, w, pool, pool, stride, stride, pad, pad)
     x = np.random.default_rng(h * c + pad).integers(-128, 128, (n, c, h, w)).astype(np.int8)
     x[0, :3] = -128                                   # windows that hold only the minimum
-    op = build_max_pool2d(cfg, wl, (), knobs, schedule="separable")
+    op = build_max_pool2d(cfg, wl, (), knobs, schedule=schedule)
     got, _ = op.run(pack(x, cfg))
     again, _ = op.run(pack(x, cfg))                   # the program is reusable (tokens balanced)
     np.testing.assert_array_equal(got, again)
     np.testing.assert_array_equal(unpack(got), ref_pool(x, wl, "max"))
-    assert op.info["schedule"] == "separable"
+    assert op.info["schedule"] == schedule
 
 
 def test_separable_with_an_epilogue_and_batch_blocks():
