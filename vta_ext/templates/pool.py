@@ -297,10 +297,10 @@ def division_plan(wl: PoolWorkload, pow2: bool = False) -> Optional[dict]:
     divisors = avg_divisors(wl)
     if divisors.max() <= 1:
         return None
-    d = int(divisors.flat[0])
-    if pow2 and divisors.min() == d and d & (d - 1) == 0 and IMM_MIN <= 1 - d:
+    d, uniform = int(divisors.flat[0]), divisors.min() == divisors.max()
+    if pow2 and uniform and d & (d - 1) == 0 and IMM_MIN <= 1 - d:
         return dict(k=d.bit_length() - 1, pow2=d, vector=False)
-    if divisors.min() == divisors.max():
+    if uniform:
         try:
             k, ms = choose_reciprocal(divisors, 128, IMM_MAX)
             return dict(k=k, imm=ms[int(divisors.flat[0])], vector=False)
