@@ -61,7 +61,7 @@ from .stock_knobs import StockSearch, searches
 
 __all__ = ["DepthwiseUnitWorkload", "DepthwiseTemplate", "UNITS", "diagonal_workload",
            "diagonal_weight", "pack_diagonal_weight", "diagonal_inputs", "build_diagonal", "diagonal_reference",
-           "modelled_cycles", "gemm_reference"]
+           "modelled_cycles", "refusal_key", "gemm_reference"]
 
 #: the units that can run a depthwise convolution, in the order a tie is broken
 UNITS = ("alu", "gemm")
@@ -301,28 +301,52 @@ def bias_twin(wl, cycles_of, decision: Tuple[bool, str]) -> Tuple[Any, int, str]
                      f"{add:,} cycles)")
 
 
-#: why each program key that did not build refused, per process: the executor keeps only the
-#: programs that build, and a key builds the same program every time, so it refuses again (two
-#: layers of one shape and epilogue: MobileNetV2's 1x384x14x14 bias GEMM twins)
+#: why each program that did not build refused, per process, by :func:`refusal_key`: the
+#: executor keeps only the programs that build, and a key builds the same program every time, so
+#: it refuses again (MobileNetV2's 1x384x14x14 bias GEMM twins: five layers, three shifts, one
+#: epilogue shape)
 _REFUSED: Dict[str, str] = {}
+
+
+def refusal_key(kind: str, strategy: str, config, wl, epilogue: Sequence[tuple], knobs) -> str:
+    """What :data:`_REFUSED` keeps the refusal of the program of ``wl`` under.
+
+    For a depthwise block-diagonal program (a :class:`DepthwiseUnitWorkload` of ``unit="gemm"``,
+    :func:`build_diagonal`): its
+    :func:`~vta_ext.executor.op_key` with the epilogue replaced by its shape
+    (:func:`~vta_ext.templates.epilogue.epilogue_shape`, immediates left out). Such a program
+    refuses when its tiles do not fit the scratchpads (the lowering's allocation,
+    ``vta_ext.lower.alloc.allocate``), and its buffers are the operands' tiles and one per vector
+    stage: an immediate ALU stage loads nothing, so the allocation and the words of the refusal
+    (workload, knobs, configuration, buffers) are the same for every immediate. Any other
+    program: its own key.
+    """
+    from vta_ext.executor import op_key
+    from vta_ext.templates.epilogue import epilogue_shape
+
+    if not (isinstance(wl, DepthwiseUnitWorkload) and wl.unit == "gemm"):
+        return op_key(kind, strategy, config, wl, epilogue, knobs)
+    return op_key(kind, strategy, config, wl, epilogue_shape(config, epilogue), knobs)
 
 
 def modelled_cycles(kind: str, strategy: str, config, wl, epilogue, knobs) -> int:
     """Modelled cycles of the program of ``wl`` under ``(kind, strategy)`` (built and cached by
     the executor); a :class:`TemplateRefusal` when its template refuses it or its knobs (its
-    words kept in :data:`_REFUSED`: the same key is not built again)."""
+    words kept in :data:`_REFUSED` by :func:`refusal_key`: a program of the same key, or a
+    block-diagonal one of the same epilogue shape, is not built)."""
     from vta_ext.executor import compiled_op, cycle_report, op_key
 
+    refused = refusal_key(kind, strategy, config, wl, epilogue, knobs)
+    if refused in _REFUSED:
+        raise TemplateRefusal(_REFUSED[refused])
     key = op_key(kind, strategy, config, wl, epilogue, knobs)
-    if key in _REFUSED:
-        raise TemplateRefusal(_REFUSED[key])
     try:
         compiled_op(key, config=config)
     except KnobError as err:
-        _REFUSED[key] = f"knobs {knobs!r}: {err}"
-        raise TemplateRefusal(_REFUSED[key]) from err
+        _REFUSED[refused] = f"knobs {knobs!r}: {err}"
+        raise TemplateRefusal(_REFUSED[refused]) from err
     except TemplateRefusal as err:
-        _REFUSED[key] = str(err)
+        _REFUSED[refused] = str(err)
         raise
     return cycle_report(key).total_cycles
 
