@@ -145,21 +145,30 @@ def compiled_op(key: str, config: Optional[VTAConfig] = None):
     ``config`` saves re-validating the configuration when the caller has it; it is used only if its
     value equals the key's.
     """
-    op = _COMPILED.get(key)
-    if op is not None:
+    def build():
+        spec = json.loads(key)
+        start = time.perf_counter()
+        op = build_spec(spec, _config_of(spec, config))
+        logger.info("built VTA %s (%s) %s: %d instructions in %.2f s", spec["op"],
+                    spec["strategy"], spec["workload"], op.program.insn_count,
+                    time.perf_counter() - start)
         return op
+    return _once(_COMPILED, key, build)
+
+
+def _once(table: Dict[str, object], key: str, make):
+    """``table[key]``, made by ``make()`` the first time, under the key's lock
+    (:data:`_KEY_LOCKS`): one thread makes it, a thread asking meanwhile waits for it."""
+    value = table.get(key)
+    if value is not None:
+        return value
     with _KEY_LOCKS.hold(key):
-        op = _COMPILED.get(key)
-        if op is None:
-            spec = json.loads(key)
-            start = time.perf_counter()
-            op = build_spec(spec, _config_of(spec, config))
+        value = table.get(key)
+        if value is None:
+            value = make()
             with _BUILD_LOCK:
-                _COMPILED[key] = op
-            logger.info("built VTA %s (%s) %s: %d instructions in %.2f s", spec["op"],
-                        spec["strategy"], spec["workload"], op.program.insn_count,
-                        time.perf_counter() - start)
-    return op
+                table[key] = value
+    return value
 
 
 class KeyedLocks:
@@ -277,19 +286,12 @@ def _run_placed(*args) -> None:
 
 def cycle_report(key: str):
     """Cycle-model timing of the compiled operator ``key`` (computed once, then cached)."""
-    report = _CYCLES.get(key)
-    if report is not None:
-        return report
     from .sim.cycles import CycleModel
 
-    with _KEY_LOCKS.hold(key):
-        report = _CYCLES.get(key)
-        if report is None:
-            op = compiled_op(key)
-            report = CycleModel(op.program.config).run_program(op.program)
-            with _BUILD_LOCK:
-                _CYCLES[key] = report
-    return report
+    def run():
+        program = compiled_op(key).program
+        return CycleModel(program.config).run_program(program)
+    return _once(_CYCLES, key, run)
 
 
 def release(config: VTAConfig) -> int:
