@@ -266,3 +266,47 @@ def test_frontend_notes_name_the_source_layer_and_the_cpu_reason():
     assert re.search(r"\n +\d+  CPU  sigmoid +features\.1\.act +sigmoid: no LUT instruction\n",
                      str(report)), str(report)
     assert re.search(r"\n +0  VTA  conv2d +features\.0\.conv +stock ", str(report)), str(report)
+
+
+def test_keys_build_in_parallel_and_each_once(monkeypatch):
+    """``compiled_op`` holds one lock per key, not one for every build: two keys build at the
+    same time (each build waits at a two-party barrier, which a build serialised behind another
+    would never pass), and four threads asking for one key build it once and get that program."""
+    import threading
+    from types import SimpleNamespace
+
+    from vta_ext import executor
+
+    cfg = vta_ext.load_config("default")
+    keys = [executor.op_key("test_op", "test", cfg, {"n": n}, (), None) for n in range(3)]
+    barrier = threading.Barrier(2, timeout=10)
+    builds = []
+
+    def fake_build(spec, config):
+        builds.append(spec["workload"]["n"])
+        if spec["workload"]["n"] < 2:
+            barrier.wait()           # the other key's build must be running too
+        return SimpleNamespace(program=SimpleNamespace(insn_count=spec["workload"]["n"]))
+    monkeypatch.setattr(executor, "build_spec", fake_build)
+    got, errors = {}, []
+
+    def ask(key, slot):
+        try:
+            got[slot] = executor.compiled_op(key)
+        except Exception as err:  # noqa: BLE001 -- reported below
+            errors.append(err)
+    try:
+        threads = [threading.Thread(target=ask, args=(keys[i], i)) for i in range(2)]
+        threads += [threading.Thread(target=ask, args=(keys[2], 2 + i)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert sorted(builds) == [0, 1, 2]
+        assert {got[i].program.insn_count for i in range(2)} == {0, 1}
+        assert len({id(got[i]) for i in range(2, 6)}) == 1
+        assert executor._KEY_LOCKS._locks == {}       # no lock left behind
+    finally:
+        for key in keys:
+            executor._COMPILED.pop(key, None)

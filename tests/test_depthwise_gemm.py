@@ -412,3 +412,72 @@ def test_a_refused_program_is_not_built_again(monkeypatch):
         words.append(str(err.value))
     assert "local.inp_buffer" in words[0] and words[0] == words[1]
     assert builds == [1]
+
+
+#: MobileNetV2's 1x384x14x14 block-diagonal bias GEMM twin at its searched point, and its layers'
+#: shifts (the epilogues differ only in the immediate)
+_TWIN_384 = dict(batch=1, channels=384, height=14, width=14, kernel_h=3, kernel_w=3, pad_h=1,
+                 pad_w=1, stride_h=1, stride_w=1, unit="gemm", bias_gemm=True,
+                 knobs=(("h_nthread", 1), ("oc_nthread", 2), ("reuse", False), ("tile_b", 1),
+                        ("tile_ci", 1), ("tile_co", 4), ("tile_h", 14), ("tile_w", 14)))
+_SHIFTS_384 = (5, 6, 7)
+
+
+def _refusal(cfg, wl, epilogue) -> str:
+    """The words a build of ``wl`` (from nothing: no refusal kept) refuses with ("" if it builds)."""
+    from tvm_csp_embed import depthwise
+    from vta_ext.errors import TemplateRefusal
+
+    try:
+        depthwise.modelled_cycles("depthwise_conv2d", "csp-relaxed", cfg, wl, epilogue, "cycles")
+    except TemplateRefusal as err:
+        return str(err)
+    return ""
+
+
+def test_refusal_memo_by_epilogue_shape_refuses_what_a_build_does(monkeypatch):
+    """The refusal memo keys a block-diagonal program by its epilogue's shape: each of the three
+    1x384 twins (shr 5, 6, 7), built from nothing, refuses with the same words (the input buffer
+    overflow does not depend on the shift); with the memo, only the first is lowered and the
+    other two refuse with the words their own build gives. An epilogue of another shape (a
+    vector multiplier: one more buffer) is built, not refused from the memo."""
+    from tvm_csp_embed import depthwise
+    from vta_ext.config import load_config
+    from vta_ext.templates import conv2d
+
+    cfg = load_config("default")
+    wl = depthwise.DepthwiseUnitWorkload(**_TWIN_384)
+    epilogues = [(("bias",), ("shr", s), ("clip", 0, 96)) for s in _SHIFTS_384]
+    built = []
+    for ep in epilogues:     # each built from nothing: the reference words
+        monkeypatch.setattr(depthwise, "_REFUSED", {})
+        built.append(_refusal(cfg, wl, ep))
+    assert built[0] and "buffer" in built[0] and len(set(built)) == 1, built
+
+    monkeypatch.setattr(depthwise, "_REFUSED", {})
+    lowered = []
+    compile_conv2d = conv2d.compile_conv2d
+    monkeypatch.setattr(conv2d, "compile_conv2d",
+                        lambda *a, **k: lowered.append(a[2]) or compile_conv2d(*a, **k))
+    assert [_refusal(cfg, wl, ep) for ep in epilogues] == built
+    assert len(lowered) == 1
+    # another shape: its own build (it refuses too here, but only after being lowered)
+    _refusal(cfg, wl, (("bias",), ("mulv",), ("shr", 5), ("clip", 0, 96)))
+    assert len(lowered) == 2
+
+
+def test_refusal_key_keeps_immediates_outside_block_diagonal_programs():
+    """Only the depthwise block-diagonal programs share a refusal across immediates: the ALU
+    unit's key (its own template) still differs by the shift."""
+    import dataclasses
+
+    from tvm_csp_embed import depthwise
+    from vta_ext.config import load_config
+
+    cfg = load_config("default")
+    gemm = depthwise.DepthwiseUnitWorkload(**_TWIN_384)
+    alu = dataclasses.replace(gemm, unit="alu", knobs=(), bias_gemm=False)
+    keys = {u: {depthwise.refusal_key("depthwise_conv2d", "csp-relaxed", cfg, w,
+                                      (("bias",), ("shr", s), ("clip", 0, 96)), "cycles")
+                for s in _SHIFTS_384} for u, w in (("gemm", gemm), ("alu", alu))}
+    assert len(keys["gemm"]) == 1 and len(keys["alu"]) == 3

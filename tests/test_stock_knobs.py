@@ -383,3 +383,81 @@ def test_tiled_bound_not_for_a_plain_conv2d():
     first_load = min(start for module, start, _, kind in timeline if kind == "load")
     assert any(module == "compute" and kind == "gemm" and end <= first_load
                for module, _, end, kind in timeline)     # a reset GEMM before the first load
+
+
+def _unit_run(tmp, monkeypatch, likely):
+    """``DepthwiseTemplate._timed_unit`` of MobileNetV2's 1x192x28x28 depthwise conv (GEMM unit,
+    bias by a GEMM allowed) from nothing (a fresh cache directory, nothing in memory), with
+    ``likely`` in place of :func:`~tvm_csp_embed.stock_knobs.likely_point` (what the worker
+    builds ahead): its result, and per key built its thread and program bytes."""
+    import threading
+
+    from tvm_csp_embed import depthwise
+    from vta_ext import executor
+    from vta_ext.isa import encode_stream
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp))
+    _forget()
+    monkeypatch.setattr(depthwise, "_REFUSED", {})
+    monkeypatch.setattr(depthwise, "likely_point", likely)
+    built = {}
+    build_spec = executor.build_spec
+
+    def spy(spec, config):     # every build asked for, refused or not
+        built[json.dumps(spec, sort_keys=True)] = threading.current_thread().name
+        return build_spec(spec, config)
+    monkeypatch.setattr(executor, "build_spec", spy)
+    cfg = vta_ext.load_config("default")
+    wl = depthwise.DepthwiseUnitWorkload(batch=1, channels=192, height=28, width=28, kernel_h=3,
+                                         kernel_w=3, pad_h=1, pad_w=1, stride_h=1, stride_w=1,
+                                         unit="gemm")
+    ep = (("bias",), ("shr", 6), ("clip", 0, 96))
+    template = depthwise.DepthwiseTemplate("csp-relaxed")
+    result = template._timed_unit(cfg, wl, ep, "cycles", (True, "bias added by one GEMM"))
+    programs = {}
+    for key in built:
+        if key in executor._COMPILED:
+            prog = executor.compiled_op(key).program
+            programs[key] = (encode_stream(prog.config, prog.insns), prog.dram.tobytes())
+    return result, built, programs
+
+
+def test_builds_ahead_give_the_same_unit_and_programs(tmp_path, monkeypatch):
+    """The GEMM unit's likely first searched point and its bias twin built in a worker thread
+    while the planning thread builds TPS: the same workload, cycles and words as with every build
+    on the planning thread, and byte-identical programs (instructions and DRAM image) for every
+    key both built; also with a wrong guess (the worker builds a point the search does not ask
+    for first, so the planning thread finishes its own builds in another order)."""
+    from tvm_csp_embed import stock_knobs as sk
+
+    alone, built_alone, programs_alone = _unit_run(tmp_path / "a", monkeypatch, lambda *a: None)
+    assert set(built_alone.values()) == {"MainThread"}
+    ahead, built_ahead, programs_ahead = _unit_run(tmp_path / "b", monkeypatch, sk.likely_point)
+    assert "depthwise-ahead" in built_ahead.values()   # the worker did build
+    assert ahead == alone
+    assert set(built_ahead) == set(built_alone)        # the guess was right: nothing more built
+    assert programs_ahead == programs_alone
+
+    def wrong(config, workload, epilogue):
+        right = sk.likely_point(config, workload, epilogue)
+        others = [p for p in sk.neighbourhood(config, workload, epilogue)[1:] if p != right]
+        return others[-1]
+    guessed, built_wrong, programs_wrong = _unit_run(tmp_path / "c", monkeypatch, wrong)
+    assert guessed == alone and "depthwise-ahead" in built_wrong.values()
+    assert set(built_wrong) >= set(built_alone)
+    assert all(programs_wrong[k] == programs_alone[k] for k in programs_alone)
+
+
+def test_likely_point_is_the_first_the_search_builds_after_tps(cache):
+    """:func:`likely_point` is the point the search asks to build right after TPS (MobileNetV2's
+    1x192x28x28 and 1x576x14x14 depthwise convs, block-diagonal, ``default``), and None once the
+    search is kept (it builds nothing then)."""
+    cfg = vta_ext.load_config("default")
+    ep = (("bias",), ("shr", 6), ("clip", 0, 96))
+    for c, hw in ((192, 28), (576, 14)):
+        wl = _diagonal(c, hw, 3, 1)
+        guess = stock_knobs.likely_point(cfg, wl, ep)
+        asked = []
+        stock_knobs.searched_point(cfg, wl, ep, _direct_cycles(cfg, wl, ep, asked))
+        assert guess is not None and len(asked) >= 2 and asked[1] == guess
+        assert stock_knobs.likely_point(cfg, wl, ep) is None

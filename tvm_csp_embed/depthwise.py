@@ -35,18 +35,23 @@ ALU template).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import json
+import logging
 import math
+import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tvm
 from tvm import relax
 
 from vta_ext.errors import TemplateRefusal
+from vta_ext.executor import KeyedLocks
 from vta_ext.packing import pack_conv_weight
 from vta_ext.stock import StockDepthwiseConv2d, _gemm_knob_space
 from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, register_plan_summary,
@@ -57,11 +62,13 @@ from vta_ext.templates.workload import Conv2dWorkload, GroupConv2dWorkload
 
 from .candidates import MODES
 from .reference import register_reference
-from .stock_knobs import StockSearch, searches
+from .stock_knobs import StockSearch, likely_point, searches
 
 __all__ = ["DepthwiseUnitWorkload", "DepthwiseTemplate", "UNITS", "diagonal_workload",
            "diagonal_weight", "pack_diagonal_weight", "diagonal_inputs", "build_diagonal", "diagonal_reference",
-           "modelled_cycles", "gemm_reference"]
+           "modelled_cycles", "refusal_key", "gemm_reference"]
+
+logger = logging.getLogger(__name__)
 
 #: the units that can run a depthwise convolution, in the order a tie is broken
 UNITS = ("alu", "gemm")
@@ -301,29 +308,92 @@ def bias_twin(wl, cycles_of, decision: Tuple[bool, str]) -> Tuple[Any, int, str]
                      f"{add:,} cycles)")
 
 
-#: why each program key that did not build refused, per process: the executor keeps only the
-#: programs that build, and a key builds the same program every time, so it refuses again (two
-#: layers of one shape and epilogue: MobileNetV2's 1x384x14x14 bias GEMM twins)
+@contextlib.contextmanager
+def built_ahead(calls: Sequence[Callable[[], Any]]) -> Iterator[None]:
+    """Run ``calls`` (each builds and times a program the block inside is likely to ask for,
+    :func:`modelled_cycles`) in one worker thread, in order, while the block runs (the
+    block's thread builds too: two builds at a time); wait for the worker when the block ends.
+
+    Only caches are filled: the executor's programs and cycle reports (a key is built once, the
+    block waiting for a key that is being built, :func:`vta_ext.executor.compiled_op`) and the
+    refusal memo (:data:`_REFUSED`, the words a build on the block's thread gives). The block
+    asks for what it asks for in its own order, so its results do not depend on which thread
+    built what, or when. A refusal is left to the block (it meets the same one if it asks); any
+    other error is logged and raised again when the block asks for that program. The workers run
+    in an empty context: their builds read no build option, and their seconds are not the build's
+    phases (the block's waits for them are)."""
+    if not calls:
+        yield
+        return
+
+    def run() -> None:
+        for call in calls:
+            try:
+                call()
+            except TemplateRefusal:
+                pass
+            except Exception:   # noqa: BLE001 -- the block raises it again when it builds it
+                logger.exception("a block-diagonal program built ahead failed; it is built "
+                                 "again where it is needed")
+
+    worker = threading.Thread(target=contextvars.Context().run, args=(run,),
+                              name="depthwise-ahead", daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        worker.join()
+
+
+#: why each program that did not build refused, per process, by :func:`refusal_key`: the
+#: executor keeps only the programs that build, and a key builds the same program every time, so
+#: it refuses again (MobileNetV2's 1x384x14x14 bias GEMM twins: five layers, three shifts, one
+#: epilogue shape)
 _REFUSED: Dict[str, str] = {}
+_REFUSAL_LOCKS = KeyedLocks()
+
+
+def refusal_key(kind: str, strategy: str, config, wl, epilogue: Sequence[tuple], knobs) -> str:
+    """What :data:`_REFUSED` keeps the refusal of the program of ``wl`` under.
+
+    For a depthwise block-diagonal program (a :class:`DepthwiseUnitWorkload` of ``unit="gemm"``,
+    :func:`build_diagonal`): its
+    :func:`~vta_ext.executor.op_key` with the epilogue replaced by its shape
+    (:func:`~vta_ext.templates.epilogue.epilogue_shape`, immediates left out). Such a program
+    refuses when its tiles do not fit the scratchpads (the lowering's allocation,
+    ``vta_ext.lower.alloc.allocate``), and its buffers are the operands' tiles and one per vector
+    stage: an immediate ALU stage loads nothing, so the allocation and the words of the refusal
+    (workload, knobs, configuration, buffers) are the same for every immediate. Any other
+    program: its own key.
+    """
+    from vta_ext.executor import op_key
+    from vta_ext.templates.epilogue import epilogue_shape
+
+    if not (isinstance(wl, DepthwiseUnitWorkload) and wl.unit == "gemm"):
+        return op_key(kind, strategy, config, wl, epilogue, knobs)
+    return op_key(kind, strategy, config, wl, epilogue_shape(config, epilogue), knobs)
 
 
 def modelled_cycles(kind: str, strategy: str, config, wl, epilogue, knobs) -> int:
     """Modelled cycles of the program of ``wl`` under ``(kind, strategy)`` (built and cached by
     the executor); a :class:`TemplateRefusal` when its template refuses it or its knobs (its
-    words kept in :data:`_REFUSED`: the same key is not built again)."""
+    words kept in :data:`_REFUSED` by :func:`refusal_key`: a program of the same key, or a
+    block-diagonal one of the same epilogue shape, is not built)."""
     from vta_ext.executor import compiled_op, cycle_report, op_key
 
+    refused = refusal_key(kind, strategy, config, wl, epilogue, knobs)
     key = op_key(kind, strategy, config, wl, epilogue, knobs)
-    if key in _REFUSED:
-        raise TemplateRefusal(_REFUSED[key])
-    try:
-        compiled_op(key, config=config)
-    except KnobError as err:
-        _REFUSED[key] = f"knobs {knobs!r}: {err}"
-        raise TemplateRefusal(_REFUSED[key]) from err
-    except TemplateRefusal as err:
-        _REFUSED[key] = str(err)
-        raise
+    with _REFUSAL_LOCKS.hold(refused):     # a refusal being found in another thread is waited for
+        if refused in _REFUSED:
+            raise TemplateRefusal(_REFUSED[refused])
+        try:
+            compiled_op(key, config=config)
+        except KnobError as err:
+            _REFUSED[refused] = f"knobs {knobs!r}: {err}"
+            raise TemplateRefusal(_REFUSED[refused]) from err
+        except TemplateRefusal as err:
+            _REFUSED[refused] = str(err)
+            raise
     return cycle_report(key).total_cycles
 
 
@@ -624,10 +694,27 @@ class DepthwiseTemplate(OpTemplate):
         and the bias ("" if none)."""
         if wl.unit != "gemm":
             return wl, self.cycles(config, wl, epilogue, policy), ""
-        wl, cycles, words = self._searched(config, wl, epilogue, policy)
-        wl, cycles, bias_words = bias_twin(
-            wl, lambda w: cycles if w == wl else self.cycles(config, w, epilogue, policy), bias)
+        with built_ahead([functools.partial(self.cycles, config, w, epilogue, policy)
+                          for w in self._likely(config, wl, epilogue, policy, bias)]):
+            wl, cycles, words = self._searched(config, wl, epilogue, policy)
+            wl, cycles, bias_words = bias_twin(
+                wl, lambda w: cycles if w == wl else self.cycles(config, w, epilogue, policy), bias)
         return wl, cycles, "; ".join(w for w in (words, bias_words) if w)
+
+    def _likely(self, config, wl: DepthwiseUnitWorkload, epilogue, policy,
+                bias: Tuple[bool, str]) -> List[DepthwiseUnitWorkload]:
+        """The GEMM unit's programs :meth:`_timed_unit` is likely to build after the TPS point,
+        which another thread may build meanwhile (:func:`built_ahead`): the point its search
+        builds first (:func:`~.stock_knobs.likely_point`) and, when ``bias`` allows the bias by a
+        GEMM, that point's twin (the point usually wins); none when the point is not searched or
+        the search is cached."""
+        if not searches(policy, MODES[self.strategy]):
+            return []
+        point = likely_point(config, diagonal_workload(config, wl), tuple(epilogue))
+        if point is None:
+            return []
+        first = dataclasses.replace(wl, knobs=tuple(sorted(point.items())))
+        return [first] + ([dataclasses.replace(first, bias_gemm=True)] if bias[0] else [])
 
     def _searched(self, config, wl: DepthwiseUnitWorkload, epilogue, policy
                   ) -> Tuple[DepthwiseUnitWorkload, int, str]:

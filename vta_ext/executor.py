@@ -8,13 +8,15 @@ as several parts and writes them side by side there), executes the instruction s
 functional simulator and copies the output back. A process that loads a built module without
 having built it rebuilds the stream from the key on first use and logs that it did.
 
-Runs are thread-safe: the simulator of a configuration is a device, and one lock per device
+Builds are thread-safe: each key is built once, under its own lock, so programs of different keys
+build in parallel threads (:func:`compiled_op`). Runs are thread-safe: the simulator of a configuration is a device, and one lock per device
 serialises the runs on it (each run writes the operator's DRAM image and the device's SRAMs).
 Inside :func:`vta_ext.run_on` the programs run on that device instead (a library with the
 original driver ABI, :mod:`vta_ext.device`), under the device's own lock.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -22,7 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import tvm_ffi
@@ -31,7 +33,7 @@ from .config import VTAConfig
 from .device import active_device
 
 __all__ = ["op_key", "config_digest", "build_spec", "compiled_op", "OpRun", "run_log", "clear_run_log",
-           "simulator_for", "cycle_report", "release"]
+           "simulator_for", "cycle_report", "release", "KeyedLocks"]
 
 logger = logging.getLogger("vta_ext")
 
@@ -39,6 +41,8 @@ _COMPILED: Dict[str, object] = {}
 _CYCLES: Dict[str, object] = {}
 _SIMULATORS: Dict[str, object] = {}
 _DEVICE_LOCKS: Dict[str, threading.Lock] = {}
+#: guards the tables above; held only to read or change them (a build holds its key's lock,
+#: :data:`_KEY_LOCKS`)
 _BUILD_LOCK = threading.RLock()
 
 
@@ -141,20 +145,61 @@ def compiled_op(key: str, config: Optional[VTAConfig] = None):
     ``config`` saves re-validating the configuration when the caller has it; it is used only if its
     value equals the key's.
     """
-    op = _COMPILED.get(key)
-    if op is not None:
+    def build():
+        spec = json.loads(key)
+        start = time.perf_counter()
+        op = build_spec(spec, _config_of(spec, config))
+        logger.info("built VTA %s (%s) %s: %d instructions in %.2f s", spec["op"],
+                    spec["strategy"], spec["workload"], op.program.insn_count,
+                    time.perf_counter() - start)
         return op
-    with _BUILD_LOCK:
-        op = _COMPILED.get(key)
-        if op is None:
-            spec = json.loads(key)
-            start = time.perf_counter()
-            op = build_spec(spec, _config_of(spec, config))
-            _COMPILED[key] = op
-            logger.info("built VTA %s (%s) %s: %d instructions in %.2f s", spec["op"],
-                        spec["strategy"], spec["workload"], op.program.insn_count,
-                        time.perf_counter() - start)
-    return op
+    return _once(_COMPILED, key, build)
+
+
+def _once(table: Dict[str, object], key: str, make):
+    """``table[key]``, made by ``make()`` the first time, under the key's lock
+    (:data:`_KEY_LOCKS`): one thread makes it, a thread asking meanwhile waits for it."""
+    value = table.get(key)
+    if value is not None:
+        return value
+    with _KEY_LOCKS.hold(key):
+        value = table.get(key)
+        if value is None:
+            value = make()
+            with _BUILD_LOCK:
+                table[key] = value
+    return value
+
+
+class KeyedLocks:
+    """One reentrant lock per key, made when a thread asks for it and dropped when no thread holds
+    or waits for it: :meth:`hold` of a key a second thread holds waits for it; other keys do not
+    wait."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        #: ``[lock, threads holding or waiting for it]`` per key
+        self._locks: Dict[str, list] = {}
+
+    @contextlib.contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        """Hold the lock of ``key`` for the block."""
+        with self._guard:
+            entry = self._locks.setdefault(key, [threading.RLock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._guard:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._locks[key]
+
+
+#: a key is built (and timed) once, by the first thread that asks, while other keys build in
+#: other threads (TVM releases the GIL for much of the schedule and the lowering)
+_KEY_LOCKS = KeyedLocks()
 
 
 def _execute(key: str, arrays: List[np.ndarray], out, spec: Optional[str] = None) -> None:
@@ -241,12 +286,12 @@ def _run_placed(*args) -> None:
 
 def cycle_report(key: str):
     """Cycle-model timing of the compiled operator ``key`` (computed once, then cached)."""
-    if key not in _CYCLES:
-        from .sim.cycles import CycleModel
+    from .sim.cycles import CycleModel
 
-        op = compiled_op(key)
-        _CYCLES[key] = CycleModel(op.program.config).run_program(op.program)
-    return _CYCLES[key]
+    def run():
+        program = compiled_op(key).program
+        return CycleModel(program.config).run_program(program)
+    return _once(_CYCLES, key, run)
 
 
 def release(config: VTAConfig) -> int:
