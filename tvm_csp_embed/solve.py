@@ -1329,7 +1329,7 @@ def _search(job: _Job, flat: _Flat, k: int, workdir: str, tag: str, t_start: flo
         return printed
 
     rc, err, text = 0, "", ""
-    runs_stats: Dict[str, float] = {}
+    runs_stats: Dict[str, float] = {}           # the first look's, when the enumeration ran again
     if p.solutions > 1:
         # a first look: the first FIRST_LOOK solutions of the enumeration. If that is all, it is
         # the enumeration; else the N best of every solution cost no more than the N-th cheapest
@@ -1337,9 +1337,9 @@ def _search(job: _Job, flat: _Flat, k: int, workdir: str, tag: str, t_start: flo
         # FlatZinc: the same tree, pruned) and keeps the same N (_kept orders by cost and
         # structure, not by the order found)
         rc, err, text = _gecode(path, ["-n", str(FIRST_LOOK * p.solutions)], left, workdir, tag)
-        runs_stats = _stats(text)
         printed = read(text)
         if "==========" not in text and "=====UNSATISFIABLE=====" not in text:
+            runs_stats = _stats(text)
             costs = sorted({x.key(): x.cost for x in printed}.values())
             bound = costs[p.solutions - 1] if len(costs) >= p.solutions else None
             cost_var = _cost_var(flat.fzn, pre)
