@@ -340,7 +340,7 @@ def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
     if compiled is None:
         builder = build_group_conv2d if isinstance(gw, GroupConv2dWorkload) else build_conv2d
         point = dict(wl.knobs) if getattr(wl, "knobs", ()) and knobs == "cycles" else knobs
-        compiled = builder(config, gw, program_epilogue(wl, epilogue), point)
+        compiled = builder(config, gw, program_epilogue(wl, epilogue), point, lean=True)
     if compiled.gemm_bias:
         compiled.bias_operands = functools.partial(_bias_gemm_operands, lanes=_block(config))
     return compiled

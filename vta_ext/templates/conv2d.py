@@ -168,7 +168,7 @@ def _stage_fn(stage, prev, bias, bias_batched: bool):
 # s_tir schedule
 # ---------------------------------------------------------------------------------------------
 def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dKnobs,
-                    bias_batched: bool = True):
+                    bias_batched: bool = True, lean: bool = False):
     """Build the TE compute, schedule it (module docstring) and return ``(sch, info)``.
 
     Raises
@@ -253,30 +253,52 @@ def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dK
                                  "k_i") if lmap[nm] is not None]
     sch.reorder(*order)
     anchor = lmap["k_o0"] if lmap["k_o0"] is not None else w0
+    tens = lmap["b"] if B > 1 else lmap["j"]
+    if lean:    # the fill first, so that the caches computed at w0 go after it
+        _fill_accumulator(sch, conv, order[0] if order else tens)
     # input (padded by the DMA) and weight caches at the outer reduction loop
     if padded:
         pblk = sch.get_sblock("data_pad")
         sch.set_scope(pblk, 0, INP_SCOPE)
         sch.compute_at(pblk, anchor)
     else:
-        iblk = sch.cache_read(conv, 0, INP_SCOPE)
+        iblk = sch.cache_read(conv, _read_index(sch, conv, "data"), INP_SCOPE)
         sch.compute_at(iblk, anchor)
-    wblk = sch.cache_read(conv, 1, WGT_SCOPE)
+    wblk = sch.cache_read(conv, _read_index(sch, conv, "kernel"), WGT_SCOPE)
     sch.compute_at(wblk, anchor)
     # the reset before the first loop of the tile's reduction nest (TE puts the init before the
     # first reduction axis, k_o0, which is present even with extent 1): one reset per tile and
     # batch block, covering all its output columns, channels and rows
-    tens = lmap["b"] if B > 1 else lmap["j"]
     body = [lp for lp in order if lp is not lmap["n"]]
-    init = sch.decompose_reduction(conv, body[0] if body else tens)
-    sch.tensorize(tens, gemm_name)
-    iloops = sch.get_loops(init)
-    sch.tensorize(iloops[-2] if B > 1 else iloops[-1], reset_name)
+    if lean:
+        sch.tensorize(tens, gemm_name)
+    else:
+        init = sch.decompose_reduction(conv, body[0] if body else tens)
+        sch.tensorize(tens, gemm_name)
+        iloops = sch.get_loops(init)
+        sch.tensorize(iloops[-2] if B > 1 else iloops[-1], reset_name)
     for name in bias_gemm:
         schedule_bias_gemm(sch, name, w0, gemm_name, batched=B > 1)
     info = dict(stage_names=stage_names, padded=padded, inputs=[t.op.name for t in inputs],
                 vthreads=len(vthreads), reuse=bool(k.reuse))
     return sch, info
+
+
+def _read_index(sch, blk, name: str) -> int:
+    """The index of buffer ``name`` among the reads of block ``blk`` (after the lean path's
+    decomposition the update block also reads the accumulator)."""
+    return [r.source.name for r in sch.get(blk).reads].index(name)
+
+
+def _fill_accumulator(sch, conv, at) -> None:
+    """The lean path's zero initialisation: the conv stage's init decomposed above ``at`` (the
+    outermost loop of the tile's GEMM nest) and emitted as padding-only LOADs of the accumulator
+    (:data:`vta_ext.lower.intrin.ACC_FILL_PRAGMA`)."""
+    from ..lower.intrin import ACC_FILL_PRAGMA
+
+    parents = next(i for i, lp in enumerate(sch.get_loops(conv)) if sch.get(lp).same_as(sch.get(at)))
+    init = sch.decompose_reduction(conv, at)
+    sch.annotate(sch.get_loops(init)[parents], ACC_FILL_PRAGMA, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,7 +395,7 @@ class CompiledConv2d:
 
 
 def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=(),
-                 knobs=None) -> CompiledConv2d:
+                 knobs=None, lean: bool = False) -> CompiledConv2d:
     """Compile a packed conv2d + epilogue for ``cfg`` into a :class:`CompiledConv2d`.
 
     Parameters
@@ -402,11 +424,11 @@ def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=
     check_conv2d_workload(cfg, workload)
     epilogue = normalize_epilogue(epilogue)
     knobs, explicit = resolve_knobs(cfg, workload, epilogue, knobs)
-    return compile_conv2d(cfg, workload, epilogue, knobs, explicit)
+    return compile_conv2d(cfg, workload, epilogue, knobs, explicit, lean)
 
 
 def compile_conv2d(cfg: VTAConfig, workload: Conv2dWorkload, epilogue: Epilogue,
-                   knobs: Conv2dKnobs, explicit: bool) -> CompiledConv2d:
+                   knobs: Conv2dKnobs, explicit: bool, lean: bool = False) -> CompiledConv2d:
     """:func:`build_conv2d` with resolved knobs and a normalised epilogue.
 
     ``explicit`` says whether the knobs were given by the caller (tiles that overflow a scratchpad
@@ -418,13 +440,13 @@ def compile_conv2d(cfg: VTAConfig, workload: Conv2dWorkload, epilogue: Epilogue,
 
     timings = {}
     t0 = time.perf_counter()
-    sch, _ = schedule_conv2d(cfg, workload, epilogue, knobs)
+    sch, _ = schedule_conv2d(cfg, workload, epilogue, knobs, lean=lean)
     t1 = time.perf_counter()
     lowered = lower_schedule(sch.mod)
     func = lowered["main"] if "main" in [g.name_hint for g in lowered.functions] else \
         list(lowered.functions.values())[0]
     try:
-        gen = lower_to_runtime(cfg, func, reuse=knobs.reuse)
+        gen = lower_to_runtime(cfg, func, reuse=knobs.reuse, early_release=lean)
     except SramOverflowError as err:
         message = (f"{workload} with {knobs} on {cfg.name!r}: {err}. Reduce the tile knobs "
                    "(tile_h, tile_w, tile_co for the accumulator; tile_ci, tile_h, tile_w for the "
