@@ -331,7 +331,8 @@ def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
     """The stock grouped conv2d program (``conv2d_packed`` for one group) of
     :func:`diagonal_workload` of ``wl``, at the point csp-relaxed searched (``wl.knobs``,
     :mod:`.stock_knobs`) under the default knobs policy, with the bias added by a GEMM when
-    ``wl.bias_gemm`` (:func:`program_epilogue`)."""
+    ``wl.bias_gemm`` (:func:`program_epilogue`), on the template's lean path (``lean=True``:
+    the accumulator filled, each tile's loads released by the previous tile's last GEMM)."""
     from vta_ext.templates.conv2d import build_conv2d
     from vta_ext.templates.group_conv2d import build_group_conv2d
 

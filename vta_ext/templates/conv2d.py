@@ -23,6 +23,14 @@ The schedule is that of the original (facts §5.10), knobs :class:`~.knobs.Conv2
   first reduction axis: one reset and one GEMM instruction per reduction step, never one per output
   column; the GEMM micro-op kernel folds the two outermost loops of the step.
 
+``lean=True`` (csp-relaxed's block-diagonal programs, :mod:`tvm_csp_embed.depthwise`; the stock
+strategy keeps the original program): the accumulator of each tile is zeroed by padding-only LOADs
+at the tile's start (:data:`~vta_ext.lower.intrin.ACC_FILL_PRAGMA`; before its input and weight
+loads, one cycle per row instead of a reset micro-op), and the tile's first loads wait for the
+previous tile's last GEMM instead of its store (:func:`vta_ext.lower.sync.release_after_gemm`;
+``generated.release`` says where it applied or why not): the next round's loads run under the
+epilogue of the round before.
+
 Entry point: :func:`build_conv2d` → :class:`CompiledConv2d` (``.program``, ``.run(...)``).
 """
 from __future__ import annotations
@@ -169,7 +177,8 @@ def _stage_fn(stage, prev, bias, bias_batched: bool):
 # ---------------------------------------------------------------------------------------------
 def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dKnobs,
                     bias_batched: bool = True, lean: bool = False):
-    """Build the TE compute, schedule it (module docstring) and return ``(sch, info)``.
+    """Build the TE compute, schedule it (module docstring) and return ``(sch, info)``;
+    ``lean``: the accumulator filled at the tile's start instead of reset (module docstring).
 
     Raises
     ------
@@ -411,6 +420,9 @@ def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=
         ``"tps-reuse"``: TPS with reuse-aware double buffering; ``"fallback"``: the original's
         fallback (every inner tile 1, one thread: exactly the original stack's instruction mix);
         explicit :class:`Conv2dKnobs` or a dict of its fields.
+    lean : bool
+        The accumulator filled at each tile's start and the tile's loads released by the previous
+        tile's last GEMM (module docstring); False: the original program.
 
     Raises
     ------
@@ -432,7 +444,8 @@ def compile_conv2d(cfg: VTAConfig, workload: Conv2dWorkload, epilogue: Epilogue,
     """:func:`build_conv2d` with resolved knobs and a normalised epilogue.
 
     ``explicit`` says whether the knobs were given by the caller (tiles that overflow a scratchpad
-    then raise :class:`KnobError`) or chosen by a preset (then :class:`Conv2dRefusal`).
+    then raise :class:`KnobError`) or chosen by a preset (then :class:`Conv2dRefusal`); ``lean``
+    as :func:`build_conv2d`.
     """
     from ..lower.codegen import SramOverflowError, lower_to_runtime
     from ..lower.passes import lower_schedule
