@@ -257,7 +257,8 @@ def test_descent_splits_a_two_tile_program(cache):
     channel blocks (no load/compute overlap, and 31 is odd, so no thread variant halves it). The
     descent reaches the smallest tile: the searched point is the fewest cycles among the
     divisors of 62 blocks with two threads, each program built and timed here, directly from the
-    stock template; the operator stays bit-exact (numpy, llvm)."""
+    stock template (its lean path, which the block-diagonal unit builds); the operator stays
+    bit-exact (numpy, llvm)."""
     from test_depthwise_gemm import case
     from vta_ext.sim.cycles import CycleModel
     from vta_ext.templates.group_conv2d import build_group_conv2d
@@ -281,7 +282,8 @@ def test_descent_splits_a_two_tile_program(cache):
     for tile in (1, 2, 31, 62):
         k = dict(tile_co=tile, tile_h=7, tile_w=7, oc_nthread=2 if tile < 62 else 1)
         try:
-            timed[tile] = CycleModel(cfg).run_program(build_group_conv2d(cfg, wl, ep, k).program).total_cycles
+            timed[tile] = CycleModel(cfg).run_program(
+                build_group_conv2d(cfg, wl, ep, k, lean=True).program).total_cycles
         except KnobError:        # a point that does not fit the buffers
             continue
     assert knobs["tile_co"] == min(timed, key=timed.get), (knobs, timed)

@@ -401,7 +401,8 @@ def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
     """The stock grouped conv2d program (``conv2d_packed`` for one group) of
     :func:`diagonal_workload` of ``wl``, at the point csp-relaxed searched (``wl.knobs``,
     :mod:`.stock_knobs`) under the default knobs policy, with the bias added by a GEMM when
-    ``wl.bias_gemm`` (:func:`program_epilogue`)."""
+    ``wl.bias_gemm`` (:func:`program_epilogue`), on the template's lean path (``lean=True``:
+    the accumulator filled, each tile's loads released by the previous tile's last GEMM)."""
     from vta_ext.templates.conv2d import build_conv2d
     from vta_ext.templates.group_conv2d import build_group_conv2d
 
@@ -410,7 +411,7 @@ def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:
     if compiled is None:
         builder = build_group_conv2d if isinstance(gw, GroupConv2dWorkload) else build_conv2d
         point = dict(wl.knobs) if getattr(wl, "knobs", ()) and knobs == "cycles" else knobs
-        compiled = builder(config, gw, program_epilogue(wl, epilogue), point)
+        compiled = builder(config, gw, program_epilogue(wl, epilogue), point, lean=True)
     if compiled.gemm_bias:
         compiled.bias_operands = functools.partial(_bias_gemm_operands, lanes=_block(config))
     return compiled

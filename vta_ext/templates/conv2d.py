@@ -23,6 +23,14 @@ The schedule is that of the original (facts §5.10), knobs :class:`~.knobs.Conv2
   first reduction axis: one reset and one GEMM instruction per reduction step, never one per output
   column; the GEMM micro-op kernel folds the two outermost loops of the step.
 
+``lean=True`` (csp-relaxed's block-diagonal programs, :mod:`tvm_csp_embed.depthwise`; the stock
+strategy keeps the original program): the accumulator of each tile is zeroed by padding-only LOADs
+at the tile's start (:data:`~vta_ext.lower.intrin.ACC_FILL_PRAGMA`; before its input and weight
+loads, one cycle per row instead of a reset micro-op), and the tile's first loads wait for the
+previous tile's last GEMM instead of its store (:func:`vta_ext.lower.sync.release_after_gemm`;
+``generated.release`` says where it applied or why not): the next round's loads run under the
+epilogue of the round before.
+
 Entry point: :func:`build_conv2d` → :class:`CompiledConv2d` (``.program``, ``.run(...)``).
 """
 from __future__ import annotations
@@ -168,8 +176,9 @@ def _stage_fn(stage, prev, bias, bias_batched: bool):
 # s_tir schedule
 # ---------------------------------------------------------------------------------------------
 def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dKnobs,
-                    bias_batched: bool = True):
-    """Build the TE compute, schedule it (module docstring) and return ``(sch, info)``.
+                    bias_batched: bool = True, lean: bool = False):
+    """Build the TE compute, schedule it (module docstring) and return ``(sch, info)``;
+    ``lean``: the accumulator filled at the tile's start instead of reset (module docstring).
 
     Raises
     ------
@@ -253,30 +262,52 @@ def schedule_conv2d(cfg: VTAConfig, wl: Conv2dWorkload, epilogue, knobs: Conv2dK
                                  "k_i") if lmap[nm] is not None]
     sch.reorder(*order)
     anchor = lmap["k_o0"] if lmap["k_o0"] is not None else w0
+    tens = lmap["b"] if B > 1 else lmap["j"]
+    if lean:    # the fill first, so that the caches computed at w0 go after it
+        _fill_accumulator(sch, conv, order[0] if order else tens)
     # input (padded by the DMA) and weight caches at the outer reduction loop
     if padded:
         pblk = sch.get_sblock("data_pad")
         sch.set_scope(pblk, 0, INP_SCOPE)
         sch.compute_at(pblk, anchor)
     else:
-        iblk = sch.cache_read(conv, 0, INP_SCOPE)
+        iblk = sch.cache_read(conv, _read_index(sch, conv, "data"), INP_SCOPE)
         sch.compute_at(iblk, anchor)
-    wblk = sch.cache_read(conv, 1, WGT_SCOPE)
+    wblk = sch.cache_read(conv, _read_index(sch, conv, "kernel"), WGT_SCOPE)
     sch.compute_at(wblk, anchor)
     # the reset before the first loop of the tile's reduction nest (TE puts the init before the
     # first reduction axis, k_o0, which is present even with extent 1): one reset per tile and
     # batch block, covering all its output columns, channels and rows
-    tens = lmap["b"] if B > 1 else lmap["j"]
     body = [lp for lp in order if lp is not lmap["n"]]
-    init = sch.decompose_reduction(conv, body[0] if body else tens)
-    sch.tensorize(tens, gemm_name)
-    iloops = sch.get_loops(init)
-    sch.tensorize(iloops[-2] if B > 1 else iloops[-1], reset_name)
+    if lean:
+        sch.tensorize(tens, gemm_name)
+    else:
+        init = sch.decompose_reduction(conv, body[0] if body else tens)
+        sch.tensorize(tens, gemm_name)
+        iloops = sch.get_loops(init)
+        sch.tensorize(iloops[-2] if B > 1 else iloops[-1], reset_name)
     for name in bias_gemm:
         schedule_bias_gemm(sch, name, w0, gemm_name, batched=B > 1)
     info = dict(stage_names=stage_names, padded=padded, inputs=[t.op.name for t in inputs],
                 vthreads=len(vthreads), reuse=bool(k.reuse))
     return sch, info
+
+
+def _read_index(sch, blk, name: str) -> int:
+    """The index of buffer ``name`` among the reads of block ``blk`` (after the lean path's
+    decomposition the update block also reads the accumulator)."""
+    return [r.source.name for r in sch.get(blk).reads].index(name)
+
+
+def _fill_accumulator(sch, conv, at) -> None:
+    """The lean path's zero initialisation: the conv stage's init decomposed above ``at`` (the
+    outermost loop of the tile's GEMM nest) and emitted as padding-only LOADs of the accumulator
+    (:data:`vta_ext.lower.intrin.ACC_FILL_PRAGMA`)."""
+    from ..lower.intrin import ACC_FILL_PRAGMA
+
+    parents = next(i for i, lp in enumerate(sch.get_loops(conv)) if sch.get(lp).same_as(sch.get(at)))
+    init = sch.decompose_reduction(conv, at)
+    sch.annotate(sch.get_loops(init)[parents], ACC_FILL_PRAGMA, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,7 +404,7 @@ class CompiledConv2d:
 
 
 def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=(),
-                 knobs=None) -> CompiledConv2d:
+                 knobs=None, lean: bool = False) -> CompiledConv2d:
     """Compile a packed conv2d + epilogue for ``cfg`` into a :class:`CompiledConv2d`.
 
     Parameters
@@ -389,6 +420,9 @@ def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=
         ``"tps-reuse"``: TPS with reuse-aware double buffering; ``"fallback"``: the original's
         fallback (every inner tile 1, one thread: exactly the original stack's instruction mix);
         explicit :class:`Conv2dKnobs` or a dict of its fields.
+    lean : bool
+        The accumulator filled at each tile's start and the tile's loads released by the previous
+        tile's last GEMM (module docstring); False: the original program.
 
     Raises
     ------
@@ -402,15 +436,16 @@ def build_conv2d(cfg: Union[VTAConfig, str], workload: Conv2dWorkload, epilogue=
     check_conv2d_workload(cfg, workload)
     epilogue = normalize_epilogue(epilogue)
     knobs, explicit = resolve_knobs(cfg, workload, epilogue, knobs)
-    return compile_conv2d(cfg, workload, epilogue, knobs, explicit)
+    return compile_conv2d(cfg, workload, epilogue, knobs, explicit, lean)
 
 
 def compile_conv2d(cfg: VTAConfig, workload: Conv2dWorkload, epilogue: Epilogue,
-                   knobs: Conv2dKnobs, explicit: bool) -> CompiledConv2d:
+                   knobs: Conv2dKnobs, explicit: bool, lean: bool = False) -> CompiledConv2d:
     """:func:`build_conv2d` with resolved knobs and a normalised epilogue.
 
     ``explicit`` says whether the knobs were given by the caller (tiles that overflow a scratchpad
-    then raise :class:`KnobError`) or chosen by a preset (then :class:`Conv2dRefusal`).
+    then raise :class:`KnobError`) or chosen by a preset (then :class:`Conv2dRefusal`); ``lean``
+    as :func:`build_conv2d`.
     """
     from ..lower.codegen import SramOverflowError, lower_to_runtime
     from ..lower.passes import lower_schedule
@@ -418,13 +453,13 @@ def compile_conv2d(cfg: VTAConfig, workload: Conv2dWorkload, epilogue: Epilogue,
 
     timings = {}
     t0 = time.perf_counter()
-    sch, _ = schedule_conv2d(cfg, workload, epilogue, knobs)
+    sch, _ = schedule_conv2d(cfg, workload, epilogue, knobs, lean=lean)
     t1 = time.perf_counter()
     lowered = lower_schedule(sch.mod)
     func = lowered["main"] if "main" in [g.name_hint for g in lowered.functions] else \
         list(lowered.functions.values())[0]
     try:
-        gen = lower_to_runtime(cfg, func, reuse=knobs.reuse)
+        gen = lower_to_runtime(cfg, func, reuse=knobs.reuse, early_release=lean)
     except SramOverflowError as err:
         message = (f"{workload} with {knobs} on {cfg.name!r}: {err}. Reduce the tile knobs "
                    "(tile_h, tile_w, tile_co for the accumulator; tile_ci, tile_h, tile_w for the "

@@ -27,7 +27,7 @@ __all__ = ["GroupConv2dWorkload", "build_group_conv2d"]
 
 
 def build_group_conv2d(cfg: Union[VTAConfig, str], workload: GroupConv2dWorkload, epilogue=(),
-                       knobs=None) -> CompiledConv2d:
+                       knobs=None, lean: bool = False) -> CompiledConv2d:
     """Compile a packed group conv2d + epilogue for ``cfg``.
 
     Parameters
@@ -41,6 +41,9 @@ def build_group_conv2d(cfg: Union[VTAConfig, str], workload: GroupConv2dWorkload
     knobs : None, str, Conv2dKnobs or dict
         As :func:`vta_ext.templates.conv2d.build_conv2d` (None = Tiling Parameter Search,
         ``"fallback"`` = inner tiles 1).
+    lean : bool
+        As :func:`vta_ext.templates.conv2d.build_conv2d` (the accumulator filled, the loads
+        released early; csp-relaxed's block-diagonal programs).
 
     Returns
     -------
@@ -62,4 +65,4 @@ def build_group_conv2d(cfg: Union[VTAConfig, str], workload: GroupConv2dWorkload
         raise Conv2dRefusal(f"group_conv2d needs 1 < groups < in_channels, got "
                             f"groups={workload.groups}, in_channels={workload.in_channels} (use "
                             "conv2d for groups=1 and depthwise_conv2d for groups=in_channels)")
-    return build_conv2d(cfg, workload, epilogue, knobs)
+    return build_conv2d(cfg, workload, epilogue, knobs, lean=lean)
