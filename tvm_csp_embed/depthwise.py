@@ -35,16 +35,12 @@ ALU template).
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import json
-import logging
 import math
-import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tvm
@@ -62,13 +58,12 @@ from vta_ext.templates.workload import Conv2dWorkload, GroupConv2dWorkload
 
 from .candidates import MODES
 from .reference import register_reference
-from .stock_knobs import StockSearch, likely_point, searches
+from .stock_knobs import StockSearch, searches
 
 __all__ = ["DepthwiseUnitWorkload", "DepthwiseTemplate", "UNITS", "diagonal_workload",
            "diagonal_weight", "pack_diagonal_weight", "diagonal_inputs", "build_diagonal", "diagonal_reference",
            "modelled_cycles", "refusal_key", "gemm_reference"]
 
-logger = logging.getLogger(__name__)
 
 #: the units that can run a depthwise convolution, in the order a tie is broken
 UNITS = ("alu", "gemm")
@@ -306,43 +301,6 @@ def bias_twin(wl, cycles_of, decision: Tuple[bool, str]) -> Tuple[Any, int, str]
         return twin, by_gemm, f"{note}: {by_gemm:,} against {add:,} cycles with the ALU ADD"
     return wl, add, (f"bias by the vector ALU ADD (not by a GEMM: not faster, {by_gemm:,} against "
                      f"{add:,} cycles)")
-
-
-@contextlib.contextmanager
-def built_ahead(calls: Sequence[Callable[[], Any]]) -> Iterator[None]:
-    """Run ``calls`` (each builds and times a program the block inside is likely to ask for,
-    :func:`modelled_cycles`) in one worker thread, in order, while the block runs (the
-    block's thread builds too: two builds at a time); wait for the worker when the block ends.
-
-    Only caches are filled: the executor's programs and cycle reports (a key is built once, the
-    block waiting for a key that is being built, :func:`vta_ext.executor.compiled_op`) and the
-    refusal memo (:data:`_REFUSED`, the words a build on the block's thread gives). The block
-    asks for what it asks for in its own order, so its results do not depend on which thread
-    built what, or when. A refusal is left to the block (it meets the same one if it asks); any
-    other error is logged and raised again when the block asks for that program. The workers run
-    in an empty context: their builds read no build option, and their seconds are not the build's
-    phases (the block's waits for them are)."""
-    if not calls:
-        yield
-        return
-
-    def run() -> None:
-        for call in calls:
-            try:
-                call()
-            except TemplateRefusal:
-                pass
-            except Exception:   # noqa: BLE001 -- the block raises it again when it builds it
-                logger.exception("a block-diagonal program built ahead failed; it is built "
-                                 "again where it is needed")
-
-    worker = threading.Thread(target=contextvars.Context().run, args=(run,),
-                              name="depthwise-ahead", daemon=True)
-    worker.start()
-    try:
-        yield
-    finally:
-        worker.join()
 
 
 #: why each program that did not build refused, per process, by :func:`refusal_key`: the
@@ -695,27 +653,10 @@ class DepthwiseTemplate(OpTemplate):
         and the bias ("" if none)."""
         if wl.unit != "gemm":
             return wl, self.cycles(config, wl, epilogue, policy), ""
-        with built_ahead([functools.partial(self.cycles, config, w, epilogue, policy)
-                          for w in self._likely(config, wl, epilogue, policy, bias)]):
-            wl, cycles, words = self._searched(config, wl, epilogue, policy)
-            wl, cycles, bias_words = bias_twin(
-                wl, lambda w: cycles if w == wl else self.cycles(config, w, epilogue, policy), bias)
+        wl, cycles, words = self._searched(config, wl, epilogue, policy)
+        wl, cycles, bias_words = bias_twin(
+            wl, lambda w: cycles if w == wl else self.cycles(config, w, epilogue, policy), bias)
         return wl, cycles, "; ".join(w for w in (words, bias_words) if w)
-
-    def _likely(self, config, wl: DepthwiseUnitWorkload, epilogue, policy,
-                bias: Tuple[bool, str]) -> List[DepthwiseUnitWorkload]:
-        """The GEMM unit's programs :meth:`_timed_unit` is likely to build after the TPS point,
-        which another thread may build meanwhile (:func:`built_ahead`): the point its search
-        builds first (:func:`~.stock_knobs.likely_point`) and, when ``bias`` allows the bias by a
-        GEMM, that point's twin (the point usually wins); none when the point is not searched or
-        the search is cached."""
-        if not searches(policy, MODES[self.strategy]):
-            return []
-        point = likely_point(config, diagonal_workload(config, wl), tuple(epilogue))
-        if point is None:
-            return []
-        first = dataclasses.replace(wl, knobs=tuple(sorted(point.items())))
-        return [first] + ([dataclasses.replace(first, bias_gemm=True)] if bias[0] else [])
 
     def _searched(self, config, wl: DepthwiseUnitWorkload, epilogue, policy
                   ) -> Tuple[DepthwiseUnitWorkload, int, str]:

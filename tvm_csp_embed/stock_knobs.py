@@ -49,7 +49,7 @@ from .cache import _write, cache_dir, source_digest
 from .choice import STOCK_COMPARED, stock_cycles_bound
 
 __all__ = ["SEARCHED", "SEARCH_VERSION", "THREAD_SETS", "FEW_TILES", "tiles_per_thread", "SearchedPoint", "StockSearch",
-           "neighbourhood", "thread_set", "searched_point", "likely_point", "lowest_bound", "tiled_bound", "searches"]
+           "neighbourhood", "thread_set", "searched_point", "lowest_bound", "tiled_bound", "searches"]
 
 #: points built and timed beyond TPS, at most, of each thread set: the first variant (fewest DRAM
 #: bytes) was within 0.4 % of the best of the first five on ResNet-18 C2-C11, MobileNet D1-D9 and
@@ -303,28 +303,6 @@ def searched_point(config, workload, epilogue: Sequence[tuple],
     with _LOCK:
         _MEMO[key] = hit
     return hit
-
-
-def likely_point(config, workload, epilogue: Sequence[tuple]) -> Optional[Dict[str, Any]]:
-    """The point beyond TPS that :func:`searched_point` of ``workload`` builds first, as known
-    before TPS is built: the lowest lower bound (:func:`_lower`; the earliest on a tie) of the
-    points :func:`_members` gives while TPS's cycles are unknown. The search builds it (after
-    TPS) unless TPS's cycles rule it out; a caller may build it meanwhile in another thread.
-    None when the search is cached (it builds nothing), or has no such point."""
-    key = _key(config, workload, epilogue)
-    with _LOCK:
-        if key in _MEMO:
-            return None
-    if (cache_dir() / "stock_points" / f"{key}.json").exists():
-        return None
-    try:
-        points = neighbourhood(config, workload, epilogue)
-    except TemplateRefusal:
-        return None
-    members = _members(config, workload, epilogue, points, float("inf"))
-    if isinstance(members, str) or not members:
-        return None
-    return dict(points[min(members, key=lambda i: (members[i], i))])
 
 
 def _search(config, workload, epilogue, cycles) -> SearchedPoint:
