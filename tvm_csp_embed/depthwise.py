@@ -47,7 +47,6 @@ import tvm
 from tvm import relax
 
 from vta_ext.errors import TemplateRefusal
-from vta_ext.executor import KeyedLocks
 from vta_ext.packing import pack_conv_weight
 from vta_ext.stock import StockDepthwiseConv2d, _gemm_knob_space
 from vta_ext.strategy import (KnobSpace, MatchedOp, OpPlan, OpTemplate, register_plan_summary,
@@ -308,7 +307,6 @@ def bias_twin(wl, cycles_of, decision: Tuple[bool, str]) -> Tuple[Any, int, str]
 #: it refuses again (MobileNetV2's 1x384x14x14 bias GEMM twins: five layers, three shifts, one
 #: epilogue shape)
 _REFUSED: Dict[str, str] = {}
-_REFUSAL_LOCKS = KeyedLocks()
 
 
 def refusal_key(kind: str, strategy: str, config, wl, epilogue: Sequence[tuple], knobs) -> str:
@@ -341,17 +339,16 @@ def modelled_cycles(kind: str, strategy: str, config, wl, epilogue, knobs) -> in
 
     refused = refusal_key(kind, strategy, config, wl, epilogue, knobs)
     key = op_key(kind, strategy, config, wl, epilogue, knobs)
-    with _REFUSAL_LOCKS.hold(refused):     # a refusal being found in another thread is waited for
-        if refused in _REFUSED:
-            raise TemplateRefusal(_REFUSED[refused])
-        try:
-            compiled_op(key, config=config)
-        except KnobError as err:
-            _REFUSED[refused] = f"knobs {knobs!r}: {err}"
-            raise TemplateRefusal(_REFUSED[refused]) from err
-        except TemplateRefusal as err:
-            _REFUSED[refused] = str(err)
-            raise
+    if refused in _REFUSED:
+        raise TemplateRefusal(_REFUSED[refused])
+    try:
+        compiled_op(key, config=config)
+    except KnobError as err:
+        _REFUSED[refused] = f"knobs {knobs!r}: {err}"
+        raise TemplateRefusal(_REFUSED[refused]) from err
+    except TemplateRefusal as err:
+        _REFUSED[refused] = str(err)
+        raise
     return cycle_report(key).total_cycles
 
 

@@ -9,8 +9,8 @@ functional simulator and copies the output back. A process that loads a built mo
 having built it rebuilds the stream from the key on first use and logs that it did.
 
 Builds are thread-safe: each key is built once, under its own lock, so programs of different keys
-build in parallel threads (:func:`compiled_op`). Runs are thread-safe: the simulator of a configuration is a device, and one lock per device
-serialises the runs on it (each run writes the operator's DRAM image and the device's SRAMs).
+build in parallel threads (:func:`compiled_op`). Runs are thread-safe: the simulator of a
+configuration is a device, and one lock per device serialises the runs on it (each run writes the operator's DRAM image and the device's SRAMs).
 Inside :func:`vta_ext.run_on` the programs run on that device instead (a library with the
 original driver ABI, :mod:`vta_ext.device`), under the device's own lock.
 """
@@ -33,7 +33,7 @@ from .config import VTAConfig
 from .device import active_device
 
 __all__ = ["op_key", "config_digest", "build_spec", "compiled_op", "OpRun", "run_log", "clear_run_log",
-           "simulator_for", "cycle_report", "release", "KeyedLocks"]
+           "simulator_for", "cycle_report", "release"]
 
 logger = logging.getLogger("vta_ext")
 

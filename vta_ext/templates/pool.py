@@ -289,9 +289,9 @@ def choose_reciprocal(divisors, max_abs_per_element: int = 128,
 
 def division_plan(wl: PoolWorkload, pow2: bool = False) -> Optional[dict]:
     """How an average pool of ``wl`` divides its window sums: None when every divisor is 1, else
-    ``k`` (the shift) and either, with ``pow2``, ``pow2`` (a uniform divisor ``2**k``:
-    :func:`_pow2_division`), one immediate multiplier ``imm`` (uniform divisors, the multiplier
-    within the ALU immediate) or a per-output int32 vector ``mult``; raises
+    ``k`` (the shift) and one of: ``pow2`` (only when asked for by ``pow2``: one divisor ``2**k``,
+    :func:`_pow2_division`), one immediate multiplier ``imm`` (one divisor whose multiplier fits
+    the ALU immediate) or a per-output int32 vector ``mult``; raises
     :class:`AluTemplateRefusal` when no exact multiply-shift reciprocal exists
     (:func:`choose_reciprocal`)."""
     divisors = avg_divisors(wl)
@@ -303,7 +303,7 @@ def division_plan(wl: PoolWorkload, pow2: bool = False) -> Optional[dict]:
     if uniform:
         try:
             k, ms = choose_reciprocal(divisors, 128, IMM_MAX)
-            return dict(k=k, imm=ms[int(divisors.flat[0])], vector=False)
+            return dict(k=k, imm=ms[d], vector=False)
         except AluTemplateRefusal:
             pass
     k, ms = choose_reciprocal(divisors, 128)
