@@ -324,6 +324,9 @@ def emitted_packing(layout):
         def operand(self, expr):
             return expr
 
+        def add_func(self, func, name):
+            return self.bb.add_func(func, name)
+
         def emit(self, expr, name):
             var = self.bb.emit(expr, name)
             if expr.op.name not in VIEW_OPS:

@@ -233,7 +233,8 @@ def plan_host_bytes(op: MatchedOp, in_layout, out_layout, stock_out) -> int:
              and same_arrangement(op.input_layout, in_layout))
     cost = _output_host_bytes(op, out_layout, stock_out)
     if not taken:
-        cost += (0 if op.input_unpacked else layout_traffic(op.input_layout)) + layout_traffic(in_layout)
+        cost += ((0 if op.input_unpacked else layout_traffic(op.input_layout, unpack=True))
+                 + layout_traffic(in_layout))
     return cost
 
 
@@ -247,7 +248,7 @@ def _output_host_bytes(op: MatchedOp, out_layout, stock_out) -> int:
     repacked = to_vta and not kept
     cost = 0
     if to_cpu or repacked:
-        cost += layout_traffic(out_layout)
+        cost += layout_traffic(out_layout, unpack=True)
     if repacked:
         cost += layout_traffic(stock_out)
     return cost
@@ -299,6 +300,9 @@ class _CountingPacker:
 
     emit_unpack = emit
 
+    def add_func(self, func, name: str):
+        return self._bb.add_func(func, name)
+
     def handover(self, expr, layout):
         return None
 
@@ -346,7 +350,7 @@ def cpu_host_bytes(op: MatchedOp, out_layout) -> int:
     from vta_ext.host import layout_traffic
 
     to_vta, _ = output_users(op)
-    return ((0 if op.input_unpacked else layout_traffic(op.input_layout))
+    return ((0 if op.input_unpacked else layout_traffic(op.input_layout, unpack=True))
             + (layout_traffic(out_layout) if to_vta else 0))
 
 

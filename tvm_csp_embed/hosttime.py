@@ -31,6 +31,9 @@ class _TimingPacker:
     def operand(self, expr):
         return expr
 
+    def add_func(self, func, name: str):
+        return self.bb.add_func(func, name)
+
     def handover(self, expr, layout):
         return None
 

@@ -100,8 +100,14 @@ def host_model(value: Union[None, HostModel, Mapping[str, Any]]) -> HostModel:
                      f"{type(value).__name__}")
 
 
-def layout_traffic(layout) -> int:
-    """Bytes the host writes to pack (or unpack) one int8 tensor in ``layout``: the output of
-    every step that copies (pad, transpose, slice, stencil unroll; a reshape is a view, see
-    :data:`VIEW_OPS`), as the layout's ``copied`` property counts it; 0 for no layout."""
-    return 0 if layout is None else int(layout.copied)
+def layout_traffic(layout, unpack: bool = False) -> int:
+    """Bytes the host writes to pack (``unpack``: to unpack) one int8 tensor in ``layout``: the
+    output of every op the layout emits that copies (a reshape is a view, see :data:`VIEW_OPS`;
+    a chain of copying steps of a CSP layout is one fused kernel that writes its output once,
+    :func:`tvm_csp_embed.codegen.relayout.emission`), as the layout's ``copied`` (``unpack``:
+    ``unpack_copied``) property counts it; 0 for no layout. A layout without ``unpack_copied``
+    (the stock blocked layouts of :mod:`vta_ext.packing`) prices its unpacking as its packing.
+    """
+    if layout is None:
+        return 0
+    return int(getattr(layout, "unpack_copied", layout.copied) if unpack else layout.copied)

@@ -33,6 +33,16 @@ pass's packer (``packer.emit(expr, name)``, ``packer.operand(expr)``) and :meth:
 applies them to a numpy array (constant weights are relayouted at build time and enter the module
 as a ``relax.const``). Layouts without unrolling are invertible: :meth:`HostLayout.unpack` emits the
 inverse (the output of a VTA operator back to the operator's layout).
+
+A chain with two or more steps that copy is emitted as ONE host kernel (:func:`emission`): the
+steps from the first copying one to the last, composed into a single ``te.compute`` whose every
+output element reads its source element (or a pad zero, a concatenated or set constant) directly,
+called with ``relax.call_tir`` (:mod:`.fusedcopy`). ``relax.build``'s default pipeline for
+``ext_vta`` has no FuseOps/FuseTIR: each ``permute_dims``, ``nn.pad``, ``strided_slice``, ``take``
+or ``concat`` is a PrimFunc of its own that writes its whole output, so a chain of them made one
+pass over memory per step (DB0's padded-twin plan: six, 10.7 MB for a 113 KB input). The price
+(:attr:`HostLayout.copied`, :attr:`HostLayout.unpack_copied`) counts what is emitted: a lone
+copying step writes its output, a fused chain its final output once, a view nothing.
 """
 from __future__ import annotations
 
@@ -44,7 +54,7 @@ from typing import Any, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Step", "HostLayout", "step_shape"]
+__all__ = ["Step", "HostLayout", "step_shape", "emission"]
 
 Step = Tuple[Any, ...]
 
@@ -152,13 +162,39 @@ class HostLayout:
 
     @functools.cached_property
     def copied(self) -> int:
-        """Elements the host writes to pack (or unpack) one tensor: the output of every Relax op
-        the steps emit that copies (pad, transpose, slice, broadcast, concat, where, the take of a
-        stencil unroll, :func:`_step_copies`; a reshape is a view)
+        """Elements the host writes to pack one tensor: the output of every Relax op the packing
+        emits that copies (:func:`emission`: a lone pad, transpose, slice, broadcast, concat,
+        where or stencil-unroll ``take`` writes its output; a chain of two or more of them is one
+        fused kernel that writes its final output once; a reshape is a view)
         (:func:`vta_ext.host.layout_traffic`)."""
-        shapes = self.shapes
-        return sum(_step_copies(st, shapes[i], shapes[i + 1]) for i, st in enumerate(self.steps)
-                   if not _is_view(st, shapes[i]))
+        return _chain_copies(self._chain(self.steps, self.shapes))
+
+    @functools.cached_property
+    def unpack_copied(self) -> int:
+        """Elements the host writes to unpack one tensor (:meth:`unpack`'s ops, priced as
+        :attr:`copied` prices the packing's).
+
+        Raises
+        ------
+        ValueError
+            If the layout unrolls (it has no inverse)."""
+        return _chain_copies(self._chain(*self._inverse_steps()))
+
+    def _inverse_steps(self) -> Tuple[Tuple[Step, ...], Tuple[Tuple[int, ...], ...]]:
+        """The unpacking's steps and the shape before each and after the last."""
+        inverse = tuple(_inverse(st, before) for st, before in
+                        zip(reversed(self.steps), reversed(self.shapes[:-1])))
+        shapes = [self.shape]
+        for st in inverse:
+            shapes.append(step_shape(shapes[-1], st))
+        return inverse, tuple(shapes)
+
+    @staticmethod
+    def _chain(steps, shapes) -> Tuple[Tuple[Step, Tuple[int, ...]], ...]:
+        """``(step, shape before it)`` of the steps that are not identities (the ones emitted),
+        and a last ``(None, final shape)``."""
+        kept = tuple((st, shapes[i]) for i, st in enumerate(steps) if not _is_identity(st, shapes[i]))
+        return kept + ((None, tuple(shapes[-1])),)
 
     @property
     def unrolled(self) -> bool:
@@ -200,29 +236,13 @@ class HostLayout:
         if isinstance(x, tvm.ir.expr.Constant):
             packed = self.pack_numpy(x.value.numpy())
             return relax.const(packed, str(x.ty.dtype))
-        shapes = self.shapes
-        for i, st in enumerate(self.steps):
-            if _is_identity(st, shapes[i]):
-                continue
-            last = i == len(self.steps) - 1
-            x = _relax_step(packer.emit, x, st, shapes[i],
-                            self.name if last else f"{st[0]}{i}_{self.name}")
-        return x
+        chain = self._chain(self.steps, self.shapes)
+        return _emit_chain(packer, packer.emit, x, chain, self.name, last_bound=True)
 
     def unpack(self, packer, expr):
-        """Emit the inverse steps (packed -> operator layout); the last one is returned unbound."""
-        inverse = [_inverse(st, before) for st, before in
-                   zip(reversed(self.steps), reversed(self.shapes[:-1]))]
-        todo, shape = [], self.shape
-        for st in inverse:
-            if not _is_identity(st, shape):
-                todo.append((st, shape))
-            shape = step_shape(shape, st)
-        x = expr
-        for i, (st, before) in enumerate(todo):
-            last = i == len(todo) - 1
-            x = _relax_step(None if last else packer.emit_unpack, x, st, before, f"{st[0]}{i}")
-        return x
+        """Emit the inverse steps (packed -> operator layout); the last op is returned unbound."""
+        chain = self._chain(*self._inverse_steps())
+        return _emit_chain(packer, packer.emit_unpack, expr, chain, "", last_bound=False)
 
     def __repr__(self) -> str:
         return f"HostLayout({self.name}: {self.src_shape} -> {self.shape}, {len(self.steps)} steps)"
@@ -338,6 +358,71 @@ def _step_copies(st: Step, before: Sequence[int], after: Sequence[int]) -> int:
     """Elements the Relax op of one (non-view) step writes (:func:`_relax_step`): its output (for
     a stencil unroll, the output of its one ``take``)."""
     return math.prod(after)
+
+
+#: step kinds that stay a Relax op of their own, never inside a fused kernel: a ``set`` (the
+#: folded bias's ``where``), so that :mod:`.biasfold`'s choice between that pass and the lane
+#: subset a gather writes weighs the same costs as before the fusion
+UNFUSED_KINDS = ("set",)
+
+
+def emission(chain) -> Tuple[Tuple[int, int], ...]:
+    """How a chain of steps (``(step, shape before)`` pairs, identities left out) is emitted:
+    ``(i, j)`` per Relax op, steps ``i..j-1``. Between the steps of :data:`UNFUSED_KINDS`, two or
+    more steps that copy make one fused kernel from the first copying step to the last
+    (:mod:`.fusedcopy`; the views between them are inside it); every other step is an op of its
+    own. The one definition that :meth:`HostLayout.pack`, :meth:`HostLayout.unpack` and their
+    prices follow."""
+    ops, start = [], 0
+    for end in [i for i, (st, _) in enumerate(chain) if st[0] in UNFUSED_KINDS] + [len(chain)]:
+        ops += _fused_run(chain, start, end)
+        if end < len(chain):
+            ops.append((end, end + 1))
+        start = end + 1
+    return tuple(ops)
+
+
+def _fused_run(chain, start: int, end: int):
+    """The ops of :func:`emission` for ``chain[start:end]`` (no unfused step among them)."""
+    copying = [i for i in range(start, end) if not _is_view(*chain[i])]
+    if len(copying) < 2:
+        return [(i, i + 1) for i in range(start, end)]
+    a, b = copying[0], copying[-1] + 1
+    return ([(i, i + 1) for i in range(start, a)] + [(a, b)]
+            + [(i, i + 1) for i in range(b, end)])
+
+
+def _chain_copies(chain) -> int:
+    """Elements the ops of :func:`emission` write for ``chain`` (its last entry is
+    ``(None, final shape)``): a fused kernel its output, a lone copying step its output
+    (:func:`_step_copies`), a view nothing."""
+    steps, total = chain[:-1], 0
+    for i, j in emission(steps):
+        after = chain[j][1]
+        if j - i > 1:
+            total += math.prod(after)
+        elif not _is_view(steps[i][0], steps[i][1]):
+            total += _step_copies(steps[i][0], steps[i][1], after)
+    return total
+
+
+def _emit_chain(packer, emit, x, chain, name: str, last_bound: bool):
+    """Emit ``chain`` (:meth:`HostLayout._chain`) on ``x`` as :func:`emission` says, binding each
+    op with ``emit``; the last op is bound as ``name`` (``last_bound``) or returned unbound."""
+    from .fusedcopy import relax_fused_copy
+
+    steps = chain[:-1]
+    ops = emission(steps)
+    for n, (i, j) in enumerate(ops):
+        last = n == len(ops) - 1
+        bind = None if (last and not last_bound) else emit
+        label = name if (last and last_bound) else f"{steps[i][0][0]}{i}" + (f"_{name}" if name else "")
+        if j - i > 1:
+            label = label if (last and last_bound) else f"fused{i}" + (f"_{name}" if name else "")
+            x = relax_fused_copy(packer, bind, x, steps[i:j], chain[j][1], label)
+        else:
+            x = _relax_step(bind, x, steps[i][0], steps[i][1], label)
+    return x
 
 
 def _unroll_layout(before, axis, extents, j, others):

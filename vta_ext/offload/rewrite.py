@@ -91,6 +91,10 @@ class Offloader(PyExprMutator):
         """Bind an unpacking step on the host."""
         return self._emit(expr, f"{UNPACK_PREFIX}_{name}")
 
+    def add_func(self, func, name: str):
+        """Add a host PrimFunc (a fused relayout kernel) to the module; its GlobalVar."""
+        return self.builder_.add_func(func, name)
+
     def operand(self, expr):
         """The rewritten operand ``expr``."""
         return self.visit_expr(expr)
