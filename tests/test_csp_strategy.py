@@ -203,16 +203,23 @@ def test_report_names_embedding_padding_layout_and_why():
     assert "chosen for smallest packed footprint" in report.on_vta[0].detail
 
 
+#: a host whose layout copies are 3.25 times slower than the Zynq-7020's (vta_ext.host.PYNQ_Z1)
+SLOW_HOST = {"layout_bytes_per_cycle": 2.0}
+
+
 def test_csp_relaxed_never_slower_than_stock():
     """``csp-relaxed`` times the stock template's own plan too and keeps it when it is at least as
-    fast: with NHWC free dims the only embedding of this 16-channel conv takes a few cycles more
-    than the stock program, so the stock template is chosen, and the report says so."""
+    good by the objective: with NHWC free dims the only embedding of this 16-channel conv takes
+    fewer VTA cycles than the stock program but writes more host layout bytes (one fused packing
+    kernel of the padded input, against the stock blocked layout's); on a host that moves 2
+    layout bytes per VTA cycle (``host=``, a third of the Zynq's rate) that outweighs the cycles,
+    so the stock template is chosen, and the report says so."""
     mod = _conv_module(1, 16, 8, 8, 16, 3, 3, (1, 1), (1, 1))
     arrays = _inputs([(1, 16, 8, 8), (16, 16, 3, 3), (1, 16, 1, 1)])
     ref = requantize(conv2d_nchw(arrays[0], arrays[1], 1, 1), arrays[2], 6, (-128, 127))
     out_s, _, (stock_key,) = _build_run(mod, arrays, strategy="stock")
     stock_cycles = cycle_report(stock_key).total_cycles
-    out, report, (key,) = _build_run(mod, arrays, strategy="csp-relaxed", layout="NHWC")
+    out, report, (key,) = _build_run(mod, arrays, strategy="csp-relaxed", layout="NHWC", host=SLOW_HOST)
     np.testing.assert_array_equal(out_s, ref)
     np.testing.assert_array_equal(out, ref)
     assert cycle_report(key).total_cycles <= stock_cycles
@@ -223,7 +230,7 @@ def test_csp_relaxed_never_slower_than_stock():
     assert m and int(m.group(1).replace(",", "")) > stock_cycles, detail
     assert json.loads(key)["workload"]["stock"]
     # the choice is cached: a rebuild gives the same plan and the same sentence
-    _, report2, (key2,) = _build_run(mod, arrays, strategy="csp-relaxed", layout="NHWC")
+    _, report2, (key2,) = _build_run(mod, arrays, strategy="csp-relaxed", layout="NHWC", host=SLOW_HOST)
     assert key2 == key and report2.on_vta[0].detail == detail
     # where an embedding is faster but the stock plan's bound does not rule that plan out, it is
     # timed too, the embedding is chosen and the report names the stock figure it beat (the

@@ -117,8 +117,9 @@ def test_an_unpack_with_a_crop_is_one_kernel_priced_as_one_copy(src, steps):
 
 
 def test_a_pack_chain_of_pad_concat_unroll_and_transpose_is_one_kernel():
-    """pad + concat + stencil unroll (affine and redirected) + transpose + set: one call_tir,
-    bit-exact against numpy, priced as its output once."""
+    """pad + concat + stencil unroll (affine and redirected) + transpose: one call_tir; the set
+    after them stays its own ``where`` (``relayout.UNFUSED_KINDS``); bit-exact against numpy,
+    priced as the two outputs."""
     src = (1, 2, 9)
     steps = (("pad", ((0, 0), (0, 1), (1, 2))),                    # (1, 3, 12)
              ("concat", 2, (7, -3), "int8"),                         # (1, 3, 14)
@@ -140,8 +141,8 @@ def test_a_pack_chain_of_pad_concat_unroll_and_transpose_is_one_kernel():
     np.testing.assert_array_equal(layout.pack_numpy(x), ref)
     written, pack = emitted_packing(layout)
     np.testing.assert_array_equal(pack(x), ref)
-    assert written == [("relax.call_tir", ref.size)]
-    assert layout.copied == ref.size
+    assert written == [("relax.call_tir", ref.size), ("relax.where", ref.size)]
+    assert layout.copied == 2 * ref.size
 
 
 def test_a_lone_copying_step_stays_a_plain_op():
