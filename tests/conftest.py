@@ -306,6 +306,31 @@ def conv_layer_shapes(names, size, keep, shape_of):
     return sorted(shapes)
 
 
+class RecordingPacker:
+    """The offload pass's packer interface on a BlockBuilder ``bb``; appends ``(op name, elements
+    written)`` of each bound op that copies (not a :data:`vta_ext.host.VIEW_OPS` op) to
+    ``written``."""
+
+    def __init__(self, bb, written: list):
+        self.bb, self.written = bb, written
+
+    def operand(self, expr):
+        return expr
+
+    def add_func(self, func, name):
+        return self.bb.add_func(func, name)
+
+    def emit(self, expr, name):
+        from vta_ext.host import VIEW_OPS
+
+        var = self.bb.emit(expr, name)
+        if expr.op.name not in VIEW_OPS:
+            self.written.append((expr.op.name, int(np.prod([int(d) for d in var.ty.shape]))))
+        return var
+
+    emit_unpack = emit
+
+
 def emitted_packing(layout):
     """The Relax ops ``layout.pack`` emits through the offload pass's packer interface (on a
     BlockBuilder): ``([(op name, elements written) of each op that copies], pack)``, ``pack``
@@ -313,25 +338,8 @@ def emitted_packing(layout):
     import tvm
     from tvm import relax
 
-    from vta_ext.host import VIEW_OPS
-
     written = []
-
-    class Packer:
-        def __init__(self, bb):
-            self.bb = bb
-
-        def operand(self, expr):
-            return expr
-
-        def add_func(self, func, name):
-            return self.bb.add_func(func, name)
-
-        def emit(self, expr, name):
-            var = self.bb.emit(expr, name)
-            if expr.op.name not in VIEW_OPS:
-                written.append((expr.op.name, int(np.prod([int(d) for d in var.ty.shape]))))
-            return var
+    Packer = lambda bb: RecordingPacker(bb, written)  # noqa: E731
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(layout.src_shape, "int8"))

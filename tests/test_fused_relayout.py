@@ -9,7 +9,7 @@ llvm build of the emitted Relax, the ext_vta build run on the functional simulat
 """
 import numpy as np
 import pytest
-from conftest import emitted_packing
+from conftest import RecordingPacker, emitted_packing
 
 from tvm_csp_embed.codegen.relayout import HostLayout
 
@@ -35,25 +35,11 @@ def _unpack_module(layout):
     from vta_ext.host import VIEW_OPS
 
     written = []
-
-    class Packer:
-        def __init__(self, bb):
-            self.bb = bb
-
-        def add_func(self, func, name):
-            return self.bb.add_func(func, name)
-
-        def emit_unpack(self, expr, name):
-            var = self.bb.emit(expr, name)
-            if expr.op.name not in VIEW_OPS:
-                written.append((expr.op.name, int(np.prod([int(d) for d in var.ty.shape]))))
-            return var
-
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(layout.shape, "int8"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            out = layout.unpack(Packer(bb), x)
+            out = layout.unpack(RecordingPacker(bb, written), x)
             n = int(np.prod([int(d) for d in layout.src_shape]))
             if out.op.name not in VIEW_OPS:          # the last op is returned unbound
                 written.append((out.op.name, n))

@@ -7,7 +7,7 @@ the executed program; outputs against numpy.
 import numpy as np
 import pytest
 import tvm
-from conftest import REPO, conv2d_nchw, conv_chain, conv_module, requantize
+from conftest import REPO, conv2d_nchw, conv_chain, conv_module, emitted_packing, requantize
 from tvm import relax
 
 import tvm_csp_embed  # noqa: F401
@@ -148,38 +148,13 @@ def test_copied_counts_what_the_pack_emits_for_a_stencil_unrolled_layout():
                if o.tensor == c.embedding.workload.inputs[0].name and o.host.unrolled]
     assert layouts, "no stencil-unrolled input among the fused-rs embeddings"
 
-    class Packer:                      # the offload pass's packer interface, on a BlockBuilder
-        def __init__(self, bb):
-            self.bb, self.written, self.ops = bb, 0, []
-
-        def operand(self, expr):
-            return expr
-
-        def add_func(self, func, name):
-            return self.bb.add_func(func, name)
-
-        def emit(self, expr, name):
-            var = self.bb.emit(expr, name)
-            self.ops.append(expr.op.name)
-            if not isinstance(expr, relax.Call) or expr.op.name not in VIEW_OPS:
-                self.written += int(np.prod([int(d) for d in var.ty.shape]))
-            return var
-
     rng = np.random.default_rng(0)
     for layout in layouts:
-        bb = relax.BlockBuilder()
-        x = relax.Var("x", relax.TensorType(layout.src_shape, "int8"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                packer = Packer(bb)
-                out = bb.emit_output(layout.pack(packer, x))
-            bb.emit_func_output(out)
-        assert packer.written == layout.copied == layout_traffic(layout), layout
-        assert [op for op in packer.ops if op not in VIEW_OPS] == ["relax.call_tir"], packer.ops
+        written, pack = emitted_packing(layout)
+        assert sum(n for _, n in written) == layout.copied == layout_traffic(layout), layout
+        assert [op for op, _ in written] == ["relax.call_tir"], written
         src = rng.integers(-128, 128, layout.src_shape).astype(np.int8)
-        ex = relax.build(bb.get(), target="llvm")
-        got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(src)).numpy()
-        np.testing.assert_array_equal(got, layout.pack_numpy(src))
+        np.testing.assert_array_equal(pack(src), layout.pack_numpy(src))
 
 
 def test_operands_that_are_function_inputs_are_priced_as_the_report_counts_them(tmp_path,
