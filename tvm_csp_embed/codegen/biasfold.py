@@ -53,7 +53,7 @@ import numpy as np
 from .plan import AXIS_PREFIX, PackedGemm
 from .relayout import HostLayout, _is_identity
 
-__all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "fold_range", "fold_constants", "fold_digits",
+__all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "POSITIVE_LANE_CONSTANT", "producer_lane_bias", "fold_range", "fold_constants", "fold_digits",
            "FoldLanes", "fold_lanes", "fold_decision", "fold_fits", "fold_copied_bound", "fold_forms", "fold_form_note", "fold_layouts", "fold_data_layout", "fold_epilogue",
            "FOLD_KINDS", "gemm_bias_decision", "gemm_bias_lanes_decision", "gemm_bias_epilogue", "gemm_bias_operands"]
 
@@ -62,6 +62,9 @@ FIRST_LANE_CONSTANT = 1
 #: the data constant of every other spare lane (the int8 of largest magnitude: each of these lanes
 #: adds a multiple of 128 in ``[-127 * 128, 128 * 128]``)
 LANE_CONSTANT = -128
+#: the other spare lanes' constant a producer writes into its padded output channels when its
+#: epilogue clips at 0 (a ReLU: -128 does not survive it; :func:`producer_lane_bias`)
+POSITIVE_LANE_CONSTANT = 127
 #: operator kinds whose weight tensor has the output channel as its first dim, the channel of a
 #: per-channel bias (a batched matmul's bias is per batch and column)
 FOLD_KINDS = ("conv2d", "group_conv2d", "dense", "conv1d", "dilated_conv2d")
@@ -69,71 +72,125 @@ FOLD_KINDS = ("conv2d", "group_conv2d", "dense", "conv1d", "dilated_conv2d")
 _I8_MIN, _I8_MAX = -128, 127
 
 
-def fold_range(lanes: int) -> Tuple[int, int]:
+def _lane_constant(lane_constant: int) -> int:
+    """``lane_constant`` validated: an int8 other than -1, 0 and 1 (the other lanes' constant)."""
+    c = int(lane_constant)
+    if not _I8_MIN <= c <= _I8_MAX or abs(c) < 2:
+        raise ValueError(f"lane constant {lane_constant}: expected an int8 of magnitude 2..128")
+    return c
+
+
+def fold_range(lanes: int, lane_constant: int = LANE_CONSTANT) -> Tuple[int, int]:
     """The biases ``lanes`` spare lanes hold: every integer in ``[lo, hi]``.
 
-    With the constants ``(1, -128, -128, ...)`` (:func:`fold_constants`) and int8 digits, the
-    first lane adds ``w_0`` in ``[-128, 127]`` and each other lane ``-128 * w_j``, a multiple of
-    128 in ``[-127 * 128, 128 * 128]``: ``lo = -128 - (L - 1) * 127 * 128`` and
-    ``hi = 127 + (L - 1) * 128 * 128`` (``L = 7``: ``-97,664 .. 98,431``; every ``|bias| <=
-    97,663``), and every integer between is reached (:func:`fold_digits`).
+    With the constants ``(1, A, A, ...)`` (:func:`fold_constants`, ``A = lane_constant``, by
+    default :data:`LANE_CONSTANT` = -128) and int8 digits, the first lane adds a residue ``w_0``
+    of the bias modulo ``|A|`` (in ``0..|A|-1``, or that minus ``|A|``) and the other lanes
+    ``A * S`` with ``S`` their digits' sum, in ``[-128 (L - 1), 127 (L - 1)]``. For ``A < 0``:
+    ``lo = -|A| - |A| * 127 (L - 1)`` and ``hi = |A| - 1 + |A| * 128 (L - 1)`` (``A = -128``,
+    ``L = 7``: ``-97,664 .. 98,431``); for ``A > 0`` the two factors swap. Every integer between
+    is reached (:func:`fold_digits`).
 
     Raises
     ------
     ValueError
-        If ``lanes < 1``.
+        If ``lanes < 1`` or ``lane_constant`` is not an int8 of magnitude 2..128.
 
-    >>> fold_range(1), fold_range(7)
-    ((-128, 127), (-97664, 98431))
+    >>> fold_range(1), fold_range(7), fold_range(8, POSITIVE_LANE_CONSTANT)
+    ((-128, 127), (-97664, 98431), (-113919, 113029))
     """
     if lanes < 1:
         raise ValueError(f"lanes={lanes}: the bias needs at least one spare lane")
-    other = (LANE_CONSTANT * _I8_MIN, LANE_CONSTANT * _I8_MAX)
-    return (_I8_MIN * FIRST_LANE_CONSTANT + (lanes - 1) * min(other),
-            _I8_MAX * FIRST_LANE_CONSTANT + (lanes - 1) * max(other))
+    a = _lane_constant(lane_constant)
+    m, lo_sum, hi_sum = abs(a), _I8_MIN * (lanes - 1), _I8_MAX * (lanes - 1)
+    if a < 0:
+        return -m - m * hi_sum, m - 1 - m * lo_sum
+    return -m + m * lo_sum, m - 1 + m * hi_sum
 
 
-def fold_constants(lanes: int) -> np.ndarray:
-    """The data constants ``a_j`` of ``lanes`` spare lanes: ``(1, -128, -128, ...)`` (int8)."""
-    fold_range(lanes)  # validates lanes
-    return np.array([FIRST_LANE_CONSTANT] + [LANE_CONSTANT] * (lanes - 1), dtype=np.int8)
+def fold_constants(lanes: int, lane_constant: int = LANE_CONSTANT) -> np.ndarray:
+    """The data constants ``a_j`` of ``lanes`` spare lanes: ``(1, A, A, ...)`` (int8; ``A =
+    lane_constant``, by default :data:`LANE_CONSTANT`)."""
+    fold_range(lanes, lane_constant)  # validates lanes and the constant
+    return np.array([FIRST_LANE_CONSTANT] + [lane_constant] * (lanes - 1), dtype=np.int8)
 
 
-def fold_digits(bias, lanes: int) -> np.ndarray:
+def fold_digits(bias, lanes: int, lane_constant: int = LANE_CONSTANT) -> np.ndarray:
     """The int8 digits ``w[k, j]`` with ``bias[k] = sum_j a_j * w[k, j]`` (``a`` of
-    :func:`fold_constants`), for every value of ``bias`` (flattened).
+    :func:`fold_constants` ``(lanes, lane_constant)``), for every value of ``bias`` (flattened).
 
-    The digits are those of the constants :data:`FIRST_LANE_CONSTANT` = 1 and
-    :data:`LANE_CONSTANT` = -128. The first digit is the residue of ``bias[k]`` modulo 128 (in ``0..127``, or that minus 128
-    where the rest would not fit), the others split ``-(bias[k] - w[k, 0]) / 128`` greedily into
-    int8 values, largest magnitude first (the unused lanes get 0).
+    The first digit is the residue of ``bias[k]`` modulo ``|A|`` (in ``0..|A|-1``, or that minus
+    ``|A|`` where the rest would not fit), the others split ``(bias[k] - w[k, 0]) / A`` greedily
+    into int8 values, largest magnitude first (the unused lanes get 0).
 
     Raises
     ------
     ValueError
-        If a value is outside :func:`fold_range` ``(lanes)``.
+        If a value is outside :func:`fold_range` ``(lanes, lane_constant)``.
 
     >>> fold_digits([1000, -1000, 127], 3).tolist()
     [[104, -7, 0], [24, 8, 0], [127, 0, 0]]
+    >>> fold_digits([1000, -1000], 3, POSITIVE_LANE_CONSTANT).tolist()
+    [[111, 7, 0], [16, -8, 0]]
     """
-    lo, hi = fold_range(lanes)
+    lo, hi = fold_range(lanes, lane_constant)
+    a = _lane_constant(lane_constant)
+    m, sign = abs(a), (1 if a > 0 else -1)
     b = np.asarray(bias, dtype=np.int64).ravel()
     if b.size and (b.min() < lo or b.max() > hi):
         raise ValueError(f"bias {int(b.min()):,}..{int(b.max()):,} is outside {lo:,}..{hi:,}, "
                          f"what {lanes} spare lane(s) hold; keep the bias on the ALU")
-    residue = np.mod(b, 128)
-    high = (b - residue) // 128
-    low = high < -(lanes - 1) * _I8_MAX          # too negative for the other lanes: borrow one
-    residue = np.where(low, residue - 128, residue)
-    high = np.where(low, high + 1, high)
+    residue = np.mod(b, m)
+    rest = (b - residue) // a                    # sum of the other digits (each times a)
+    # out of the other lanes' reach on the side a borrow of |a| from the residue fixes
+    borrow = (rest > _I8_MAX * (lanes - 1)) if a < 0 else (rest < _I8_MIN * (lanes - 1))
+    residue = np.where(borrow, residue - m, residue)
+    rest = np.where(borrow, rest + sign, rest)
     digits = np.zeros((b.size, lanes), dtype=np.int64)
     digits[:, 0] = residue
-    rest = -high                                 # sum of the other digits (each times -128)
     for j in range(1, lanes):
         digits[:, j] = np.clip(rest, _I8_MIN, _I8_MAX)
         rest = rest - digits[:, j]
     assert not rest.any(), "fold_digits: the range check let through a bias it cannot split"
     return digits.astype(np.int8)
+
+
+# ------------------------------------------------------------------------------ producer
+def producer_lane_bias(epilogue: Sequence[tuple], lanes: int) -> Tuple[Optional[np.ndarray], int, str]:
+    """The int32 biases a producer puts into ``lanes`` padded output channels (all-zero weights,
+    so its accumulator there is the bias alone) for its epilogue to leave the lane constants
+    :func:`fold_constants` ``(lanes, A)`` in them: the constants a consumer that folds its bias
+    into those channels (its spare reduction lanes) reads, with no host pass writing them.
+
+    The epilogue must be ``("bias",)`` followed by ``shr`` and ``clip`` stages only; the bias of
+    constant ``c`` is ``c << s`` (``s`` the shifts' sum). ``A`` is :data:`LANE_CONSTANT` where the
+    clips keep -128, else :data:`POSITIVE_LANE_CONSTANT` where they keep 127 (a ReLU's clip at 0).
+
+    Returns
+    -------
+    tuple
+        ``(biases, A, "")`` (int64 array of ``lanes`` values), or ``(None, 0, why)``.
+    """
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    epilogue = normalize_epilogue(epilogue)
+    if not epilogue or epilogue[0] != ("bias",):
+        return None, 0, "the producer's epilogue does not start with its bias"
+    rest = epilogue[1:]
+    if any(st[0] not in ("shr", "clip") for st in rest):
+        return None, 0, (f"the producer's epilogue {'+'.join(st[0] for st in epilogue)} is not "
+                         "bias, shifts and clips")
+    shift = sum(st[1] for st in rest if st[0] == "shr")
+    lo = max([st[1] for st in rest if st[0] == "clip"], default=_I8_MIN)
+    hi = min([st[2] for st in rest if st[0] == "clip"], default=_I8_MAX)
+    for a in (LANE_CONSTANT, POSITIVE_LANE_CONSTANT):
+        constants = fold_constants(lanes, a).astype(np.int64)
+        if constants.min() >= lo and constants.max() <= hi:
+            biases = constants << shift
+            if np.abs(biases).max() < 2 ** 31:
+                return biases, a, ""
+    return None, 0, (f"the producer's clips ({lo}..{hi}) keep neither {LANE_CONSTANT} nor "
+                     f"{POSITIVE_LANE_CONSTANT}, or the shift {shift} overflows int32")
 
 
 # ------------------------------------------------------------------------------------ lanes
