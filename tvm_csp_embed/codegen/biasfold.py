@@ -53,7 +53,7 @@ import numpy as np
 from .plan import AXIS_PREFIX, PackedGemm
 from .relayout import HostLayout, _is_identity
 
-__all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "POSITIVE_LANE_CONSTANT", "producer_lane_bias", "fold_range", "fold_constants", "fold_digits",
+__all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "POSITIVE_LANE_CONSTANT", "lane_biases", "producer_lane_bias", "handed_lane_constant", "fold_range", "fold_constants", "fold_digits",
            "FoldLanes", "fold_lanes", "fold_decision", "fold_fits", "fold_copied_bound", "fold_forms", "fold_form_note", "fold_layouts", "fold_data_layout", "fold_epilogue",
            "FOLD_KINDS", "gemm_bias_decision", "gemm_bias_lanes_decision", "gemm_bias_epilogue", "gemm_bias_operands"]
 
@@ -156,41 +156,113 @@ def fold_digits(bias, lanes: int, lane_constant: int = LANE_CONSTANT) -> np.ndar
 
 
 # ------------------------------------------------------------------------------ producer
-def producer_lane_bias(epilogue: Sequence[tuple], lanes: int) -> Tuple[Optional[np.ndarray], int, str]:
-    """The int32 biases a producer puts into ``lanes`` padded output channels (all-zero weights,
-    so its accumulator there is the bias alone) for its epilogue to leave the lane constants
-    :func:`fold_constants` ``(lanes, A)`` in them: the constants a consumer that folds its bias
-    into those channels (its spare reduction lanes) reads, with no host pass writing them.
+def lane_biases(epilogue: Sequence[tuple], constants) -> Tuple[Optional[np.ndarray], str]:
+    """The int32 biases a producer puts into its padded output channels (all-zero weights, so
+    its accumulator there is the bias alone) for its epilogue to leave the int8 ``constants``
+    (one per channel) in them.
 
     The epilogue must be ``("bias",)`` followed by ``shr`` and ``clip`` stages only; the bias of
-    constant ``c`` is ``c << s`` (``s`` the shifts' sum). ``A`` is :data:`LANE_CONSTANT` where the
-    clips keep -128, else :data:`POSITIVE_LANE_CONSTANT` where they keep 127 (a ReLU's clip at 0).
+    constant ``c`` is ``c << s`` (``s`` the shifts' sum), kept only if the epilogue's definition
+    (:func:`~tvm_csp_embed.reference.apply_epilogue`) gives ``c`` back.
+
+    Returns
+    -------
+    tuple
+        ``(biases, "")`` (int64 array, one per constant), or ``(None, why)``.
+    """
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    from ..reference import apply_epilogue
+
+    epilogue = normalize_epilogue(epilogue)
+    if not epilogue or epilogue[0] != ("bias",):
+        return None, "the producer's epilogue does not start with its bias"
+    rest = epilogue[1:]
+    if any(st[0] not in ("shr", "clip") for st in rest):
+        return None, (f"the producer's epilogue {'+'.join(st[0] for st in epilogue)} is not "
+                      "bias, shifts and clips")
+    c = np.asarray(constants, dtype=np.int64).ravel()
+    shift = sum(st[1] for st in rest if st[0] == "shr")
+    biases = c << shift
+    if c.size and np.abs(biases).max() >= 2 ** 31:
+        return None, f"the shift {shift} overflows int32"
+    kept = apply_epilogue(np.zeros(c.size, np.int64), epilogue, biases)
+    if not np.array_equal(kept.astype(np.int64), c):
+        return None, (f"the producer's epilogue {'+'.join(st[0] for st in epilogue)} does not "
+                      f"keep {', '.join(str(int(v)) for v in np.unique(c[kept != c]))}")
+    return biases, ""
+
+
+def producer_lane_bias(epilogue: Sequence[tuple], lanes: int) -> Tuple[Optional[np.ndarray], int, str]:
+    """The int32 biases a producer puts into ``lanes`` padded output channels
+    (:func:`lane_biases`) for its epilogue to leave the lane constants :func:`fold_constants`
+    ``(lanes, A)`` in them: the constants a consumer that folds its bias into those channels
+    (its spare reduction lanes) reads, with no host pass writing them. ``A`` is
+    :data:`LANE_CONSTANT` where the epilogue keeps -128, else :data:`POSITIVE_LANE_CONSTANT`
+    where it keeps 127 (a ReLU's clip at 0).
 
     Returns
     -------
     tuple
         ``(biases, A, "")`` (int64 array of ``lanes`` values), or ``(None, 0, why)``.
     """
-    from vta_ext.templates.epilogue import normalize_epilogue
-
-    epilogue = normalize_epilogue(epilogue)
-    if not epilogue or epilogue[0] != ("bias",):
-        return None, 0, "the producer's epilogue does not start with its bias"
-    rest = epilogue[1:]
-    if any(st[0] not in ("shr", "clip") for st in rest):
-        return None, 0, (f"the producer's epilogue {'+'.join(st[0] for st in epilogue)} is not "
-                         "bias, shifts and clips")
-    shift = sum(st[1] for st in rest if st[0] == "shr")
-    lo = max([st[1] for st in rest if st[0] == "clip"], default=_I8_MIN)
-    hi = min([st[2] for st in rest if st[0] == "clip"], default=_I8_MAX)
+    whys = []
     for a in (LANE_CONSTANT, POSITIVE_LANE_CONSTANT):
-        constants = fold_constants(lanes, a).astype(np.int64)
-        if constants.min() >= lo and constants.max() <= hi:
-            biases = constants << shift
-            if np.abs(biases).max() < 2 ** 31:
-                return biases, a, ""
-    return None, 0, (f"the producer's clips ({lo}..{hi}) keep neither {LANE_CONSTANT} nor "
-                     f"{POSITIVE_LANE_CONSTANT}, or the shift {shift} overflows int32")
+        biases, why = lane_biases(epilogue, fold_constants(lanes, a))
+        if biases is not None:
+            return biases, a, ""
+        whys.append(why)
+    if whys[0] == whys[1] and "keep" not in whys[0]:
+        return None, 0, whys[0]
+    return None, 0, (f"the producer's epilogue stages keep neither {LANE_CONSTANT} nor "
+                     f"{POSITIVE_LANE_CONSTANT} ({whys[0]}; {whys[1]})")
+
+
+def handed_lane_constant(pg: PackedGemm, layout, constants: Sequence[int]
+                         ) -> Tuple[Optional[int], str]:
+    """The other lanes' constant ``A`` when the packed data a producer hands over holds
+    :func:`fold_constants` ``(L, A)`` at every spare lane of ``pg`` (:func:`fold_lanes`): the
+    tensor in ``layout`` (a channel-padded activation of the stock blocked arrangement,
+    :class:`vta_ext.packing.BlockedActivation`, which ``pg``'s data layout must equal) with
+    ``constants`` in its padded channels (one each, in channel order). Then the bias folds into
+    those lanes with no host pass (:func:`fold_layouts` with ``handed=A``).
+
+    Checked on the packed tensor itself: the producer's padded channels packed by the blocked
+    layout of the padded width, read at every position of every lane.
+
+    Returns
+    -------
+    tuple
+        ``(A, "")``, or ``(None, why)`` (a phrase for the build report).
+    """
+    import dataclasses as _dc
+
+    from vta_ext.packing import as_blocked, same_arrangement
+
+    lanes = fold_lanes(pg)
+    if isinstance(lanes, str):
+        return None, lanes
+    dop = pg.operands[lanes.data]
+    blocked = as_blocked(layout)
+    if blocked is None or not same_arrangement(blocked, dop.host):
+        return None, "its data layout is not the producer's packed one"
+    n, c, h, w = blocked.src_shape
+    cp = blocked.padded[1]
+    consts = np.asarray(constants, dtype=np.int64)
+    if consts.size != cp - c:
+        return None, f"{consts.size} lane constants for {cp - c} padded channels"
+    probe = np.zeros((n, cp, h, w), dtype=np.int8)
+    probe[:, c:] = consts.astype(np.int8)[None, :, None, None]
+    packed = _dc.replace(blocked, c=cp).pack_numpy(probe).ravel()
+    held = [np.unique(packed[_lane_flat(dop.host.shape, lanes, j)]) for j in range(lanes.lanes)]
+    want_first = held[0].tolist() == [FIRST_LANE_CONSTANT]
+    others = {int(v) for vals in held[1:] for v in vals}
+    a = next(iter(others)) if len(others) == 1 else LANE_CONSTANT
+    if not want_first or len(others) > 1 or (others and not 2 <= abs(a) <= 128):
+        text = ", ".join("/".join(str(int(v)) for v in vals) for vals in held)
+        return None, (f"its {lanes.lanes} spare lanes hold {text} of the producer's lane "
+                      f"constants, not ({FIRST_LANE_CONSTANT}, A, A, ...)")
+    return a, ""
 
 
 # ------------------------------------------------------------------------------------ lanes
@@ -403,7 +475,8 @@ def fold_epilogue(epilogue: Sequence[tuple]) -> Tuple[tuple, ...]:
 
 
 def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Optional[np.ndarray],
-                  weight_constant: bool, strict: bool = False) -> Tuple[int, str]:
+                  weight_constant: bool, strict: bool = False,
+                  handed: Optional[int] = None) -> Tuple[int, str]:
     """Whether the bias of an operator folds into ``pg``'s spare lanes: ``(lanes, sentence)``.
 
     Parameters
@@ -419,6 +492,10 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
         Whether the weights are a build-time constant (the digits are written at build time).
     strict : bool
         ``csp-strict``: never fold (its programs equal the stock template's).
+    handed : int or None
+        The other lanes' constant ``A`` when the producer hands the data over with the lane
+        constants in every spare lane (:func:`handed_lane_constant`): the fold takes every
+        spare lane and no host pass writes them.
 
     Returns
     -------
@@ -426,9 +503,14 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
         ``(lanes, "bias folded into N spare reduction lanes (...)")`` or
         ``(0, "bias kept on the ALU: <why>")``.
     """
-    lanes, why = fold_fits(pg, kind, epilogue, bias, weight_constant, strict)
+    lanes, why = fold_fits(pg, kind, epilogue, bias, weight_constant, strict, handed)
     if not lanes:
         return 0, why
+    if handed is not None:
+        lo, hi = fold_range(lanes, handed)
+        return lanes, (f"bias folded into {lanes} spare reduction lane(s) (holds {lo:,}..{hi:,}), "
+                       f"their constants ({FIRST_LANE_CONSTANT}, {handed} x{lanes - 1}) written "
+                       "by the producer into its padded channels: no host pass")
     fits = [(f, d) for f, d in fold_forms(pg) if _outside(bias, f.lanes, "") is None]
     f, d = min(fits, key=lambda fd: fd[1].copied)
     lo, hi = fold_range(f.lanes)
@@ -438,7 +520,8 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
 
 
 def fold_fits(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Optional[np.ndarray],
-              weight_constant: bool, strict: bool = False) -> Tuple[int, str]:
+              weight_constant: bool, strict: bool = False,
+              handed: Optional[int] = None) -> Tuple[int, str]:
     """Whether the bias of an operator folds into ``pg``'s spare lanes at all, without choosing
     the form (:func:`fold_forms`) that :func:`fold_decision` takes: ``(lanes, "")`` with the
     number of every spare lane (:func:`fold_lanes`), or :func:`fold_decision`'s own
@@ -465,7 +548,8 @@ def fold_fits(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Option
         elif np.asarray(bias).size != k:
             why = f"{np.asarray(bias).size} bias values for {k} output channels"
         else:
-            why = _outside(bias, lanes.lanes, f"the {lanes.lanes} spare lane(s) hold")
+            why = _outside(bias, lanes.lanes, f"the {lanes.lanes} spare lane(s) hold",
+                           LANE_CONSTANT if handed is None else handed)
             if why is None:
                 return lanes.lanes, ""
     return 0, f"bias kept on the ALU: {why}"
@@ -575,10 +659,10 @@ def _not_a_constant_leading_bias(kind: str, epilogue, bias, strict: bool) -> Opt
     return None
 
 
-def _outside(bias, lanes: int, holder: str) -> Optional[str]:
-    """Why ``bias`` does not fit :func:`fold_range` ``(lanes)`` (``holder`` names what holds
-    the range), or None."""
-    lo, hi = fold_range(lanes)
+def _outside(bias, lanes: int, holder: str, lane_constant: int = LANE_CONSTANT) -> Optional[str]:
+    """Why ``bias`` does not fit :func:`fold_range` ``(lanes, lane_constant)`` (``holder`` names
+    what holds the range), or None."""
+    lo, hi = fold_range(lanes, lane_constant)
     b = np.asarray(bias, dtype=np.int64)
     bmin, bmax = int(b.min()), int(b.max())
     if bmin < lo or bmax > hi:
@@ -586,13 +670,16 @@ def _outside(bias, lanes: int, holder: str) -> Optional[str]:
     return None
 
 
-def fold_layouts(pg: PackedGemm, bias, lanes: Optional[int] = None) -> Dict[str, HostLayout]:
+def fold_layouts(pg: PackedGemm, bias, lanes: Optional[int] = None,
+                 handed: Optional[int] = None) -> Dict[str, HostLayout]:
     """Tensor name -> host layout of the data and weight operands with the bias folded in: the
     operands' own layouts plus a ``("set", ...)`` step that writes the lane constants into the
     data and the digits of ``bias`` (one value per output channel) into the weights.
 
     ``lanes`` (a workload's ``bias_lanes``) picks the form of :func:`fold_forms`; None: every
-    spare lane. Computed once per program, lanes and bias values (``pg.memo``).
+    spare lane. ``handed``: the producer writes the lane constants ``(1, handed, ...)``
+    (:func:`handed_lane_constant`): the data keeps its own layout and the digits are those of
+    that constant. Computed once per program, lanes, constant and bias values (``pg.memo``).
 
     Raises
     ------
@@ -601,7 +688,8 @@ def fold_layouts(pg: PackedGemm, bias, lanes: Optional[int] = None) -> Dict[str,
         a value is out of range.
     """
     b = np.ascontiguousarray(np.asarray(bias, dtype=np.int64).ravel())
-    return pg.memo(("fold_layouts", lanes, b.tobytes()), lambda: _fold_layouts(pg, b, lanes))
+    return pg.memo(("fold_layouts", lanes, handed, b.tobytes()),
+                   lambda: _fold_layouts(pg, b, lanes, handed))
 
 
 def fold_data_layout(pg: PackedGemm, lanes: Optional[int] = None) -> HostLayout:
@@ -1017,10 +1105,17 @@ def _rows_before(host: HostLayout, t: int, axis: int, values: Tuple[int, ...]):
     return tuple(out), shapes[t][axis] // outer
 
 
-def _fold_layouts(pg: PackedGemm, bias: np.ndarray, n: Optional[int]) -> Dict[str, HostLayout]:
-    lanes, data = _form(pg, n)
+def _fold_layouts(pg: PackedGemm, bias: np.ndarray, n: Optional[int],
+                  handed: Optional[int] = None) -> Dict[str, HostLayout]:
+    if handed is None:
+        lanes, data = _form(pg, n)
+    else:                                  # the producer's padded channels carry the constants
+        lanes = fold_lanes(pg)
+        if isinstance(lanes, str) or lanes.lanes != (n or lanes.lanes):
+            raise ValueError(f"{pg.embedding.mapping_str()}: no fold into {n} handed-over lanes")
+        data = pg.operands[lanes.data].host
     dop, wop = pg.operands[lanes.data], pg.operands[lanes.weight]
-    digits = fold_digits(bias, lanes.lanes)
+    digits = fold_digits(bias, lanes.lanes, LANE_CONSTANT if handed is None else handed)
     # the output channel of every packed weight position: the weights' own layout of a probe
     # numbered by the first (output channel) dim, 0 on padding
     src = tuple(wop.host.src_shape)
