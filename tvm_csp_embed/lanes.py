@@ -203,10 +203,14 @@ def _ask_add_writer(add, ins, known, n: int, users, direct, write, fact) -> None
 def requested_biases(op) -> Optional[np.ndarray]:
     """The int32 biases of ``op``'s padded output channels that write the lane constants it is
     asked for (:attr:`~vta_ext.strategy.MatchedOp.write_lanes`), or None when none are asked
-    (all zero) or its epilogue cannot write them."""
+    (all zero), its bias is runtime data (writing them would be a host pass per inference) or
+    its epilogue cannot write them."""
+    import tvm
+
     from .codegen.biasfold import lane_biases
 
-    if op.write_lanes is None or not any(op.write_lanes):
+    if op.write_lanes is None or not any(op.write_lanes) \
+            or not isinstance(op.bias, tvm.ir.expr.Constant):
         return None
     return lane_biases(op.epilogue, op.write_lanes)[0]
 

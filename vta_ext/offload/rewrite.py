@@ -162,6 +162,10 @@ class Offloader(PyExprMutator):
         if parts is not None and ":" in parts:
             detail += ("; split piece read in place from its source's channel blocks "
                        "(vta_ext.run_placed, no host slice)")
+        if m.write_lanes is not None and plan.out_lanes != tuple(m.write_lanes) \
+                and "lane constants" not in detail:
+            detail += ("; the lane constants asked for its padded output channels are not "
+                       f"written: its plan ({template.report_text}) does not write them")
         if plan.padding:
             detail += f"; PADDED {plan.padding}"
             # the build logs one WARNING line for all padded operators (report.publish)
