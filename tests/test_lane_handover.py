@@ -78,7 +78,7 @@ def test_producer_consumer_pair_bit_exact(clip1, constants):
     taking the producer's packed output over."""
     producer, consumer = _built(*_chain(clip1=clip1))
     assert f"writes lane constants {constants} into its 8 padded output channels" in producer.detail
-    assert f"bias in 8 lanes" in consumer.plan
+    assert "bias in 8 lanes" in consumer.plan
     assert f"their constants {constants[:-1]}) {FOLDED}" in consumer.detail, consumer.detail
     assert KEPT in consumer.detail
 
@@ -97,12 +97,11 @@ def test_residual_add_then_1x1_bit_exact():
 def test_residual_add_with_a_shift_asks_its_other_input_to_write():
     """With ``(a + b) >> 1`` the shortcut's (1, 127 x7) alone would give (0, 63 x7): the add's
     other producer writes x with (x + 1) >> 1 = 1 and (x + 127) >> 1 = 127, i.e. (1, 127 x7),
-    by hand; it then keeps its own bias off the lanes (its digits would leave them at 0)."""
+    by hand. It folds its own bias into its input's lanes too: its fold's digits include its
+    padded output channels' lane biases."""
     first, middle, add, last = _built(*_chain(residual=[("shr", 1), ("clip", 0, 127)]))
     assert "writes lane constants (1, 127 x7)" in middle.detail
-    assert "bias kept on the ALU: it writes lane constants" in middle.detail or \
-        "bias added by one GEMM" in middle.detail
-    assert FOLDED not in middle.detail
+    assert FOLDED in middle.detail and "bias in 8 lanes" in middle.plan
     assert FOLDED in last.detail and KEPT in last.detail
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import numpy as np
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -485,16 +484,12 @@ def fold_candidate(op, cand: Candidate, kind: str) -> Candidate:
     import tvm
 
     from .codegen.biasfold import fold_decision, fold_fits
-    from .lanes import handed_constant, requested_biases
+    from .lanes import bias_with_lanes, handed_constant
 
-    bias = op.bias.value.numpy() if isinstance(op.bias, tvm.ir.expr.Constant) else None
+    # with the biases of the padded output channels that write lane constants there, if asked
+    bias = bias_with_lanes(op)
     args = (cand.packed, kind, op.epilogue, bias, isinstance(op.operands[1], tvm.ir.expr.Constant))
     strict = cand.workload.mode == "strict"
-    if requested_biases(op) is not None:     # the digits would leave its padded channels at 0
-        cand.workload = cand.workload.with_bias_lanes(0)
-        cand.bias_note = ("bias kept on the ALU: it writes lane constants into its padded output "
-                          "channels, which a fold's digits would leave at 0")
-        return cand
     handed, unused = (None, "") if strict else handed_constant(op, cand.packed)
     lanes, note = fold_fits(*args, strict=strict, handed=handed)
     cand.workload = cand.workload.with_bias_lanes(lanes)
@@ -576,12 +571,9 @@ def gemm_twin(op, cand: Candidate, kind: str) -> Optional[Candidate]:
 
     if cand.workload.bias_lanes or cand.workload.bias_gemm:
         return None
-    from .lanes import requested_biases
+    from .lanes import bias_with_lanes
 
-    bias = op.bias.value.numpy() if isinstance(op.bias, tvm.ir.expr.Constant) else None
-    extra = requested_biases(op)
-    if bias is not None and extra is not None:    # the padded channels' biases get digits too
-        bias = np.concatenate([bias.ravel(), extra])
+    bias = bias_with_lanes(op)          # the padded channels' lane biases get digits too
     ok, note = gemm_bias_decision(cand.packed, kind, op.epilogue, bias,
                                   strict=cand.workload.mode == "strict")
     if not ok:
@@ -632,8 +624,9 @@ def operand_layouts(op, cand: Candidate) -> Dict[str, Any]:
     pg = cand.packed
     if cand.workload.bias_lanes:
         from .codegen.biasfold import fold_layouts
+        from .lanes import bias_with_lanes
 
-        return fold_layouts(pg, op.bias.value.numpy(), cand.workload.bias_lanes,
+        return fold_layouts(pg, bias_with_lanes(op), cand.workload.bias_lanes,
                             handed=cand.lane_constant)
     return {pg.operands[r].tensor: pg.operands[r].host for r in "AB"}
 

@@ -72,7 +72,7 @@ from .depthwise import (_block, _UnitCache, bias_twin, build_diagonal, diagonal_
                         diagonal_inputs, diagonal_reference, diagonal_workload, modelled_cycles,
                         program_epilogue)
 from .reference import register_reference
-from .lanes import producer_lanes, requested_biases
+from .lanes import bias_with_lanes, producer_lanes, requested_biases
 from .strategy import CspGemmTemplate
 
 __all__ = ["NarrowGroupWorkload", "NarrowGroupTemplate", "competes"]
@@ -214,14 +214,11 @@ def _lane_bias(op: MatchedOp):
     """``op``'s bias with the biases of its padded channels that write the lane constants it is
     asked for appended (:func:`~.lanes.requested_biases`; a constant), else ``op.bias``."""
     import numpy as np
-    import tvm
     from tvm import relax
 
-    extra = requested_biases(op)
-    if extra is None or not isinstance(op.bias, tvm.ir.expr.Constant):
+    if requested_biases(op) is None:
         return op.bias
-    values = np.concatenate([op.bias.value.numpy().ravel().astype(np.int64), extra])
-    return relax.const(values.astype(np.int32), "int32")
+    return relax.const(bias_with_lanes(op).astype(np.int32), "int32")
 
 
 @dataclass

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["GEMM_PRODUCERS", "padded_lanes", "may_fold", "add_lanes", "pair_lanes",
-           "requested_biases", "producer_lanes", "lane_bias_layout", "handed_constant",
+           "requested_biases", "bias_with_lanes", "producer_lanes", "lane_bias_layout", "handed_constant",
            "lanes_text", "lanes_key"]
 
 #: operator kinds whose programs add a per-channel bias from a packed bias tensor and can so
@@ -213,6 +213,19 @@ def requested_biases(op) -> Optional[np.ndarray]:
             or not isinstance(op.bias, tvm.ir.expr.Constant):
         return None
     return lane_biases(op.epilogue, op.write_lanes)[0]
+
+
+def bias_with_lanes(op) -> Optional[np.ndarray]:
+    """``op``'s constant bias values (flat) followed by :func:`requested_biases` when it is
+    asked to write lane constants: what a fold's digits or a bias GEMM's digits hold; None for
+    a runtime bias."""
+    import tvm
+
+    if not isinstance(op.bias, tvm.ir.expr.Constant):
+        return None
+    bias = op.bias.value.numpy().ravel()
+    extra = requested_biases(op)
+    return bias if extra is None else np.concatenate([bias.astype(np.int64), extra])
 
 
 def producer_lanes(op, config, out_layout, writes: bool) -> Tuple[Optional[Tuple[int, ...]], str]:

@@ -378,7 +378,7 @@ class CspGemmTemplate(OpTemplate):
                  notes: List[str]) -> OpPlan:
         pg = cand.packed
         lane_bias = requested_biases(op)
-        writes = lane_bias is not None and not cand.workload.bias_lanes
+        writes = lane_bias is not None      # by its packed bias, or by its fold's digits
         lanes, words = producer_lanes(op, config, pg.operands["C"].host, writes)
         inputs = packed_inputs(op, cand, lane_bias if lanes is not None and writes else None)
         e = cand.embedding

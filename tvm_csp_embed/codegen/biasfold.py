@@ -545,8 +545,9 @@ def fold_fits(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Option
         k = pg.operands[lanes.weight].host.src_shape[0] if isinstance(lanes, FoldLanes) else None
         if isinstance(lanes, str):
             why = lanes
-        elif np.asarray(bias).size != k:
-            why = f"{np.asarray(bias).size} bias values for {k} output channels"
+        elif np.asarray(bias).size != k and isinstance(
+                _digit_layout(pg.operands[lanes.weight].host, np.asarray(bias).size), str):
+            why = _digit_layout(pg.operands[lanes.weight].host, np.asarray(bias).size)
         else:
             why = _outside(bias, lanes.lanes, f"the {lanes.lanes} spare lane(s) hold",
                            LANE_CONSTANT if handed is None else handed)
@@ -1116,12 +1117,16 @@ def _fold_layouts(pg: PackedGemm, bias: np.ndarray, n: Optional[int],
         data = pg.operands[lanes.data].host
     dop, wop = pg.operands[lanes.data], pg.operands[lanes.weight]
     digits = fold_digits(bias, lanes.lanes, LANE_CONSTANT if handed is None else handed)
-    # the output channel of every packed weight position: the weights' own layout of a probe
-    # numbered by the first (output channel) dim, 0 on padding
-    src = tuple(wop.host.src_shape)
+    # the output channel of every packed weight position: the weights' own layout (widened over
+    # the padded output channels that get a bias too) of a probe numbered by the first (output
+    # channel) dim, 0 on padding
+    numbered = _digit_layout(wop.host, bias.size)
+    if isinstance(numbered, str):
+        raise ValueError(f"{pg.embedding.mapping_str()}: {numbered}")
+    src = tuple(numbered.src_shape)
     probe = np.broadcast_to(np.arange(1, src[0] + 1, dtype=np.int32).reshape((-1,) + (1,) * (len(src) - 1)),
                             src)
-    packed = wop.host.pack_numpy(probe)
+    packed = numbered.pack_numpy(probe)
     at = [slice(None)] * packed.ndim
     for i, v in zip(lanes.weight_dims, lanes.weight_real):
         at[i] = v
@@ -1141,6 +1146,24 @@ def _fold_layouts(pg: PackedGemm, bias: np.ndarray, n: Optional[int],
     weight = HostLayout(wop.host.src_shape, wop.host.steps + (
         ("set", tuple(packed.shape), tuple(index), tuple(vals), "int8"),), wop.host.name)
     return {dop.tensor: data, wop.tensor: weight}
+
+
+def _digit_layout(host: HostLayout, channels: int) -> Union[HostLayout, str]:
+    """The weights' layout ``host`` as a layout of ``channels`` output channels: itself, or, for
+    more channels than its source has (biases of padded output channels, which write lane
+    constants there: :func:`producer_lane_bias`), the same steps on a source that many channels
+    wide whose leading ``pad`` pads the output channel that much less; or why it cannot be."""
+    src = tuple(host.src_shape)
+    extra = channels - src[0]
+    if extra == 0:
+        return host
+    first = host.steps[0] if host.steps else ("",)
+    if extra < 0 or first[0] != "pad" or first[1][0][1] < extra:
+        return (f"{channels} bias values for {src[0]} output channels (the weights' layout does not "
+                f"pad {extra} more output channels first)")
+    pads = ((first[1][0][0], first[1][0][1] - extra),) + tuple(first[1][1:])
+    return HostLayout((channels,) + src[1:], ((first[0], pads) + tuple(first[2:]),)
+                      + tuple(host.steps[1:]), host.name)
 
 
 # ------------------------------------------------------------------------------------ bias by GEMM

@@ -74,13 +74,8 @@ def consumer_flags(mod, matched: Sequence[Tuple[MatchedOp, str]],
 def _function_flags(func: relax.Function, matched: Sequence[Tuple[MatchedOp, str]],
                     on_vta: Callable[[MatchedOp], bool]) -> Dict[str, dict]:
     """:func:`consumer_flags` of the matched operators ending in ``func``."""
-    bindings = _bindings(func)
+    bindings, ends, owner = _owners(func, matched)
     values = {var.name: value for var, value in bindings}
-    ends = {end: m for m, end in matched if end in values}
-    owner: Dict[str, MatchedOp] = {}
-    for end, m in ends.items():
-        for name in _interior(end, m, values, set(ends)):
-            owner.setdefault(name, m)
     users = _users(func, bindings)
     memo: Dict[str, frozenset] = {}
 
@@ -141,16 +136,11 @@ def matched_users(mod, matched: Sequence[Tuple[MatchedOp, str]]) -> Dict[str, Li
     for func in mod.functions.values():
         if not isinstance(func, relax.Function):
             continue
-        bindings = _bindings(func)
-        values = {var.name: value for var, value in bindings}
-        ends = {end: m for m, end in matched if end in values}
-        owner: Dict[str, MatchedOp] = {}
-        for end, m in ends.items():
-            for name in _interior(end, m, values, set(ends)):
-                owner.setdefault(name, m)
+        bindings, ends, owner = _owners(func, matched)
+        users = _users(func, bindings)
         for end, m in ends.items():
             found: List[Any] = []
-            for user in _users(func, bindings).get(end, ()):
+            for user in users.get(end, ()):
                 taker = owner.get(user) if user is not None else None
                 index = next((i for i, e in enumerate(taker.operands)
                               if isinstance(e, relax.Var) and e.name == end), None) \
@@ -158,6 +148,20 @@ def matched_users(mod, matched: Sequence[Tuple[MatchedOp, str]]) -> Dict[str, Li
                 found.append(None if index is None else (taker, index))
             out[m.name] = found
     return out
+
+
+def _owners(func: relax.Function, matched: Sequence[Tuple[MatchedOp, str]]):
+    """``(bindings, ends, owner)`` of ``func``: its bindings (:func:`_bindings`), the matched
+    operators ending in it by the name of their last binding, and the matched operator each
+    binding belongs to (:func:`_interior`)."""
+    bindings = _bindings(func)
+    values = {var.name: value for var, value in bindings}
+    ends = {end: m for m, end in matched if end in values}
+    owner: Dict[str, MatchedOp] = {}
+    for end, m in ends.items():
+        for name in _interior(end, m, values, set(ends)):
+            owner.setdefault(name, m)
+    return bindings, ends, owner
 
 
 def _bindings(func: relax.Function) -> List[Tuple[relax.Var, relax.Expr]]:
