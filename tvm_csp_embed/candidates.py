@@ -548,7 +548,8 @@ def _kept_note(twin: Candidate, cand: Candidate) -> None:
     from .codegen.biasfold import fold_form_note
 
     extra = layout_traffic(data_layout(cand)) - layout_traffic(data_layout(cand, folded=False))
-    note = fold_form_note(cand.packed, cand.workload.bias_lanes)
+    note = ("its lane constants written by the producer" if cand.lane_constant is not None
+            else fold_form_note(cand.packed, cand.workload.bias_lanes))
     twin.bias_note = (f"{_KEPT_BY_OBJECTIVE} the fold into {cand.workload.bias_lanes} "
                       f"lanes (its lane constants add {extra:,} bytes of host layout "
                       f"traffic{'; ' + note if note else ''})")
