@@ -95,3 +95,29 @@ def test_mobilenet_v1_small_bit_exact():
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v1"])
 def test_full_size_bit_exact(name):
     _check_bit_exact(name, 224)
+
+
+@pytest.mark.parametrize("name", ["regnet_x_1_6gf"])
+def test_regnet_lane_constants_bit_exact(name):
+    """RegNetX's 72/168/408 channels pad 8 channels of every packed activation: the grouped
+    convs and residual adds hand over lane constants their 1x1 consumers fold their biases into
+    (``tvm_csp_embed.lanes``). The ext_vta output equals the llvm build to the bit, and the build
+    report shows both the producers writing and the consumers folding with no host pass."""
+    import tvm_csp_embed  # noqa: F401  (registers csp-relaxed)
+
+    model, qm, _, data = quantized_example(name, 32)
+    outputs = []
+    for target in (vta_ext.vta_target("default"), "llvm"):
+        with vta_ext.build_options(strategy="csp-relaxed"):
+            vm = relax.VirtualMachine(relax.build(qm.mod, target=target), tvm.cpu())
+        if target != "llvm":
+            report = vta_ext.last_build_report()
+        outputs.append(vm["main"](tvm.runtime.tensor(data))[0].numpy())
+    np.testing.assert_array_equal(*outputs)
+    assert np.abs(outputs[1]).max() > 0
+    details = [p.detail for p in report.on_vta]
+    writers = [d for d in details if "writes lane constants (1, 127 x7)" in d]
+    folders = [d for d in details if "written by the producer into its padded channels" in d]
+    assert writers and folders
+    # every folding consumer takes its input over from the producer (no host pass)
+    assert all("input kept in the packed layout of the previous VTA operator" in d for d in folders)

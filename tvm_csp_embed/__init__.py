@@ -24,6 +24,7 @@ from . import depthwise as _depthwise  # depthwise convs: ALU template or GEMM b
 from . import csp_reference as _csp_reference  # the CSP strategies' numpy references, for the tuner  # noqa: E402,F401
 from . import grouped as _grouped  # narrow grouped convs: CSP plan or GEMM block-diagonal  # noqa: E402,F401
 from . import pool as _pool  # max pools: the direct or the separable schedule  # noqa: E402,F401
+from . import lanes as _lanes  # lane constants written by producers for folding consumers  # noqa: E402,F401
 from . import solve_worker as _solve_worker  # noqa: E402
 
 _solve_worker.start()   # the solver's worker process boots while the caller prepares its build

@@ -278,6 +278,9 @@ class Candidate:
     #: ``bias_lanes`` and the ``bias_note``s, run in order by :func:`settle`; empty: decided
     pending: List[Callable[["Candidate"], None]] = dataclasses.field(default_factory=list,
                                                                      repr=False)
+    #: the other lanes' constant of a bias folded into lane constants the producer wrote into
+    #: its padded channels (:func:`~.lanes.handed_constant`): the data is taken over as it is
+    lane_constant: Optional[int] = None
 
     @property
     def label(self) -> str:
@@ -481,19 +484,29 @@ def fold_candidate(op, cand: Candidate, kind: str) -> Candidate:
     import tvm
 
     from .codegen.biasfold import fold_decision, fold_fits
+    from .lanes import bias_with_lanes, handed_constant
 
-    bias = op.bias.value.numpy() if isinstance(op.bias, tvm.ir.expr.Constant) else None
+    # with the biases of the padded output channels that write lane constants there, if asked
+    bias = bias_with_lanes(op)
     args = (cand.packed, kind, op.epilogue, bias, isinstance(op.operands[1], tvm.ir.expr.Constant))
     strict = cand.workload.mode == "strict"
-    lanes, note = fold_fits(*args, strict=strict)
+    handed, unused = (None, "") if strict else handed_constant(op, cand.packed)
+    lanes, note = fold_fits(*args, strict=strict, handed=handed)
     cand.workload = cand.workload.with_bias_lanes(lanes)
     cand.bias_note = note
-    if lanes:
+    cand.lane_constant = handed if lanes else None
+    if lanes and handed is not None:
+        cand.bias_note = fold_decision(*args, strict=strict, handed=handed)[1]
+    elif lanes:
         def decide(c: Candidate) -> None:
             lanes, c.bias_note = fold_decision(*args, strict=strict)
             c.workload = c.workload.with_bias_lanes(lanes)
+            if unused:
+                c.bias_note += f"; the input's lane constants not used: {unused}"
 
         cand.pending.append(decide)
+    elif unused and note:
+        cand.bias_note += f"; the input's lane constants not used: {unused}"
     return cand
 
 
@@ -535,7 +548,8 @@ def _kept_note(twin: Candidate, cand: Candidate) -> None:
     from .codegen.biasfold import fold_form_note
 
     extra = layout_traffic(data_layout(cand)) - layout_traffic(data_layout(cand, folded=False))
-    note = fold_form_note(cand.packed, cand.workload.bias_lanes)
+    note = ("its lane constants written by the producer" if cand.lane_constant is not None
+            else fold_form_note(cand.packed, cand.workload.bias_lanes))
     twin.bias_note = (f"{_KEPT_BY_OBJECTIVE} the fold into {cand.workload.bias_lanes} "
                       f"lanes (its lane constants add {extra:,} bytes of host layout "
                       f"traffic{'; ' + note if note else ''})")
@@ -558,7 +572,9 @@ def gemm_twin(op, cand: Candidate, kind: str) -> Optional[Candidate]:
 
     if cand.workload.bias_lanes or cand.workload.bias_gemm:
         return None
-    bias = op.bias.value.numpy() if isinstance(op.bias, tvm.ir.expr.Constant) else None
+    from .lanes import bias_with_lanes
+
+    bias = bias_with_lanes(op)          # the padded channels' lane biases get digits too
     ok, note = gemm_bias_decision(cand.packed, kind, op.epilogue, bias,
                                   strict=cand.workload.mode == "strict")
     if not ok:
@@ -609,8 +625,10 @@ def operand_layouts(op, cand: Candidate) -> Dict[str, Any]:
     pg = cand.packed
     if cand.workload.bias_lanes:
         from .codegen.biasfold import fold_layouts
+        from .lanes import bias_with_lanes
 
-        return fold_layouts(pg, op.bias.value.numpy(), cand.workload.bias_lanes)
+        return fold_layouts(pg, bias_with_lanes(op), cand.workload.bias_lanes,
+                            handed=cand.lane_constant)
     return {pg.operands[r].tensor: pg.operands[r].host for r in "AB"}
 
 
@@ -620,7 +638,7 @@ def data_layout(cand: Candidate, folded: bool = True):
     ``folded`` is False; the same as ``operand_layouts(op, cand)`` gives for it, without the
     weights' bias digits."""
     pg = cand.packed
-    if folded and cand.workload.bias_lanes:
+    if folded and cand.workload.bias_lanes and cand.lane_constant is None:
         from .codegen.biasfold import fold_data_layout
 
         return fold_data_layout(pg, cand.workload.bias_lanes)
@@ -628,16 +646,21 @@ def data_layout(cand: Candidate, folded: bool = True):
     return next(pg.operands[r].host for r in "AB" if pg.operands[r].tensor == data)
 
 
-def packed_inputs(op, cand: Candidate):
+def packed_inputs(op, cand: Candidate, lane_bias=None):
     """``inputs(packer)`` of the plan of ``cand`` for the matched operator ``op``
     (:class:`vta_ext.strategy.OpPlan`): packs the activation (or takes it over from the previous
     VTA operator), the weight and the bias into the candidate's layouts and returns the VTA call's
     packed arguments in the program's order (A, B, bias). A folded bias (``bias_lanes``) is no
     argument: the data and weight layouts write it in (:func:`operand_layouts`), and the data is
-    always packed from the operator's tensor (a hand-over would miss the lane constants)."""
+    packed from the operator's tensor (a hand-over would miss the lane constants), unless the
+    producer wrote them into its padded channels (``cand.lane_constant``): then it must be
+    taken over. ``lane_bias``: the biases of the padded output channels that write lane
+    constants there (:func:`~.lanes.requested_biases`), set into the packed bias
+    (:func:`~.lanes.lane_bias_layout`)."""
     pg = cand.packed
     A, B = pg.operands["A"], pg.operands["B"]
     folded = bool(cand.workload.bias_lanes)
+    handed = folded and cand.lane_constant is not None
     data_name, weight_name = (t.name for t in cand.embedding.workload.inputs)
 
     def inputs(packer):
@@ -645,13 +668,23 @@ def packed_inputs(op, cand: Candidate):
         args = {}
         for name, expr in ((data_name, op.operands[0]), (weight_name, op.operands[1])):
             layout = layouts[name]
-            kept = None if folded else packer.handover(expr, layout)
+            kept = None if folded and not handed else packer.handover(expr, layout)
+            if kept is None and handed and name == data_name:
+                raise RuntimeError(f"{cand.label}: the bias is folded into the lane constants "
+                                   "of the producer's padded channels, but its output is not "
+                                   "handed over")
             args[name] = kept if kept is not None else layout.pack(packer, expr)
             if name == data_name:
                 packer.note_kept(kept is not None)
         out = [args[A.tensor], args[B.tensor]]
         if op.bias is not None and not folded:
-            out.append(pg.bias_layout(_shape(op.bias)).pack(packer, op.bias))
+            bias = pg.bias_layout(_shape(op.bias))
+            if lane_bias is not None:
+                from .lanes import lane_bias_layout
+
+                bias = lane_bias_layout(bias, pg.operands["C"].host, _shape(op.core)[1],
+                                        lane_bias)
+            out.append(bias.pack(packer, op.bias))
         return out
 
     return inputs

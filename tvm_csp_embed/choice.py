@@ -191,8 +191,14 @@ def output_users(op: MatchedOp) -> Tuple[bool, bool]:
 
 def consumer_key(op: MatchedOp) -> List[Any]:
     """What the host layout pricing of ``op``'s plans depends on besides its layouts, as the
-    choice and plan caches key it: its output's users and whether its input is unpacked anyway."""
-    return [None if op.consumers is None else list(op.consumers), op.input_unpacked]
+    choice and plan caches key it: its output's users and whether its input is unpacked anyway,
+    and the lane constants of its input and those it is asked to write when there are any
+    (:func:`~.lanes.lanes_key`)."""
+    from .lanes import lanes_key
+
+    lanes = lanes_key(op)
+    return ([None if op.consumers is None else list(op.consumers), op.input_unpacked]
+            + ([lanes] if lanes != [None, None] else []))
 
 
 def consumer_text(op: MatchedOp) -> str:

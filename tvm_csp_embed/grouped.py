@@ -72,6 +72,7 @@ from .depthwise import (_block, _UnitCache, bias_twin, build_diagonal, diagonal_
                         diagonal_inputs, diagonal_reference, diagonal_workload, modelled_cycles,
                         program_epilogue)
 from .reference import register_reference
+from .lanes import bias_with_lanes, producer_lanes, requested_biases
 from .strategy import CspGemmTemplate
 
 __all__ = ["NarrowGroupWorkload", "NarrowGroupTemplate", "competes"]
@@ -184,6 +185,10 @@ def _sparse_plan(op: MatchedOp, config, width: int) -> OpPlan:
     wl = BlockSparseWorkload(batch=np_, in_channels=c, out_channels=c, **geo.fields)
     tiles = tile_count(c, width, block)
     desc = f"{geo.text}; {tiles} nonzero weight tiles per tap (of {(cp // block) ** 2})"
+    bias = _lane_bias(op)         # with the padded channels' lane constants, when asked
+    lanes, words = producer_lanes(op, config, geo.out, writes=bias is not op.bias)
+    if words:
+        desc += f"; {words}"
 
     def inputs(packer):
         from tvm import relax
@@ -193,15 +198,27 @@ def _sparse_plan(op: MatchedOp, config, width: int) -> OpPlan:
         d, kept = act.pack(packer, data)
         packer.note_kept(kept)
         args = [d, relax.const(block_sparse_weight(weight.value.numpy(), block), "int8")]
-        for vector in (op.bias, op.multiplier):
+        for vector in (bias, op.multiplier):
             if vector is not None:
-                args.append(pack_channel_bias(packer, vector, c, cp, act.batch_block, block))
+                n = cp if vector is not op.bias and vector is bias else c  # with its lanes
+                args.append(pack_channel_bias(packer, vector, n, cp, act.batch_block, block))
         return args
 
     return OpPlan(wl, inputs, geo.out, desc,
                   padding_text(*act.padding(), ("MACs per pixel and tap (lanes of the nonzero "
                                                 "tiles)", c * width, tiles * block * block)),
-                  in_layout=act)
+                  in_layout=act, out_lanes=lanes)
+
+
+def _lane_bias(op: MatchedOp):
+    """``op``'s bias with the biases of its padded channels that write the lane constants it is
+    asked for appended (:func:`~.lanes.requested_biases`; a constant), else ``op.bias``."""
+    import numpy as np
+    from tvm import relax
+
+    if requested_biases(op) is None:
+        return op.bias
+    return relax.const(bias_with_lanes(op).astype(np.int32), "int32")
 
 
 @dataclass
@@ -358,8 +375,10 @@ class NarrowGroupTemplate(CspGemmTemplate):
                                          options)
             return scored[wl].cycles
         sparse = isinstance(add.plan.workload, BlockSparseWorkload)
+        # the block-sparse program's bias GEMM takes its padded channels' lane biases too
+        ranged = dataclasses.replace(op, bias=_lane_bias(op)) if sparse else op
         wl, _, words = bias_twin(add.plan.workload, cycles_of, diagonal_bias_gemm(
-            op, config, add.plan.workload, "group_conv2d" if sparse else None))
+            ranged, config, add.plan.workload, "group_conv2d" if sparse else None))
         best = scored[wl]
         best = dataclasses.replace(best, plan=self._with_bias(best.plan, wl.bias_gemm, words))
         return best, {"bias_gemm": wl.bias_gemm, "bias_words": words}

@@ -312,6 +312,18 @@ class AddTemplate(_TimedVariantTemplate):
     def _stock(self) -> OpTemplate:
         return StockAdd()
 
+    def plan(self, op: MatchedOp, config) -> OpPlan:
+        """The timed variant's plan, stating the constants of its output's padded channels when
+        both inputs are handed over with theirs (:func:`~.lanes.add_lanes`)."""
+        from .lanes import add_lanes
+
+        plan = super().plan(op, config)
+        known = tuple(op.input_lanes)
+        if len(known) == 2 and all(k is not None for k in known) and len(set(map(len, known))) == 1:
+            plan = dataclasses.replace(plan, out_lanes=tuple(
+                int(v) for v in add_lanes(op.epilogue, *known)))
+        return plan
+
 
 
 def _summary(noun: str, stock_variant: Dict[str, str]) -> Callable[[OpTemplate, OpPlan, Any], str]:

@@ -82,6 +82,7 @@ from .codegen.build import build_gemm
 from .codegen.knobs import KnobPoint, cached_grid, cycle_point, fallback_point, knob_names, tps_point
 from .codegen.knobs import seed_tps_point
 from .operators import LAYOUTS, OPERATOR_KINDS, operator_params, operator_text
+from .lanes import producer_lanes, requested_biases
 from .plan_cache import PLAN_VERSION, PlanCache, _SEARCHES
 from .stock_knobs import StockSearch, searches
 from .solve import SolverError
@@ -171,9 +172,11 @@ class CspGemmTemplate(OpTemplate):
             else:
                 workload = search.place(point.knobs)
                 text += f"; {point.text(self.strategy)}"
+        lanes, words = producer_lanes(op, config, plan.out_layout, writes=False)
         # with the stock plan's activation layout: the grouped units' choice prices its packing
-        return OpPlan(workload, plan.inputs, plan.out_layout, f"{plan.description}; {text}",
-                      plan.padding, in_layout=plan.in_layout)
+        return OpPlan(workload, plan.inputs, plan.out_layout,
+                      f"{plan.description}; {text}" + (f"; {words}" if words else ""),
+                      plan.padding, in_layout=plan.in_layout, out_lanes=lanes)
 
     def _search(self, plan: OpPlan, op: MatchedOp, config, options) -> Optional[StockSearch]:
         """The point search of the stock template's ``plan`` for ``op`` (:mod:`.stock_knobs`),
@@ -374,7 +377,10 @@ class CspGemmTemplate(OpTemplate):
     def _plan_of(self, op: MatchedOp, config, cand: Candidate, why: str, n_usable: int,
                  notes: List[str]) -> OpPlan:
         pg = cand.packed
-        inputs = packed_inputs(op, cand)
+        lane_bias = requested_biases(op)
+        writes = lane_bias is not None      # by its packed bias, or by its fold's digits
+        lanes, words = producer_lanes(op, config, pg.operands["C"].host, writes)
+        inputs = packed_inputs(op, cand, lane_bias if lanes is not None and writes else None)
         e = cand.embedding
         unrolled = ", ".join(f"{t} stencil-unrolled over {'/'.join(d)}" for t, d in e.unrolled.items())
         desc = (f"{_op_text(cand.workload)}; embedding {e.mapping_str()} in layout "
@@ -382,11 +388,13 @@ class CspGemmTemplate(OpTemplate):
                 + (f"; {unrolled}" if unrolled else "") + f"); chosen for {why}")
         if cand.bias_note:
             desc += "; " + cand.bias_note
+        if words:
+            desc += "; " + words
         if notes:
             desc += "; " + "; ".join(notes)
         pads = ", ".join(f"{DIM_WORDS.get(d, d)} {e.workload.extents[e.workload.dims.index(d)]}->"
                          f"{e.padded_extents[d]}" for d in e.padding)
-        return OpPlan(cand.workload, inputs, pg.operands["C"].host, desc, pads)
+        return OpPlan(cand.workload, inputs, pg.operands["C"].host, desc, pads, out_lanes=lanes)
 
     # ---------------------------------------------------------------- build
     def build(self, config, workload: CspWorkload, epilogue: Sequence[tuple], knobs) -> Any:

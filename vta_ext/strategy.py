@@ -77,6 +77,15 @@ class MatchedOp:
     input_unpacked : bool
         The first operand is a matched operator's output that the host unpacks for a CPU user
         anyway (set by the offload pass): taking it in another layout costs only the packing.
+    input_lanes : tuple
+        Per operand, the int8 constants the padded channels of the packed tensor handed over for
+        it hold (one per padded channel, in channel order), or None where not known (set by the
+        offload pass before planning from the producer's :attr:`OpPlan.out_lanes`).
+    write_lanes : tuple of int or None
+        The constants the offload pass's pre-pass asks this operator to write into the padded
+        channels of its packed output, because a consumer can fold its bias into them (a
+        strategy's lane pairing, :func:`vta_ext.offload.consumers.register_lane_pairing`);
+        None: nothing asked.
     """
 
     kind: str
@@ -90,6 +99,8 @@ class MatchedOp:
     input_layout: Any = None
     consumers: Optional[Tuple[str, ...]] = None
     input_unpacked: bool = False
+    input_lanes: Tuple[Optional[Tuple[int, ...]], ...] = ()
+    write_lanes: Optional[Tuple[int, ...]] = None
 
     @property
     def shapes(self) -> str:
@@ -124,6 +135,10 @@ class OpPlan:
         The packed layout of the activation input (the first operand), when the template states
         it: a strategy choosing between plans can tell which one takes over the previous VTA
         operator's output (:attr:`MatchedOp.input_layout`).
+    out_lanes : tuple of int or None
+        The int8 constants the padded channels of the packed output hold (one per padded
+        channel), when the plan knows them; the offload pass hands them over with the output
+        (:attr:`MatchedOp.input_lanes` of its consumers).
     """
 
     workload: Any
@@ -132,6 +147,7 @@ class OpPlan:
     description: str
     padding: str = ""
     in_layout: Any = None
+    out_lanes: Optional[Tuple[int, ...]] = None
 
 
 Point = Dict[str, Any]

@@ -53,7 +53,7 @@ import numpy as np
 from .plan import AXIS_PREFIX, PackedGemm
 from .relayout import HostLayout, _is_identity
 
-__all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "fold_range", "fold_constants", "fold_digits",
+__all__ = ["FIRST_LANE_CONSTANT", "LANE_CONSTANT", "POSITIVE_LANE_CONSTANT", "lane_biases", "producer_lane_bias", "handed_lane_constant", "fold_range", "fold_constants", "fold_digits",
            "FoldLanes", "fold_lanes", "fold_decision", "fold_fits", "fold_copied_bound", "fold_forms", "fold_form_note", "fold_layouts", "fold_data_layout", "fold_epilogue",
            "FOLD_KINDS", "gemm_bias_decision", "gemm_bias_lanes_decision", "gemm_bias_epilogue", "gemm_bias_operands"]
 
@@ -62,6 +62,9 @@ FIRST_LANE_CONSTANT = 1
 #: the data constant of every other spare lane (the int8 of largest magnitude: each of these lanes
 #: adds a multiple of 128 in ``[-127 * 128, 128 * 128]``)
 LANE_CONSTANT = -128
+#: the other spare lanes' constant a producer writes into its padded output channels when its
+#: epilogue clips at 0 (a ReLU: -128 does not survive it; :func:`producer_lane_bias`)
+POSITIVE_LANE_CONSTANT = 127
 #: operator kinds whose weight tensor has the output channel as its first dim, the channel of a
 #: per-channel bias (a batched matmul's bias is per batch and column)
 FOLD_KINDS = ("conv2d", "group_conv2d", "dense", "conv1d", "dilated_conv2d")
@@ -69,71 +72,197 @@ FOLD_KINDS = ("conv2d", "group_conv2d", "dense", "conv1d", "dilated_conv2d")
 _I8_MIN, _I8_MAX = -128, 127
 
 
-def fold_range(lanes: int) -> Tuple[int, int]:
+def _lane_constant(lane_constant: int) -> int:
+    """``lane_constant`` validated: an int8 other than -1, 0 and 1 (the other lanes' constant)."""
+    c = int(lane_constant)
+    if not _I8_MIN <= c <= _I8_MAX or abs(c) < 2:
+        raise ValueError(f"lane constant {lane_constant}: expected an int8 of magnitude 2..128")
+    return c
+
+
+def fold_range(lanes: int, lane_constant: int = LANE_CONSTANT) -> Tuple[int, int]:
     """The biases ``lanes`` spare lanes hold: every integer in ``[lo, hi]``.
 
-    With the constants ``(1, -128, -128, ...)`` (:func:`fold_constants`) and int8 digits, the
-    first lane adds ``w_0`` in ``[-128, 127]`` and each other lane ``-128 * w_j``, a multiple of
-    128 in ``[-127 * 128, 128 * 128]``: ``lo = -128 - (L - 1) * 127 * 128`` and
-    ``hi = 127 + (L - 1) * 128 * 128`` (``L = 7``: ``-97,664 .. 98,431``; every ``|bias| <=
-    97,663``), and every integer between is reached (:func:`fold_digits`).
+    With the constants ``(1, A, A, ...)`` (:func:`fold_constants`, ``A = lane_constant``, by
+    default :data:`LANE_CONSTANT` = -128) and int8 digits, the first lane adds a residue ``w_0``
+    of the bias modulo ``|A|`` (in ``0..|A|-1``, or that minus ``|A|``) and the other lanes
+    ``A * S`` with ``S`` their digits' sum, in ``[-128 (L - 1), 127 (L - 1)]``. For ``A < 0``:
+    ``lo = -|A| - |A| * 127 (L - 1)`` and ``hi = |A| - 1 + |A| * 128 (L - 1)`` (``A = -128``,
+    ``L = 7``: ``-97,664 .. 98,431``); for ``A > 0`` the two factors swap. Every integer between
+    is reached (:func:`fold_digits`).
 
     Raises
     ------
     ValueError
-        If ``lanes < 1``.
+        If ``lanes < 1`` or ``lane_constant`` is not an int8 of magnitude 2..128.
 
-    >>> fold_range(1), fold_range(7)
-    ((-128, 127), (-97664, 98431))
+    >>> fold_range(1), fold_range(7), fold_range(8, POSITIVE_LANE_CONSTANT)
+    ((-128, 127), (-97664, 98431), (-113919, 113029))
     """
     if lanes < 1:
         raise ValueError(f"lanes={lanes}: the bias needs at least one spare lane")
-    other = (LANE_CONSTANT * _I8_MIN, LANE_CONSTANT * _I8_MAX)
-    return (_I8_MIN * FIRST_LANE_CONSTANT + (lanes - 1) * min(other),
-            _I8_MAX * FIRST_LANE_CONSTANT + (lanes - 1) * max(other))
+    a = _lane_constant(lane_constant)
+    m, lo_sum, hi_sum = abs(a), _I8_MIN * (lanes - 1), _I8_MAX * (lanes - 1)
+    if a < 0:
+        return -m - m * hi_sum, m - 1 - m * lo_sum
+    return -m + m * lo_sum, m - 1 + m * hi_sum
 
 
-def fold_constants(lanes: int) -> np.ndarray:
-    """The data constants ``a_j`` of ``lanes`` spare lanes: ``(1, -128, -128, ...)`` (int8)."""
-    fold_range(lanes)  # validates lanes
-    return np.array([FIRST_LANE_CONSTANT] + [LANE_CONSTANT] * (lanes - 1), dtype=np.int8)
+def fold_constants(lanes: int, lane_constant: int = LANE_CONSTANT) -> np.ndarray:
+    """The data constants ``a_j`` of ``lanes`` spare lanes: ``(1, A, A, ...)`` (int8; ``A =
+    lane_constant``, by default :data:`LANE_CONSTANT`)."""
+    fold_range(lanes, lane_constant)  # validates lanes and the constant
+    return np.array([FIRST_LANE_CONSTANT] + [lane_constant] * (lanes - 1), dtype=np.int8)
 
 
-def fold_digits(bias, lanes: int) -> np.ndarray:
+def fold_digits(bias, lanes: int, lane_constant: int = LANE_CONSTANT) -> np.ndarray:
     """The int8 digits ``w[k, j]`` with ``bias[k] = sum_j a_j * w[k, j]`` (``a`` of
-    :func:`fold_constants`), for every value of ``bias`` (flattened).
+    :func:`fold_constants` ``(lanes, lane_constant)``), for every value of ``bias`` (flattened).
 
-    The digits are those of the constants :data:`FIRST_LANE_CONSTANT` = 1 and
-    :data:`LANE_CONSTANT` = -128. The first digit is the residue of ``bias[k]`` modulo 128 (in ``0..127``, or that minus 128
-    where the rest would not fit), the others split ``-(bias[k] - w[k, 0]) / 128`` greedily into
-    int8 values, largest magnitude first (the unused lanes get 0).
+    The first digit is the residue of ``bias[k]`` modulo ``|A|`` (in ``0..|A|-1``, or that minus
+    ``|A|`` where the rest would not fit), the others split ``(bias[k] - w[k, 0]) / A`` greedily
+    into int8 values, largest magnitude first (the unused lanes get 0).
 
     Raises
     ------
     ValueError
-        If a value is outside :func:`fold_range` ``(lanes)``.
+        If a value is outside :func:`fold_range` ``(lanes, lane_constant)``.
 
     >>> fold_digits([1000, -1000, 127], 3).tolist()
     [[104, -7, 0], [24, 8, 0], [127, 0, 0]]
+    >>> fold_digits([1000, -1000], 3, POSITIVE_LANE_CONSTANT).tolist()
+    [[111, 7, 0], [16, -8, 0]]
     """
-    lo, hi = fold_range(lanes)
+    lo, hi = fold_range(lanes, lane_constant)
+    a = _lane_constant(lane_constant)
+    m, sign = abs(a), (1 if a > 0 else -1)
     b = np.asarray(bias, dtype=np.int64).ravel()
     if b.size and (b.min() < lo or b.max() > hi):
         raise ValueError(f"bias {int(b.min()):,}..{int(b.max()):,} is outside {lo:,}..{hi:,}, "
                          f"what {lanes} spare lane(s) hold; keep the bias on the ALU")
-    residue = np.mod(b, 128)
-    high = (b - residue) // 128
-    low = high < -(lanes - 1) * _I8_MAX          # too negative for the other lanes: borrow one
-    residue = np.where(low, residue - 128, residue)
-    high = np.where(low, high + 1, high)
+    residue = np.mod(b, m)
+    rest = (b - residue) // a                    # sum of the other digits (each times a)
+    # out of the other lanes' reach on the side a borrow of |a| from the residue fixes
+    borrow = (rest > _I8_MAX * (lanes - 1)) if a < 0 else (rest < _I8_MIN * (lanes - 1))
+    residue = np.where(borrow, residue - m, residue)
+    rest = np.where(borrow, rest + sign, rest)
     digits = np.zeros((b.size, lanes), dtype=np.int64)
     digits[:, 0] = residue
-    rest = -high                                 # sum of the other digits (each times -128)
     for j in range(1, lanes):
         digits[:, j] = np.clip(rest, _I8_MIN, _I8_MAX)
         rest = rest - digits[:, j]
     assert not rest.any(), "fold_digits: the range check let through a bias it cannot split"
     return digits.astype(np.int8)
+
+
+# ------------------------------------------------------------------------------ producer
+def lane_biases(epilogue: Sequence[tuple], constants) -> Tuple[Optional[np.ndarray], str]:
+    """The int32 biases a producer puts into its padded output channels (all-zero weights, so
+    its accumulator there is the bias alone) for its epilogue to leave the int8 ``constants``
+    (one per channel) in them.
+
+    The epilogue must be ``("bias",)`` followed by ``shr`` and ``clip`` stages only; the bias of
+    constant ``c`` is ``c << s`` (``s`` the shifts' sum), kept only if the epilogue's definition
+    (:func:`~tvm_csp_embed.reference.apply_epilogue`) gives ``c`` back.
+
+    Returns
+    -------
+    tuple
+        ``(biases, "")`` (int64 array, one per constant), or ``(None, why)``.
+    """
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    from ..reference import apply_epilogue
+
+    epilogue = normalize_epilogue(epilogue)
+    if not epilogue or epilogue[0] != ("bias",):
+        return None, "the producer's epilogue does not start with its bias"
+    rest = epilogue[1:]
+    if any(st[0] not in ("shr", "clip") for st in rest):
+        return None, (f"the producer's epilogue {'+'.join(st[0] for st in epilogue)} is not "
+                      "bias, shifts and clips")
+    c = np.asarray(constants, dtype=np.int64).ravel()
+    shift = sum(st[1] for st in rest if st[0] == "shr")
+    biases = c << shift
+    if c.size and np.abs(biases).max() >= 2 ** 31:
+        return None, f"the shift {shift} overflows int32"
+    kept = apply_epilogue(np.zeros(c.size, np.int64), epilogue, biases)
+    if not np.array_equal(kept.astype(np.int64), c):
+        return None, (f"the producer's epilogue {'+'.join(st[0] for st in epilogue)} does not "
+                      f"keep {', '.join(str(int(v)) for v in np.unique(c[kept != c]))}")
+    return biases, ""
+
+
+def producer_lane_bias(epilogue: Sequence[tuple], lanes: int) -> Tuple[Optional[np.ndarray], int, str]:
+    """The int32 biases a producer puts into ``lanes`` padded output channels
+    (:func:`lane_biases`) for its epilogue to leave the lane constants :func:`fold_constants`
+    ``(lanes, A)`` in them: the constants a consumer that folds its bias into those channels
+    (its spare reduction lanes) reads, with no host pass writing them. ``A`` is
+    :data:`LANE_CONSTANT` where the epilogue keeps -128, else :data:`POSITIVE_LANE_CONSTANT`
+    where it keeps 127 (a ReLU's clip at 0).
+
+    Returns
+    -------
+    tuple
+        ``(biases, A, "")`` (int64 array of ``lanes`` values), or ``(None, 0, why)``.
+    """
+    whys = []
+    for a in (LANE_CONSTANT, POSITIVE_LANE_CONSTANT):
+        biases, why = lane_biases(epilogue, fold_constants(lanes, a))
+        if biases is not None:
+            return biases, a, ""
+        whys.append(why)
+    if whys[0] == whys[1] and "keep" not in whys[0]:
+        return None, 0, whys[0]
+    return None, 0, (f"the producer's epilogue stages keep neither {LANE_CONSTANT} nor "
+                     f"{POSITIVE_LANE_CONSTANT} ({whys[0]}; {whys[1]})")
+
+
+def handed_lane_constant(pg: PackedGemm, layout, constants: Sequence[int]
+                         ) -> Tuple[Optional[int], str]:
+    """The other lanes' constant ``A`` when the packed data a producer hands over holds
+    :func:`fold_constants` ``(L, A)`` at every spare lane of ``pg`` (:func:`fold_lanes`): the
+    tensor in ``layout`` (a channel-padded activation of the stock blocked arrangement,
+    :class:`vta_ext.packing.BlockedActivation`, which ``pg``'s data layout must equal) with
+    ``constants`` in its padded channels (one each, in channel order). Then the bias folds into
+    those lanes with no host pass (:func:`fold_layouts` with ``handed=A``).
+
+    Checked on the packed tensor itself: the producer's padded channels packed by the blocked
+    layout of the padded width, read at every position of every lane.
+
+    Returns
+    -------
+    tuple
+        ``(A, "")``, or ``(None, why)`` (a phrase for the build report).
+    """
+    import dataclasses as _dc
+
+    from vta_ext.packing import as_blocked, same_arrangement
+
+    lanes = fold_lanes(pg)
+    if isinstance(lanes, str):
+        return None, lanes
+    dop = pg.operands[lanes.data]
+    blocked = as_blocked(layout)
+    if blocked is None or not same_arrangement(blocked, dop.host):
+        return None, "its data layout is not the producer's packed one"
+    n, c, h, w = blocked.src_shape
+    cp = blocked.padded[1]
+    consts = np.asarray(constants, dtype=np.int64)
+    if consts.size != cp - c:
+        return None, f"{consts.size} lane constants for {cp - c} padded channels"
+    probe = np.zeros((n, cp, h, w), dtype=np.int8)
+    probe[:, c:] = consts.astype(np.int8)[None, :, None, None]
+    packed = _dc.replace(blocked, c=cp).pack_numpy(probe).ravel()
+    held = [np.unique(packed[_lane_flat(dop.host.shape, lanes, j)]) for j in range(lanes.lanes)]
+    want_first = held[0].tolist() == [FIRST_LANE_CONSTANT]
+    others = {int(v) for vals in held[1:] for v in vals}
+    a = next(iter(others)) if len(others) == 1 else LANE_CONSTANT
+    if not want_first or len(others) > 1 or (others and not 2 <= abs(a) <= 128):
+        text = ", ".join("/".join(str(int(v)) for v in vals) for vals in held)
+        return None, (f"its {lanes.lanes} spare lanes hold {text} of the producer's lane "
+                      f"constants, not ({FIRST_LANE_CONSTANT}, A, A, ...)")
+    return a, ""
 
 
 # ------------------------------------------------------------------------------------ lanes
@@ -346,7 +475,8 @@ def fold_epilogue(epilogue: Sequence[tuple]) -> Tuple[tuple, ...]:
 
 
 def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Optional[np.ndarray],
-                  weight_constant: bool, strict: bool = False) -> Tuple[int, str]:
+                  weight_constant: bool, strict: bool = False,
+                  handed: Optional[int] = None) -> Tuple[int, str]:
     """Whether the bias of an operator folds into ``pg``'s spare lanes: ``(lanes, sentence)``.
 
     Parameters
@@ -362,6 +492,10 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
         Whether the weights are a build-time constant (the digits are written at build time).
     strict : bool
         ``csp-strict``: never fold (its programs equal the stock template's).
+    handed : int or None
+        The other lanes' constant ``A`` when the producer hands the data over with the lane
+        constants in every spare lane (:func:`handed_lane_constant`): the fold takes every
+        spare lane and no host pass writes them.
 
     Returns
     -------
@@ -369,9 +503,14 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
         ``(lanes, "bias folded into N spare reduction lanes (...)")`` or
         ``(0, "bias kept on the ALU: <why>")``.
     """
-    lanes, why = fold_fits(pg, kind, epilogue, bias, weight_constant, strict)
+    lanes, why = fold_fits(pg, kind, epilogue, bias, weight_constant, strict, handed)
     if not lanes:
         return 0, why
+    if handed is not None:
+        lo, hi = fold_range(lanes, handed)
+        return lanes, (f"bias folded into {lanes} spare reduction lane(s) (holds {lo:,}..{hi:,}), "
+                       f"their constants ({FIRST_LANE_CONSTANT}, {handed} x{lanes - 1}) written "
+                       "by the producer into its padded channels: no host pass")
     fits = [(f, d) for f, d in fold_forms(pg) if _outside(bias, f.lanes, "") is None]
     f, d = min(fits, key=lambda fd: fd[1].copied)
     lo, hi = fold_range(f.lanes)
@@ -381,7 +520,8 @@ def fold_decision(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Op
 
 
 def fold_fits(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Optional[np.ndarray],
-              weight_constant: bool, strict: bool = False) -> Tuple[int, str]:
+              weight_constant: bool, strict: bool = False,
+              handed: Optional[int] = None) -> Tuple[int, str]:
     """Whether the bias of an operator folds into ``pg``'s spare lanes at all, without choosing
     the form (:func:`fold_forms`) that :func:`fold_decision` takes: ``(lanes, "")`` with the
     number of every spare lane (:func:`fold_lanes`), or :func:`fold_decision`'s own
@@ -405,10 +545,12 @@ def fold_fits(pg: PackedGemm, kind: str, epilogue: Sequence[tuple], bias: Option
         k = pg.operands[lanes.weight].host.src_shape[0] if isinstance(lanes, FoldLanes) else None
         if isinstance(lanes, str):
             why = lanes
-        elif np.asarray(bias).size != k:
-            why = f"{np.asarray(bias).size} bias values for {k} output channels"
+        elif np.asarray(bias).size != k and isinstance(
+                _digit_layout(pg.operands[lanes.weight].host, np.asarray(bias).size), str):
+            why = _digit_layout(pg.operands[lanes.weight].host, np.asarray(bias).size)
         else:
-            why = _outside(bias, lanes.lanes, f"the {lanes.lanes} spare lane(s) hold")
+            why = _outside(bias, lanes.lanes, f"the {lanes.lanes} spare lane(s) hold",
+                           LANE_CONSTANT if handed is None else handed)
             if why is None:
                 return lanes.lanes, ""
     return 0, f"bias kept on the ALU: {why}"
@@ -518,10 +660,10 @@ def _not_a_constant_leading_bias(kind: str, epilogue, bias, strict: bool) -> Opt
     return None
 
 
-def _outside(bias, lanes: int, holder: str) -> Optional[str]:
-    """Why ``bias`` does not fit :func:`fold_range` ``(lanes)`` (``holder`` names what holds
-    the range), or None."""
-    lo, hi = fold_range(lanes)
+def _outside(bias, lanes: int, holder: str, lane_constant: int = LANE_CONSTANT) -> Optional[str]:
+    """Why ``bias`` does not fit :func:`fold_range` ``(lanes, lane_constant)`` (``holder`` names
+    what holds the range), or None."""
+    lo, hi = fold_range(lanes, lane_constant)
     b = np.asarray(bias, dtype=np.int64)
     bmin, bmax = int(b.min()), int(b.max())
     if bmin < lo or bmax > hi:
@@ -529,13 +671,16 @@ def _outside(bias, lanes: int, holder: str) -> Optional[str]:
     return None
 
 
-def fold_layouts(pg: PackedGemm, bias, lanes: Optional[int] = None) -> Dict[str, HostLayout]:
+def fold_layouts(pg: PackedGemm, bias, lanes: Optional[int] = None,
+                 handed: Optional[int] = None) -> Dict[str, HostLayout]:
     """Tensor name -> host layout of the data and weight operands with the bias folded in: the
     operands' own layouts plus a ``("set", ...)`` step that writes the lane constants into the
     data and the digits of ``bias`` (one value per output channel) into the weights.
 
     ``lanes`` (a workload's ``bias_lanes``) picks the form of :func:`fold_forms`; None: every
-    spare lane. Computed once per program, lanes and bias values (``pg.memo``).
+    spare lane. ``handed``: the producer writes the lane constants ``(1, handed, ...)``
+    (:func:`handed_lane_constant`): the data keeps its own layout and the digits are those of
+    that constant. Computed once per program, lanes, constant and bias values (``pg.memo``).
 
     Raises
     ------
@@ -544,7 +689,8 @@ def fold_layouts(pg: PackedGemm, bias, lanes: Optional[int] = None) -> Dict[str,
         a value is out of range.
     """
     b = np.ascontiguousarray(np.asarray(bias, dtype=np.int64).ravel())
-    return pg.memo(("fold_layouts", lanes, b.tobytes()), lambda: _fold_layouts(pg, b, lanes))
+    return pg.memo(("fold_layouts", lanes, handed, b.tobytes()),
+                   lambda: _fold_layouts(pg, b, lanes, handed))
 
 
 def fold_data_layout(pg: PackedGemm, lanes: Optional[int] = None) -> HostLayout:
@@ -960,16 +1106,27 @@ def _rows_before(host: HostLayout, t: int, axis: int, values: Tuple[int, ...]):
     return tuple(out), shapes[t][axis] // outer
 
 
-def _fold_layouts(pg: PackedGemm, bias: np.ndarray, n: Optional[int]) -> Dict[str, HostLayout]:
-    lanes, data = _form(pg, n)
+def _fold_layouts(pg: PackedGemm, bias: np.ndarray, n: Optional[int],
+                  handed: Optional[int] = None) -> Dict[str, HostLayout]:
+    if handed is None:
+        lanes, data = _form(pg, n)
+    else:                                  # the producer's padded channels carry the constants
+        lanes = fold_lanes(pg)
+        if isinstance(lanes, str) or lanes.lanes != (n or lanes.lanes):
+            raise ValueError(f"{pg.embedding.mapping_str()}: no fold into {n} handed-over lanes")
+        data = pg.operands[lanes.data].host
     dop, wop = pg.operands[lanes.data], pg.operands[lanes.weight]
-    digits = fold_digits(bias, lanes.lanes)
-    # the output channel of every packed weight position: the weights' own layout of a probe
-    # numbered by the first (output channel) dim, 0 on padding
-    src = tuple(wop.host.src_shape)
+    digits = fold_digits(bias, lanes.lanes, LANE_CONSTANT if handed is None else handed)
+    # the output channel of every packed weight position: the weights' own layout (widened over
+    # the padded output channels that get a bias too) of a probe numbered by the first (output
+    # channel) dim, 0 on padding
+    numbered = _digit_layout(wop.host, bias.size)
+    if isinstance(numbered, str):
+        raise ValueError(f"{pg.embedding.mapping_str()}: {numbered}")
+    src = tuple(numbered.src_shape)
     probe = np.broadcast_to(np.arange(1, src[0] + 1, dtype=np.int32).reshape((-1,) + (1,) * (len(src) - 1)),
                             src)
-    packed = wop.host.pack_numpy(probe)
+    packed = numbered.pack_numpy(probe)
     at = [slice(None)] * packed.ndim
     for i, v in zip(lanes.weight_dims, lanes.weight_real):
         at[i] = v
@@ -989,6 +1146,24 @@ def _fold_layouts(pg: PackedGemm, bias: np.ndarray, n: Optional[int]) -> Dict[st
     weight = HostLayout(wop.host.src_shape, wop.host.steps + (
         ("set", tuple(packed.shape), tuple(index), tuple(vals), "int8"),), wop.host.name)
     return {dop.tensor: data, wop.tensor: weight}
+
+
+def _digit_layout(host: HostLayout, channels: int) -> Union[HostLayout, str]:
+    """The weights' layout ``host`` as a layout of ``channels`` output channels: itself, or, for
+    more channels than its source has (biases of padded output channels, which write lane
+    constants there: :func:`producer_lane_bias`), the same steps on a source that many channels
+    wide whose leading ``pad`` pads the output channel that much less; or why it cannot be."""
+    src = tuple(host.src_shape)
+    extra = channels - src[0]
+    if extra == 0:
+        return host
+    first = host.steps[0] if host.steps else ("",)
+    if extra < 0 or first[0] != "pad" or first[1][0][1] < extra:
+        return (f"{channels} bias values for {src[0]} output channels (the weights' layout does not "
+                f"pad {extra} more output channels first)")
+    pads = ((first[1][0][0], first[1][0][1] - extra),) + tuple(first[1][1:])
+    return HostLayout((channels,) + src[1:], ((first[0], pads) + tuple(first[2:]),)
+                      + tuple(host.steps[1:]), host.name)
 
 
 # ------------------------------------------------------------------------------------ bias by GEMM

@@ -15,6 +15,11 @@ for a CPU user anyway (then taking it in another layout costs only the packing).
 :attr:`~vta_ext.strategy.MatchedOp.consumers` and :attr:`~vta_ext.strategy.MatchedOp.input_unpacked`,
 which the CSP choice's host layout pricing reads (``tvm_csp_embed.choice.plan_host_bytes``).
 
+A strategy may register a *lane pairing* (:func:`register_lane_pairing`): from the matched
+operators and which of them take which one's output (:func:`matched_users`) it decides which
+operators write constants into the padded channels of their packed output, for a consumer that
+folds its bias into them (:attr:`~vta_ext.strategy.MatchedOp.write_lanes`; :func:`lane_requests`).
+
 A matched operator whose template is known to refuse it (``OpTemplate.refusal``: the reasons a
 template can tell without planning, e.g. an average pool without an exact reciprocal) counts as a
 CPU user. One that a template refuses only when planning it still counts as ``"vta"``, and a concat
@@ -23,7 +28,7 @@ operators are planned.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Sequence, Set, Tuple
 
 from tvm import relax
 
@@ -31,7 +36,7 @@ from ..quantize.common import op_name as _op_name, shape_of as _shape
 from ..report import CPU, VTA
 from ..strategy import MatchedOp
 
-__all__ = ["consumer_flags"]
+__all__ = ["consumer_flags", "register_lane_pairing", "lane_requests", "matched_users"]
 
 #: ops a VTA output passes through in its packed layout (:mod:`~vta_ext.offload.handover`): their
 #: users are the output's users
@@ -69,13 +74,8 @@ def consumer_flags(mod, matched: Sequence[Tuple[MatchedOp, str]],
 def _function_flags(func: relax.Function, matched: Sequence[Tuple[MatchedOp, str]],
                     on_vta: Callable[[MatchedOp], bool]) -> Dict[str, dict]:
     """:func:`consumer_flags` of the matched operators ending in ``func``."""
-    bindings = _bindings(func)
+    bindings, ends, owner = _owners(func, matched)
     values = {var.name: value for var, value in bindings}
-    ends = {end: m for m, end in matched if end in values}
-    owner: Dict[str, MatchedOp] = {}
-    for end, m in ends.items():
-        for name in _interior(end, m, values, set(ends)):
-            owner.setdefault(name, m)
     users = _users(func, bindings)
     memo: Dict[str, frozenset] = {}
 
@@ -104,6 +104,64 @@ def _function_flags(func: relax.Function, matched: Sequence[Tuple[MatchedOp, str
         out[m.name]["input_unpacked"] = (producer is not None
                                          and CPU in out[producer.name]["consumers"])
     return out
+
+
+#: strategy name -> its lane pairing (:func:`register_lane_pairing`)
+_LANE_PAIRINGS: Dict[str, Callable] = {}
+
+
+def register_lane_pairing(strategy: str, pairing: Callable) -> None:
+    """Register ``pairing(ops, users, config) -> {MatchedOp.name: {"write_lanes": tuple}}`` for
+    ``strategy``: ``ops`` the matched operators its templates will plan, in order, ``users``
+    :func:`matched_users` of them."""
+    _LANE_PAIRINGS[strategy] = pairing
+
+
+def lane_requests(mod, matched: Sequence[Tuple[MatchedOp, str]], config, strategy: str,
+                  on_vta: Callable[[MatchedOp], bool]) -> Dict[str, dict]:
+    """The ``write_lanes`` field of each matched operator the lane pairing of ``strategy``
+    asks to write lane constants (empty when the strategy has none)."""
+    pairing = _LANE_PAIRINGS.get(strategy)
+    if pairing is None:
+        return {}
+    ops = [m for m, _ in matched if on_vta(m)]
+    return pairing(ops, matched_users(mod, [(m, e) for m, e in matched if on_vta(m)]), config)
+
+
+def matched_users(mod, matched: Sequence[Tuple[MatchedOp, str]]) -> Dict[str, List[Any]]:
+    """``MatchedOp.name`` -> the users of its output: ``(MatchedOp, operand index)`` for a
+    matched operator that takes it as an operand directly, None for any other user (a CPU
+    operator, a concat, the function's result)."""
+    out: Dict[str, List[Any]] = {}
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        bindings, ends, owner = _owners(func, matched)
+        users = _users(func, bindings)
+        for end, m in ends.items():
+            found: List[Any] = []
+            for user in users.get(end, ()):
+                taker = owner.get(user) if user is not None else None
+                index = next((i for i, e in enumerate(taker.operands)
+                              if isinstance(e, relax.Var) and e.name == end), None) \
+                    if taker is not None and taker is not m else None
+                found.append(None if index is None else (taker, index))
+            out[m.name] = found
+    return out
+
+
+def _owners(func: relax.Function, matched: Sequence[Tuple[MatchedOp, str]]):
+    """``(bindings, ends, owner)`` of ``func``: its bindings (:func:`_bindings`), the matched
+    operators ending in it by the name of their last binding, and the matched operator each
+    binding belongs to (:func:`_interior`)."""
+    bindings = _bindings(func)
+    values = {var.name: value for var, value in bindings}
+    ends = {end: m for m, end in matched if end in values}
+    owner: Dict[str, MatchedOp] = {}
+    for end, m in ends.items():
+        for name in _interior(end, m, values, set(ends)):
+            owner.setdefault(name, m)
+    return bindings, ends, owner
 
 
 def _bindings(func: relax.Function) -> List[Tuple[relax.Var, relax.Expr]]:

@@ -54,14 +54,31 @@ class PackedHandover:
         # bound packed slice var name -> (it, its packed source, first block, end block) when the
         # source has one batch block (the slice is a contiguous byte range)
         self._slices: Dict[str, tuple] = {}
+        # unpacked result variable name -> the constants its packed tensor's padded channels hold
+        # (``OpPlan.out_lanes`` of the VTA operator that made it)
+        self._lanes: Dict[str, Tuple[int, ...]] = {}
 
     def __repr__(self) -> str:
         return (f"PackedHandover({len(self._packed)} packed tensors, {len(self.packed_ops)} "
                 "layout operations on them)")
 
-    def hold(self, var: relax.Var, packed, layout) -> None:
-        """``var`` (an unpacked result) is also held as ``packed`` in ``layout``."""
+    def hold(self, var: relax.Var, packed, layout, lanes: Optional[Tuple[int, ...]] = None
+             ) -> None:
+        """``var`` (an unpacked result) is also held as ``packed`` in ``layout``, whose padded
+        channels hold the constants ``lanes`` when they are known."""
         self._packed[var.name] = (var, packed, layout)
+        self._lanes.pop(var.name, None)
+        if lanes is not None:
+            self._lanes[var.name] = tuple(int(v) for v in lanes)
+
+    def lanes_of(self, expr) -> Optional[Tuple[int, ...]]:
+        """The constants the padded channels of the packed tensor held for ``expr`` hold (a VTA
+        operator's output whose plan stated them, :attr:`~vta_ext.strategy.OpPlan.out_lanes`),
+        or None (not held, not known, or made by a concat / split / shuffle)."""
+        held = self.producer_layout(expr)
+        if held is None or as_blocked(held) is None:
+            return None
+        return self._lanes.get(expr.name)
 
     def producer_layout(self, expr):
         """The packed layout ``expr`` is available in as a previous VTA operator's output, or

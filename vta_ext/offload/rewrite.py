@@ -128,7 +128,8 @@ class Offloader(PyExprMutator):
             check_overflow(m, self.matcher.source_tails.get(m.name))
             m = dataclasses.replace(m, **self.consumers.get(m.name, {}))
             if m.operands:
-                m = dataclasses.replace(m, input_layout=self.producer_layout(m.operands[0]))
+                m = dataclasses.replace(m, input_layout=self.producer_layout(m.operands[0]),
+                                        input_lanes=tuple(map(self.packed.lanes_of, m.operands)))
             with phase("plan"):
                 plan = template.plan(m, self.config)
             knobs, origin = options.knobs_for(m.kind, template.strategy, plan.workload, self.config)
@@ -153,7 +154,7 @@ class Offloader(PyExprMutator):
             relax.TensorType(plan.out_layout.shape, "int8")), f"vta_{m.kind}")
         out = plan.out_layout.unpack(self, out_packed)
         self._rewritten_binding = True
-        self._last_packed = (out_packed, plan.out_layout)
+        self._last_packed = (out_packed, plan.out_layout, plan.out_lanes)
         detail = (f"{plan.description}, epilogue {'+'.join(s[0] for s in m.epilogue) or 'none'}, "
                   f"{compiled.program.insn_count} insns, {origin}{_tiling_text(compiled)}")
         if self._kept:
@@ -165,6 +166,10 @@ class Offloader(PyExprMutator):
         if parts is not None and ":" in parts:
             detail += ("; split piece read in place from its source's channel blocks "
                        "(vta_ext.run_placed, no host slice)")
+        if m.write_lanes is not None and plan.out_lanes != tuple(m.write_lanes) \
+                and "lane constants" not in detail:
+            detail += ("; the lane constants asked for its padded output channels are not "
+                       f"written: its plan ({template.report_text}) does not write them")
         if plan.padding:
             detail += f"; PADDED {plan.padding}"
             # the build logs one WARNING line for all padded operators (report.publish)

@@ -14,7 +14,7 @@ from ..options import current_options
 from ..report import publish
 from ..strategy import MatchedOp, get_template
 from ..timing import phase, timed_build
-from .consumers import consumer_flags
+from .consumers import consumer_flags, lane_requests
 from .placements import build_report
 from .rewrite import Offloader
 
@@ -42,8 +42,11 @@ def _prefetch(mod: tvm.IRModule, config: VTAConfig) -> Dict[str, dict]:
             continue                    # stays on the CPU: planning it will say why
         templates[m.name] = template
         groups.setdefault(id(template), (template, []))[1].append(m)
-    flags = consumer_flags(mod, list(zip(matcher.matched, matcher.matched_ends)),
-                           lambda m: m.name in templates)
+    pairs = list(zip(matcher.matched, matcher.matched_ends))
+    flags = consumer_flags(mod, pairs, lambda m: m.name in templates)
+    for name, extra in lane_requests(mod, pairs, config, strategy,
+                                     lambda m: m.name in templates).items():
+        flags.setdefault(name, {}).update(extra)
     for template, ops in groups.values():
         template.prefetch([dataclasses.replace(m, **flags.get(m.name, {})) for m in ops], config)
     return flags
