@@ -33,6 +33,7 @@ from .codegen.plan import PackedGemm
 __all__ = ["StockContender", "CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK",
            "STOCK", "CPU", "PRUNE_BY_BOUND",
            "choose", "cycles_bound", "agree", "time_stock", "stock_refuses", "objective_key",
+           "cpu_cost", "cpu_text", "cpu_bound_exceeded",
            "plan_host_bytes", "folded_host_bytes_bound", "output_users", "consumer_key", "consumer_text",
            "operand_pack_bytes", "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
            "gc_paused",
@@ -353,6 +354,42 @@ def cpu_host_bytes(op: MatchedOp, out_layout) -> int:
 #: what :func:`choose` returns when running the operator on the CPU is cheaper
 #: end to end than every plan for VTA (only where the stock template refuses the operator)
 CPU = "cpu"
+
+
+def cpu_cost(op: MatchedOp, out_layout, host) -> Tuple[int, int, float]:
+    """``(macs, layout_bytes, score)`` of leaving ``op`` on the CPU under the ``end-to-end``
+    objective: its MACs (:func:`vta_ext.quantize.call_macs`) and host layout bytes
+    (:func:`cpu_host_bytes` with ``out_layout``, the stock blocked arrangement) priced by the
+    host model ``host``."""
+    from vta_ext.quantize import call_macs
+
+    macs = call_macs(op.core)
+    layout = cpu_host_bytes(op, out_layout)
+    return macs, layout, host.cpu_cycles(macs) + host.layout_cycles(layout)
+
+
+def cpu_text(cost: Tuple[int, int, float], host) -> str:
+    """How the report words :func:`cpu_cost`'s ``cost`` under the host model ``host``."""
+    macs, layout, score = cost
+    return (f"{score:,.0f} cycles ({macs:,} MACs and {layout:,} B host layout, host model "
+            f"{host.name})")
+
+
+def cpu_bound_exceeded(usable: List[Candidate], on_cpu: float, cheap, exact) -> Optional[float]:
+    """The lowest of the candidates' lower bounds when every one of ``usable`` has a lower bound
+    on its end-to-end score above the CPU's score ``on_cpu`` (then none can beat the CPU,
+    whichever of them builds or fails to), else None. ``cheap(c)`` is a lower bound on
+    ``exact(c)`` (:func:`_choose`'s ``cheap_bound`` and ``lower_bound``): the exact one is computed
+    only for a candidate whose cheap bound does not exceed ``on_cpu`` already."""
+    bounds = []
+    for c in usable:
+        b = cheap(c)
+        if b <= on_cpu:
+            b = exact(c)
+            if b <= on_cpu:
+                return None
+        bounds.append(b)
+    return min(bounds) if bounds else None
 
 
 def stock_refuses(kind: str, op: MatchedOp, config) -> bool:
@@ -697,6 +734,17 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                 score(t) < bound and agreement_points(op, agree_out, *plan_layouts(op, t)) >= pts
                 for t in timed))
 
+        cpu = (cpu_cost(op, stock_out, host) if objective == "end-to-end" and contender is None
+               and stock_refuses(kind, op, config) else None)
+        if prune and cpu is not None and cpu[0]:
+            above = cpu_bound_exceeded(usable, cpu[2], cheap_bound, lower_bound)
+            if above is not None:    # no candidate can beat the CPU, whichever of them builds
+                why = (f"end to end cheaper on the CPU: {cpu_text(cpu, host)} against at least "
+                       f"{above:,.0f} cycles end to end for every one of the {distinct(usable)} "
+                       f"embedding(s) on VTA (none built: a lower bound on each one's score "
+                       f"exceeds the CPU's); the stock template refuses it too; {consumer_text(op)}")
+                _write(path, {"cpu": True, "why": why})
+                return CPU, why
         # time the considered candidates, the most promising (lowest bound) first: a candidate
         # whose bound shows it cannot be taken is not built
         while True:
@@ -763,15 +811,9 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
         else:
             timed_text += (f"; the stock template's plan not built: a lower bound on its score, "
                            f"{stock_skip:,.0f}, exceeds the best")
-        if objective == "end-to-end" and contender is None and stock_refuses(kind, op, config):
-            from vta_ext.quantize import call_macs
-
-            macs = call_macs(op.core)
-            layout = cpu_host_bytes(op, stock_out)
-            on_cpu = host.cpu_cycles(macs) + host.layout_cycles(layout)
-            if macs and on_cpu < score(best):
-                why = (f"end to end cheaper on the CPU: {on_cpu:,.0f} cycles ({macs:,} MACs and "
-                       f"{layout:,} B host layout, host model {host.name}) against "
+        if cpu is not None:
+            if cpu[0] and cpu[2] < score(best):
+                why = (f"end to end cheaper on the CPU: {cpu_text(cpu, host)} against "
                        f"{unit(best)} for the best embedding {best.label} on VTA; the stock "
                        f"template refuses it too; {consumer_text(op)}")
                 _write(path, {"cpu": True, "why": why})
