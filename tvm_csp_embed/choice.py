@@ -607,7 +607,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
         why = (f"smallest packed footprint {best.footprint:,} B of {len(usable)} embedding(s)"
                + (f" (next {ranked[1].footprint:,} B, {ranked[1].label})" if len(ranked) > 1 else ""))
     else:
-        from vta_ext.executor import compiled_op, cycle_report, op_key
+        from .shape_cycles import modelled_cycles
 
         timed, dropped, knob_errors, skipped = [], [], [], []
         stock_out = contender[0].out_layout if contender is not None else blocked_output(op, config)
@@ -758,9 +758,9 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
             if prune and beaten(lower_bound(c), agreement_points(op, agree_out, *plan_layouts(op, c))):
                 skipped.append(c)
                 continue
-            k = op_key(kind, strategy, config, c.workload, op.epilogue, knobs[id(c)])
             try:
-                compiled_op(k, config=config)
+                c.cycles = modelled_cycles(kind, strategy, config, c.workload, op.epilogue,
+                                           knobs[id(c)])
             except KnobError as err:
                 knob_errors.append(err)
                 dropped.append(f"{c.label}: {err}")
@@ -770,7 +770,6 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                 dropped.append(f"{c.label}: {err}")
                 failed.add(id(c))
                 continue
-            c.cycles = cycle_report(k).total_cycles
             if objective == "combined":
                 c.host_seconds = host_relayout_seconds(c.packed, data_layout=data_layout(c))
             timed.append(c)
@@ -900,21 +899,21 @@ def time_stock(kind: str, strategy: str, config, op: MatchedOp, contender, objec
     ``host_seconds``) at the point it is built at (:meth:`StockContender.built`), or None when
     there is none or it does not build with the knobs option (then the reason joins
     ``dropped``)."""
-    from vta_ext.executor import compiled_op, cycle_report, op_key
     from vta_ext.templates.errors import KnobError
+
+    from .shape_cycles import modelled_cycles
 
     if contender is None:
         return None
     plan, _, knobs, _ = contender
     try:
-        k = op_key(kind, strategy, config, contender.built(), op.epilogue, knobs)
-        compiled_op(k, config=config)
+        cycles = modelled_cycles(kind, strategy, config, contender.built(), op.epilogue, knobs)
     except (KnobError, TemplateRefusal) as err:
         dropped.append(f"stock template: {err}")
         return None
     host = (stock_host_relayout_seconds(kind, op, config, plan)
             if objective == "combined" else None)
-    return _StockTiming(cycle_report(k).total_cycles, host, stock_host_bytes(op, plan))
+    return _StockTiming(cycles, host, stock_host_bytes(op, plan))
 
 
 def stock_host_bytes(op: MatchedOp, plan) -> int:
