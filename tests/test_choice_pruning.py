@@ -336,3 +336,20 @@ def test_csp_plan_bounded_above_the_cpu_is_not_built(monkeypatch):
                 c.host_bytes) <= score, c.label
             timed += 1
     assert timed
+
+
+def test_cpu_bar_computes_a_dearer_bound_only_when_needed():
+    """``cpu_bound_exceeded`` with hand-made bounds: a candidate's next (dearer, tighter) bound is
+    asked for only while the ones before it do not exceed the CPU's score; the lowest deciding
+    bound is returned, or None as soon as one candidate has no bound above the CPU's score."""
+    calls = []
+
+    def bounds_of(table):
+        return [lambda c, i=i: calls.append((c, i)) or table[c][i] for i in range(3)]
+    table = {"a": (120, 130, 140), "b": (90, 110, 150), "c": (50, 80, 101)}
+    assert choice.cpu_bound_exceeded(list(table), 100, bounds_of(table)) == 101
+    assert calls == [("a", 0), ("b", 0), ("b", 1), ("c", 0), ("c", 1), ("c", 2)]
+    calls.clear()
+    table["b"] = (90, 95, 100)        # b's tightest bound is not above 100: b could beat the CPU
+    assert choice.cpu_bound_exceeded(list(table), 100, bounds_of(table)) is None
+    assert calls == [("a", 0), ("b", 0), ("b", 1), ("b", 2)]

@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import tvm
 
@@ -375,21 +375,24 @@ def cpu_text(cost: Tuple[int, int, float], host) -> str:
             f"{host.name})")
 
 
-def cpu_bound_exceeded(usable: List[Candidate], on_cpu: float, cheap, exact) -> Optional[float]:
+def cpu_bound_exceeded(usable: List[Candidate], on_cpu: float, bounds: Sequence[Any]
+                       ) -> Optional[float]:
     """The lowest of the candidates' lower bounds when every one of ``usable`` has a lower bound
     on its end-to-end score above the CPU's score ``on_cpu`` (then none can beat the CPU,
-    whichever of them builds or fails to), else None. ``cheap(c)`` is a lower bound on
-    ``exact(c)`` (:func:`_choose`'s ``cheap_bound`` and ``lower_bound``): the exact one is computed
-    only for a candidate whose cheap bound does not exceed ``on_cpu`` already."""
-    bounds = []
+    whichever of them builds or fails to), else None. ``bounds`` are lower bounds on a
+    candidate's score, each at least the one before it and dearer to compute (:func:`_choose`'s
+    ``output_bound``, ``cheap_bound`` and ``lower_bound``): a later one is computed only for a
+    candidate whose earlier ones do not exceed ``on_cpu``."""
+    found = []
     for c in usable:
-        b = cheap(c)
-        if b <= on_cpu:
-            b = exact(c)
-            if b <= on_cpu:
-                return None
-        bounds.append(b)
-    return min(bounds) if bounds else None
+        for bound in bounds:
+            b = bound(c)
+            if b > on_cpu:
+                found.append(b)
+                break
+        else:
+            return None
+    return min(found) if found else None
 
 
 def stock_refuses(kind: str, op: MatchedOp, config) -> bool:
@@ -734,10 +737,17 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                 score(t) < bound and agreement_points(op, agree_out, *plan_layouts(op, t)) >= pts
                 for t in timed))
 
+        def output_bound(c):
+            """A lower bound on :func:`cheap_bound` of ``c`` that needs neither its fold's form
+            nor its data layout: the cycles bound plus the output's host layout cycles (the
+            input's part of :func:`plan_host_bytes` is at least 0)."""
+            return cycles_of(c) + (host.layout_cycles(_output_host_bytes(
+                op, c.packed.operands["C"].host, stock_out)) if objective == "end-to-end" else 0)
+
         cpu = (cpu_cost(op, stock_out, host) if objective == "end-to-end" and contender is None
                and stock_refuses(kind, op, config) else None)
         if prune and cpu is not None and cpu[0]:
-            above = cpu_bound_exceeded(usable, cpu[2], cheap_bound, lower_bound)
+            above = cpu_bound_exceeded(usable, cpu[2], (output_bound, cheap_bound, lower_bound))
             if above is not None:    # no candidate can beat the CPU, whichever of them builds
                 why = (f"end to end cheaper on the CPU: {cpu_text(cpu, host)} against at least "
                        f"{above:,.0f} cycles end to end for every one of the {distinct(usable)} "
