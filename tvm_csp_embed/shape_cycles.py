@@ -11,13 +11,15 @@ chosen (when the build generates the chosen operator's code).
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 from typing import Any, Dict, Sequence
 
 __all__ = ["modelled_cycles", "shape_key", "forget"]
 
-#: cycle-model counts by :func:`shape_key`, for this process
-_COUNTS: Dict[str, int] = {}
+#: cycle-model counts by the SHA-256 of :func:`shape_key` (a key holds the configuration's value:
+#: a configuration sweep keeps 32 bytes per program, not the key), for this process
+_COUNTS: Dict[bytes, int] = {}
 _LOCK = threading.Lock()
 
 
@@ -46,7 +48,8 @@ def modelled_cycles(kind: str, strategy: str, config, workload: Any, epilogue: S
     """
     from vta_ext.executor import compiled_op, cycle_report, op_key
 
-    skey = shape_key(kind, strategy, config, workload, epilogue, knobs)
+    skey = hashlib.sha256(shape_key(kind, strategy, config, workload, epilogue, knobs).encode()
+                          ).digest()
     with _LOCK:
         count = _COUNTS.get(skey)
     if count is not None:
