@@ -300,14 +300,14 @@ def test_stock_bound_with_the_tiling_is_below_the_programs_cycles(layer, config)
 
 
 def test_csp_plan_bounded_above_the_cpu_is_not_built(monkeypatch):
-    """ResNeXt-50's layer2 grouped conv (256 -> 256, 3x3, 32 groups of 8 channels, 28x28) alone:
+    """ResNeXt-50's layer1 grouped conv (128 -> 128, 3x3, 32 groups of 4 channels, 56x56) alone:
     the stock template refuses it, and every embedding's lower bound (its cycles bound plus the
     host layout of its relayouts) is above leaving it on the CPU, so the pruned choice builds no
     embedding and gives the CSP plan up for the CPU, as the exhaustive choice (every considered
     embedding built and timed) does: the same programs, cycles and placements; the CPU's score is
-    its MACs (256 x 28 x 28 x 8 x 9 = 14,450,688, by hand) priced by the host model, and every
+    its MACs (128 x 56 x 56 x 4 x 9 = 14,450,688, by hand) priced by the host model, and every
     timed embedding scores above it and at least its bound."""
-    mod = _module(1, 256, 28, 28, 256, 3, 3, (1, 1), (1, 1), 32)
+    mod = _module(1, 128, 56, 56, 128, 3, 3, (1, 1), (1, 1), 32)
     pruned, seen_p = _build(mod, False, "end-to-end", monkeypatch)
     full, seen_f = _build(mod, True, "end-to-end", monkeypatch)
     assert pruned.vta_keys == full.vta_keys and pruned.vta_cycles == full.vta_cycles
@@ -316,13 +316,13 @@ def test_csp_plan_bounded_above_the_cpu_is_not_built(monkeypatch):
         [(p.op, p.device, p.plan) for p in full.placements]
     grouped = [s for s in seen_p if s[1] == "group_conv2d"]
     assert grouped and all(c.cycles is None for c in grouped[0][3])       # none built
-    text = next(p.detail for p in pruned.placements if p.op == "relax.nn.conv2d")
+    text = next(p.reason + p.detail for p in pruned.placements if p.op == "relax.nn.conv2d")
     assert "none built: a lower bound on each one's score exceeds the CPU's" in text, text
     from vta_ext.options import current_options
 
     with vta_ext.build_options(strategy="csp-relaxed", objective="end-to-end"):
         host = current_options().host
-    on_cpu = host.cpu_cycles(256 * 28 * 28 * 8 * 9)
+    on_cpu = host.cpu_cycles(128 * 56 * 56 * 4 * 9)
     assert f"cheaper on the CPU: {on_cpu:,.0f} cycles (14,450,688 MACs" in text, text
     timed = 0
     for config, kind, op, usable, _, _ in seen_f:
