@@ -300,3 +300,59 @@ def test_stock_bound_with_the_tiling_is_below_the_programs_cycles(layer, config)
         assert tps["oc_nthread"] * tps["h_nthread"] == 1
         new, old = ratios["tps"]
         assert new >= 0.97 and old < 0.9, ratios["tps"]
+
+
+def test_csp_plan_bounded_above_the_cpu_is_not_built(monkeypatch):
+    """ResNeXt-50's layer1 grouped conv (128 -> 128, 3x3, 32 groups of 4 channels, 56x56) alone:
+    the stock template refuses it, and every embedding's lower bound (its cycles bound plus the
+    host layout of its relayouts) is above leaving it on the CPU, so the pruned choice builds no
+    embedding and gives the CSP plan up for the CPU, as the exhaustive choice (every considered
+    embedding built and timed) does: the same programs, cycles and placements; the CPU's score is
+    its MACs (128 x 56 x 56 x 4 x 9 = 14,450,688, by hand) priced by the host model, and every
+    timed embedding scores above it and at least its bound."""
+    mod = _module(1, 128, 56, 56, 128, 3, 3, (1, 1), (1, 1), 32)
+    pruned, seen_p = _build(mod, False, "end-to-end", monkeypatch)
+    full, seen_f = _build(mod, True, "end-to-end", monkeypatch)
+    assert pruned.vta_keys == full.vta_keys and pruned.vta_cycles == full.vta_cycles
+    assert pruned.end_to_end_cycles == full.end_to_end_cycles
+    assert [(p.op, p.device, p.plan) for p in pruned.placements] == \
+        [(p.op, p.device, p.plan) for p in full.placements]
+    grouped = [s for s in seen_p if s[1] == "group_conv2d"]
+    assert grouped and all(c.cycles is None for c in grouped[0][3])       # none built
+    text = next(p.reason + p.detail for p in pruned.placements if p.op == "relax.nn.conv2d")
+    assert "none built: a lower bound on each one's score exceeds the CPU's" in text, text
+    from vta_ext.options import current_options
+
+    with vta_ext.build_options(strategy="csp-relaxed", objective="end-to-end"):
+        host = current_options().host
+    on_cpu = host.cpu_cycles(128 * 56 * 56 * 4 * 9)
+    assert f"cheaper on the CPU: {on_cpu:,.0f} cycles (14,450,688 MACs" in text, text
+    timed = 0
+    for config, kind, op, usable, _, _ in seen_f:
+        if kind != "group_conv2d":
+            continue
+        for c in usable:
+            if c.cycles is None:
+                continue
+            score = c.cycles + host.layout_cycles(c.host_bytes)
+            assert on_cpu < choice.cycles_bound(config, kind, op, c) + host.layout_cycles(
+                c.host_bytes) <= score, c.label
+            timed += 1
+    assert timed
+
+
+def test_cpu_bar_computes_a_dearer_bound_only_when_needed():
+    """``cpu_bound_exceeded`` with hand-made bounds: a candidate's next (dearer, tighter) bound is
+    asked for only while the ones before it do not exceed the CPU's score; the lowest deciding
+    bound is returned, or None as soon as one candidate has no bound above the CPU's score."""
+    calls = []
+
+    def bounds_of(table):
+        return [lambda c, i=i: calls.append((c, i)) or table[c][i] for i in range(3)]
+    table = {"a": (120, 130, 140), "b": (90, 110, 150), "c": (50, 80, 101)}
+    assert choice.cpu_bound_exceeded(list(table), 100, bounds_of(table)) == 101
+    assert calls == [("a", 0), ("b", 0), ("b", 1), ("c", 0), ("c", 1), ("c", 2)]
+    calls.clear()
+    table["b"] = (90, 95, 100)        # b's tightest bound is not above 100: b could beat the CPU
+    assert choice.cpu_bound_exceeded(list(table), 100, bounds_of(table)) is None
+    assert calls == [("a", 0), ("b", 0), ("b", 1), ("b", 2)]

@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import tvm
 
@@ -33,6 +33,7 @@ from .codegen.plan import PackedGemm
 __all__ = ["StockContender", "CYCLE_RANKED", "RANK_FACTOR", "STOCK_COMPARED", "AGREEMENT_SLACK",
            "STOCK", "CPU", "PRUNE_BY_BOUND",
            "choose", "cycles_bound", "agree", "time_stock", "stock_refuses", "objective_key",
+           "cpu_cost", "cpu_text", "cpu_bound_exceeded",
            "plan_host_bytes", "folded_host_bytes_bound", "output_users", "consumer_key", "consumer_text",
            "operand_pack_bytes", "blocked_output", "cpu_host_bytes", "host_relayout_seconds",
            "gc_paused",
@@ -365,6 +366,45 @@ def cpu_host_bytes(op: MatchedOp, out_layout) -> int:
 CPU = "cpu"
 
 
+def cpu_cost(op: MatchedOp, out_layout, host) -> Tuple[int, int, float]:
+    """``(macs, layout_bytes, score)`` of leaving ``op`` on the CPU under the ``end-to-end``
+    objective: its MACs (:func:`vta_ext.quantize.call_macs`) and host layout bytes
+    (:func:`cpu_host_bytes` with ``out_layout``, the stock blocked arrangement) priced by the
+    host model ``host``."""
+    from vta_ext.quantize import call_macs
+
+    macs = call_macs(op.core)
+    layout = cpu_host_bytes(op, out_layout)
+    return macs, layout, host.cpu_cycles(macs) + host.layout_cycles(layout)
+
+
+def cpu_text(cost: Tuple[int, int, float], host) -> str:
+    """How the report words :func:`cpu_cost`'s ``cost`` under the host model ``host``."""
+    macs, layout, score = cost
+    return (f"{score:,.0f} cycles ({macs:,} MACs and {layout:,} B host layout, host model "
+            f"{host.name})")
+
+
+def cpu_bound_exceeded(usable: List[Candidate], on_cpu: float, bounds: Sequence[Any]
+                       ) -> Optional[float]:
+    """The lowest of the candidates' lower bounds when every one of ``usable`` has a lower bound
+    on its end-to-end score above the CPU's score ``on_cpu`` (then none can beat the CPU,
+    whichever of them builds or fails to), else None. ``bounds`` are lower bounds on a
+    candidate's score, each at least the one before it and dearer to compute (:func:`_choose`'s
+    ``output_bound``, ``cheap_bound`` and ``lower_bound``): a later one is computed only for a
+    candidate whose earlier ones do not exceed ``on_cpu``."""
+    found = []
+    for c in usable:
+        for bound in bounds:
+            b = bound(c)
+            if b > on_cpu:
+                found.append(b)
+                break
+        else:
+            return None
+    return min(found) if found else None
+
+
 def stock_refuses(kind: str, op: MatchedOp, config) -> bool:
     """Whether the stock template refuses ``op`` (or there is none for its kind): then the
     end-to-end objective weighs leaving the operator on the CPU against running it on VTA."""
@@ -580,7 +620,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
         why = (f"smallest packed footprint {best.footprint:,} B of {len(usable)} embedding(s)"
                + (f" (next {ranked[1].footprint:,} B, {ranked[1].label})" if len(ranked) > 1 else ""))
     else:
-        from vta_ext.executor import compiled_op, cycle_report, op_key
+        from .shape_cycles import modelled_cycles
 
         timed, dropped, knob_errors, skipped = [], [], [], []
         stock_out = contender[0].out_layout if contender is not None else blocked_output(op, config)
@@ -707,6 +747,24 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                 score(t) < bound and agreement_points(op, agree_out, *plan_layouts(op, t)) >= pts
                 for t in timed))
 
+        def output_bound(c):
+            """A lower bound on :func:`cheap_bound` of ``c`` that needs neither its fold's form
+            nor its data layout: the cycles bound plus the output's host layout cycles (the
+            input's part of :func:`plan_host_bytes` is at least 0)."""
+            return cycles_of(c) + (host.layout_cycles(_output_host_bytes(
+                op, c.packed.operands["C"].host, stock_out)) if objective == "end-to-end" else 0)
+
+        cpu = (cpu_cost(op, stock_out, host) if objective == "end-to-end" and contender is None
+               and stock_refuses(kind, op, config) else None)
+        if prune and cpu is not None and cpu[0]:
+            above = cpu_bound_exceeded(usable, cpu[2], (output_bound, cheap_bound, lower_bound))
+            if above is not None:    # no candidate can beat the CPU, whichever of them builds
+                why = (f"end to end cheaper on the CPU: {cpu_text(cpu, host)} against at least "
+                       f"{above:,.0f} cycles end to end for every one of the {distinct(usable)} "
+                       f"embedding(s) on VTA (none built: a lower bound on each one's score "
+                       f"exceeds the CPU's); the stock template refuses it too; {consumer_text(op)}")
+                _write(path, {"cpu": True, "why": why})
+                return CPU, why
         # time the considered candidates, the most promising (lowest bound) first: a candidate
         # whose bound shows it cannot be taken is not built
         while True:
@@ -720,9 +778,9 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
             if prune and beaten(lower_bound(c), agreement_points(op, agree_out, *plan_layouts(op, c))):
                 skipped.append(c)
                 continue
-            k = op_key(kind, strategy, config, c.workload, op.epilogue, knobs[id(c)])
             try:
-                compiled_op(k, config=config)
+                c.cycles = modelled_cycles(kind, strategy, config, c.workload, op.epilogue,
+                                           knobs[id(c)])
             except KnobError as err:
                 knob_errors.append(err)
                 dropped.append(f"{c.label}: {err}")
@@ -732,7 +790,6 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
                 dropped.append(f"{c.label}: {err}")
                 failed.add(id(c))
                 continue
-            c.cycles = cycle_report(k).total_cycles
             if objective == "combined":
                 c.host_seconds = host_relayout_seconds(c.packed, data_layout=data_layout(c))
             timed.append(c)
@@ -773,15 +830,9 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
         else:
             timed_text += (f"; the stock template's plan not built: a lower bound on its score, "
                            f"{stock_skip:,.0f}, exceeds the best")
-        if objective == "end-to-end" and contender is None and stock_refuses(kind, op, config):
-            from vta_ext.quantize import call_macs
-
-            macs = call_macs(op.core)
-            layout = cpu_host_bytes(op, stock_out)
-            on_cpu = host.cpu_cycles(macs) + host.layout_cycles(layout)
-            if macs and on_cpu < score(best):
-                why = (f"end to end cheaper on the CPU: {on_cpu:,.0f} cycles ({macs:,} MACs and "
-                       f"{layout:,} B host layout, host model {host.name}) against "
+        if cpu is not None:
+            if cpu[0] and cpu[2] < score(best):
+                why = (f"end to end cheaper on the CPU: {cpu_text(cpu, host)} against "
                        f"{unit(best)} for the best embedding {best.label} on VTA; the stock "
                        f"template refuses it too; {consumer_text(op)}")
                 _write(path, {"cpu": True, "why": why})
@@ -868,21 +919,21 @@ def time_stock(kind: str, strategy: str, config, op: MatchedOp, contender, objec
     ``host_seconds``) at the point it is built at (:meth:`StockContender.built`), or None when
     there is none or it does not build with the knobs option (then the reason joins
     ``dropped``)."""
-    from vta_ext.executor import compiled_op, cycle_report, op_key
     from vta_ext.templates.errors import KnobError
+
+    from .shape_cycles import modelled_cycles
 
     if contender is None:
         return None
     plan, _, knobs, _ = contender
     try:
-        k = op_key(kind, strategy, config, contender.built(), op.epilogue, knobs)
-        compiled_op(k, config=config)
+        cycles = modelled_cycles(kind, strategy, config, contender.built(), op.epilogue, knobs)
     except (KnobError, TemplateRefusal) as err:
         dropped.append(f"stock template: {err}")
         return None
     host = (stock_host_relayout_seconds(kind, op, config, plan)
             if objective == "combined" else None)
-    return _StockTiming(cycle_report(k).total_cycles, host, stock_host_bytes(op, plan))
+    return _StockTiming(cycles, host, stock_host_bytes(op, plan))
 
 
 def stock_host_bytes(op: MatchedOp, plan) -> int:

@@ -187,11 +187,9 @@ class CspGemmTemplate(OpTemplate):
             return None
 
         def cycles_of(workload: CspWorkload) -> int:
-            from vta_ext.executor import compiled_op, cycle_report, op_key
+            from .shape_cycles import modelled_cycles
 
-            key = op_key(self.kind, self.strategy, config, workload, op.epilogue, policy)
-            compiled_op(key, config=config)
-            return cycle_report(key).total_cycles
+            return modelled_cycles(self.kind, self.strategy, config, workload, op.epilogue, policy)
 
         return StockSearch(config, plan.workload, tuple(op.epilogue),
                            lambda knobs: dataclasses.replace(scw, stock_knobs=knobs), cycles_of)

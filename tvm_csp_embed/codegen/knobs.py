@@ -884,12 +884,15 @@ def cached_grid(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
 def _tps_key(cfg, epilogue: Sequence[tuple], fixed: Mapping[str, int], objective: str = "bytes"
              ) -> tuple:
     """The memo key of a knob search: it is deterministic in (program, configuration value,
-    epilogue, fixed knobs, objective)."""
+    epilogue, fixed knobs, objective). The epilogue enters as its shape
+    (:func:`~vta_ext.templates.epilogue.epilogue_shape`): the model of every point counts the
+    epilogue's ALU passes, not its immediates, so the operators of a network's repeated blocks
+    (the same program, other shifts and clips) share one search."""
     from vta_ext.executor import config_digest
-    from vta_ext.templates.epilogue import normalize_epilogue
+    from vta_ext.templates.epilogue import epilogue_shape
 
     return ("tps" if objective == "bytes" else objective, config_digest(cfg),
-            repr(normalize_epilogue(epilogue)), tuple(sorted(fixed.items())))
+            repr(epilogue_shape(cfg, epilogue)), tuple(sorted(fixed.items())))
 
 
 def tps_point(cfg, pg: PackedGemm, epilogue: Sequence[tuple],
