@@ -258,8 +258,11 @@ def test_compute_work_is_the_programs_micro_op_cycles(layer, monkeypatch):
     assert checked >= 2
 
 
-@pytest.mark.parametrize("layer,config", [("C11", "default"), ("C6", "default"), ("C2", "default"),
-                                          ("C11", "pynq"), ("C2", "pynq")])
+@pytest.mark.parametrize("layer,config", [("C11", "default"),
+                                          pytest.param("C6", "default", marks=pytest.mark.slow),
+                                          pytest.param("C2", "default", marks=pytest.mark.slow),
+                                          ("C11", "pynq"),
+                                          pytest.param("C2", "pynq", marks=pytest.mark.slow)])
 def test_stock_bound_with_the_tiling_is_below_the_programs_cycles(layer, config):
     """``stock_cycles_bound`` with the knobs: below the cycle model's count of the stock program
     for every sampled knob point (TPS, the fallback, and valid points of one and of two virtual

@@ -51,7 +51,7 @@ def test_strict_conv_batch_maps_to_x_and_thin_channels_are_padded():
     assert e.padding == {"c": 1}
 
 
-@pytest.mark.parametrize("c", [1, 3])
+@pytest.mark.parametrize("c", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_relaxed_thin_channels_fold_filter_dims_with_less_padding(c):
     wl = conv2d(1, c, 9, 12, 16, 3, 5, pad=(1, 1), stride=(2, 1))
     embs, _ = embed_all(wl, G, "relaxed", solutions=2, baseline="strict")

@@ -343,8 +343,11 @@ def test_pynq_alu_inputs_take_the_identity_gemm():
 
 
 # ------------------------------------------------------------------------------ never above
-@pytest.mark.parametrize("config", ["default", "pipelined", "pynq"])
-@pytest.mark.parametrize("strategy", ["stock", "csp-relaxed"])
+@pytest.mark.parametrize("config,strategy", [  # default run: each strategy on one preset
+    ("default", "stock"), ("pynq", "csp-relaxed"),
+    *(pytest.param(c, s, marks=pytest.mark.slow) for c, s in [("pipelined", "stock"), ("pynq", "stock"),
+                                                          ("default", "csp-relaxed"),
+                                                          ("pipelined", "csp-relaxed")])])
 def test_no_plan_beats_the_floor(config, strategy):
     """A 3-channel 7x7 s2 stem, a 3x3, a 1x1 s2, a thin-channel and a grouped conv: every
     efficiency in (0, 1]. A floor above the modelled cycles is a bug in one of them."""
