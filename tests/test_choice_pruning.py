@@ -126,7 +126,8 @@ def test_pruned_choice_is_exhaustive_choice(layer, monkeypatch):
     _case(layer, "end-to-end", monkeypatch)
 
 
-@pytest.mark.parametrize("layer", ("C11", "DB6", "C4"))
+@pytest.mark.parametrize("layer", ("C11", pytest.param("DB6", marks=pytest.mark.slow),
+                                   pytest.param("C4", marks=pytest.mark.slow)))
 def test_pruned_choice_is_exhaustive_choice_pynq(layer, monkeypatch):
     """On pynq (per-kind DMA bandwidth, fixed cycles per instruction and per row): the bounds
     stay below every timed program and the pruned choice is the exhaustive one."""

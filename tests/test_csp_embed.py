@@ -20,7 +20,7 @@ def prove(embs):
 
 @pytest.mark.parametrize("wl,y,z", [
     (matmul(16, 32, 48), "j16", "k16"),
-    (matmul(16, 32, 48, transpose_b=True), "j16", "k16"),
+    pytest.param(matmul(16, 32, 48, transpose_b=True), "j16", "k16", marks=pytest.mark.slow),
     (dense(2, 40, 20), "o16", "i16"),
 ])
 def test_strict_matmul_dense(wl, y, z):

@@ -147,7 +147,7 @@ def conv_expected(config, tail):
     return CONV_MACS / 256 * gemm, CONV_BLOCKS * passes, memory
 
 
-@pytest.mark.parametrize("config", ["default", "pipelined"])
+@pytest.mark.parametrize("config", ["default", pytest.param("pipelined", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("tail", ["bias-shift-clip", "shift-bias-clip", "shift-clip", "none"])
 def test_conv2d_floor_by_epilogue_stock(config, tail):
     p, report = built(conv_module(1, 24, 14, 40, 3, 1, 1, tail), config)
@@ -156,7 +156,7 @@ def test_conv2d_floor_by_epilogue_stock(config, tail):
     assert floor.bound == "compute"
 
 
-@pytest.mark.parametrize("config", ["default", "pipelined"])
+@pytest.mark.parametrize("config", ["default", pytest.param("pipelined", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("tail", ["bias-shift-clip", "none"])
 def test_conv2d_floor_csp_equals_stock(config, tail):
     p, report = built(conv_module(1, 24, 14, 40, 3, 1, 1, tail), config, "csp-relaxed")
