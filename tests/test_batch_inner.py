@@ -68,7 +68,7 @@ def _best(cfg, pg, orders):
     return grid.point(min(pts)[1]) if pts else None
 
 
-@pytest.mark.parametrize("c, hw, k, stride", [(1, 12, 5, 1), (3, 16, 3, 2)])
+@pytest.mark.parametrize("c, hw, k, stride", [(1, 12, 5, 1), pytest.param(3, 16, 3, 2, marks=pytest.mark.slow)])
 def test_batch_inner_points_bit_exact_and_one_gemm_per_step(c, hw, k, stride):
     from tvm_csp_embed.reference import reference_for
 
@@ -104,7 +104,7 @@ def test_batch_inner_points_bit_exact_and_one_gemm_per_step(c, hw, k, stride):
     assert built >= 1
 
 
-@pytest.mark.parametrize("config", ["default", "pipelined"])
+@pytest.mark.parametrize("config", ["default", pytest.param("pipelined", marks=pytest.mark.slow)])
 def test_batch_inner_estimate_follows_the_cycle_model(config):
     """The estimate of the best batch-inner point of each fused embedding of a DeepBench-like
     1-channel 5x5 conv within the bound ``test_cycle_estimate`` allows for threaded points."""

@@ -85,7 +85,7 @@ def _lanes(p) -> int:
     return int(words[1].split()[0]) if len(words) > 1 else 0
 
 
-@pytest.mark.parametrize("k, stride, hw", [(3, 1, 12), (7, 2, 24)])
+@pytest.mark.parametrize("k, stride, hw", [(3, 1, 12), pytest.param(7, 2, 24, marks=pytest.mark.slow)])
 def test_stem_like_three_channels_folded_bit_exact(k, stride, hw):
     bias = np.random.default_rng(1).integers(-12_000, 12_000, 16)
     mod, arrays = _conv(3, hw, k, stride=stride, bias=bias)
@@ -147,7 +147,7 @@ def test_thin_one_channel_deepbench_like_folded_bit_exact():
     assert _lanes(p) > 0, p.detail
 
 
-@pytest.mark.parametrize("c, o, groups", [(8, 16, 4), (6, 32, 2)])
+@pytest.mark.parametrize("c, o, groups", [pytest.param(8, 16, 4, marks=pytest.mark.slow), (6, 32, 2)])
 def test_group_conv_with_thin_groups_folded_bit_exact(c, o, groups):
     """Group convolutions with 2 and 3 input channels per group: the bias of every group's
     output channels goes into the spare lanes (the weights' first dim is the output channel)."""
@@ -247,10 +247,12 @@ def _chosen_data_layout(report, p):
 
 
 @pytest.mark.parametrize("shape, family, rows, objective", [
-    ((1, 25, 100, 5, 20, 2, 0, 16), "fused-rs", False, "cycles"),          # DB0-like: 5x20 / 2
+    pytest.param((1, 25, 100, 5, 20, 2, 0, 16), "fused-rs", False, "cycles",  # DB0-like: 5x20 / 2
+                 marks=pytest.mark.slow),
     ((1, 40, 151, 5, 20, (2, 8), 8, 32), "fused-rs", True, "end-to-end"),  # DeepBench DB107
     ((3, 8, 8, 3, 3, 1, 1, 16), "fused-crs", False, "cycles"),             # 3 channels, 3x3
-    ((3, 16, 16, 7, 7, 2, 3, 16), "fused-crs", False, "cycles"),           # stem-like 7x7 / 2
+    pytest.param((3, 16, 16, 7, 7, 2, 3, 16), "fused-crs", False, "cycles",  # stem-like 7x7 / 2
+                 marks=pytest.mark.slow),
 ])
 def test_lane_constants_come_with_the_gather_bit_exact(shape, family, rows, objective):
     """The fused embeddings write the lane constants with copies the packing already makes (a
@@ -421,7 +423,7 @@ def test_where_pass_stays_where_no_lane_is_a_column_and_the_report_says_why():
 
 @pytest.mark.parametrize("hw, pad, bias_range, lanes", [
     (28, 1, 12_000, 3),      # DB10-like: the gather writes 3 lanes
-    (32, 0, 12_000, 3),      # squeezenet1_1's stem, smaller
+    pytest.param(32, 0, 12_000, 3, marks=pytest.mark.slow),  # squeezenet1_1's stem, smaller
     (28, 1, 60_000, 7),      # a bias only all 7 lanes hold: the where form
 ])
 def test_stem_folded_in_the_lanes_the_gather_writes_bit_exact(hw, pad, bias_range, lanes):

@@ -134,7 +134,8 @@ def sparse_only(monkeypatch):
 RELAX = [(72, 8, 3, 1), (48, 7, 2, 2), (72, 9, 3, 2)]
 
 
-@pytest.mark.parametrize("config", PRESETS)
+@pytest.mark.parametrize("config", [pytest.param(c, marks=pytest.mark.slow) if c == "pipelined" else c
+                                    for c in PRESETS])
 @pytest.mark.parametrize("shape", RELAX, ids=lambda s: "c{}_hw{}_g{}_s{}".format(*s))
 def test_relax_bit_exact_block_sparse(config, shape, sparse_only):
     mod, arrays, ref = case(*shape)

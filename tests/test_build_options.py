@@ -52,6 +52,7 @@ def test_options_nest_and_restore():
     assert repr(outer) == "build_options(strategy='stock', knobs='fallback')"
 
 
+@pytest.mark.slow  # the counters: test_conv2d_template.py::test_dropin_fidelity_resnet18_c2_fallback
 def test_resnet18_c2_fallback_through_relax_build_gives_the_original_counters():
     mod = conv_module(1, 64, 64, 56, 3, stride=1, padding=1, bias=True, shift=8, clip=(0, 127),
                       order=("shr", "bias", "clip"))

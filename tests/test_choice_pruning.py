@@ -126,7 +126,8 @@ def test_pruned_choice_is_exhaustive_choice(layer, monkeypatch):
     _case(layer, "end-to-end", monkeypatch)
 
 
-@pytest.mark.parametrize("layer", ("C11", "DB6", "C4"))
+@pytest.mark.parametrize("layer", ("C11", pytest.param("DB6", marks=pytest.mark.slow),
+                                   pytest.param("C4", marks=pytest.mark.slow)))
 def test_pruned_choice_is_exhaustive_choice_pynq(layer, monkeypatch):
     """On pynq (per-kind DMA bandwidth, fixed cycles per instruction and per row): the bounds
     stay below every timed program and the pruned choice is the exhaustive one."""
@@ -261,8 +262,11 @@ def test_compute_work_is_the_programs_micro_op_cycles(layer, monkeypatch):
     assert checked >= 2
 
 
-@pytest.mark.parametrize("layer,config", [("C11", "default"), ("C6", "default"), ("C2", "default"),
-                                          ("C11", "pynq"), ("C2", "pynq")])
+@pytest.mark.parametrize("layer,config", [("C11", "default"),
+                                          pytest.param("C6", "default", marks=pytest.mark.slow),
+                                          pytest.param("C2", "default", marks=pytest.mark.slow),
+                                          ("C11", "pynq"),
+                                          pytest.param("C2", "pynq", marks=pytest.mark.slow)])
 def test_stock_bound_with_the_tiling_is_below_the_programs_cycles(layer, config):
     """``stock_cycles_bound`` with the knobs: below the cycle model's count of the stock program
     for every sampled knob point (TPS, the fallback, and valid points of one and of two virtual

@@ -269,6 +269,7 @@ def test_run_writes_a_trace_of_its_vta_calls(models, library, tmp_path, capsys):
                for i, (c, n) in enumerate(zip(calls, names), start=1))
 
 
+@pytest.mark.slow  # the same cases in this process: test_every_error_is_one_line_naming_the_thing
 def test_errors_in_a_subprocess_are_one_line(models, library, tmp_path):
     """The process as a user runs it: a bad model file, a wrong input shape, an unknown preset."""
     d = models["dir"]

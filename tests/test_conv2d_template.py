@@ -325,7 +325,7 @@ def test_resnet18_c1_instruction_structure():
         == [(0, 392, 28, 7), (1, 14, 28, 4)]
 
 
-@pytest.mark.parametrize("name", ["C4", "C9", "C11"])
+@pytest.mark.parametrize("name", ["C4", "C9", pytest.param("C11", marks=pytest.mark.slow)])
 def test_resnet18_fallback(name):
     _resnet_case(name, Conv2dKnobs())
 

@@ -94,7 +94,8 @@ def _deepbench_case(layer, combos):
            stride, pad, 1, combos, seed=layer)
 
 
-@pytest.mark.parametrize("layer", DEEPBENCH_DEFAULT)
+@pytest.mark.parametrize("layer", [DEEPBENCH_DEFAULT[0], *(pytest.param(i, marks=pytest.mark.slow)
+                                                        for i in DEEPBENCH_DEFAULT[1:])])
 def test_deepbench_all_strategies(layer):
     _deepbench_case(layer, COMBOS)
 

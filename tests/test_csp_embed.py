@@ -20,7 +20,7 @@ def prove(embs):
 
 @pytest.mark.parametrize("wl,y,z", [
     (matmul(16, 32, 48), "j16", "k16"),
-    (matmul(16, 32, 48, transpose_b=True), "j16", "k16"),
+    pytest.param(matmul(16, 32, 48, transpose_b=True), "j16", "k16", marks=pytest.mark.slow),
     (dense(2, 40, 20), "o16", "i16"),
 ])
 def test_strict_matmul_dense(wl, y, z):
@@ -51,7 +51,7 @@ def test_strict_conv_batch_maps_to_x_and_thin_channels_are_padded():
     assert e.padding == {"c": 1}
 
 
-@pytest.mark.parametrize("c", [1, 3])
+@pytest.mark.parametrize("c", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_relaxed_thin_channels_fold_filter_dims_with_less_padding(c):
     wl = conv2d(1, c, 9, 12, 16, 3, 5, pad=(1, 1), stride=(2, 1))
     embs, _ = embed_all(wl, G, "relaxed", solutions=2, baseline="strict")

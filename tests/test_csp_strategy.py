@@ -170,7 +170,8 @@ def _deepbench_case(layer):
     return mod, [x, wt, b], ref
 
 
-@pytest.mark.parametrize("layer", [6, 10, 107])
+@pytest.mark.parametrize("layer", [pytest.param(6, marks=pytest.mark.slow),
+                                   pytest.param(10, marks=pytest.mark.slow), 107])
 def test_deepbench_thin_channel_layer_bit_exact_and_faster(layer):
     mod, arrays, ref = _deepbench_case(layer)
     out, report, (key,) = _build_run(mod, arrays)         # the default strategy: csp-relaxed

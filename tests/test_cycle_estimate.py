@@ -42,7 +42,7 @@ def _points(cfg, pg, ep, n, seed):
     return out + [grid.point(i) for i in rng.sample(valid, min(n, len(valid)))]
 
 
-@pytest.mark.parametrize("config", ["default", "pipelined"])
+@pytest.mark.parametrize("config", ["default", pytest.param("pipelined", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", ["C9", "D3", "DB6"])
 def test_estimate_follows_the_cycle_model(config, name):
     cfg = load_config(config)
@@ -77,7 +77,8 @@ def test_cycles_policy_is_never_slower_than_tps(config):
 
 
 @pytest.mark.parametrize("name", [pytest.param("C1", marks=pytest.mark.slow), "C4",
-                                  pytest.param("C7", marks=pytest.mark.slow), "C11"])
+                                  pytest.param("C7", marks=pytest.mark.slow),
+                                  pytest.param("C11", marks=pytest.mark.slow)])
 def test_cycles_policy_on_pynq_follows_the_structure(name):
     """pynq charges every instruction ~19 cycles, every DMA row 15-19 and the weights 4 B/cycle
     (docs/isa.md). The estimate prices them (the knob model through ``vta_ext.sim.cycles.timing``),

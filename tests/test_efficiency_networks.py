@@ -43,7 +43,8 @@ def _torch_kind(module) -> str:
     raise AssertionError(f"no reference kind for {type(module).__name__}")
 
 
-@pytest.fixture(scope="module", params=[("default", "stock"), ("pynq", "csp-relaxed")])
+@pytest.fixture(scope="module", params=[
+    ("default", "stock"), pytest.param(("pynq", "csp-relaxed"), marks=pytest.mark.slow)])
 def built(request):
     config, strategy = request.param
     model, qmodel, _, _ = quantized_example("mobilenet_v2", 32)

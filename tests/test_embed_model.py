@@ -61,7 +61,9 @@ def test_reference_covers_every_case():
     assert statuses.count("ok") > 0.9 * len(ids) and "infeasible" in statuses
 
 
-@pytest.mark.parametrize("case", SAMPLE)
+@pytest.mark.parametrize("case", [  # DB6 in NCHW and NHWC: slow (C11 and D9 keep those layouts)
+    pytest.param(c, marks=pytest.mark.slow) if c in ("build/DB6/relaxed/NCHW", "build/DB6/relaxed/NHWC")
+    else c for c in SAMPLE])
 def test_same_solutions_as_the_reference_model(case):
     _check(case, islpy=True)
 

@@ -147,7 +147,7 @@ def conv_expected(config, tail):
     return CONV_MACS / 256 * gemm, CONV_BLOCKS * passes, memory
 
 
-@pytest.mark.parametrize("config", ["default", "pipelined"])
+@pytest.mark.parametrize("config", ["default", pytest.param("pipelined", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("tail", ["bias-shift-clip", "shift-bias-clip", "shift-clip", "none"])
 def test_conv2d_floor_by_epilogue_stock(config, tail):
     p, report = built(conv_module(1, 24, 14, 40, 3, 1, 1, tail), config)
@@ -156,7 +156,7 @@ def test_conv2d_floor_by_epilogue_stock(config, tail):
     assert floor.bound == "compute"
 
 
-@pytest.mark.parametrize("config", ["default", "pipelined"])
+@pytest.mark.parametrize("config", ["default", pytest.param("pipelined", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("tail", ["bias-shift-clip", "none"])
 def test_conv2d_floor_csp_equals_stock(config, tail):
     p, report = built(conv_module(1, 24, 14, 40, 3, 1, 1, tail), config, "csp-relaxed")
@@ -343,8 +343,11 @@ def test_pynq_alu_inputs_take_the_identity_gemm():
 
 
 # ------------------------------------------------------------------------------ never above
-@pytest.mark.parametrize("config", ["default", "pipelined", "pynq"])
-@pytest.mark.parametrize("strategy", ["stock", "csp-relaxed"])
+@pytest.mark.parametrize("config,strategy", [  # default run: each strategy on one preset
+    ("default", "stock"), ("pynq", "csp-relaxed"),
+    *(pytest.param(c, s, marks=pytest.mark.slow) for c, s in [("pipelined", "stock"), ("pynq", "stock"),
+                                                          ("default", "csp-relaxed"),
+                                                          ("pipelined", "csp-relaxed")])])
 def test_no_plan_beats_the_floor(config, strategy):
     """A 3-channel 7x7 s2 stem, a 3x3, a 1x1 s2, a thin-channel and a grouped conv: every
     efficiency in (0, 1]. A floor above the modelled cycles is a bug in one of them."""

@@ -19,6 +19,8 @@ from tvm_csp_embed.strategy import CspGemmTemplate
 from vta_ext.errors import TemplateRefusal
 
 PRESETS = ("default", "pipelined", "pynq")
+#: the preset sweeps of the bit-exact checks: default in the default run, the others slow
+PRESET_PARAMS = [PRESETS[0], *(pytest.param(p, marks=pytest.mark.slow) for p in PRESETS[1:])]
 SHIFT, CLIP = 8, (-128, 127)
 
 
@@ -106,7 +108,7 @@ SMALL = [s if s in ((128, 6, 32, 1), (256, 7, 32, 2), (32, 6, 16, 1)) else
          pytest.param(s, marks=pytest.mark.slow, id=_id(s)) for s in SMALL]
 
 
-@pytest.mark.parametrize("config", PRESETS)
+@pytest.mark.parametrize("config", PRESET_PARAMS)
 @pytest.mark.parametrize("shape", SMALL, ids=_id)
 def test_bit_exact_small_chosen(config, shape):
     """Whichever unit the choice takes is bit-exact; its report line names it and why."""
@@ -120,7 +122,7 @@ def test_bit_exact_small_chosen(config, shape):
         np.testing.assert_array_equal(run(mod, "llvm", arrays), ref)
 
 
-@pytest.mark.parametrize("config", PRESETS)
+@pytest.mark.parametrize("config", PRESET_PARAMS)
 @pytest.mark.parametrize("shape", SMALL, ids=_id)
 def test_bit_exact_small_diagonal(config, shape, diagonal_only):
     mod, arrays, ref = case(*shape)
@@ -326,7 +328,7 @@ def cold_start_counting_scores(monkeypatch):
 
 @pytest.mark.parametrize("config,objective,shape,chosen", [
     ("default", "cycles", (128, 28, 32, 1), "csp"),
-    ("pipelined", "cycles", (128, 28, 32, 1), "diagonal"),
+    pytest.param("pipelined", "cycles", (128, 28, 32, 1), "diagonal", marks=pytest.mark.slow),
     ("default", "end-to-end", (256, 28, 32, 1), "diagonal only")])
 def test_warm_build_times_no_unit(config, objective, shape, chosen, tmp_path, monkeypatch):
     """The unit chosen for a narrow grouped layer is kept on disk (``units/``): a warm build

@@ -50,7 +50,8 @@ def _layers():
 LAYERS = _layers()
 #: the default run: (configuration, layer)
 #: the default run's sample (DB6 on default, 13 s, is in the slow every-layer test)
-SAMPLE = (("default", "C11"), ("default", "D9"), ("pipelined", "C11"),
+SAMPLE = (("default", "C11"), ("default", "D9"),
+          pytest.param("pipelined", "C11", marks=pytest.mark.slow),
           pytest.param("pipelined", "DB28", marks=pytest.mark.slow))
 
 
@@ -117,7 +118,7 @@ def test_fast_search_is_the_exhaustive_point(config, name):
     _check_search(load_config(config), name)
 
 
-@pytest.mark.parametrize("name", ["C11", "D9"])
+@pytest.mark.parametrize("name", [pytest.param("C11", marks=pytest.mark.slow), "D9"])
 def test_grid_is_the_point_model_everywhere(name):
     cfg = load_config("default")
     for mode in ("strict", "relaxed"):

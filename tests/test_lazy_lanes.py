@@ -115,7 +115,7 @@ def test_resnet18_stem_lazy_choice_is_the_eager_one_and_looks_for_fewer_subsets(
     assert looked_eager > 0 and looked_lazy < looked_eager
 
 
-@pytest.mark.parametrize("config", ["pipelined"])
+@pytest.mark.parametrize("config", [pytest.param("pipelined", marks=pytest.mark.slow)])  # default: above
 def test_resnet18_stem_lazy_choice_is_the_eager_one_pipelined(config, monkeypatch):
     _case(STEM, monkeypatch, config)
 

@@ -86,6 +86,7 @@ def test_resnet18_small_bit_exact():
     assert all("STOCK FALLBACK" not in p.detail for p in plans)
 
 
+@pytest.mark.slow  # the small network of the default run is ResNet-18 (above)
 def test_mobilenet_v1_small_bit_exact():
     placed = _check_bit_exact("mobilenet_v1", 32)
     assert placed["vta"] == placed["total"]

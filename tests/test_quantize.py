@@ -361,7 +361,7 @@ def test_equalisation_is_exact_in_float():
 # ------------------------------------------------------------------------ whole networks
 @pytest.mark.parametrize("name, cos_bar, rel_bar", [
     ("resnet18", 0.95, 0.35),
-    ("mobilenet_v1", 0.75, 0.85),
+    pytest.param("mobilenet_v1", 0.75, 0.85, marks=pytest.mark.slow),
 ])
 def test_network_quantisation(name, cos_bar, rel_bar):
     model, qm, cal, data = quantized_example(name, 32)

@@ -125,7 +125,8 @@ def _case(seed, h, w):
     return _module(h, w), [x, wt, b], ref
 
 
-@pytest.mark.parametrize("config", ["pipelined", "default", "pynq"])
+@pytest.mark.parametrize("config", [pytest.param("pipelined", marks=pytest.mark.slow), "default",
+                                    pytest.param("pynq", marks=pytest.mark.slow)])
 def test_relax_build_bit_exact(config):
     mod, arrays, ref = _case(5, 41, 120)
     with vta_ext.build_options(strategy="csp-relaxed", objective="cycles"):

@@ -92,7 +92,7 @@ def _tps_cycles(key: str) -> int:
     return cycle_report(tps).total_cycles
 
 
-@pytest.mark.parametrize("config", ("pipelined", "default"))
+@pytest.mark.parametrize("config", (pytest.param("pipelined", marks=pytest.mark.slow), "default"))
 @pytest.mark.parametrize("shape", GROUPED, ids=lambda s: "c{}_g{}_hw{}".format(*s))
 def test_grouped_stock_plan_at_searched_point_is_bit_exact_and_faster(cache, config, shape):
     mod, arrays, ref = _pooled_case(*shape)
@@ -153,7 +153,7 @@ def test_warm_build_searches_nothing(cache, monkeypatch):
     assert warm.cycles(p_warm) == cold.cycles(p_cold)
 
 
-@pytest.mark.parametrize("config", ("pipelined", "default"))
+@pytest.mark.parametrize("config", (pytest.param("pipelined", marks=pytest.mark.slow), "default"))
 def test_depthwise_gemm_unit_at_searched_point(cache, config):
     """A depthwise conv on the GEMM block-diagonal unit: built at the searched point,
     bit-exact against numpy and llvm, no slower than the unit at TPS."""
@@ -317,7 +317,7 @@ def _direct_cycles(cfg, wl, ep, builds):
 BOUND_CASES = [(192, 28, 3, 1), (96, 28, 3, 2), (64, 28, 1, 1)]
 
 
-@pytest.mark.parametrize("config", ("default", "pipelined", "pynq"))
+@pytest.mark.parametrize("config", ("default", pytest.param("pipelined", marks=pytest.mark.slow), "pynq"))
 @pytest.mark.parametrize("shape", BOUND_CASES, ids=lambda s: "c{}_hw{}_k{}_s{}".format(*s))
 def test_tiled_bound_below_every_point(config, shape):
     """The tiled bound (:func:`stock_knobs.tiled_bound`) is at most the cycle model's count of

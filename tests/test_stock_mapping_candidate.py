@@ -79,7 +79,7 @@ def _two_convs(hw: int, seed: int = 0):
     return bb.get(), [x], ref
 
 
-@pytest.mark.parametrize("config", ["default", "pipelined"])
+@pytest.mark.parametrize("config", ["default", pytest.param("pipelined", marks=pytest.mark.slow)])
 def test_the_stock_mapping_takes_the_handed_over_layout(config):
     """Behind a VTA conv, the 1x1 conv runs the stock mapping's CSP plan (bit-exact against
     numpy); without the kept stock mapping only pixel-lane embeddings and the stock template

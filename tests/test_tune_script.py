@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 from conftest import REPO
 
 TRIALS = 32
@@ -50,6 +51,7 @@ def run_script(path, cwd, env) -> tuple:
     return proc, time.perf_counter() - start
 
 
+@pytest.mark.slow  # 2 x 32 trials in fresh interpreters: the default run's largest item
 def test_readme_tuning_snippet_runs_as_a_plain_script(tmp_path):
     body = PREAMBLE + readme_tuning_snippet()
     scripts = {"plain": body,
