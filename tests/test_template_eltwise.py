@@ -67,3 +67,36 @@ def test_errors():
     op = build_add("default", EltwiseWorkload(1, 16, 4, 4))
     with pytest.raises(AluTemplateError, match="shape"):
         op.run(np.zeros((1, 1, 4, 4, 1, 16), np.int8), np.zeros((1, 1, 4, 5, 1, 16), np.int8))
+
+
+@pytest.mark.parametrize("preset,path", [("pipelined", "split"), ("pipelined", "gemm"),
+                                         ("default", "split"), ("pynq", "gemm")])
+@pytest.mark.parametrize("c,hw", [(384, 4), (64, 14)])
+def test_cycles_tile_timed(preset, path, c, hw):
+    """The ``"cycles"`` knobs of an identity-GEMM add: bit-exact against numpy, and no slower on
+    the cycle model than any tile of a hand-listed set (the largest that fits, i.e. the default
+    knobs, and every power of two from 8 up); on these small adds the largest tile is one or two
+    tiles and strictly slower."""
+    from vta_ext.sim.cycles import CycleModel
+
+    cfg = load_config(preset)
+    wl = EltwiseWorkload(1, c, hw, hw)
+    ep = (("shr", 1), ("clip", -128, 127))
+    rng = np.random.default_rng(c + hw)
+    a = rng.integers(-128, 128, (1, c, hw, hw)).astype(np.int8)
+    b = rng.integers(-128, 128, (1, c, hw, hw)).astype(np.int8)
+    op = build_add(cfg, wl, ep, "cycles", input_path=path)
+    got, _ = op.run(pack(a, cfg), pack(b, cfg))
+    np.testing.assert_array_equal(unpack(got), ref_add(a, b, ep))
+
+    def cycles(knobs):
+        prog = build_add(cfg, wl, ep, knobs, input_path=path).program
+        return CycleModel(cfg).run_program(prog).total_cycles
+    chosen = cycles(dict(tile=op.info["tile"]))
+    largest = cycles(None)
+    assert chosen < largest
+    for tile in (8, 16, 32, 64, 128):
+        assert chosen <= cycles(dict(tile=tile)) * 1.05, tile   # halvings need not hit every power
+    if path == "split":     # (a config with LOAD ACC_8BIT) the acc8 path, the stock program,
+        # keeps the largest tile under "cycles"
+        assert build_add(cfg, wl, ep, "cycles").info["tile"] == build_add(cfg, wl, ep).info["tile"]
