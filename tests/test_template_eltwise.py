@@ -100,3 +100,20 @@ def test_cycles_tile_timed(preset, path, c, hw):
     if path == "split":     # (a config with LOAD ACC_8BIT) the acc8 path, the stock program,
         # keeps the largest tile under "cycles"
         assert build_add(cfg, wl, ep, "cycles").info["tile"] == build_add(cfg, wl, ep).info["tile"]
+
+
+def test_an_add_of_many_tiles_keeps_its_largest_tile_untimed(monkeypatch):
+    """An add whose largest tile's half would make more than ``MAX_TIMED_TILES`` tiles has no
+    second candidate: the ``"cycles"`` knobs keep the default tile and time nothing (a
+    1x256x56x56 add: 50,176 accumulator rows, at most 1,024 a tile: 49 tiles, 98 at 512)."""
+    from vta_ext.sim import cycles as cycles_module
+    from vta_ext.templates import eltwise
+
+    cfg = load_config("pipelined")
+    wl = EltwiseWorkload(1, 256, 56, 56)
+    ep = (("shr", 1), ("clip", -128, 127))
+    default_tile = build_add(cfg, wl, ep, input_path="split").info["tile"]
+    assert -(-50_176 // (default_tile // 2)) > eltwise.MAX_TIMED_TILES
+    monkeypatch.setattr(cycles_module.CycleModel, "run_program",
+                        lambda *a, **k: pytest.fail("a large add must not be timed"))
+    assert build_add(cfg, wl, ep, "cycles", input_path="split").info["tile"] == default_tile

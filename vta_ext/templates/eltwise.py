@@ -66,7 +66,8 @@ from .knobs import check_int_knob, knobs_from
 
 __all__ = ["EltwiseWorkload", "HswishWorkload", "EltwiseKnobs", "CompiledAdd", "CompiledHswish",
            "CompiledUnary", "build_add", "build_hswish", "build_unary", "AluTemplateError",
-           "AluTemplateRefusal", "timed_tile", "tile_candidates", "MIN_TIMED_TILE"]
+           "AluTemplateRefusal", "timed_tile", "tile_candidates", "MIN_TIMED_TILE",
+           "MAX_TIMED_TILES"]
 
 
 @dataclass(frozen=True)
@@ -185,17 +186,22 @@ def _add_tile(cfg: VTAConfig, tile: Optional[int], slots: int, gemm: bool, input
 
 #: the smallest tile (accumulator rows) :func:`timed_tile` tries
 MIN_TIMED_TILE = 8
+#: the most tiles a timed candidate smaller than the largest may make: an add of that many tiles
+#: already overlaps its loads, GEMMs and stores, and timing programs of more would cost build
+#: time (a 256x56x56 add down to 8-row tiles: about 0.8 s); with no such candidate the largest
+#: tile is kept, untimed
+MAX_TIMED_TILES = 64
 
 
 def tile_candidates(cfg: VTAConfig, rows: int, inputs: int) -> list:
     """The tiles :func:`timed_tile` times for ``rows`` accumulator rows on an identity-GEMM path
     with ``inputs`` operands in the input buffer: the largest that fits (:func:`_add_tile` with
-    the default slots), then halved while at least :data:`MIN_TIMED_TILE` rows, each at most
-    ``rows``, no tile twice."""
+    the default slots), then halved while at least :data:`MIN_TIMED_TILE` rows and at most
+    :data:`MAX_TIMED_TILES` tiles, each at most ``rows``, no tile twice."""
     fits = min(_add_tile(cfg, None, EltwiseKnobs.slots, True, inputs, "add"), rows,
                MAX_LOOP_EXTENT)
     out, tile = [fits], fits // 2
-    while tile >= MIN_TIMED_TILE:
+    while tile >= MIN_TIMED_TILE and -(-rows // tile) <= MAX_TIMED_TILES:
         out.append(tile)
         tile //= 2
     return out
@@ -214,9 +220,12 @@ def timed_tile(cfg: VTAConfig, workload: EltwiseWorkload, epilogue, op: str,
 
     rows = (workload.batch // cfg.BATCH) * (workload.channels // cfg.BLOCK_OUT) \
         * workload.height * workload.width
+    tiles = tile_candidates(cfg, rows, 1 if input_path == "split" else 2)
+    if len(tiles) == 1:     # nothing to compare: no build, no timing
+        return tiles[0]
     model = CycleModel(cfg)
     timed = {}
-    for tile in tile_candidates(cfg, rows, 1 if input_path == "split" else 2):
+    for tile in tiles:
         prog = _build(cfg, workload, epilogue, EltwiseKnobs(tile=tile), op, input_path).program
         timed[tile] = model.run_program(prog).total_cycles
     return min(timed, key=lambda t: (timed[t], -t))
