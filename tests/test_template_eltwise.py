@@ -67,3 +67,53 @@ def test_errors():
     op = build_add("default", EltwiseWorkload(1, 16, 4, 4))
     with pytest.raises(AluTemplateError, match="shape"):
         op.run(np.zeros((1, 1, 4, 4, 1, 16), np.int8), np.zeros((1, 1, 4, 5, 1, 16), np.int8))
+
+
+@pytest.mark.parametrize("preset,path", [("pipelined", "split"), ("pipelined", "gemm"),
+                                         ("default", "split"), ("pynq", "gemm")])
+@pytest.mark.parametrize("c,hw", [(384, 4), (64, 14)])
+def test_cycles_tile_timed(preset, path, c, hw):
+    """The ``"cycles"`` knobs of an identity-GEMM add: bit-exact against numpy, and no slower on
+    the cycle model than any tile of a hand-listed set (the largest that fits, i.e. the default
+    knobs, and every power of two from 8 up); on these small adds the largest tile is one or two
+    tiles and strictly slower."""
+    from vta_ext.sim.cycles import CycleModel
+
+    cfg = load_config(preset)
+    wl = EltwiseWorkload(1, c, hw, hw)
+    ep = (("shr", 1), ("clip", -128, 127))
+    rng = np.random.default_rng(c + hw)
+    a = rng.integers(-128, 128, (1, c, hw, hw)).astype(np.int8)
+    b = rng.integers(-128, 128, (1, c, hw, hw)).astype(np.int8)
+    op = build_add(cfg, wl, ep, "cycles", input_path=path)
+    got, _ = op.run(pack(a, cfg), pack(b, cfg))
+    np.testing.assert_array_equal(unpack(got), ref_add(a, b, ep))
+
+    def cycles(knobs):
+        prog = build_add(cfg, wl, ep, knobs, input_path=path).program
+        return CycleModel(cfg).run_program(prog).total_cycles
+    chosen = cycles(dict(tile=op.info["tile"]))
+    largest = cycles(None)
+    assert chosen < largest
+    for tile in (8, 16, 32, 64, 128):
+        assert chosen <= cycles(dict(tile=tile)) * 1.05, tile   # halvings need not hit every power
+    if path == "split":     # (a config with LOAD ACC_8BIT) the acc8 path, the stock program,
+        # keeps the largest tile under "cycles"
+        assert build_add(cfg, wl, ep, "cycles").info["tile"] == build_add(cfg, wl, ep).info["tile"]
+
+
+def test_an_add_of_many_tiles_keeps_its_largest_tile_untimed(monkeypatch):
+    """An add whose largest tile's half would make more than ``MAX_TIMED_TILES`` tiles has no
+    second candidate: the ``"cycles"`` knobs keep the default tile and time nothing (a
+    1x256x56x56 add: 50,176 accumulator rows, at most 1,024 a tile: 49 tiles, 98 at 512)."""
+    from vta_ext.sim import cycles as cycles_module
+    from vta_ext.templates import eltwise
+
+    cfg = load_config("pipelined")
+    wl = EltwiseWorkload(1, 256, 56, 56)
+    ep = (("shr", 1), ("clip", -128, 127))
+    default_tile = build_add(cfg, wl, ep, input_path="split").info["tile"]
+    assert -(-50_176 // (default_tile // 2)) > eltwise.MAX_TIMED_TILES
+    monkeypatch.setattr(cycles_module.CycleModel, "run_program",
+                        lambda *a, **k: pytest.fail("a large add must not be timed"))
+    assert build_add(cfg, wl, ep, "cycles", input_path="split").info["tile"] == default_tile

@@ -375,7 +375,21 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
     busy = {"load": load, "resident": resident, **c["busy"]}
     return {"sram": sram, "uops": c["uops"], "folded": c["folded"], "bytes": nbytes, "insns": insns,
             "busy": busy,
-            "cycles": _pipeline(busy, c["pipeline"], res_loads) + c["fetch"]}
+            "cycles": _pipeline(busy, c["pipeline"], res_loads, _streams_weights(pg, k, res, order))
+            + c["fetch"]}
+
+
+def _streams_weights(pg: PackedGemm, k: Mapping[str, Any], res: Optional[str], order: int):
+    """Whether a point streams only the weights between its two threads: the operator's data
+    tensor resident (``order`` 2, not the batch-inner 5) and the two threads over the output
+    channels (a bool, or a bool array over a grid of points; :func:`_pipeline`)."""
+    if res is None or pg.embedding.binding[res] != "data" or batch_inner(order):
+        return False
+    weight = [n for n in vt_loops(pg) if pg.roles[n] == "weight"]
+    if not weight:
+        return False
+    threads = _prod(k[f"vt_{n}"] for n in vt_loops(pg))
+    return (np.asarray(k[f"vt_{weight[0]}"]) == 2) & (np.asarray(threads) == 2)
 
 
 def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any],
@@ -591,10 +605,11 @@ def _pipeline_terms(busy, stores, steps, threads) -> Dict[str, Any]:
             "single": np.asarray(t) == 1}
 
 
-def _pipeline(busy, p: Mapping[str, Any], res_loads=0):
+def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = False):
     """Estimated cycles of the program from the busy cycles of its parts (:func:`_load_busy`,
     :func:`_module_busy`), the resident operand's load instructions ``res_loads`` (all threads;
-    0 without one) and the order-free terms ``p`` (:func:`_pipeline_terms`).
+    0 without one), whether the point streams only the weights between two output-channel
+    threads (:func:`_streams_weights`) and the order-free terms ``p`` (:func:`_pipeline_terms`).
 
     One thread runs every instruction after the other (a load waits for the GEMM that frees its
     buffer, the next fill for the store): the sum. With ``t`` virtual threads the store points go in
@@ -604,20 +619,39 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0):
     no load of a group runs under the epilogues of the group before; a fill waits for the store of
     its thread's previous store point. So a group takes the slower of the load stream (every load,
     back to back from the first fill, the last thread's first load not before the last fill, then
-    the last GEMM) and the compute stream (the fills, every GEMM), then its ``t`` epilogues; the
-    store module bounds it by ``t`` stores, and the last store ends the program. A resident operand
+    the last GEMM) and the compute stream (the fills, every GEMM, then its ``t`` epilogues); the
+    store module bounds it by ``t`` stores, and the last store ends the program. With the data
+    resident and two threads over the output channels, the next group's weight loads run under
+    this group's last GEMM and its epilogues, so a group's period is the slower stream alone and
+    the last GEMM, one epilogue and the last store are paid once, at the end (charged per group,
+    they made the 1x1
+    384->384 convolutions of regnet_x_400mf at 4x4 on ``pipelined`` estimate 23,463 cycles at
+    the chosen point, timed 21,964, and rank the point timed 20,611 at 24,695; now 20,732; with
+    no resident operand, that overlap took slower points: the 32->32 1x1 at 56x56, 41,792 ->
+    46,134 cycles; with four threads and the weights resident, the C4 layer of
+    tests/test_cycle_estimate.py on ``pynq`` estimated 93,906 and timed 115,576, and with the
+    weights resident, bound to A, or under the batch-inner ``order`` 5, the 3->32 3x3 stems took
+    slower points: 48,519 -> 67,076 cycles on the fused-crs y=k16 embedding; with the threads
+    over the image rows, MobileNetV2's 1x32x112x112 * 16x32 1x1 on ``pipelined`` took 120,420
+    cycles against 84,164). A resident operand
     (``order`` 1 or 2) is loaded once per iteration of its loop, for every thread, ahead of the
     load steps below it: those loads stall the first GEMM of the group that loads them (with one
     load step and one resident tile per store point they are load steps like the others)."""
     serial = sum(busy.values())
     r, g, fills = p["r"], p["g"], p["fills"]
 
-    def group_of(first):    # a group whose load stream starts with ``first`` resident loads
-        # (None: none; ``r + 0`` would round to ``r``, so that case skips the additions)
+    def group_of(first, overlap=False):
+        # a group whose load stream starts with ``first`` resident loads (None: none; ``r + 0``
+        # would round to ``r``, so that case skips the additions); ``overlap``: the next group's
+        # loads run under its last GEMM and epilogues (bool or a bool array)
         rf, ff = (r, fills) if first is None else (r + first, fills + first)
         loads = np.maximum(rf + tl, ff + t1l)
         compute = np.maximum(fills, rf + l) + p["tsg"]
-        return np.maximum(np.maximum(loads + g, compute) + p["te"], p["tss"])
+        serial_tail = np.maximum(np.maximum(loads + g, compute) + p["te"], p["tss"])
+        if overlap is False:
+            return serial_tail
+        return np.where(overlap, np.maximum(np.maximum(loads, compute + p["te"]), p["tss"]),
+                        serial_tail)
 
     if isinstance(res_loads, int) and res_loads == 0:
         # no resident operand: nothing is exposed and every group is the same (the general
@@ -632,9 +666,12 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0):
         exposed = np.where(folded, 0, busy["resident"])
         l = (busy["load"] + busy["resident"] - exposed) / p["per"]
         tl, t1l = p["ts"] * l, p["ts1"] * l     # (the same in both groups)
-        group = group_of(None)
-        first = group_of(p["t"] * exposed / np.maximum(res_loads, 1))
-        piped = p["st"] * group + np.asarray(res_loads) / p["t"] * (first - group) + p["s"]
+        overlap = streams_weights
+        group = group_of(None, overlap)
+        first = group_of(p["t"] * exposed / np.maximum(res_loads, 1), overlap)
+        # the last GEMM, epilogue and store (the serial groups have their GEMM and epilogues)
+        tail = p["s"] + np.where(overlap, g + p["te"] / p["t"], 0)
+        piped = p["st"] * group + np.asarray(res_loads) / p["t"] * (first - group) + tail
     return np.where(p["single"], serial, piped)
 
 

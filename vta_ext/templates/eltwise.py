@@ -35,7 +35,9 @@ against two ACC_8BIT rows and a vector ADD. No scratch region: the tile is the l
 ``input_path="split"`` loads ``a`` by LOAD ACC_8BIT into the output slot as the stock program
 does (it overwrites: no reset) and only ``b`` by LOAD INP, added by one GEMM micro-op a row:
 ``2 + GEMM_CYCLES_PER_UOP`` compute cycles a row, and the load module's one INP row (2 cycles on
-``pipelined``) overlaps them.
+``pipelined``) overlaps them. On these two paths the ``"cycles"`` knob policy takes the tile the
+cycle model times fastest among the largest that fits and its halvings (:func:`timed_tile`): a
+smaller tile lets the loads, GEMMs and stores of successive tiles overlap.
 
 **Hardswish** (:func:`build_hswish`, :class:`HswishWorkload`): one int8 tensor in that layout,
 ``int8(epilogue(x * clip(x + offset, lo, hi)))`` with ``x = int32(data)``: the integer hardswish
@@ -64,7 +66,8 @@ from .knobs import check_int_knob, knobs_from
 
 __all__ = ["EltwiseWorkload", "HswishWorkload", "EltwiseKnobs", "CompiledAdd", "CompiledHswish",
            "CompiledUnary", "build_add", "build_hswish", "build_unary", "AluTemplateError",
-           "AluTemplateRefusal"]
+           "AluTemplateRefusal", "timed_tile", "tile_candidates", "MIN_TIMED_TILE",
+           "MAX_TIMED_TILES"]
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,9 @@ def build_add(cfg: Union[VTAConfig, str], workload: EltwiseWorkload, epilogue=()
     """Compile ``int8(epilogue(int32(a) + int32(b)))`` for ``cfg``.
 
     ``knobs``: None / ``"tps"`` / ``"fallback"`` (all the default :class:`EltwiseKnobs`), an
-    :class:`EltwiseKnobs` or a dict of its fields. ``input_path``: one of
+    :class:`EltwiseKnobs` or a dict of its fields; ``"cycles"`` is the default too on the acc8
+    path, and on the identity-GEMM paths the tile the cycle model times fastest
+    (:func:`timed_tile`). ``input_path``: one of
     :data:`~.alu_program.INPUT_PATHS` (module docstring). Raises
     :class:`~vta_ext.templates.errors.AluTemplateRefusal` for workloads the template does not
     implement and :class:`~vta_ext.templates.errors.KnobError` for invalid knobs.
@@ -179,6 +184,53 @@ def _add_tile(cfg: VTAConfig, tile: Optional[int], slots: int, gemm: bool, input
     return tile
 
 
+#: the smallest tile (accumulator rows) :func:`timed_tile` tries
+MIN_TIMED_TILE = 8
+#: the most tiles a timed candidate smaller than the largest may make: an add of that many tiles
+#: already overlaps its loads, GEMMs and stores, and timing programs of more would cost build
+#: time (a 256x56x56 add down to 8-row tiles: about 0.8 s); with no such candidate the largest
+#: tile is kept, untimed
+MAX_TIMED_TILES = 64
+
+
+def tile_candidates(cfg: VTAConfig, rows: int, inputs: int) -> list:
+    """The tiles :func:`timed_tile` times for ``rows`` accumulator rows on an identity-GEMM path
+    with ``inputs`` operands in the input buffer: the largest that fits (:func:`_add_tile` with
+    the default slots), then halved while at least :data:`MIN_TIMED_TILE` rows and at most
+    :data:`MAX_TIMED_TILES` tiles, each at most ``rows``, no tile twice."""
+    fits = min(_add_tile(cfg, None, EltwiseKnobs.slots, True, inputs, "add"), rows,
+               MAX_LOOP_EXTENT)
+    out, tile = [fits], fits // 2
+    while tile >= MIN_TIMED_TILE and -(-rows // tile) <= MAX_TIMED_TILES:
+        out.append(tile)
+        tile //= 2
+    return out
+
+
+def timed_tile(cfg: VTAConfig, workload: EltwiseWorkload, epilogue, op: str,
+               input_path: str) -> int:
+    """The tile of the ``"cycles"`` knob policy on an identity-GEMM input path (``"gemm"``,
+    ``"split"``): the candidate (:func:`tile_candidates`) whose program the cycle model
+    (:class:`vta_ext.sim.cycles.CycleModel`) times fastest, the larger tile on a tie.
+
+    The largest tile that fits leaves a small add one or two tiles, whose loads, GEMMs and
+    stores then barely overlap (a 1x384x4x4 add on ``pipelined``, one tile: 2,759 cycles; in
+    tiles of 32 rows: 2,161). The acc8 path (the stock program) keeps its largest tile."""
+    from ..sim.cycles import CycleModel
+
+    rows = (workload.batch // cfg.BATCH) * (workload.channels // cfg.BLOCK_OUT) \
+        * workload.height * workload.width
+    tiles = tile_candidates(cfg, rows, 1 if input_path == "split" else 2)
+    if len(tiles) == 1:     # nothing to compare: no build, no timing
+        return tiles[0]
+    model = CycleModel(cfg)
+    timed = {}
+    for tile in tiles:
+        prog = _build(cfg, workload, epilogue, EltwiseKnobs(tile=tile), op, input_path).program
+        timed[tile] = model.run_program(prog).total_cycles
+    return min(timed, key=lambda t: (timed[t], -t))
+
+
 def _build(cfg, workload, epilogue, knobs, op: str, input_path: str = "acc8"):
     t0 = time.perf_counter()
     cfg = load_config(cfg)
@@ -195,9 +247,11 @@ def _build(cfg, workload, epilogue, knobs, op: str, input_path: str = "acc8"):
     if op == "hswish":  # x + offset, clipped: validated as epilogue stages (int16 immediates)
         pre = [alu for st in normalize_epilogue([("add", wl.offset), ("clip", wl.lo, wl.hi)])
                for alu in alu_ops(cfg, st)]
+    gemm = check_input_path(cfg, input_path, what)
+    if knobs == "cycles" and gemm and op == "add":
+        knobs = EltwiseKnobs(tile=timed_tile(cfg, wl, epilogue, op, input_path))
     knobs = knobs_from(knobs, EltwiseKnobs, {"tps": EltwiseKnobs, "fallback": EltwiseKnobs})
     slots = check_slots(knobs.slots, what)
-    gemm = check_input_path(cfg, input_path, what)
 
     B, BO = cfg.BATCH, cfg.BLOCK_OUT
     shape = (wl.batch // B, wl.channels // BO, wl.height, wl.width, B, BO)
