@@ -443,16 +443,10 @@ class NarrowGroupTemplate(CspGemmTemplate):
         :func:`~.choice.choose` prices it), else None."""
         if options.objective != "end-to-end":
             return None
-        from vta_ext.quantize import call_macs
+        from .choice import blocked_output, cpu_cost, cpu_text
 
-        from .choice import blocked_output, cpu_host_bytes
-
-        macs = call_macs(op.core)
-        layout = cpu_host_bytes(op, blocked_output(op, config))
-        host = options.host
-        score = host.cpu_cycles(macs) + host.layout_cycles(layout)
-        return score, (f"{score:,.0f} cycles ({macs:,} MACs and {layout:,} B host layout, host "
-                       f"model {host.name})")
+        cost = cpu_cost(op, blocked_output(op, config), options.host)
+        return cost[2], cpu_text(cost, options.host)
 
     def _plan_of(self, op: MatchedOp, config, cand, why: str, n_usable: int, notes) -> OpPlan:
         """The CSP plan with the layout its activation is taken in (the host layout pricing of
