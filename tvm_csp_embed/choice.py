@@ -338,15 +338,11 @@ def operand_pack_bytes(op: MatchedOp, inputs) -> int:
 
 def blocked_output(op: MatchedOp, config):
     """The stock blocked arrangement of ``op``'s output (what the neighbouring VTA operators
-    take over), or None for an output that is not 2-D or 4-D."""
-    from vta_ext.packing import BlockedActivation, BlockedMatrix
+    take over), or None for an output that is not 2-D or 4-D
+    (:func:`vta_ext.packing.blocked_arrangement`)."""
+    from vta_ext.packing import blocked_arrangement
 
-    shape = _shape(op.core)
-    if len(shape) == 4:
-        return BlockedActivation(*shape, config.BATCH, config.BLOCK_OUT)
-    if len(shape) == 2:
-        return BlockedMatrix(shape[0], shape[1], config.BATCH, config.BLOCK_OUT)
-    return None
+    return blocked_arrangement(_shape(op.core), config)
 
 
 def cpu_host_bytes(op: MatchedOp, out_layout) -> int:

@@ -62,9 +62,7 @@ def lanes_key(op) -> list:
 def padded_lanes(op, config) -> int:
     """The padded channels of ``op``'s packed output: ``C`` of its 4-D NCHW output padded to
     whole ``BLOCK_OUT`` blocks; 0 for other outputs."""
-    from .candidates import _shape
-
-    shape = _shape(op.core)
+    shape = tuple(int(d) for d in op.core.ty.shape)
     return (-shape[1]) % config.BLOCK_OUT if len(shape) == 4 else 0
 
 
@@ -239,16 +237,15 @@ def producer_lanes(op, config, out_layout, writes: bool) -> Tuple[Optional[Tuple
     the bias alone, zero where nothing is written."""
     import tvm
 
-    from vta_ext.packing import same_arrangement
+    from vta_ext.packing import blocked_arrangement, same_arrangement
 
-    from .choice import blocked_output
     from .codegen.biasfold import lane_biases
 
     n = padded_lanes(op, config)
     asked = op.write_lanes is not None and any(op.write_lanes)
     if not n:
         return None, ""
-    blocked = blocked_output(op, config)
+    blocked = blocked_arrangement(op.core.ty.shape, config)
     why = ""
     if blocked is None or out_layout is None or not same_arrangement(out_layout, blocked):
         why = "its output is not in the stock blocked layout its consumers take over"

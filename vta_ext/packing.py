@@ -31,7 +31,7 @@ from tvm import relax
 
 __all__ = ["BlockedActivation", "BlockedMatrix", "FlatActivation", "pack_conv_weight", "pack_depthwise_weight",
            "pack_channel_bias", "ceil_to", "padding_text", "same_arrangement", "as_blocked",
-           "channel_shuffle_map", "apply_steps_numpy"]
+           "channel_shuffle_map", "apply_steps_numpy", "blocked_arrangement"]
 
 
 def ceil_to(value: int, multiple: int) -> int:
@@ -402,3 +402,15 @@ def pack_channel_bias(packer, bias, channels: int, c_p: int, batch: int, block: 
                                     ("pad", [0, c_p - channels], "pad_bias"),
                                     ("reshape", lead + (1, block), "reshape_bias"),
                                     ("broadcast", lead + (batch, block), "bias")])
+
+
+def blocked_arrangement(shape, config):
+    """The stock blocked arrangement of a tensor of ``shape`` on ``config`` (what neighbouring VTA
+    operators hand over): a :class:`BlockedActivation` for a 4-D NCHW shape, a
+    :class:`BlockedMatrix` for a 2-D one, else None."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) == 4:
+        return BlockedActivation(*shape, config.BATCH, config.BLOCK_OUT)
+    if len(shape) == 2:
+        return BlockedMatrix(shape[0], shape[1], config.BATCH, config.BLOCK_OUT)
+    return None

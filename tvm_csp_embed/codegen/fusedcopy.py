@@ -82,7 +82,7 @@ def _compose(get: Getter, st: tuple, before: Tuple[int, ...], dtype: str, inputs
     from tvm import te
     from tvm import tirx as tir
 
-    from .relayout import _concat_block, _redirect, _set_arrays, _unroll_indices, step_shape
+    from .steps import _concat_block, _redirect, _set_arrays, _unroll_indices, step_shape
 
     after = step_shape(before, st)
     kind = st[0]
