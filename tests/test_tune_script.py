@@ -75,3 +75,31 @@ def test_readme_tuning_snippet_runs_as_a_plain_script(tmp_path):
     print(f"\nREADME tuning snippet, {TRIALS} trials: without __main__ guard "
           f"{seconds['plain']:.1f} s, with guard {seconds['guarded']:.1f} s")
     assert seconds["plain"] < 3 * seconds["guarded"], seconds
+
+
+def test_local_runner_workers_do_not_run_the_users_script(tmp_path):
+    """The fast guard of the same bug: a plain script (no ``__main__`` guard) that records each
+    time it runs, then maps ``os.getpid`` over two ``LocalRunner`` workers. The script must run
+    once: a worker started by ``multiprocessing``'s ``spawn`` would run it again (one more line
+    per worker) before failing in its bootstrapping phase."""
+    marker = tmp_path / "runs.txt"
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent(f"""\
+        import os
+        with open({str(marker)!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
+        from tvm_csp_embed.tune import LocalRunner
+        runner = LocalRunner(n_parallel=2)
+        pids = [pid for _, pid in runner.map(os.getpid, [(), ()], lambda i, why: None)]
+        runner.close()
+        print("worker pids", *pids)
+        """))
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    proc, _ = run_script(script, tmp_path, env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    runs = marker.read_text().split()
+    workers = re.search(r"worker pids (\d+) (\d+)", proc.stdout)
+    assert workers, output[-3000:]
+    assert len(runs) == 1, (runs, output[-3000:])           # the script ran once, in its own process
+    assert runs[0] not in workers.groups()                  # the jobs ran in other processes
