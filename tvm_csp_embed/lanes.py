@@ -108,7 +108,8 @@ def _fold_target(op, lanes: int) -> Optional[Tuple[int, ...]]:
 def _solve_add(add, target: np.ndarray, other: np.ndarray, writer) -> Optional[Tuple[int, ...]]:
     """Per lane the int8 ``x`` (smallest magnitude) with :func:`add_lanes` ``(x, other) ==
     target`` that ``writer`` can write, or None."""
-    xs = np.arange(-128, 128, dtype=np.int64)
+    int8 = np.iinfo(np.int8)
+    xs = np.arange(int8.min, int8.max + 1, dtype=np.int64)
     order = xs[np.argsort(np.abs(xs), kind="stable")]
     out = []
     for t, o in zip(target, other):
