@@ -15,6 +15,10 @@ after the other. Checked here:
   bit-exact against llvm, for squeezenet's classifier shape;
 * the twin of a candidate whose bias is kept off its spare lanes (``strategy``: the bias by a
   GEMM is offered for it too): a 3-channel stem takes it, bit-exact against llvm.
+* the padding to a multiple of four blocks (``codegen.loops.thread_paddings``): offered next to
+  one more block where that is not one (by hand); for RegNetX-1.6GF's 912 channels at 7x7 the
+  58-block twin cannot fit two threads' accumulators (a count by hand) and the 60-block one
+  carries them, faster by the cycle model; a Relax build pads 912 -> 960, bit-exact against llvm.
 """
 from __future__ import annotations
 
