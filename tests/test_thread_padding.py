@@ -15,6 +15,10 @@ after the other. Checked here:
   bit-exact against llvm, for squeezenet's classifier shape;
 * the twin of a candidate whose bias is kept off its spare lanes (``strategy``: the bias by a
   GEMM is offered for it too): a 3-channel stem takes it, bit-exact against llvm.
+* the padding to a multiple of four blocks (``codegen.loops.thread_paddings``): offered next to
+  one more block where that is not one (by hand); for RegNetX-1.6GF's 912 channels at 7x7 the
+  58-block twin cannot fit two threads' accumulators (a count by hand) and the 60-block one
+  carries them, faster by the cycle model; a Relax build pads 912 -> 960, bit-exact against llvm.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from tvm_csp_embed.candidates import candidates, packed_of, thread_padded_twin
 from tvm_csp_embed.codegen.biasfold import gemm_bias_epilogue
 from tvm_csp_embed.codegen.build import build_gemm
 from tvm_csp_embed.codegen.knobs import cycle_point
-from tvm_csp_embed.codegen.loops import thread_padding
+from tvm_csp_embed.codegen.loops import thread_padding, thread_paddings
 from tvm_csp_embed.strategy import CspWorkload
 from vta_ext.config import load_config
 from vta_ext.sim.cycles import CycleModel
@@ -127,3 +131,51 @@ def test_a_bias_kept_off_the_lanes_may_be_added_by_a_gemm():
     assert re.search(r"x=1 y=k16 z=(c4\*r4|s4\*c4), bias by GEMM", p.plan), p.plan
     assert "bias added by one GEMM per output tile" in p.detail, p.detail
     assert "not folded: the objective prefers it to the fold into 7 lanes" in p.detail, p.detail
+
+
+@pytest.mark.parametrize("k,extra", [(912, [16, 48]), (200, [16, 48]), (1000, [16]), (512, [])])
+def test_thread_paddings_by_hand(k, extra):
+    """One more block, and three more where one does not give a multiple of four blocks: 912
+    channels are 57 blocks (58 = 2 x 29, 60 = 4 x 15), 200 are 13 (14, 16), 1000 are 63 (64)."""
+    cfg = load_config("pipelined")
+    own = _nchw(cfg, _conv(64, 7, k))[0]
+    assert own.embedding.mapping_str() == "x=1 y=k16 z=c16"
+    assert thread_paddings(own.packed) == [("k", e) for e in extra]
+
+
+def _acc_rows(cfg) -> int:
+    """Accumulator rows of ``cfg``: its buffer bytes over one row (16 lanes of 32 bits), by hand."""
+    return cfg.ACC_BUFF_SIZE // (cfg.BATCH * cfg.BLOCK_OUT * cfg.ACC_WIDTH // 8)
+
+
+def test_a_multiple_of_four_blocks_carries_the_threads_where_one_more_block_cannot():
+    """RegNetX-1.6GF's 912 output channels on 7 x 7 pixels (57 blocks): padded to 58 blocks
+    (2 x 29) the only even split is two outer tiles of 29 blocks, and the two threads' 2 x 29 x 49
+    accumulator rows exceed the buffer, so that twin's fastest point has one thread. Padded to 60
+    blocks its fastest point carries two threads, and the cycle model over the built program (not
+    the knob model that picks the twin) times it well below the embedding's own program."""
+    cfg = load_config("pipelined")
+    own = _nchw(cfg, _conv(912, 7, 912))[0]
+    ep = gemm_bias_epilogue(EPILOGUE)
+    assert 2 * 29 * 49 > _acc_rows(cfg) >= 2 * 10 * 49
+
+    def padded(blocks):
+        pad = list(own.workload.pad)
+        pad[own.embedding.workload.dims.index("k")] += 16 * blocks
+        return packed_of(dataclasses.replace(own.workload, pad=tuple(pad)), cfg)
+
+    assert cycle_point(cfg, padded(1), ep).knobs["vt_k"] == 1
+    fast = cycle_point(cfg, padded(3), ep).knobs
+    assert fast["vt_k"] == 2
+
+    def cycles(pg, knobs):
+        return CycleModel(cfg).run_program(build_gemm(cfg, pg, ep, knobs).program).total_cycles
+    assert cycles(padded(3), fast) < 0.75 * cycles(own.packed, cycle_point(cfg, own.packed, ep).knobs)
+    twin = thread_padded_twin(cfg, own, EPILOGUE)
+    assert [lp.extent for lp in twin.packed.loops if lp.name == "k"] == [60]
+
+
+@pytest.mark.usefixtures("fresh_embedding_cache")
+def test_relax_build_pads_912_channels_to_960_and_stays_bit_exact():
+    p = _pipelined_build(13, 256, 912, 7, 1, stride=1, padding=0)
+    assert "out channels 912->960" in p.detail and "vt_k=2" in p.detail, p.detail

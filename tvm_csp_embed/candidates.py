@@ -428,27 +428,30 @@ def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epi
 
 
 def thread_padded_twin(config, cand: Candidate, epilogue) -> Optional[Candidate]:
-    """The twin of ``cand`` whose odd output-channel loop is padded by one tile of zero weights
-    (:func:`~.codegen.loops.thread_padding`) so that it can carry two virtual threads, or None:
+    """The twin of ``cand`` whose odd output-channel loop is padded by one tile of zero weights, or
+    three (:func:`~.codegen.loops.thread_paddings`, the faster by the knob model) so that it can
+    carry two virtual threads, or None:
     when it needs no padding, or when the knob model's cycle estimate of the twin's fastest point
     (:func:`~.codegen.knobs.cycle_point`) is not below the embedding's own. The twin shares the
     embedding's place among the candidates the choice times (``place``); it times both."""
     from .codegen.knobs import cycle_point
-    from .codegen.loops import thread_padding
+    from .codegen.loops import thread_paddings
 
     if cand.refused:
         return None
-    extra = thread_padding(cand.packed)
-    if extra is None:
+    cw, twins = cand.workload, []
+    for dim, elements in thread_paddings(cand.packed):     # the fastest of them
+        pad = list(cw.pad)
+        pad[cand.embedding.workload.dims.index(dim)] += elements
+        twin_cw = dataclasses.replace(cw, pad=tuple(pad))
+        pg = packed_of(twin_cw, config)
+        twins.append((cycle_point(config, pg, epilogue), twin_cw, pg))
+    twins = [t for t in twins if t[0] is not None]
+    if not twins:
         return None
-    cw = cand.workload
-    dim, elements = extra
-    pad = list(cw.pad)
-    pad[cand.embedding.workload.dims.index(dim)] += elements
-    twin_cw = dataclasses.replace(cw, pad=tuple(pad))
-    pg = packed_of(twin_cw, config)
-    own, padded = cycle_point(config, cand.packed, epilogue), cycle_point(config, pg, epilogue)
-    if own is None or padded is None or padded.cycles >= own.cycles:
+    padded, twin_cw, pg = min(twins, key=lambda t: t[0].cycles)
+    own = cycle_point(config, cand.packed, epilogue)
+    if own is None or padded.cycles >= own.cycles:
         return None
     point = tps_point(config, pg, epilogue)
     return Candidate(twin_cw, pg.embedding, pg, estimate=_estimate(config, pg, point or padded),

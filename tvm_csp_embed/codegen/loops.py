@@ -5,7 +5,8 @@
 * :func:`loop_orders`: the loop orders of the schedule for each value of the ``order`` knob
   (:data:`ORDERS`), with the operand a resident order hoists;
 * :func:`thread_padding`: the padding that gives an odd thread loop (output channels, or a plain
-  loop of a stencil-unrolled layout) an even extent, so that it can carry two virtual threads.
+  loop of a stencil-unrolled layout) an even extent, so that it can carry two virtual threads
+  (:func:`thread_paddings`: also the one to a multiple of four).
 
 The knob space and its model (:mod:`.knobs`) and the schedule (:mod:`.schedule`) both read these;
 neither imports the other.
@@ -18,7 +19,8 @@ from typing import List, Optional, Tuple
 from .plan import PackedGemm
 
 __all__ = ["LoopOrders", "ORDERS", "BATCH_INNER", "batch_inner", "loop_orders", "vt_loops",
-           "row_thread_loop", "tiled_loops", "thread_padding"]
+           "row_thread_loop", "tiled_loops", "thread_padding",
+           "thread_paddings"]
 
 
 def vt_loops(pg: PackedGemm) -> List[str]:
@@ -85,28 +87,47 @@ def thread_padding(pg: PackedGemm) -> Optional[Tuple[str, int]]:
     plain loop (DeepBench layer 0's 341 output columns) takes one more column of zero input, whose
     output is computed and dropped by the unpack. None when the loop is even, has one tile, or is
     the tile loop of a dim walked with a stride (its padding would not be one tile)."""
+    paddings = thread_paddings(pg)
+    return paddings[0] if paddings else None
+
+
+def thread_paddings(pg: PackedGemm) -> List[Tuple[str, int]]:
+    """The paddings that let the odd thread loop of :func:`thread_padding` carry two threads,
+    fewest tiles first: one more tile (an even loop) and, where that is not already one, the
+    fewest more tiles that make the loop a multiple of four.
+
+    An even loop of ``2 p`` tiles with ``p`` prime splits only into ``p`` tiles per outer step
+    (two outer tiles, one per thread) or into 2 (``p`` outer tiles, odd): where ``p`` tiles of
+    two threads do not fit the accumulator, neither carries threads. RegNetX-1.6GF's 912 output
+    channels (57 blocks) on 7x7 pixels: 58 blocks are 2 x 29, and 2 x 29 x 49 accumulator rows
+    exceed the 2,048 of ``pipelined``; 60 blocks split as 6 outer tiles of 10 for two threads,
+    whose weight loads overlap the GEMMs. Empty when the loop needs no padding."""
     weight = [lp for lp in pg.loops if pg.roles[lp.name] == "weight"][:1]
     if weight and weight[0].name in vt_loops(pg):
-        extra = _one_more_tile(pg, weight[0])
-        if extra is not None:
+        extra = _more_tiles(pg, weight[0])
+        if extra:
             return extra
     row = row_thread_loop(pg)
     if row is not None and pg.roles[row] == "plain" and pg.loop[row].kind == "full":
-        return _one_more_tile(pg, pg.loop[row])
-    return None
+        return _more_tiles(pg, pg.loop[row])
+    return []
 
 
-def _one_more_tile(pg: PackedGemm, lp) -> Optional[Tuple[str, int]]:
-    """``(dim, elements)`` of one more tile of the odd loop ``lp`` (a full loop's tile: one
-    element; a walked dim's: its factor), or None: even, one tile, or a strided factor."""
+def _more_tiles(pg: PackedGemm, lp) -> List[Tuple[str, int]]:
+    """``(dim, elements)`` of one more tile of the odd loop ``lp`` and, where that does not make
+    a multiple of four, of the three more that do (a full loop's tile: one element; a walked
+    dim's: its factor); empty when ``lp`` is even, has one tile, or has a strided factor."""
     if lp.extent % 2 == 0 or lp.extent == 1 or lp.kind == "sub":
-        return None
+        return []
     if lp.kind == "full":
-        return lp.dim, 1
-    factor = pg.embedding.walked[lp.dim]
-    if factor.stride != 1:
-        return None
-    return lp.dim, factor.size
+        size = 1
+    else:
+        factor = pg.embedding.walked[lp.dim]
+        if factor.stride != 1:
+            return []
+        size = factor.size
+    tiles = [1] if (lp.extent + 1) % 4 == 0 else [1, 3]
+    return [(lp.dim, n * size) for n in tiles]
 
 
 def tiled_loops(pg: PackedGemm) -> List[str]:
