@@ -34,7 +34,8 @@ def test_window_loads_by_hand():
 
 CASES = [  # (channels, hw, pool, stride, knobs): whole planes, several tiles, taps > outputs
     (48, 6, 6, 1, None), (48, 6, 6, 1, dict(tile_c=2)), (32, 8, 7, 1, None),
-    (32, 9, 3, 2, dict(tile_h=2)), (64, 13, 3, 2, dict(tile_c=3))]
+    (32, 9, 3, 2, dict(tile_h=2)), (64, 13, 3, 2, dict(tile_c=3)), (48, 6, 6, 1, "cycles"),
+    (64, 13, 3, 2, "cycles")]
 
 
 @pytest.mark.parametrize("preset", ["default", "pipelined"])
@@ -68,3 +69,19 @@ def test_global_pool_loads_and_micro_ops_by_hand():
     sums = [i for i in op.program.insns if isinstance(i, GemmInsn) and not i.reset_reg]
     assert [(i.uop_end - i.uop_bgn, i.iter_out, i.iter_in) for i in sums] == \
         [(28, 6, 6), (28, 6, 6), (7, 6, 6)]
+
+
+@pytest.mark.parametrize("preset", ["default", "pipelined"])
+def test_cycles_policy_times_channel_tiles(preset):
+    """On the gemm path with whole planes a tile, the ``"cycles"`` policy times the largest
+    tile and its tile_c halvings: squeezenet1_1's global pool takes a smaller tile, and no
+    fewer cycles than the largest (28 blocks a tile, 3 tiles) is left on the table."""
+    cfg = load_config(preset)
+    wl = PoolWorkload(1, 1008, 6, 6, 6, 6, 1, 1, 0, 0)
+    cycles = {}
+    for tile_c in (28, 14, 7, 3, 1):
+        op = build_avg_pool2d(cfg, wl, (), dict(tile_c=tile_c), input_path="gemm", lean=True)
+        cycles[tile_c] = CycleModel(cfg).run_program(op.program).total_cycles
+    chosen = build_avg_pool2d(cfg, wl, (), "cycles", input_path="gemm", lean=True)
+    assert chosen.info["tile_c"] == min(cycles, key=lambda t: (cycles[t], -t)) < 28
+    assert CycleModel(cfg).run_program(chosen.program).total_cycles == min(cycles.values())

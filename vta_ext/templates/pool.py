@@ -94,7 +94,10 @@ Both paths load a window's rows as few DMA rows as the data allow (:func:`window
 row costs ``DMA_OVERHEAD_CYCLES`` besides its bytes, so an unpadded window is one row per channel
 block, and whole planes one row for the tile's channel blocks (squeezenet1_1 112 on
 ``pipelined``: the max pools 62,526 / 30,402 / 14,631 -> 61,662 / 29,570 / 13,798 cycles, the
-global average pool 7,976 -> 5,974).
+global average pool 7,976 -> 5,974). On the identity-GEMM path with whole planes a tile, the
+``"cycles"`` knob policy times the largest tile and its ``tile_c`` halvings
+(:func:`timed_channel_tile`; the global pool 5,974 -> 4,858, the 1x256x13x13 max pool now takes
+this path: 13,798 -> 13,451).
 
 Division (average pooling). VTA has no divide. A window with divisor ``d`` sums at most ``d``
 int8 values (the non-padded ones; with ``count_include_pad`` the divisor is the window size, which
@@ -490,9 +493,39 @@ def _gemm_window(ident: IdentityInput, base: int, windows, nrows: int, row_len: 
     ident.gemm([(w, base + w - windows[0]) for w in windows], loops)
 
 
+def timed_channel_tile(cfg: VTAConfig, wl: PoolWorkload, epilogue, mode: str, schedule: str,
+                       input_path: str, lean: bool) -> Optional[PoolKnobs]:
+    """The tile of the ``"cycles"`` knob policy on the identity-GEMM input path where a tile holds
+    whole output planes: the largest tile (``"tps"``) and its ``tile_c`` halvings (at most
+    :data:`~.eltwise.MAX_TIMED_TILES` tiles), the one the cycle model times fastest, the larger on
+    a tie; ``None`` (the largest tile, untimed) where the tile splits the planes or has one
+    channel block. As :func:`~.eltwise.timed_tile` does for the add: in a few large tiles the
+    loads, GEMMs and stores barely overlap (squeezenet1_1's 1x1000x6x6 global pool on
+    ``pipelined``: 3 tiles of up to 28 blocks 5,974 cycles, 16 of up to 4: 4,894)."""
+    from ..sim.cycles import CycleModel
+    from .eltwise import MAX_TIMED_TILES
+
+    largest = _build_pool(cfg, wl, epilogue, "tps", mode, schedule, input_path, lean)
+    th, tc = largest.info["tile_h"], largest.info["tile_c"]
+    if th < wl.out_height or tc == 1:
+        return None
+    blocks = (wl.batch // cfg.BATCH) * (wl.channels // cfg.BLOCK_OUT)
+    model = CycleModel(cfg)
+    timed = {tc: model.run_program(largest.program).total_cycles}
+    tile = tc // 2
+    while tile >= 1 and -(-blocks // tile) <= MAX_TIMED_TILES:
+        knobs = PoolKnobs(tile_h=th, tile_c=tile)
+        program = _build_pool(cfg, wl, epilogue, knobs, mode, schedule, input_path, lean).program
+        timed[tile] = model.run_program(program).total_cycles
+        tile //= 2
+    return PoolKnobs(tile_h=th, tile_c=min(timed, key=lambda t: (timed[t], -t)))
+
+
 def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
                 schedule: str = "direct", input_path: str = "acc8",
                 lean: bool = False) -> CompiledPool:
+    if knobs == "cycles" and input_path == "gemm":
+        knobs = timed_channel_tile(cfg, wl, epilogue, mode, schedule, input_path, lean) or "tps"
     t0 = time.perf_counter()
     what = f"{mode}_pool2d {wl}"
     cfg = load_config(cfg)
