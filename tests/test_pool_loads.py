@@ -46,7 +46,7 @@ def test_pools_bit_exact(preset, path, c, hw, k, s, knobs):
     wl = PoolWorkload(1, c, hw, hw, k, k, s, s, 0, 0)
     x = np.random.default_rng(c + hw + k).integers(-128, 128, (1, c, hw, hw)).astype(np.int8)
     for mode, build in (("avg", build_avg_pool2d), ("max", build_max_pool2d)):
-        op = build(cfg, wl, (), knobs, input_path=path)
+        op = build(cfg, wl, (), knobs, input_path=path, lean=True)
         np.testing.assert_array_equal(unpack(op.run(pack(x, cfg))[0]), ref_pool(x, wl, mode),
                                       err_msg=f"{mode} {path} {knobs}")
 
@@ -85,3 +85,25 @@ def test_cycles_policy_times_channel_tiles(preset):
     chosen = build_avg_pool2d(cfg, wl, (), "cycles", input_path="gemm", lean=True)
     assert chosen.info["tile_c"] == min(cycles, key=lambda t: (cycles[t], -t)) < 28
     assert CycleModel(cfg).run_program(chosen.program).total_cycles == min(cycles.values())
+
+
+def test_whole_planes_one_load_lean_only():
+    """1x32x13x13 3x3 s2, one tile: the window is both blocks' whole planes, 2 x 169 rows that
+    follow each other in DRAM and in the window: with ``lean`` one LOAD of one row (ACC_8BIT, or
+    INP on the gemm path); the stock program (not lean) keeps one 13-row LOAD per block. The
+    13x13 global average pool's sums: 2 x 169 iterations from 2 micro-ops (one per block looping
+    over the 13 x 13 window) instead of 338."""
+    wl = PoolWorkload(1, 32, 13, 13, 3, 3, 2, 2, 0, 0)
+
+    def loads(program, kind):
+        return [(i.y_size, i.x_size) for i in program.insns if isinstance(i, MemInsn)
+                and i.x_size and i.opcode == Opcode.LOAD and i.memory_type == kind]
+    for path, kind in (("acc8", MemType.ACC_8BIT), ("gemm", MemType.INP)):
+        lean = build_max_pool2d("pipelined", wl, (), None, input_path=path, lean=True).program
+        stock = build_max_pool2d("pipelined", wl, (), None, input_path=path).program
+        assert loads(lean, kind) == [(1, 2 * 169)], path
+        assert loads(stock, kind) == [(13, 13), (13, 13)], path
+    glob = PoolWorkload(1, 32, 13, 13, 13, 13, 1, 1, 0, 0)
+    gemm = build_avg_pool2d("pipelined", glob, (), None, input_path="gemm", lean=True).program
+    (sums,) = [i for i in gemm.insns if isinstance(i, GemmInsn) and not i.reset_reg]
+    assert (sums.uop_end - sums.uop_bgn, sums.iter_out, sums.iter_in) == (2, 13, 13)

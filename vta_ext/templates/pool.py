@@ -90,9 +90,10 @@ Where a tile has fewer outputs than window elements (a global pool), the sums lo
 window instead, one micro-op per (channel block, output) (:func:`_tap_sums`): squeezenet1_1's
 1x1000x6x6 global pool loads 344 bytes of micro-ops instead of 9,164.
 
-Both paths load a window's rows as few DMA rows as the data allow (:func:`window_loads`): each DMA
-row costs ``DMA_OVERHEAD_CYCLES`` besides its bytes, so an unpadded window is one row per channel
-block, and whole planes one row for the tile's channel blocks (squeezenet1_1 112 on
+With ``lean=True`` (the stock program keeps one 2-D LOAD per channel block) both paths load a
+window's rows as few DMA rows as the data allow (:func:`window_loads`): each DMA row costs
+``DMA_OVERHEAD_CYCLES`` besides its bytes, so an unpadded window is one row per channel block,
+and whole planes one row for the tile's channel blocks (squeezenet1_1 112 on
 ``pipelined``: the max pools 62,526 / 30,402 / 14,631 -> 61,662 / 29,570 / 13,798 cycles, the
 global average pool 7,976 -> 5,974). On the identity-GEMM path with whole planes a tile, the
 ``"cycles"`` knob policy times the largest tile and its ``tile_c`` halvings
@@ -630,7 +631,8 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
                 lo, hi = max(r0, PH), min(r0 + nrows, PH + H)
                 ypb, ypa, ny = lo - r0, r0 + nrows - hi, hi - lo
                 pad_min = is_max and bool(ypb or ypa or PW)
-                loads = window_loads(tcc, ny, W, PW, ypb + ypa, H, win_stride)
+                loads = (window_loads(tcc, ny, W, PW, ypb + ypa, H, win_stride) if lean
+                         else [(c, 1, W, ny) for c in range(tcc)])
                 if ident is not None:   # LOAD INP on the load module
                     base = ident.begin_load()
                     for c, _, xs, ys in loads:
