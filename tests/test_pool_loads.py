@@ -107,3 +107,21 @@ def test_whole_planes_one_load_lean_only():
     gemm = build_avg_pool2d("pipelined", glob, (), None, input_path="gemm", lean=True).program
     (sums,) = [i for i in gemm.insns if isinstance(i, GemmInsn) and not i.reset_reg]
     assert (sums.uop_end - sums.uop_bgn, sums.iter_out, sums.iter_in) == (2, 13, 13)
+
+
+@pytest.mark.parametrize("schedule,hw", [("direct", 13), ("inplace", 13), ("inplace", 27)])
+def test_merged_window_loads_on_the_rtl(schedule, hw, rtl):
+    """``pynq`` (GEMM input path only): the lean max pool's merged LOAD INP rows (whole planes
+    of the 13x13 input; one row per block of the 27x27 input's tiles) bit-exact on the
+    functional simulator and on the RTL of the Pynq design."""
+    import vta_ext
+
+    cfg = load_config("pynq")
+    wl = PoolWorkload(1, 32, hw, hw, 3, 3, 2, 2, 0, 0)
+    x = np.random.default_rng(hw).integers(-128, 128, (1, 32, hw, hw)).astype(np.int8)
+    op = build_max_pool2d(cfg, wl, (), None, schedule=schedule, input_path="gemm", lean=True)
+    assert all(i.y_size == 1 for i in op.program.insns if isinstance(i, MemInsn) and i.x_size
+               and i.opcode == Opcode.LOAD and i.memory_type == MemType.INP)
+    np.testing.assert_array_equal(unpack(op.run(pack(x, cfg))[0]), ref_pool(x, wl, "max"))
+    with vta_ext.run_on(rtl):
+        np.testing.assert_array_equal(unpack(op.run(pack(x, cfg))[0]), ref_pool(x, wl, "max"))
