@@ -89,7 +89,7 @@ from .templates.epilogue import VECTOR_STAGES, Epilogue, alu_ops, normalize_epil
 from .templates.workload import out_size
 
 __all__ = ["Floor", "OperatorSize", "operator_floor", "depthwise_floor", "max_pool_passes",
-           "own_floor", "serial_floor",
+           "own_floor", "serial_floor", "gemm_row_serial",
            "SERIAL_KINDS", "key_floor", "efficiency",
            "GEMM_KINDS", "ALU_KINDS", "memory_floor", "moved_cycles", "cheapest_moved", "LOAD_KINDS"]
 
@@ -408,8 +408,8 @@ def serial_floor(config: VTAConfig, size: OperatorSize) -> float:
     * A GEMM operator accumulates (a GEMM adds to its accumulator row; there is no overwriting
       GEMM), so every output row starts from a value a compute-module instruction wrote: a fill
       (``PAD_ELEM_CYCLES`` a row), a reset GEMM (``GEMM_CYCLES_PER_UOP``) or an immediate ALU
-      pass (``ALU_CYCLES_PER_UOP_IMM``); a bias loaded as the initial value is a DMA of int32
-      lanes, no cheaper.
+      pass (``ALU_CYCLES_PER_UOP_IMM``); and its whole micro-ops and its leading bias
+      (:func:`gemm_row_serial`).
 
     The cheaper way per row is charged, without any instruction or row overhead; 0 for the other
     kinds (a depthwise conv2d's ALU unit: its floor is the smaller unit's, left as it is).
@@ -420,7 +420,7 @@ def serial_floor(config: VTAConfig, size: OperatorSize) -> float:
     lanes = cfg.BATCH * cfg.BLOCK_OUT
     init = min(cfg.PAD_ELEM_CYCLES, cfg.GEMM_CYCLES_PER_UOP, cfg.ALU_CYCLES_PER_UOP_IMM)
     if size.kind in GEMM_KINDS:
-        return size.out_elements / lanes * init
+        return size.out_elements / lanes * gemm_row_serial(cfg, size)
     if size.kind not in SERIAL_KINDS:
         return 0.0
     per_row = []
@@ -429,6 +429,58 @@ def serial_floor(config: VTAConfig, size: OperatorSize) -> float:
     if cfg.BLOCK_IN == cfg.BLOCK_OUT:
         per_row.append(init + cfg.GEMM_CYCLES_PER_UOP)
     return size.in_elements / lanes * min(per_row) if per_row else 0.0
+
+
+def gemm_row_serial(config: VTAConfig, size: OperatorSize) -> float:
+    """The fewest compute-module cycles per output row (``BATCH * BLOCK_OUT`` outputs) a GEMM
+    operator needs besides its GEMM term (``R / BLOCK_IN`` micro-ops a row, ``R = macs /
+    out_elements`` the products of one output) and its ALU passes.
+
+    Parameters
+    ----------
+    config : VTAConfig
+        The configuration.
+    size : OperatorSize
+        A GEMM operator (:data:`GEMM_KINDS`).
+
+    Returns
+    -------
+    float
+        Without a leading bias: the initial value (the cheapest of a fill, a reset GEMM, an
+        immediate ALU pass) plus the unfilled lanes of the last micro-op, ``(ceil(R / BLOCK_IN) -
+        R / BLOCK_IN) * GEMM_CYCLES_PER_UOP``. A micro-op adds at most ``BLOCK_IN`` products to an
+        output and touches at most ``BATCH * BLOCK_OUT`` outputs, and each output's ``R``
+        products (as the GEMM term counts them, padded taps included) each take a lane: every
+        output needs ``ceil(R / BLOCK_IN)`` micro-ops that touch it. With a leading bias, the
+        cheapest way the bias can enter:
+
+        - folded: a lane whose input is a constant (a lane holding an activation cannot also
+          carry a data-independent term), so ``ceil((R + 1) / BLOCK_IN)`` micro-ops, plus the
+          initial value;
+        - added by one ALU pass (immediate or vector, the cheaper), plus the initial value and
+          the whole micro-ops;
+        - loaded as the initial value: a ``LOAD ACC`` of the row's int32 lanes (their bytes at the
+          ``ACC`` bandwidth, no instruction or row overhead), plus the whole micro-ops.
+
+        Where ``R`` is not a whole number (no operator of :func:`key_floor` has one) the rounding
+        is not counted and a folded bias costs one lane, ``GEMM_CYCLES_PER_UOP / BLOCK_IN``.
+    """
+    from .sim.cycles import timing
+
+    cfg = config
+    gemm = cfg.GEMM_CYCLES_PER_UOP
+    init = min(cfg.PAD_ELEM_CYCLES, gemm, cfg.ALU_CYCLES_PER_UOP_IMM)
+    block = cfg.BLOCK_IN
+    per = size.macs / size.out_elements / block  # the GEMM term's micro-ops per output
+    products, uneven = divmod(size.macs, size.out_elements)
+    whole = 0.0 if uneven else (-(-products // block) - per) * gemm
+    if not (size.epilogue and size.epilogue[0][0] == "bias"):
+        return init + whole
+    folded = gemm / block if uneven else (-(-(products + 1) // block) - per) * gemm
+    added = whole + min(cfg.ALU_CYCLES_PER_UOP_IMM, cfg.ALU_CYCLES_PER_UOP_VEC)
+    row_bytes = cfg.BATCH * cfg.BLOCK_OUT * cfg.ACC_WIDTH / 8
+    loaded = whole + timing(cfg).dma("ACC").cycles(0, 0, row_bytes)
+    return min(init + folded, init + added, loaded)
 
 
 def own_floor(config: VTAConfig, size: OperatorSize) -> Floor:

@@ -86,6 +86,19 @@ average pool keeps no window in the accumulator: the outputs are reset and each 
 a GEMM micro-op from the input buffer into them (``GEMM_CYCLES_PER_UOP`` a tap against a vector
 ADD). A max pool with padding is refused (the zero padding could win a MAX; it keeps ``acc8``
 with pad_min). The tile also fits two window regions into the input buffer (``inp_depth``).
+Where a tile has fewer outputs than window elements (a global pool), the sums loop over the
+window instead, one micro-op per (channel block, output) (:func:`_tap_sums`): squeezenet1_1's
+1x1000x6x6 global pool loads 344 bytes of micro-ops instead of 9,164.
+
+With ``lean=True`` (the stock program keeps one 2-D LOAD per channel block) both paths load a
+window's rows as few DMA rows as the data allow (:func:`window_loads`): each DMA row costs
+``DMA_OVERHEAD_CYCLES`` besides its bytes, so an unpadded window is one row per channel block,
+and whole planes one row for the tile's channel blocks (squeezenet1_1 112 on
+``pipelined``: the max pools 62,526 / 30,402 / 14,631 -> 61,662 / 29,570 / 13,798 cycles, the
+global average pool 7,976 -> 5,974). On the identity-GEMM path with whole planes a tile, the
+``"cycles"`` knob policy times the largest tile and its ``tile_c`` halvings
+(:func:`timed_channel_tile`; the global pool 5,974 -> 4,858, the 1x256x13x13 max pool now takes
+this path: 13,798 -> 13,451).
 
 Division (average pooling). VTA has no divide. A window with divisor ``d`` sums at most ``d``
 int8 values (the non-padded ones; with ``count_include_pad`` the divisor is the window size, which
@@ -131,13 +144,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
 
 from ..config import VTAConfig, load_config
 from ..isa import AluOp, MemType
-from ..layout import IMM_MAX, IMM_MIN, MAX_DMA_PAD
+from ..layout import IMM_MAX, IMM_MIN, MAX_DMA_PAD, MAX_DMA_STRIDE
+from ..hazard import distance_of
 from ..runtime import CommandQueue
 from .alu_program import (MAX_KERNEL_UOPS, CompiledAluOp, IdentityInput, StorePipeline, alu,
                           alu_range, check_input_path, check_non_negative, check_positive,
@@ -435,6 +449,43 @@ def _check_gemm_input(wl: PoolWorkload, is_max: bool, what: str) -> None:
             f"max pool with padding {wl.pad_h}x{wl.pad_w} keeps LOAD ACC_8BIT with pad_min")
 
 
+def window_loads(tcc: int, ny: int, W: int, pad_w: int, pad_rows: int, H: int,
+                 win_stride: int) -> List[Tuple[int, int, int, int]]:
+    """The LOADs of a tile's input windows: ``(first channel block, blocks, x_size, y_size)``.
+
+    Each DMA row costs its own overhead (``DMA_OVERHEAD_CYCLES`` + the kind's row cycles), so
+    rows that follow each other both in DRAM and in the on-chip window go as one row: with no
+    padding (``pad_w`` columns, ``pad_rows`` rows above and below) a channel block's ``ny`` rows of
+    ``W`` are one row of ``ny * W`` elements, and where the window is the whole plane (``ny ==
+    H`` and ``win_stride == H * W``) consecutive channel blocks join too, up to the 16-bit size
+    field (:data:`~vta_ext.layout.MAX_DMA_STRIDE`). Otherwise one 2-D LOAD per channel block.
+    """
+    if pad_w or pad_rows or ny * W > MAX_DMA_STRIDE:
+        return [(c, 1, W, ny) for c in range(tcc)]
+    if ny == H and win_stride == H * W:
+        per = max(1, MAX_DMA_STRIDE // (H * W))
+        return [(c, min(per, tcc - c), min(per, tcc - c) * H * W, 1) for c in range(0, tcc, per)]
+    return [(c, 1, ny * W, 1) for c in range(tcc)]
+
+
+def _tap_sums(dst, srcs, wl: PoolWorkload, thh: int, Wp: int, distance: int):
+    """``(micro-ops, loops)`` of the GEMM that adds every window element of an average pool into
+    the outputs ``dst`` (per channel block; ``srcs`` the blocks' windows in the input buffer): the
+    fewer micro-ops of one per (block, window element) looping over the outputs, and one per
+    (block, output) looping over the window (destination factor 0), which a global pool takes
+    (one output, ``pool_h * pool_w`` elements: the micro-op loads shrink by that factor). The
+    second form only with at least ``distance`` micro-ops (the hazard contract,
+    :mod:`vta_ext.hazard`: each output is written once per pass over them)."""
+    OW, SH, SW = wl.out_width, wl.stride_h, wl.stride_w
+    outputs = [(r, x) for r in range(thh) for x in range(OW)]
+    taps = [(i, j) for i in range(wl.pool_h) for j in range(wl.pool_w)]
+    if len(outputs) < len(taps) and len(dst) * len(outputs) >= distance:
+        return ([(d + r * OW + x, s + r * SH * Wp + x * SW) for d, s in zip(dst, srcs)
+                 for r, x in outputs], [(wl.pool_h, 0, Wp), (wl.pool_w, 0, 1)])
+    return ([(d, s + i * Wp + j) for d, s in zip(dst, srcs) for i, j in taps],
+            [(thh, OW, SH * Wp), (OW, 1, SW)])
+
+
 def _gemm_window(ident: IdentityInput, base: int, windows, nrows: int, row_len: int) -> None:
     """Write each channel block's input window (``nrows`` rows of ``row_len``, input-buffer rows
     from ``base`` at the windows' own offsets) into the accumulator: reset, then identity GEMM."""
@@ -443,9 +494,39 @@ def _gemm_window(ident: IdentityInput, base: int, windows, nrows: int, row_len: 
     ident.gemm([(w, base + w - windows[0]) for w in windows], loops)
 
 
+def timed_channel_tile(cfg: VTAConfig, wl: PoolWorkload, epilogue, mode: str, schedule: str,
+                       input_path: str, lean: bool) -> Optional[PoolKnobs]:
+    """The tile of the ``"cycles"`` knob policy on the identity-GEMM input path where a tile holds
+    whole output planes: the largest tile (``"tps"``) and its ``tile_c`` halvings (at most
+    :data:`~.eltwise.MAX_TIMED_TILES` tiles), the one the cycle model times fastest, the larger on
+    a tie; ``None`` (the largest tile, untimed) where the tile splits the planes or has one
+    channel block. As :func:`~.eltwise.timed_tile` does for the add: in a few large tiles the
+    loads, GEMMs and stores barely overlap (squeezenet1_1's 1x1000x6x6 global pool on
+    ``pipelined``: 3 tiles of up to 28 blocks 5,974 cycles, 16 of up to 4: 4,894)."""
+    from ..sim.cycles import CycleModel
+    from .eltwise import MAX_TIMED_TILES
+
+    largest = _build_pool(cfg, wl, epilogue, "tps", mode, schedule, input_path, lean)
+    th, tc = largest.info["tile_h"], largest.info["tile_c"]
+    if th < wl.out_height or tc == 1:
+        return None
+    blocks = (wl.batch // cfg.BATCH) * (wl.channels // cfg.BLOCK_OUT)
+    model = CycleModel(cfg)
+    timed = {tc: model.run_program(largest.program).total_cycles}
+    tile = tc // 2
+    while tile >= 1 and -(-blocks // tile) <= MAX_TIMED_TILES:
+        knobs = PoolKnobs(tile_h=th, tile_c=tile)
+        program = _build_pool(cfg, wl, epilogue, knobs, mode, schedule, input_path, lean).program
+        timed[tile] = model.run_program(program).total_cycles
+        tile //= 2
+    return PoolKnobs(tile_h=th, tile_c=min(timed, key=lambda t: (timed[t], -t)))
+
+
 def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
                 schedule: str = "direct", input_path: str = "acc8",
                 lean: bool = False) -> CompiledPool:
+    if knobs == "cycles" and input_path == "gemm":
+        knobs = timed_channel_tile(cfg, wl, epilogue, mode, schedule, input_path, lean) or "tps"
     t0 = time.perf_counter()
     what = f"{mode}_pool2d {wl}"
     cfg = load_config(cfg)
@@ -550,11 +631,13 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
                 lo, hi = max(r0, PH), min(r0 + nrows, PH + H)
                 ypb, ypa, ny = lo - r0, r0 + nrows - hi, hi - lo
                 pad_min = is_max and bool(ypb or ypa or PW)
+                loads = (window_loads(tcc, ny, W, PW, ypb + ypa, H, win_stride) if lean
+                         else [(c, 1, W, ny) for c in range(tcc)])
                 if ident is not None:   # LOAD INP on the load module
                     base = ident.begin_load()
-                    for c in range(tcc):
-                        ident.load(data, ((n * CB + c0 + c) * H + lo - PH) * W, W, ny, W, PW, ypb,
-                                   ypa, base + c * win_stride)
+                    for c, _, xs, ys in loads:
+                        ident.load(data, ((n * CB + c0 + c) * H + lo - PH) * W, xs, ys,
+                                   W if ys > 1 else xs, PW, ypb, ypa, base + c * win_stride)
                     ident.end_load()
                 slot = pipe.begin_tile()
                 OUT = OUT0 + slot * out_size
@@ -562,9 +645,10 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
                     OUT = IN + slot * tc * win_stride
                 windows = [(OUT if inplace else IN) + c * win_stride for c in range(tcc)]
                 if ident is None:
-                    for c in range(tcc):
-                        q.load_2d(data, ((n * CB + c0 + c) * H + lo - PH) * W, W, ny, W, PW, ypb,
-                                  PW, ypa, windows[c], MemType.ACC_8BIT, pad_min=pad_min)
+                    for c, _, xs, ys in loads:
+                        q.load_2d(data, ((n * CB + c0 + c) * H + lo - PH) * W, xs, ys,
+                                  W if ys > 1 else xs, PW, ypb, PW, ypa, windows[c],
+                                  MemType.ACC_8BIT, pad_min=pad_min)
                 # 2. window reduction into the output rows
                 loops = [(thh, OW, SH * Wp), (OW, 1, SW)]
                 dst = [OUT + c * thh * OW for c in range(tcc)]
@@ -574,10 +658,12 @@ def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
                         _gemm_window(ident, base, windows, nrows, Wp)
                     if not is_max or schedule == "direct":   # the first element (avg: each)
                         ident.reset(OUT, tcc * thh * OW)
-                        taps = [(i, j) for i in range(wl.pool_h) for j in range(wl.pool_w)]
-                        ident.gemm([(dst[c], base + c * win_stride + i * Wp + j)
-                                    for c in range(tcc) for i, j in taps[:1 if is_max else P]],
-                                   loops)
+                        srcs = [base + c * win_stride for c in range(tcc)]
+                        if is_max:   # the first window element
+                            ident.gemm(list(zip(dst, srcs)), loops)
+                        else:
+                            ident.gemm(*_tap_sums(dst, srcs, wl, thh, Wp,
+                                                  distance_of(cfg, "gemm")))
                     ident.end_compute()
                 if inplace:
                     _inplace_reduce(q, wl, windows, thh, Wp)
