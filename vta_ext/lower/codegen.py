@@ -33,6 +33,7 @@ from .alloc import SramOverflowError, allocate, count_threads, shared_buffers
 from .convert import TirConverter
 from .ir import Alu, Dep, Dma, GemmKernel, Loop, LoweringError, Region, SramBuf
 from .patterns import analyse
+from .latefill import late_fill as _late_fill
 from .sync import insert_dependencies, release_after_gemm
 from .uops import alu_kernel, form_kernels, gemm_kernel, make_kernel
 
@@ -288,7 +289,7 @@ class GeneratedProgram:
 
 
 def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
-                     early_release: bool = False) -> GeneratedProgram:
+                     early_release: bool = False, late_fill: bool = False) -> GeneratedProgram:
     """Lower a PrimFunc (after :func:`lower_schedule`) to a :class:`GeneratedProgram`.
 
     Parameters
@@ -308,6 +309,9 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
         The first load of a tile waits for the previous tile's last GEMM instead of the tile's
         accumulator fill (:func:`~.sync.release_after_gemm`); the program's ``release`` says
         where it applied or why not. Off: the stage-based plan of the original compiler.
+    late_fill : bool
+        Each tile's accumulator fill after its loads, with its tokens re-planned
+        (:func:`~.latefill.late_fill`); its note starts the program's ``release``.
     """
     conv = TirConverter(cfg)
     items = analyse(conv, conv.stmts(func.body))
@@ -320,10 +324,15 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
             raise LoweringError(f"reuse-aware double buffering needs exactly 2 virtual threads, the "
                                 f"schedule has {nthreads}")
         shared = {name: f"_half{i}" for i, name in enumerate(shared_buffers(items))}
-    items = insert_dependencies(items)
+    fill_note = ""
+    if late_fill:
+        items, fill_note = _late_fill(items)
+    else:
+        items = insert_dependencies(items)
     release = ""
     if early_release:
         items, release = release_after_gemm(items)
+    release = "; ".join(x for x in (fill_note, release) if x)
     em = _Emitter(cfg, shared)
     for var in shared.values():
         em.line(1, f"{var} = 1")
