@@ -134,7 +134,7 @@ class CompiledGemm:
 
 def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
                acc_init: Optional[str] = None, early_release: Optional[bool] = None,
-               late_fill: Optional[bool] = None) -> CompiledGemm:
+               late_fill: Optional[bool] = None, share_resident: bool = True) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
     ``"reset"``, :data:`~.schedule.ACC_INITS`; None: :func:`~.schedule.acc_init_of`) says how each
     output tile's accumulator is zeroed; ``early_release`` lets a tile's first load wait for the
@@ -148,6 +148,8 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     its loads (:func:`vta_ext.lower.latefill.late_fill`): True where it applies, False never,
     None (default) where it applies and the cycle model times it faster than the stage-based
     order (both are built then; ``generated.release`` says which was kept and why).
+    ``share_resident``: a resident tile that every virtual thread would load with the same data
+    is loaded once, by thread 0, and read by all (``lower_to_runtime(share_resident=True)``).
     The epilogue runs in its fewest ALU passes
     (:func:`vta_ext.templates.epilogue.simplify_epilogue`).
 
@@ -168,7 +170,8 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     """
 
     with gc_paused():
-        return _build_gemm(cfg, pg, epilogue, knobs, acc_init, early_release, late_fill)
+        return _build_gemm(cfg, pg, epilogue, knobs, acc_init, early_release, late_fill,
+                           share_resident)
 
 
 def _emit(cfg, gen, shapes: Dict[str, tuple]):
@@ -184,7 +187,7 @@ def _emit(cfg, gen, shapes: Dict[str, tuple]):
     return q.synchronize()
 
 
-def _faster_fill(cfg, func, early: bool, shapes: Dict[str, tuple], gen, prog):
+def _faster_fill(cfg, func, early: bool, shapes: Dict[str, tuple], gen, prog, share: bool):
     """``(generated code, program)``: the late-fill program ``gen``/``prog``
     (:func:`vta_ext.lower.latefill.late_fill`) or the stage-based one, whichever the cycle model
     times faster (ties: the stage-based one); the kept program's ``release`` note says which and
@@ -193,7 +196,7 @@ def _faster_fill(cfg, func, early: bool, shapes: Dict[str, tuple], gen, prog):
     from vta_ext.lower.codegen import lower_to_runtime
     from vta_ext.sim.cycles import CycleModel
 
-    base = lower_to_runtime(cfg, func, early_release=early)
+    base = lower_to_runtime(cfg, func, early_release=early, share_resident=share)
     base_prog = _emit(cfg, base, shapes)
     late_cycles = CycleModel(cfg).run_program(prog).total_cycles
     base_cycles = CycleModel(cfg).run_program(base_prog).total_cycles
@@ -207,7 +210,8 @@ def _faster_fill(cfg, func, early: bool, shapes: Dict[str, tuple], gen, prog):
 
 
 def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str],
-                early_release: Optional[bool], late_fill: Optional[bool] = None) -> CompiledGemm:
+                early_release: Optional[bool], late_fill: Optional[bool] = None,
+                share_resident: bool = True) -> CompiledGemm:
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.latefill import SUNK
@@ -228,7 +232,8 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
         list(lowered.functions.values())[0]
     early = acc_init == "fill" if early_release is None else early_release
     try:
-        gen = lower_to_runtime(cfg, func, early_release=early, late_fill=late_fill is not False)
+        gen = lower_to_runtime(cfg, func, early_release=early, late_fill=late_fill is not False,
+                               share_resident=share_resident)
     except SramOverflowError as err:
         message = (f"embedding {pg.embedding.mapping_str()} with knobs {point} on {cfg.name!r}: "
                    f"{err}. Reduce the tile knobs or the virtual threads")
@@ -242,7 +247,7 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
         shapes.update(gemm_bias_shapes(pg))
     prog = _emit(cfg, gen, shapes)
     if late_fill is None and gen.release.startswith(SUNK):
-        gen, prog = _faster_fill(cfg, func, early, shapes, gen, prog)
+        gen, prog = _faster_fill(cfg, func, early, shapes, gen, prog, share_resident)
     t3 = time.perf_counter()
     timings.update(schedule=t1 - t0, lower=t2 - t1, generate=t3 - t2)
     return CompiledGemm(cfg, pg, epilogue, knob_record(point), prog, shapes, timings, gen)

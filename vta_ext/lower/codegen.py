@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from ..config import VTAConfig
 from ..isa import MemType, Stage
 from ..layout import MAX_DMA_PAD
 from .affine import Aff
-from .alloc import SramOverflowError, allocate, count_threads, shared_buffers
+from .alloc import SramOverflowError, allocate, count_threads, resident_buffers, shared_buffers
 from .convert import TirConverter
 from .ir import Alu, Dep, Dma, GemmKernel, Loop, LoweringError, Region, SramBuf
 from .patterns import analyse
@@ -43,8 +43,11 @@ __all__ = ["LoweringError", "SramOverflowError", "lower_to_runtime", "GeneratedP
 class _Emitter:
     """Writes the Python source of the generated program, line by line (see the module notes)."""
 
-    def __init__(self, cfg: VTAConfig, reuse: Optional[Dict[str, str]] = None):
+    def __init__(self, cfg: VTAConfig, reuse: Optional[Dict[str, str]] = None,
+                 once: Sequence[str] = ()):
         self.cfg = cfg
+        # resident tiles loaded once, by thread 0, for every thread (root buffer names)
+        self.once = frozenset(once)
         # reuse-aware double buffering: root buffer name -> Python variable holding the buffer half
         # (0/1) the shared tile was last loaded into
         self.reuse: Dict[str, str] = dict(reuse or {})
@@ -130,9 +133,11 @@ class _Emitter:
         return name if d.kind == "load" and name in self.reuse else None
 
     def _skip(self, x) -> bool:
-        """Thread > 0 does not reload a shared tile (thread 0 loaded the identical data)."""
+        """Thread > 0 does not reload a shared or resident tile (thread 0 loaded the identical
+        data)."""
         if isinstance(x, Dma):
-            return self._reused_root(x) is not None
+            return self._reused_root(x) is not None or (x.kind == "load"
+                                                        and x.sram.root.name in self.once)
         if isinstance(x, Loop):
             return all(self._skip(y) for y in x.body)
         return False
@@ -143,6 +148,8 @@ class _Emitter:
         var = self.reuse.get(buf.root.name)
         if var is not None:
             return Aff({var: buf.stride}, buf.base)
+        if buf.root.name in self.once:
+            return buf.base
         return buf.base + (tid * buf.stride if buf.root.vthread else 0)
 
     # ---------------------------------------------------------------- DMA
@@ -289,7 +296,8 @@ class GeneratedProgram:
 
 
 def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
-                     early_release: bool = False, late_fill: bool = False) -> GeneratedProgram:
+                     early_release: bool = False, late_fill: bool = False,
+                     share_resident: bool = False) -> GeneratedProgram:
     """Lower a PrimFunc (after :func:`lower_schedule`) to a :class:`GeneratedProgram`.
 
     Parameters
@@ -312,6 +320,14 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
     late_fill : bool
         Each tile's accumulator fill after its loads, with its tokens re-planned
         (:func:`~.latefill.late_fill`); its note starts the program's ``release``.
+    share_resident : bool
+        A per-thread INP/WGT tile loaded once per program with the same data in every virtual
+        thread (:func:`~.alloc.resident_buffers`: a resident operand hoisted above the tile loops
+        whose threads split the other operand) is loaded by thread 0 only, and every thread's
+        GEMMs read that copy: nothing writes it again, and each thread's first GEMM already waits
+        for the load tokens that follow it. The other threads' copies stay allocated (the SRAM
+        fit does not change). The program's ``release`` ends with a note saying which tiles,
+        or why none (without reuse-aware double buffering only).
     """
     conv = TirConverter(cfg)
     items = analyse(conv, conv.stmts(func.body))
@@ -324,6 +340,13 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
             raise LoweringError(f"reuse-aware double buffering needs exactly 2 virtual threads, the "
                                 f"schedule has {nthreads}")
         shared = {name: f"_half{i}" for i, name in enumerate(shared_buffers(items))}
+    once: List[str] = []
+    share_note = ""
+    if share_resident and not reuse:
+        once = resident_buffers(items)
+        share_note = (f"resident tile(s) {', '.join(once)} loaded once for {nthreads} virtual threads"
+                      if once else (f"no resident tile shared by the threads ({nthreads} virtual "
+                                    f"thread(s))"))
     fill_note = ""
     if late_fill:
         items, fill_note = _late_fill(items)
@@ -332,8 +355,8 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
     release = ""
     if early_release:
         items, release = release_after_gemm(items)
-    release = "; ".join(x for x in (fill_note, release) if x)
-    em = _Emitter(cfg, shared)
+    release = "; ".join(x for x in (fill_note, release, share_note) if x)
+    em = _Emitter(cfg, shared, once)
     for var in shared.values():
         em.line(1, f"{var} = 1")
     em.items(items, 1, [({}, 0)])
