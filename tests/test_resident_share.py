@@ -109,8 +109,9 @@ def test_tiles_loaded_in_the_tile_loop_keep_a_copy_per_thread():
     knobs = _point(cfg, pg, 0, "vt_k")
     shared = build_gemm(cfg, pg, EPILOGUE, knobs, late_fill=False, share_resident=True)
     apart = build_gemm(cfg, pg, EPILOGUE, knobs, late_fill=False, share_resident=False)
-    assert shared.generated.release.endswith("no resident tile shared by the threads (2 virtual "
-                                             "thread(s))")
+    assert shared.generated.release.endswith("no resident tile shared by the 2 virtual threads: "
+                                             "every tile loads inside a tile loop or differs by "
+                                             "thread")
     assert encode_stream(cfg, shared.program.insns) == encode_stream(cfg, apart.program.insns)
     got, expected = _run(cfg, cand, shared)
     np.testing.assert_array_equal(got, expected)

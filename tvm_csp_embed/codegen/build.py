@@ -146,8 +146,8 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     ``default``, ``pipelined`` and ``pynq``: faster on 181, at most 3 cycles slower on the rest),
     so it is not built twice to compare. ``late_fill`` puts each tile's accumulator fill after
     its loads (:func:`vta_ext.lower.latefill.late_fill`): True where it applies, False never,
-    None (default) where it applies and the cycle model times it faster than the stage-based
-    order (both are built then; ``generated.release`` says which was kept and why).
+    None (default) where it applies and the program has two or more virtual threads (decided
+    from the program's structure, one build; ``generated.release`` says where and why not).
     ``share_resident``: a resident tile that every virtual thread would load with the same data
     is loaded once, by thread 0, and read by all (``lower_to_runtime(share_resident=True)``).
     The epilogue runs in its fewest ALU passes
@@ -187,34 +187,11 @@ def _emit(cfg, gen, shapes: Dict[str, tuple]):
     return q.synchronize()
 
 
-def _faster_fill(cfg, func, early: bool, shapes: Dict[str, tuple], gen, prog, share: bool):
-    """``(generated code, program)``: the late-fill program ``gen``/``prog``
-    (:func:`vta_ext.lower.latefill.late_fill`) or the stage-based one, whichever the cycle model
-    times faster (ties: the stage-based one); the kept program's ``release`` note says which and
-    the two cycle counts. The late fill is not always faster (a thread split over the output
-    channels loads the same input twice and waits longer for its release)."""
-    from vta_ext.lower.codegen import lower_to_runtime
-    from vta_ext.sim.cycles import CycleModel
-
-    base = lower_to_runtime(cfg, func, early_release=early, share_resident=share)
-    base_prog = _emit(cfg, base, shapes)
-    late_cycles = CycleModel(cfg).run_program(prog).total_cycles
-    base_cycles = CycleModel(cfg).run_program(base_prog).total_cycles
-    if late_cycles < base_cycles:
-        gen.release += (f" ({late_cycles:,} cycles against {base_cycles:,} cycles with the fills "
-                        f"before the loads)")
-        return gen, prog
-    base.release = (f"accumulator fills kept before the loads: {base_cycles:,} cycles against "
-                    f"{late_cycles:,} cycles after them; {base.release}")
-    return base, base_prog
-
-
 def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str],
                 early_release: Optional[bool], late_fill: Optional[bool] = None,
                 share_resident: bool = True) -> CompiledGemm:
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
-    from vta_ext.lower.latefill import SUNK
     from vta_ext.lower.passes import lower_schedule
     from vta_ext.templates.epilogue import (GEMM_BIAS_STAGE, has_bias, normalize_epilogue,
                                             simplify_epilogue)
@@ -230,10 +207,10 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
     lowered = lower_schedule(sch.mod)
     func = lowered["csp_gemm"] if "csp_gemm" in [g.name_hint for g in lowered.functions] else \
         list(lowered.functions.values())[0]
-    early = acc_init == "fill" if early_release is None else early_release
     try:
-        gen = lower_to_runtime(cfg, func, early_release=early, late_fill=late_fill is not False,
-                               share_resident=share_resident)
+        gen = lower_to_runtime(cfg, func, early_release=(
+            acc_init == "fill" if early_release is None else early_release), late_fill=late_fill,
+            share_resident=share_resident)
     except SramOverflowError as err:
         message = (f"embedding {pg.embedding.mapping_str()} with knobs {point} on {cfg.name!r}: "
                    f"{err}. Reduce the tile knobs or the virtual threads")
@@ -246,8 +223,6 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
     if GEMM_BIAS_STAGE in epilogue:
         shapes.update(gemm_bias_shapes(pg))
     prog = _emit(cfg, gen, shapes)
-    if late_fill is None and gen.release.startswith(SUNK):
-        gen, prog = _faster_fill(cfg, func, early, shapes, gen, prog, share_resident)
     t3 = time.perf_counter()
     timings.update(schedule=t1 - t0, lower=t2 - t1, generate=t3 - t2)
     return CompiledGemm(cfg, pg, epilogue, knob_record(point), prog, shapes, timings, gen)

@@ -296,7 +296,7 @@ class GeneratedProgram:
 
 
 def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
-                     early_release: bool = False, late_fill: bool = False,
+                     early_release: bool = False, late_fill: Optional[bool] = False,
                      share_resident: bool = False) -> GeneratedProgram:
     """Lower a PrimFunc (after :func:`lower_schedule`) to a :class:`GeneratedProgram`.
 
@@ -317,17 +317,18 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
         The first load of a tile waits for the previous tile's last GEMM instead of the tile's
         accumulator fill (:func:`~.sync.release_after_gemm`); the program's ``release`` says
         where it applied or why not. Off: the stage-based plan of the original compiler.
-    late_fill : bool
+    late_fill : bool or None
         Each tile's accumulator fill after its loads, with its tokens re-planned
-        (:func:`~.latefill.late_fill`); its note starts the program's ``release``.
+        (:func:`~.latefill.late_fill`); None: only with two or more virtual threads
+        (``threads_only``). Its note starts the program's ``release``.
     share_resident : bool
         A per-thread INP/WGT tile loaded once per program with the same data in every virtual
         thread (:func:`~.alloc.resident_buffers`: a resident operand hoisted above the tile loops
         whose threads split the other operand) is loaded by thread 0 only, and every thread's
         GEMMs read that copy: nothing writes it again, and each thread's first GEMM already waits
         for the load tokens that follow it. The other threads' copies stay allocated (the SRAM
-        fit does not change). The program's ``release`` ends with a note saying which tiles,
-        or why none (without reuse-aware double buffering only).
+        fit does not change). With two or more threads (and without reuse-aware double
+        buffering) the program's ``release`` ends with a note saying which tiles, or why none.
     """
     conv = TirConverter(cfg)
     items = analyse(conv, conv.stmts(func.body))
@@ -342,14 +343,14 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
         shared = {name: f"_half{i}" for i, name in enumerate(shared_buffers(items))}
     once: List[str] = []
     share_note = ""
-    if share_resident and not reuse:
+    if share_resident and not reuse and nthreads > 1:
         once = resident_buffers(items)
         share_note = (f"resident tile(s) {', '.join(once)} loaded once for {nthreads} virtual threads"
-                      if once else (f"no resident tile shared by the threads ({nthreads} virtual "
-                                    f"thread(s))"))
+                      if once else f"no resident tile shared by the {nthreads} virtual threads: "
+                      f"every tile loads inside a tile loop or differs by thread")
     fill_note = ""
-    if late_fill:
-        items, fill_note = _late_fill(items)
+    if late_fill is not False:
+        items, fill_note = _late_fill(items, threads_only=late_fill is None)
     else:
         items = insert_dependencies(items)
     release = ""

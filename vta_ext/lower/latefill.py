@@ -25,15 +25,19 @@ from __future__ import annotations
 from typing import List, Tuple
 
 from ..isa import MemType, Stage
+from .alloc import count_threads
 from .ir import Dep, Dma, GemmKernel, Loop, Region
 from .sync import insert_dependencies
 
-__all__ = ["sink_fills", "late_fill", "SUNK"]
+__all__ = ["sink_fills", "late_fill", "SUNK", "ONE_THREAD"]
 
 _L, _C, _S = Stage.LOAD, Stage.COMPUTE, Stage.STORE
 
 #: how :func:`sink_fills`'s note starts where it moved a fill
 SUNK = "accumulator fills after the tile's loads"
+#: :func:`late_fill`'s note where ``threads_only`` keeps the fills of a one-thread program
+ONE_THREAD = ("accumulator fills kept before the loads: one virtual thread (no thread's fill waits "
+              "ahead of another thread's GEMMs)")
 
 
 def _is_fill(node) -> bool:
@@ -164,7 +168,7 @@ def _replan(items: list, notes: List[str], nested: bool = False) -> Tuple[list, 
     return out, done
 
 
-def late_fill(items: list) -> Tuple[list, str]:
+def late_fill(items: list, threads_only: bool = False) -> Tuple[list, str]:
     """The token-planned items with each tile's accumulator fill after its loads, or the
     stage-based plan where that does not apply.
 
@@ -172,12 +176,21 @@ def late_fill(items: list) -> Tuple[list, str]:
     ----------
     items : list
         The lowered items before :func:`~.sync.insert_dependencies`.
+    threads_only : bool
+        Only where the program has two or more virtual threads. In the stage-based order every
+        thread's fill runs before the first thread's GEMMs, so a later thread's fill, which waits
+        for that thread's previous store, holds the compute module; the late fill runs it under
+        the other thread's GEMMs. With one thread the fill delays only its own GEMMs in either
+        order, and below the loads it also waits for them (it ran under them before): the
+        stage-based plan is kept (:data:`ONE_THREAD`).
 
     Returns
     -------
     tuple
         ``(planned items, note)``: the note says where the fills moved or why they did not.
     """
+    if threads_only and count_threads(items) < 2:
+        return insert_dependencies(items), ONE_THREAD
     sunk, note = sink_fills(items)
     if not note.startswith(SUNK):
         return insert_dependencies(items), note
