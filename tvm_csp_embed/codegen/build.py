@@ -134,7 +134,7 @@ class CompiledGemm:
 
 def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
                acc_init: Optional[str] = None, early_release: Optional[bool] = None,
-               late_fill: Optional[bool] = None, share_resident: bool = True) -> CompiledGemm:
+               late_fill: Optional[bool] = None, share_resident: bool = False) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
     ``"reset"``, :data:`~.schedule.ACC_INITS`; None: :func:`~.schedule.acc_init_of`) says how each
     output tile's accumulator is zeroed; ``early_release`` lets a tile's first load wait for the
@@ -149,7 +149,10 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     None (default) where it applies and the program has two or more virtual threads (decided
     from the program's structure, one build; ``generated.release`` says where and why not).
     ``share_resident``: a resident tile that every virtual thread would load with the same data
-    is loaded once, by thread 0, and read by all (``lower_to_runtime(share_resident=True)``).
+    is loaded once, by thread 0, and read by all (``lower_to_runtime(share_resident=True)``);
+    off by default until the knob estimate (:mod:`.knobs`) charges such a tile once rather than
+    per thread (on, its shared programs time below the estimate's bounds in
+    ``tests/test_cycle_estimate.py``).
     The epilogue runs in its fewest ALU passes
     (:func:`vta_ext.templates.epilogue.simplify_epilogue`).
 
@@ -189,7 +192,7 @@ def _emit(cfg, gen, shapes: Dict[str, tuple]):
 
 def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str],
                 early_release: Optional[bool], late_fill: Optional[bool] = None,
-                share_resident: bool = True) -> CompiledGemm:
+                share_resident: bool = False) -> CompiledGemm:
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule
