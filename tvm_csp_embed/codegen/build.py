@@ -133,7 +133,8 @@ class CompiledGemm:
 
 
 def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
-               acc_init: Optional[str] = None, early_release: Optional[bool] = None) -> CompiledGemm:
+               acc_init: Optional[str] = None, early_release: Optional[bool] = None,
+               late_fill: Optional[bool] = None, share_resident: bool = False) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
     ``"reset"``, :data:`~.schedule.ACC_INITS`; None: :func:`~.schedule.acc_init_of`) says how each
     output tile's accumulator is zeroed; ``early_release`` lets a tile's first load wait for the
@@ -143,7 +144,15 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     never more than 3 cycles slower than the stage-based plan on the cycle model, where that plan's
     tokens are cheaper (259 CSP builds of MobileNetV2, ResNet-18 and ResNeXt-50 224 on
     ``default``, ``pipelined`` and ``pynq``: faster on 181, at most 3 cycles slower on the rest),
-    so it is not built twice to compare.
+    so it is not built twice to compare. ``late_fill`` puts each tile's accumulator fill after
+    its loads (:func:`vta_ext.lower.latefill.late_fill`): True where it applies, False never,
+    None (default) where it applies and the program has two or more virtual threads (decided
+    from the program's structure, one build; ``generated.release`` says where and why not).
+    ``share_resident``: a resident tile that every virtual thread would load with the same data
+    is loaded once, by thread 0, and read by all (``lower_to_runtime(share_resident=True)``);
+    off by default until the knob estimate (:mod:`.knobs`) charges such a tile once rather than
+    per thread (on, its shared programs time below the estimate's bounds in
+    ``tests/test_cycle_estimate.py``).
     The epilogue runs in its fewest ALU passes
     (:func:`vta_ext.templates.epilogue.simplify_epilogue`).
 
@@ -164,7 +173,8 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     """
 
     with gc_paused():
-        return _build_gemm(cfg, pg, epilogue, knobs, acc_init, early_release)
+        return _build_gemm(cfg, pg, epilogue, knobs, acc_init, early_release, late_fill,
+                           share_resident)
 
 
 def _emit(cfg, gen, shapes: Dict[str, tuple]):
@@ -181,7 +191,8 @@ def _emit(cfg, gen, shapes: Dict[str, tuple]):
 
 
 def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str],
-                early_release: Optional[bool]) -> CompiledGemm:
+                early_release: Optional[bool], late_fill: Optional[bool] = None,
+                share_resident: bool = False) -> CompiledGemm:
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule
@@ -201,7 +212,8 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
         list(lowered.functions.values())[0]
     try:
         gen = lower_to_runtime(cfg, func, early_release=(
-            acc_init == "fill" if early_release is None else early_release))
+            acc_init == "fill" if early_release is None else early_release), late_fill=late_fill,
+            share_resident=share_resident)
     except SramOverflowError as err:
         message = (f"embedding {pg.embedding.mapping_str()} with knobs {point} on {cfg.name!r}: "
                    f"{err}. Reduce the tile knobs or the virtual threads")

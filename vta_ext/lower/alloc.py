@@ -5,17 +5,18 @@ inside a virtual-thread loop gets one copy per thread (``stride`` elements apart
 stages alias their operand and share its storage. The sum must fit the scratchpad's depth
 (:class:`vta_ext.memory.Scratchpad`), else :class:`SramOverflowError` names the buffers.
 :func:`shared_buffers` finds the per-thread tiles that reuse-aware double buffering may load once
-for both threads.
+for both threads; :func:`resident_buffers` those loaded once per program (a resident operand), which
+every thread may read from thread 0's copy.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from ..config import VTAConfig
 from ..memory import INP_SCOPE, SCOPES, WGT_SCOPE, scratchpad_of_scope
 from .ir import Dma, Loop, LoweringError, SramBuf
 
-__all__ = ["SramOverflowError", "allocate", "count_threads", "shared_buffers"]
+__all__ = ["SramOverflowError", "allocate", "count_threads", "shared_buffers", "resident_buffers"]
 
 
 class SramOverflowError(LoweringError):
@@ -66,28 +67,57 @@ def allocate(cfg: VTAConfig, bufs: Dict[str, SramBuf], nthreads: int) -> Dict[st
     return used
 
 
-def shared_buffers(items: list) -> List[str]:
-    """Per-thread INP/WGT buffers whose every load is independent of the virtual-thread variables
-    (both threads would load the same DRAM data), by root buffer name, sorted."""
+def _thread_loads(items: list) -> Tuple[set, List[Tuple[Dma, bool]]]:
+    """The virtual-thread variables of ``items`` and every DMA of them, each with whether it runs
+    inside a loop that is not a virtual-thread loop (so more than once per thread)."""
     vvars, dmas = set(), []
 
-    def walk(nodes):
+    def walk(nodes, looped):
         for n in nodes:
             if isinstance(n, Loop):
                 if n.vthread:
                     vvars.add(n.var)
-                walk(n.body)
+                walk(n.body, looped or not n.vthread)
             elif isinstance(n, Dma):
-                dmas.append(n)
-    walk(items)
+                dmas.append((n, looped))
+    walk(items, False)
+    return vvars, dmas
+
+
+def _thread_independent(d: Dma, vvars: set) -> bool:
+    """Whether DMA ``d`` moves the same data to the same place in every virtual thread."""
+    affs = [d.dram_off, d.sram_off, *d.guards]
+    for los, his in d.pads.values():
+        affs += list(los) + list(his)
+    return all(a.coef(v) == 0 for a in affs for v in vvars)
+
+
+def _per_thread_loads(items: list, once: bool) -> List[str]:
+    """Per-thread INP/WGT buffers (by root name, sorted) whose every load is independent of the
+    virtual-thread variables and, with ``once``, outside every loop but the virtual-thread ones."""
+    vvars, dmas = _thread_loads(items)
     ok: Dict[str, bool] = {}
-    for d in dmas:
+    for d, looped in dmas:
         root = d.sram.root
         if d.kind != "load" or root.scope not in (INP_SCOPE, WGT_SCOPE) or not root.vthread:
             continue
-        affs = [d.dram_off, d.sram_off, *d.guards]
-        for los, his in d.pads.values():
-            affs += list(los) + list(his)
-        indep = all(a.coef(v) == 0 for a in affs for v in vvars)
-        ok[root.name] = ok.get(root.name, True) and indep
+        ok[root.name] = ok.get(root.name, True) and _thread_independent(d, vvars) and not (
+            once and looped)
     return sorted(n for n, v in ok.items() if v)
+
+
+def shared_buffers(items: list) -> List[str]:
+    """Per-thread INP/WGT buffers whose every load is independent of the virtual-thread variables
+    (both threads would load the same DRAM data), by root buffer name, sorted."""
+    return _per_thread_loads(items, once=False)
+
+
+def resident_buffers(items: list) -> List[str]:
+    """Per-thread INP/WGT buffers loaded once per program with the same data in every virtual
+    thread: every load is independent of the virtual-thread variables and outside every loop
+    but the virtual-thread ones (a resident operand hoisted above the tile loops), by root
+    buffer name, sorted. Nothing else writes these buffers, so after that load every thread
+    may read thread 0's copy (:func:`~.codegen.lower_to_runtime` ``share_resident``)."""
+    if count_threads(items) < 2:
+        return []
+    return _per_thread_loads(items, once=True)

@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from ..config import VTAConfig
 from ..isa import MemType, Stage
 from ..layout import MAX_DMA_PAD
 from .affine import Aff
-from .alloc import SramOverflowError, allocate, count_threads, shared_buffers
+from .alloc import SramOverflowError, allocate, count_threads, resident_buffers, shared_buffers
 from .convert import TirConverter
 from .ir import Alu, Dep, Dma, GemmKernel, Loop, LoweringError, Region, SramBuf
 from .patterns import analyse
+from .latefill import late_fill as _late_fill
 from .sync import insert_dependencies, release_after_gemm
 from .uops import alu_kernel, form_kernels, gemm_kernel, make_kernel
 
@@ -42,8 +43,11 @@ __all__ = ["LoweringError", "SramOverflowError", "lower_to_runtime", "GeneratedP
 class _Emitter:
     """Writes the Python source of the generated program, line by line (see the module notes)."""
 
-    def __init__(self, cfg: VTAConfig, reuse: Optional[Dict[str, str]] = None):
+    def __init__(self, cfg: VTAConfig, reuse: Optional[Dict[str, str]] = None,
+                 once: Sequence[str] = ()):
         self.cfg = cfg
+        # resident tiles loaded once, by thread 0, for every thread (root buffer names)
+        self.once = frozenset(once)
         # reuse-aware double buffering: root buffer name -> Python variable holding the buffer half
         # (0/1) the shared tile was last loaded into
         self.reuse: Dict[str, str] = dict(reuse or {})
@@ -129,9 +133,11 @@ class _Emitter:
         return name if d.kind == "load" and name in self.reuse else None
 
     def _skip(self, x) -> bool:
-        """Thread > 0 does not reload a shared tile (thread 0 loaded the identical data)."""
+        """Thread > 0 does not reload a shared or resident tile (thread 0 loaded the identical
+        data)."""
         if isinstance(x, Dma):
-            return self._reused_root(x) is not None
+            return self._reused_root(x) is not None or (x.kind == "load"
+                                                        and x.sram.root.name in self.once)
         if isinstance(x, Loop):
             return all(self._skip(y) for y in x.body)
         return False
@@ -142,6 +148,8 @@ class _Emitter:
         var = self.reuse.get(buf.root.name)
         if var is not None:
             return Aff({var: buf.stride}, buf.base)
+        if buf.root.name in self.once:
+            return buf.base
         return buf.base + (tid * buf.stride if buf.root.vthread else 0)
 
     # ---------------------------------------------------------------- DMA
@@ -288,7 +296,8 @@ class GeneratedProgram:
 
 
 def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
-                     early_release: bool = False) -> GeneratedProgram:
+                     early_release: bool = False, late_fill: Optional[bool] = False,
+                     share_resident: bool = False) -> GeneratedProgram:
     """Lower a PrimFunc (after :func:`lower_schedule`) to a :class:`GeneratedProgram`.
 
     Parameters
@@ -308,6 +317,18 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
         The first load of a tile waits for the previous tile's last GEMM instead of the tile's
         accumulator fill (:func:`~.sync.release_after_gemm`); the program's ``release`` says
         where it applied or why not. Off: the stage-based plan of the original compiler.
+    late_fill : bool or None
+        Each tile's accumulator fill after its loads, with its tokens re-planned
+        (:func:`~.latefill.late_fill`); None: only with two or more virtual threads
+        (``threads_only``). Its note starts the program's ``release``.
+    share_resident : bool
+        A per-thread INP/WGT tile loaded once per program with the same data in every virtual
+        thread (:func:`~.alloc.resident_buffers`: a resident operand hoisted above the tile loops
+        whose threads split the other operand) is loaded by thread 0 only, and every thread's
+        GEMMs read that copy: nothing writes it again, and each thread's first GEMM already waits
+        for the load tokens that follow it. The other threads' copies stay allocated (the SRAM
+        fit does not change). With two or more threads (and without reuse-aware double
+        buffering) the program's ``release`` ends with a note saying which tiles, or why none.
     """
     conv = TirConverter(cfg)
     items = analyse(conv, conv.stmts(func.body))
@@ -320,11 +341,23 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
             raise LoweringError(f"reuse-aware double buffering needs exactly 2 virtual threads, the "
                                 f"schedule has {nthreads}")
         shared = {name: f"_half{i}" for i, name in enumerate(shared_buffers(items))}
-    items = insert_dependencies(items)
+    once: List[str] = []
+    share_note = ""
+    if share_resident and not reuse and nthreads > 1:
+        once = resident_buffers(items)
+        share_note = (f"resident tile(s) {', '.join(once)} loaded once for {nthreads} virtual threads"
+                      if once else f"no resident tile shared by the {nthreads} virtual threads: "
+                      f"every tile loads inside a tile loop or differs by thread")
+    fill_note = ""
+    if late_fill is not False:
+        items, fill_note = _late_fill(items, threads_only=late_fill is None)
+    else:
+        items = insert_dependencies(items)
     release = ""
     if early_release:
         items, release = release_after_gemm(items)
-    em = _Emitter(cfg, shared)
+    release = "; ".join(x for x in (fill_note, release, share_note) if x)
+    em = _Emitter(cfg, shared, once)
     for var in shared.values():
         em.line(1, f"{var} = 1")
     em.items(items, 1, [({}, 0)])
