@@ -117,3 +117,31 @@ def test_an_add_of_many_tiles_keeps_its_largest_tile_untimed(monkeypatch):
     monkeypatch.setattr(cycles_module.CycleModel, "run_program",
                         lambda *a, **k: pytest.fail("a large add must not be timed"))
     assert build_add(cfg, wl, ep, "cycles", input_path="split").info["tile"] == default_tile
+
+
+@pytest.mark.parametrize("preset,path", [("pipelined", "split"), ("default", "gemm")])
+def test_cycles_add_is_its_timed_build(monkeypatch, preset, path):
+    """The ``"cycles"`` add returns the program it timed for the winning tile: the same
+    instructions and DRAM image as a fresh build with that tile, and each candidate tile built
+    once (no second build of the winner)."""
+    from vta_ext.isa import encode_stream
+    from vta_ext.templates import eltwise
+
+    cfg = load_config(preset)
+    wl = EltwiseWorkload(1, 384, 4, 4)
+    ep = (("shr", 3), ("clip", -100, 90))
+    tiles = eltwise.tile_candidates(cfg, 384 // cfg.BLOCK_OUT * 16, 1 if path == "split" else 2)
+    assert len(tiles) > 1
+    queues = []
+
+    class Counted(eltwise.CommandQueue):
+        def __init__(self, *args, **kwargs):
+            queues.append(1)
+            super().__init__(*args, **kwargs)
+    monkeypatch.setattr(eltwise, "CommandQueue", Counted)
+    op = build_add(cfg, wl, ep, "cycles", input_path=path)
+    assert len(queues) == len(tiles)       # one program per candidate tile, none after
+    fresh = build_add(cfg, wl, ep, dict(tile=op.info["tile"]), input_path=path)
+    assert encode_stream(cfg, op.program.insns) == encode_stream(cfg, fresh.program.insns)
+    np.testing.assert_array_equal(op.program.dram, fresh.program.dram)
+    assert op.info == fresh.info

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
@@ -216,19 +216,28 @@ def timed_tile(cfg: VTAConfig, workload: EltwiseWorkload, epilogue, op: str,
     The largest tile that fits leaves a small add one or two tiles, whose loads, GEMMs and
     stores then barely overlap (a 1x384x4x4 add on ``pipelined``, one tile: 2,759 cycles; in
     tiles of 32 rows: 2,161). The acc8 path (the stock program) keeps its largest tile."""
+    return _timed_build(cfg, workload, epilogue, op, input_path)[0]
+
+
+def _timed_build(cfg: VTAConfig, workload: EltwiseWorkload, epilogue, op: str,
+                 input_path: str) -> Tuple[int, Optional[Any]]:
+    """:func:`timed_tile`'s tile and the compiled operator it timed for it (None when there was
+    a single candidate: nothing was built), which :func:`_build` returns rather than build the
+    same program again."""
     from ..sim.cycles import CycleModel
 
     rows = (workload.batch // cfg.BATCH) * (workload.channels // cfg.BLOCK_OUT) \
         * workload.height * workload.width
     tiles = tile_candidates(cfg, rows, 1 if input_path == "split" else 2)
     if len(tiles) == 1:     # nothing to compare: no build, no timing
-        return tiles[0]
+        return tiles[0], None
     model = CycleModel(cfg)
-    timed = {}
+    built, timed = {}, {}
     for tile in tiles:
-        prog = _build(cfg, workload, epilogue, EltwiseKnobs(tile=tile), op, input_path).program
-        timed[tile] = model.run_program(prog).total_cycles
-    return min(timed, key=lambda t: (timed[t], -t))
+        built[tile] = _build(cfg, workload, epilogue, EltwiseKnobs(tile=tile), op, input_path)
+        timed[tile] = model.run_program(built[tile].program).total_cycles
+    best = min(timed, key=lambda t: (timed[t], -t))
+    return best, built[best]
 
 
 def _build(cfg, workload, epilogue, knobs, op: str, input_path: str = "acc8"):
@@ -249,7 +258,10 @@ def _build(cfg, workload, epilogue, knobs, op: str, input_path: str = "acc8"):
                for alu in alu_ops(cfg, st)]
     gemm = check_input_path(cfg, input_path, what)
     if knobs == "cycles" and gemm and op == "add":
-        knobs = EltwiseKnobs(tile=timed_tile(cfg, wl, epilogue, op, input_path))
+        tile, timed = _timed_build(cfg, wl, epilogue, op, input_path)
+        if timed is not None:       # the winner's program, built to be timed
+            return timed
+        knobs = EltwiseKnobs(tile=tile)
     knobs = knobs_from(knobs, EltwiseKnobs, {"tps": EltwiseKnobs, "fallback": EltwiseKnobs})
     slots = check_slots(knobs.slots, what)
 
