@@ -8,7 +8,8 @@ fill, and with the stage-based order:
 * both programs are bit-exact against the numpy reference on the functional simulator;
 * the race checker (happens-before from the tokens) finds no race and no token left;
 * by hand: where the fill moved, every accumulator fill comes after an input LOAD in program order
-  and pops two tokens (the loads' and the thread's previous store's);
+  and pops the thread's previous store's token, and the next compute instruction that is not a
+  fill pops the loads' (a fill touches no buffer a load writes);
 * the default build moves the fills of these two-thread programs (a static choice, one build); at
   a one-thread point it keeps the stage-based order and says why, while ``late_fill=True`` still
   moves them.
@@ -24,7 +25,7 @@ import pytest
 import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
 from tvm_csp_embed.codegen import knobs as K
 from tvm_csp_embed.codegen.build import build_gemm
-from vta_ext.isa import encode_stream
+from vta_ext.isa import Stage, encode_stream, insn_stage
 from vta_ext.lower.latefill import ONE_THREAD, SUNK
 from vta_ext.lower.racecheck import check_races
 from vta_ext.sim.cycles import CycleModel
@@ -53,10 +54,15 @@ def test_late_fill_is_bit_exact_race_free_and_the_default_keeps_the_faster(layou
     fills = [i for i, x in enumerate(insns) if _is_fill(x)]
     assert len(fills) == sum(map(_is_fill, base.program.insns)) > 2
     if moved:
-        # every fill after an input LOAD, and waiting for the loads and for the previous store
+        # every fill after an input LOAD, waiting for the thread's previous store; the next
+        # compute instruction (the GEMM) waits for the loads
         first_load = min(i for i, x in enumerate(insns) if _is_input_load(x))
         assert first_load < fills[0]
-        assert all(insns[i].pop_prev_dep and insns[i].pop_next_dep for i in fills)
+        assert all(insns[i].pop_next_dep and not insns[i].pop_prev_dep for i in fills)
+        for i in fills:       # the thread's next compute instruction waits for its loads
+            nxt = next(x for x in insns[i + 1:] if insn_stage(x) == Stage.COMPUTE
+                       and not _is_fill(x))
+            assert nxt.pop_prev_dep, nxt
     else:
         assert encode_stream(cfg, insns) == encode_stream(cfg, base.program.insns)
     assert late.generated.nthreads == 2
