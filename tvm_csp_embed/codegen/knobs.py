@@ -520,8 +520,23 @@ def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, 
     # ``tiled`` differs from ``ins`` on a few loops only: the other dims keep their region
     entries = _prod(r if all(tiled[v] is ins[v] for v, _ in d.terms) else _region(d, tiled)
                     for d, r in zip(free, regions))
+    insns, rows = _dma_shape(free, regions, ins, loads)
     return {"entries": entries, "nbytes": nbytes, "loads": loads,
-            "busy": dma.cycles(loads, _dma_rows(free, regions), nbytes, box - nbytes // elem)}
+            "busy": dma.cycles(insns, rows, nbytes, box - nbytes // elem)}
+
+
+def _dma_shape(free, regions, ins, loads):
+    """``(instructions, DRAM rows per instruction)`` of ``loads`` loads of the ``regions`` of the
+    free dims ``free`` (outer to inner) with their cache at ``ins``. A load whose dims the DMA
+    pads (a dim with ``padded``) is one 2-D DMA per index of the dims outside the last two, each
+    of the last-but-one dim's rows clipped to its stored range (summed over the loads by
+    :func:`_dim_sum`); else one DMA of :func:`_dma_rows` rows."""
+    if len(free) < 2 or not any(d.padded for d in free):
+        return loads, _dma_rows(free, regions)
+    split = _prod(regions[:-2])
+    row_dim = free[-2]
+    rows = _dim_sum(row_dim, ins, regions[-2]) / _prod(ins[v][0] for v, _ in row_dim.terms)
+    return loads * split, rows
 
 
 def _operand_dims(pg: PackedGemm, role: str) -> Tuple[list, Tuple[str, ...]]:
