@@ -169,7 +169,8 @@ def test_no_load_overlaps_an_epilogue():
     estimate adds the epilogues of a group to the slower of its load and compute streams instead
     of overlapping them. The CSP builds' early release (``vta_ext.lower.sync.release_after_gemm``)
     breaks the premise on purpose: there the next group's first loads do run under the epilogues,
-    and the estimate, which does not model it, is an upper bound on that part."""
+    and the estimate starts that group's load stream at the first thread's last GEMM of the group
+    before (``tests/test_early_release_estimate.py``)."""
     cfg = load_config("pipelined")
     pg = _programs(cfg, LAYERS["C4"], "relaxed")[0]
     knobs = {"tile_n": 1, "tile_k": 4, "tile_oh": 2, "tile_ow": 28, "tile_c": 1, "vt_k": 2,

@@ -348,7 +348,7 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
              common: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The modelled figures of the points ``k`` under loop order ``order`` (a structurally valid
     order): ``sram`` (entries per scratchpad), ``uops``, ``folded``, ``bytes`` (per counter),
-    ``insns``, ``busy`` and ``cycles``.
+    ``insns``, ``busy``, ``released`` (:func:`_released`) and ``cycles``.
 
     ``common`` is :func:`_order_free` of the same ``pg``, ``ep`` and ``k`` (computed here when
     None): :func:`knob_grid` measures every order of one grid and computes it once.
@@ -384,10 +384,11 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
         nbytes = {n: v + extra["bytes"].get(n, 0) for n, v in nbytes.items()}
         insns, load = insns + extra["insns"], load + extra["busy"]
     busy = {"load": load, "resident": resident, **c["busy"]}
+    released = _released(c, runs)
     return {"sram": sram, "uops": c["uops"], "folded": c["folded"], "bytes": nbytes, "insns": insns,
-            "busy": busy,
+            "busy": busy, "released": released,
             "cycles": _pipeline(busy, c["pipeline"], res_loads, _streams_weights(pg, k, res, order),
-                                _released(c, runs), runs) + c["fetch"]}
+                                released, runs) + c["fetch"]}
 
 
 def _released(c: Mapping[str, Any], runs):
@@ -663,7 +664,9 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = Fa
     threads (:func:`_streams_weights`) and the order-free terms ``p`` (:func:`_pipeline_terms`).
 
     One thread runs every instruction after the other (a load waits for the GEMM that frees its
-    buffer, the next fill for the store): the sum. With ``t`` virtual threads the store points go in
+    buffer, the next fill for the store): the sum, less the loads the early release hides
+    (``early``, :func:`_released`, with ``runs`` the iterations of the loops above the released
+    tile loop: :func:`_hidden_loads`). With ``t`` virtual threads the store points go in
     groups of ``t``, one per thread, as the lowering interleaves them: the ``t`` fills, the
     ``t * steps`` load steps, the ``t`` epilogues, all on the compute module, then the stores. A
     load waits for the compute instruction before it: the first load of a thread for its fill, so
@@ -687,7 +690,11 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = Fa
     cycles against 84,164). A resident operand
     (``order`` 1 or 2) is loaded once per iteration of its loop, for every thread, ahead of the
     load steps below it: those loads stall the first GEMM of the group that loads them (with one
-    load step and one resident tile per store point they are load steps like the others)."""
+    load step and one resident tile per store point they are load steps like the others). Under
+    the early release a thread's first load of a group waits for its last GEMM of the group
+    before instead of its fill, so every group but the first starts its load stream under the
+    last GEMMs and epilogues of the one before (``group_of``'s ``released``; not on top of the
+    data-resident overlap above, which already runs those loads there)."""
     serial = sum(busy.values())
     if early is not False:
         serial = serial - np.where(early, _hidden_loads(busy, p, runs), 0)
