@@ -515,28 +515,29 @@ def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, 
     free, unused = _operand_dims(pg, role)
     regions = [_region(d, ins) for d in free]
     repeat = _prod(ins[n][0] for n in unused)
-    nbytes = repeat * _prod(_dim_sum(d, ins, r) for d, r in zip(free, regions)) * elem
+    sums = [_dim_sum(d, ins, r) for d, r in zip(free, regions)]
+    nbytes = repeat * _prod(sums) * elem
     loads = _prod(ins[lp.name][0] for lp in pg.loops)
     box = loads * _prod(regions)      # entries incl. DMA padding
     # ``tiled`` differs from ``ins`` on a few loops only: the other dims keep their region
     entries = _prod(r if all(tiled[v] is ins[v] for v, _ in d.terms) else _region(d, tiled)
                     for d, r in zip(free, regions))
-    insns, rows = _dma_shape(free, regions, ins, loads)
+    insns, rows = _dma_shape(free, regions, sums, ins, loads)
     return {"entries": entries, "nbytes": nbytes, "loads": loads,
             "busy": dma.cycles(insns, rows, nbytes, box - nbytes // elem)}
 
 
-def _dma_shape(free, regions, ins, loads):
+def _dma_shape(free, regions, sums, ins, loads):
     """``(instructions, DRAM rows per instruction)`` of ``loads`` loads of the ``regions`` of the
     free dims ``free`` (outer to inner) with their cache at ``ins``. A load whose dims the DMA
     pads (a dim with ``padded``) is one 2-D DMA per index of the dims outside the last two, each
-    of the last-but-one dim's rows clipped to its stored range (summed over the loads by
-    :func:`_dim_sum`); else one DMA of :func:`_dma_rows` rows."""
+    of the last-but-one dim's rows clipped to its stored range (``sums``: :func:`_dim_sum` of
+    each dim, over the outer iterations of its loops); else one DMA of :func:`_dma_rows` rows."""
     if len(free) < 2 or not any(d.padded for d in free):
         return loads, _dma_rows(free, regions)
     split = _prod(regions[:-2])
     row_dim = free[-2]
-    rows = _dim_sum(row_dim, ins, regions[-2]) / _prod(ins[v][0] for v, _ in row_dim.terms)
+    rows = sums[-2] / _prod(ins[v][0] for v, _ in row_dim.terms)
     return loads * split, rows
 
 
@@ -696,6 +697,8 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = Fa
     last GEMMs and epilogues of the one before (``group_of``'s ``released``; not on top of the
     data-resident overlap above, which already runs those loads there)."""
     serial = sum(busy.values())
+    if isinstance(early, np.ndarray) and not early.any():
+        early = False               # (no point of the grid releases: the formulas without it)
     if early is not False:
         serial = serial - np.where(early, _hidden_loads(busy, p, runs), 0)
     r, g, fills = p["r"], p["g"], p["fills"]
