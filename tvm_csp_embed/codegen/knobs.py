@@ -730,7 +730,10 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = Fa
                 serial_tail, tl if first is None else first + tl), serial_tail)
         if overlap is False:
             return serial_tail
-        return np.where(overlap, np.maximum(np.maximum(loads, compute + p["te"]), p["tss"]),
+        # (overlapped, a group's first loads ran under the group before: its first GEMM waits
+        # for the fills only, unless resident loads come first)
+        ahead = fills + p["tsg"] if first is None else compute
+        return np.where(overlap, np.maximum(np.maximum(loads, ahead + p["te"]), p["tss"]),
                         serial_tail)
 
     if isinstance(res_loads, int) and res_loads == 0:
