@@ -459,12 +459,14 @@ def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]
     per_tile_stores = _prod(k[f"tile_{n}"] for n in c_loops[:-2]) if len(c_free) > 2 else 1
     insns = stores * (batch * steps * (a_loads + 2) + 2 + alu_count(cfg, ep) + per_tile_stores)
     busy = _module_busy(cfg, pg, ep, k, nbytes, stores, batch * steps)
+    bias_gemm = _gemm_bias_loads(cfg, stores, bias_tile, threads) if GEMM_BIAS_STAGE in ep else None
     t = timing(cfg)
     return {"loads": loads, "sram": sram, "uops": uops, "folded": folded, "bytes": nbytes,
             "insns": insns, "busy": busy,
-            "bias_gemm": (_gemm_bias_loads(cfg, stores, bias_tile, threads)
-                          if GEMM_BIAS_STAGE in ep else None),
-            "pipeline": _pipeline_terms(busy, stores, batch * steps, threads), "threads": threads,
+            "bias_gemm": bias_gemm,
+            "pipeline": _pipeline_terms(busy, stores, batch * steps, threads,
+                                        0 if bias_gemm is None else bias_gemm["busy"]),
+            "threads": threads,
             "early": _releases_early(pg),
             "stores": stores, "batch": batch, "steps": steps, "a_free": a_free, "a_loads": a_loads,
             # the instruction fetch before the modules start (the FINISH instruction, the same
@@ -640,10 +642,12 @@ def _module_busy(cfg, pg: PackedGemm, ep, k, nbytes, stores, steps) -> Dict[str,
             "store": t.dma("OUT").cycles(stores, store_rows, nbytes["out_store_nbytes"])}
 
 
-def _pipeline_terms(busy, stores, steps, threads) -> Dict[str, Any]:
+def _pipeline_terms(busy, stores, steps, threads, bias_loads=0) -> Dict[str, Any]:
     """The terms of :func:`_pipeline` that the operands' loads do not change (so no loop order
     does): from the busy cycles of :func:`_module_busy`, the store points ``stores``, the load
-    steps per store point ``steps`` and the virtual threads."""
+    steps per store point ``steps``, the virtual threads and the busy cycles of the bias GEMM's
+    loads ``bias_loads`` (:func:`_gemm_bias_loads`; 0 without one), which ``busy["load"]``
+    includes."""
     t = threads
     per = stores * steps
     g = busy["gemm"] / per
@@ -654,7 +658,8 @@ def _pipeline_terms(busy, stores, steps, threads) -> Dict[str, Any]:
     return {"t": t, "stores": stores, "per": per, "one_step": np.asarray(steps) == 1, "g": g,
             "r": r, "s": s, "fills": np.maximum(t * r, r + s), "ts": ts, "ts1": ts - t + 1,
             "tsg": ts * g, "te": t * e, "tss": t * s, "st": stores / t,
-            "single": np.asarray(t) == 1, "ers": e + r + s, "te_g": t * e + (t - 1) * g}
+            "single": np.asarray(t) == 1, "ers": e + r + s, "te_g": t * e + (t - 1) * g,
+            "steps": steps, "bl": bias_loads if type(bias_loads) is int else bias_loads / stores}
 
 
 def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = False,
@@ -717,8 +722,14 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = Fa
         loads = np.maximum(rf + tl, ff + t1l)
         compute = np.maximum(fills, rf + l) + p["tsg"]
         if released is not False:
-            early = tl - p["te_g"] if first is None else first + tl - p["te_g"]
-            early = np.maximum(early, fills + g + tl - p["t"] * l)
+            # (the bias GEMM's loads, ``bl`` per store point, follow a thread's last load step:
+            # they wait for no GEMM of the group, and the bias GEMM, an epilogue, for them)
+            ls = l - p["bl"] / p["steps"]
+            tls = p["ts"] * ls
+            early = tls - p["te_g"] if first is None else first + tls - p["te_g"]
+            early = np.maximum(early, fills + g + tls - p["t"] * ls)
+            if not (type(p["bl"]) is int and p["bl"] == 0):
+                early = early + np.maximum(p["t"] * p["bl"] - g, 0)
             loads = np.where(released, early, loads)
             compute = np.where(released, (fills if first is None else np.maximum(
                 fills, first + l - p["te_g"])) + p["tsg"], compute)
