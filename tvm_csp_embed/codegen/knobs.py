@@ -653,12 +653,10 @@ def _pipeline_terms(busy, stores, steps, threads, bias_loads=0) -> Dict[str, Any
     g = busy["gemm"] / per
     r, e, s = busy["reset"] / stores, busy["epilogue"] / stores, busy["store"] / stores
     ts = t * steps
-    # the last fill waits for the last thread's store of the group before, and the stores run one
-    # after the other from the first thread's epilogue: fill ``j`` waits for the ``j + 1``-th
-    # store, so where ``t`` stores outlast ``t - 1`` epilogues the fills wait for them; the first
-    # load of a thread waits for its fill
+    # the last fill waits for the last thread's store of the group before; the first load of a
+    # thread waits for its fill
     return {"t": t, "stores": stores, "per": per, "one_step": np.asarray(steps) == 1, "g": g,
-            "r": r, "s": s, "fills": np.maximum(np.maximum(t * r, r + s), r + t * s - (t - 1) * e), "ts": ts, "ts1": ts - t + 1,
+            "r": r, "s": s, "fills": np.maximum(t * r, r + s), "ts": ts, "ts1": ts - t + 1,
             "tsg": ts * g, "te": t * e, "tss": t * s, "st": stores / t,
             "single": np.asarray(t) == 1, "ers": e + r + s, "te_g": t * e + (t - 1) * g,
             "steps": steps, "bl": bias_loads if type(bias_loads) is int else bias_loads / stores}
