@@ -215,10 +215,16 @@ def _scalar(v) -> int:
 # ------------------------------------------------------------------------------------ the model
 # Every function of the model takes knob values that are ints (one point) or numpy integer arrays
 # that broadcast against each other (a grid of points, :func:`search`); the arithmetic is the same.
+def _anchored(pg: PackedGemm) -> bool:
+    """Whether the input caches of ``pg`` sit at the load point of a z tile loop (one of more
+    than one iteration), below the store point, rather than at the store point."""
+    return any(lp.extent > 1 for lp in pg.loops if pg.roles[lp.name] == "ztile")
+
+
 def _inside(pg: PackedGemm, k: Mapping[str, Any], inner: bool = False) -> Dict[str, Tuple[Any, Any]]:
     """Loop -> ``(outer count, inner extent)`` relative to the load point of the input caches;
     ``inner``: the plain loops sit inside it (:func:`~.loops.batch_inner`)."""
-    anchored = any(lp.extent > 1 for lp in pg.loops if pg.roles[lp.name] == "ztile")
+    anchored = _anchored(pg)
     out = {}
     for lp in pg.loops:
         role, e = pg.roles[lp.name], lp.extent
@@ -342,7 +348,7 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
              common: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The modelled figures of the points ``k`` under loop order ``order`` (a structurally valid
     order): ``sram`` (entries per scratchpad), ``uops``, ``folded``, ``bytes`` (per counter),
-    ``insns``, ``busy`` and ``cycles``.
+    ``insns``, ``busy``, ``released`` (:func:`_released`) and ``cycles``.
 
     ``common`` is :func:`_order_free` of the same ``pg``, ``ep`` and ``k`` (computed here when
     None): :func:`knob_grid` measures every order of one grid and computes it once.
@@ -366,6 +372,11 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
                      and len(a_free) > 2 else 1)
         iters = _prod(at_res[n][0] for n in orders.outer[:orders.outer.index(orders.resident_at) + 1])
         insns = insns + (iters * res_insns - c["stores"] * c["batch"] * c["steps"] * moved)
+        # the threads of the loops below the resident operand's also split the store points
+        below = [n for n in vt_loops(pg) if n not in orders.outer[:orders.outer.index(orders.resident_at) + 1]]
+        runs = iters * _prod(k[f"vt_{n}"] for n in below)
+    else:
+        runs = c["threads"]
     load, resident, res_loads = _load_busy(loads, res)
     extra = c["bias_gemm"]
     if extra is not None:       # the bias GEMM's operands, loaded at the store point
@@ -373,10 +384,24 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
         nbytes = {n: v + extra["bytes"].get(n, 0) for n, v in nbytes.items()}
         insns, load = insns + extra["insns"], load + extra["busy"]
     busy = {"load": load, "resident": resident, **c["busy"]}
+    released = _released(c, runs)
     return {"sram": sram, "uops": c["uops"], "folded": c["folded"], "bytes": nbytes, "insns": insns,
-            "busy": busy,
-            "cycles": _pipeline(busy, c["pipeline"], res_loads, _streams_weights(pg, k, res, order))
-            + c["fetch"]}
+            "busy": busy, "released": released,
+            "cycles": _pipeline(busy, c["pipeline"], res_loads, _streams_weights(pg, k, res, order),
+                                released, runs) + c["fetch"]}
+
+
+def _released(c: Mapping[str, Any], runs):
+    """Whether :func:`vta_ext.lower.sync.release_after_gemm` moves a token in the program of the
+    points (a bool, or a bool array over a grid): the accumulator starts with a fill
+    (``c["early"]``, :func:`_releases_early`) and the innermost tile loop, the one whose body
+    starts with that fill, has more than one iteration (a loop of one is no loop). Its iterations
+    are the store points over the ``runs`` of the loops above it: the virtual threads (split
+    outermost) and, with a resident operand, the iterations of the resident operand's loops
+    (its load sits before that loop)."""
+    if c["early"] is False:
+        return False
+    return c["early"] & (c["stores"] > runs)
 
 
 def _streams_weights(pg: PackedGemm, k: Mapping[str, Any], res: Optional[str], order: int):
@@ -434,16 +459,29 @@ def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]
     per_tile_stores = _prod(k[f"tile_{n}"] for n in c_loops[:-2]) if len(c_free) > 2 else 1
     insns = stores * (batch * steps * (a_loads + 2) + 2 + alu_count(cfg, ep) + per_tile_stores)
     busy = _module_busy(cfg, pg, ep, k, nbytes, stores, batch * steps)
+    bias_gemm = _gemm_bias_loads(cfg, stores, bias_tile, threads) if GEMM_BIAS_STAGE in ep else None
     t = timing(cfg)
     return {"loads": loads, "sram": sram, "uops": uops, "folded": folded, "bytes": nbytes,
             "insns": insns, "busy": busy,
-            "bias_gemm": (_gemm_bias_loads(cfg, stores, bias_tile, threads)
-                          if GEMM_BIAS_STAGE in ep else None),
-            "pipeline": _pipeline_terms(busy, stores, batch * steps, threads), "threads": threads,
+            "bias_gemm": bias_gemm,
+            "pipeline": _pipeline_terms(busy, stores, batch * steps, threads,
+                                        0 if bias_gemm is None else bias_gemm["busy"]),
+            "threads": threads,
+            "early": _releases_early(pg),
             "stores": stores, "batch": batch, "steps": steps, "a_free": a_free, "a_loads": a_loads,
             # the instruction fetch before the modules start (the FINISH instruction, the same
             # on every point and every plan, is left out)
             "fetch": t.fetch}
+
+
+def _releases_early(pg: PackedGemm) -> bool:
+    """Whether a build of ``pg`` releases a store point's first load at the previous one's last
+    GEMM where its tile loop allows (:func:`_released`): the builds take
+    :func:`vta_ext.lower.sync.release_after_gemm` where the accumulator starts with a fill
+    (:func:`~.schedule.acc_init_of`, ``build_gemm``'s ``early_release`` None), and it moves the
+    token of a tile loop whose body starts with that fill: the caches sit below it, at the load
+    point of a z tile loop (:func:`_inside`; without one they are loaded before the fill)."""
+    return acc_init_of(pg) == "fill" and _anchored(pg)
 
 
 def _gemm_bias_loads(cfg, stores, bias_tile, threads) -> Dict[str, Any]:
@@ -479,14 +517,30 @@ def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, 
     free, unused = _operand_dims(pg, role)
     regions = [_region(d, ins) for d in free]
     repeat = _prod(ins[n][0] for n in unused)
-    nbytes = repeat * _prod(_dim_sum(d, ins, r) for d, r in zip(free, regions)) * elem
+    sums = [_dim_sum(d, ins, r) for d, r in zip(free, regions)]
+    nbytes = repeat * _prod(sums) * elem
     loads = _prod(ins[lp.name][0] for lp in pg.loops)
     box = loads * _prod(regions)      # entries incl. DMA padding
     # ``tiled`` differs from ``ins`` on a few loops only: the other dims keep their region
     entries = _prod(r if all(tiled[v] is ins[v] for v, _ in d.terms) else _region(d, tiled)
                     for d, r in zip(free, regions))
+    insns, rows = _dma_shape(free, regions, sums, ins, loads)
     return {"entries": entries, "nbytes": nbytes, "loads": loads,
-            "busy": dma.cycles(loads, _dma_rows(free, regions), nbytes, box - nbytes // elem)}
+            "busy": dma.cycles(insns, rows, nbytes, box - nbytes // elem)}
+
+
+def _dma_shape(free, regions, sums, ins, loads):
+    """``(instructions, DRAM rows per instruction)`` of ``loads`` loads of the ``regions`` of the
+    free dims ``free`` (outer to inner) with their cache at ``ins``. A load whose dims the DMA
+    pads (a dim with ``padded``) is one 2-D DMA per index of the dims outside the last two, each
+    of the last-but-one dim's rows clipped to its stored range (``sums``: :func:`_dim_sum` of
+    each dim, over the outer iterations of its loops); else one DMA of :func:`_dma_rows` rows."""
+    if len(free) < 2 or not any(d.padded for d in free):
+        return loads, _dma_rows(free, regions)
+    split = _prod(regions[:-2])
+    row_dim = free[-2]
+    rows = sums[-2] / _prod(ins[v][0] for v, _ in row_dim.terms)
+    return loads * split, rows
 
 
 def _operand_dims(pg: PackedGemm, role: str) -> Tuple[list, Tuple[str, ...]]:
@@ -588,10 +642,12 @@ def _module_busy(cfg, pg: PackedGemm, ep, k, nbytes, stores, steps) -> Dict[str,
             "store": t.dma("OUT").cycles(stores, store_rows, nbytes["out_store_nbytes"])}
 
 
-def _pipeline_terms(busy, stores, steps, threads) -> Dict[str, Any]:
+def _pipeline_terms(busy, stores, steps, threads, bias_loads=0) -> Dict[str, Any]:
     """The terms of :func:`_pipeline` that the operands' loads do not change (so no loop order
     does): from the busy cycles of :func:`_module_busy`, the store points ``stores``, the load
-    steps per store point ``steps`` and the virtual threads."""
+    steps per store point ``steps``, the virtual threads and the busy cycles of the bias GEMM's
+    loads ``bias_loads`` (:func:`_gemm_bias_loads`; 0 without one), which ``busy["load"]``
+    includes."""
     t = threads
     per = stores * steps
     g = busy["gemm"] / per
@@ -602,17 +658,21 @@ def _pipeline_terms(busy, stores, steps, threads) -> Dict[str, Any]:
     return {"t": t, "stores": stores, "per": per, "one_step": np.asarray(steps) == 1, "g": g,
             "r": r, "s": s, "fills": np.maximum(t * r, r + s), "ts": ts, "ts1": ts - t + 1,
             "tsg": ts * g, "te": t * e, "tss": t * s, "st": stores / t,
-            "single": np.asarray(t) == 1}
+            "single": np.asarray(t) == 1, "ers": e + r + s, "te_g": t * e + (t - 1) * g,
+            "steps": steps, "bl": bias_loads if type(bias_loads) is int else bias_loads / stores}
 
 
-def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = False):
+def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = False,
+              early: Any = False, runs=1):
     """Estimated cycles of the program from the busy cycles of its parts (:func:`_load_busy`,
     :func:`_module_busy`), the resident operand's load instructions ``res_loads`` (all threads;
     0 without one), whether the point streams only the weights between two output-channel
     threads (:func:`_streams_weights`) and the order-free terms ``p`` (:func:`_pipeline_terms`).
 
     One thread runs every instruction after the other (a load waits for the GEMM that frees its
-    buffer, the next fill for the store): the sum. With ``t`` virtual threads the store points go in
+    buffer, the next fill for the store): the sum, less the loads the early release hides
+    (``early``, :func:`_released`, with ``runs`` the iterations of the loops above the released
+    tile loop: :func:`_hidden_loads`). With ``t`` virtual threads the store points go in
     groups of ``t``, one per thread, as the lowering interleaves them: the ``t`` fills, the
     ``t * steps`` load steps, the ``t`` epilogues, all on the compute module, then the stores. A
     load waits for the compute instruction before it: the first load of a thread for its fill, so
@@ -636,21 +696,55 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = Fa
     cycles against 84,164). A resident operand
     (``order`` 1 or 2) is loaded once per iteration of its loop, for every thread, ahead of the
     load steps below it: those loads stall the first GEMM of the group that loads them (with one
-    load step and one resident tile per store point they are load steps like the others)."""
+    load step and one resident tile per store point they are load steps like the others). Under
+    the early release a thread's first load of a group waits for its last GEMM of the group
+    before instead of its fill, so every group but the first starts its load stream under the
+    last GEMMs and epilogues of the one before (``group_of``'s ``released``; not on top of the
+    data-resident overlap above, which already runs those loads there)."""
     serial = sum(busy.values())
+    if isinstance(early, np.ndarray) and not early.any():
+        early = False               # (no point of the grid releases: the formulas without it)
+    if early is not False:
+        serial = serial - np.where(early, _hidden_loads(busy, p, runs), 0)
     r, g, fills = p["r"], p["g"], p["fills"]
 
-    def group_of(first, overlap=False):
+    def group_of(first, overlap=False, released=False):
         # a group whose load stream starts with ``first`` resident loads (None: none; ``r + 0``
         # would round to ``r``, so that case skips the additions); ``overlap``: the next group's
-        # loads run under its last GEMM and epilogues (bool or a bool array)
+        # loads run under its last GEMM and epilogues (bool or a bool array); ``released``: the
+        # early release (bool or a bool array), each thread's first load waits for its last GEMM
+        # of the group before, not its fill: the load stream starts at the first thread's last
+        # GEMM there, under that group's last ``t - 1`` GEMMs and ``t`` epilogues (``te`` and
+        # ``(t - 1) * g`` before this group's first fill), but a thread's next load
+        # still waits for its GEMM of this group (the first after the fills), and the first
+        # GEMM waits for the fills only
         rf, ff = (r, fills) if first is None else (r + first, fills + first)
         loads = np.maximum(rf + tl, ff + t1l)
         compute = np.maximum(fills, rf + l) + p["tsg"]
+        if released is not False:
+            # (the bias GEMM's loads, ``bl`` per store point, follow a thread's last load step:
+            # they wait for no GEMM of the group, and the bias GEMM, an epilogue, for them)
+            ls = l - p["bl"] / p["steps"]
+            tls = p["ts"] * ls
+            early = tls - p["te_g"] if first is None else first + tls - p["te_g"]
+            early = np.maximum(early, fills + g + tls - p["t"] * ls)
+            if not (type(p["bl"]) is int and p["bl"] == 0):
+                early = early + np.maximum(p["t"] * p["bl"] - g, 0)
+            loads = np.where(released, early, loads)
+            compute = np.where(released, (fills if first is None else np.maximum(
+                fills, first + l - p["te_g"])) + p["tsg"], compute)
         serial_tail = np.maximum(np.maximum(loads + g, compute) + p["te"], p["tss"])
+        if released is not False:
+            # (the load module still runs the group's loads one after the other: with more
+            # than two threads the stream above may start before the last group's ends)
+            serial_tail = np.where(released, np.maximum(
+                serial_tail, tl if first is None else first + tl), serial_tail)
         if overlap is False:
             return serial_tail
-        return np.where(overlap, np.maximum(np.maximum(loads, compute + p["te"]), p["tss"]),
+        # (overlapped, a group's first loads ran under the group before: its first GEMM waits
+        # for the fills only, unless resident loads come first)
+        ahead = fills + p["tsg"] if first is None else compute
+        return np.where(overlap, np.maximum(np.maximum(loads, ahead + p["te"]), p["tss"]),
                         serial_tail)
 
     if isinstance(res_loads, int) and res_loads == 0:
@@ -658,7 +752,10 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = Fa
         # formula below adds zeros, which leave these floats as they are)
         l = busy["load"] / p["per"]
         tl, t1l = p["ts"] * l, p["ts1"] * l     # the load stream of every thread's steps
-        piped = p["st"] * group_of(None) + p["s"]
+        # (the first group's loads wait for its fills: nothing is released before it)
+        head = group_of(None)
+        group = head if early is False else group_of(None, False, early)
+        piped = (p["st"] - 1) * group + head + p["s"]
     else:
         # one load step per store point and a resident tile per store point: the resident loads
         # are load steps like the others
@@ -667,12 +764,32 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = Fa
         l = (busy["load"] + busy["resident"] - exposed) / p["per"]
         tl, t1l = p["ts"] * l, p["ts1"] * l     # (the same in both groups)
         overlap = streams_weights
-        group = group_of(None, overlap)
-        first = group_of(p["t"] * exposed / np.maximum(res_loads, 1), overlap)
+        if early is not False and overlap is not False:
+            # (the overlap rule already runs the next group's loads under these epilogues)
+            early = np.asarray(early) & ~np.asarray(overlap)
+        group = group_of(None, overlap, early)
+        first = group_of(p["t"] * exposed / np.maximum(res_loads, 1), overlap, early)
         # the last GEMM, epilogue and store (the serial groups have their GEMM and epilogues)
         tail = p["s"] + np.where(overlap, g + p["te"] / p["t"], 0)
+        if early is not False:      # the first group: nothing released before it
+            head = group_of(p["t"] * exposed / np.maximum(res_loads, 1), overlap)
+            tail = tail + np.where(early, head - first, 0)
         piped = p["st"] * group + np.asarray(res_loads) / p["t"] * (first - group) + tail
     return np.where(p["single"], serial, piped)
+
+
+def _hidden_loads(busy, p: Mapping[str, Any], runs):
+    """One thread, the early release (:func:`_released`): the load cycles that run under the
+    compute and store modules. Each store point but the first waits for nothing but the previous
+    one's last GEMM to load its first load step (``busy["load"] / p["per"]``, and the resident
+    tile's loads first where the point starts one of the ``runs``, the resident operand's
+    iterations), while the compute and store modules run the previous epilogue, its store and
+    this point's fill (``p["ers"]``, one after the other): the shorter of the two is hidden."""
+    step = busy["load"] / p["per"]
+    stores = p["stores"]
+    first = step + busy["resident"] / runs
+    return ((stores - runs) * np.minimum(step, p["ers"])
+            + (runs - 1) * np.minimum(first, p["ers"]))
 
 
 def _fit_checks(cfg, m: Mapping[str, Any]) -> List[tuple]:
