@@ -174,3 +174,34 @@ def test_add_runs_at_its_structural_floor(preset, c, hw, ep, per_row):
         build_add(cfg, EltwiseWorkload(1, c, hw, hw), ep, "cycles", input_path=p).program
     ).total_cycles for p in ("acc8", "gemm", "split"))
     assert rows * per_row <= best <= 1.02 * rows * per_row
+
+
+def test_pynq_gemm_add_keeps_the_hazard_contract_without_unrolling(rtl):
+    """On ``pynq`` (accumulator hazard distance 3) the identity-GEMM add's sum is one GEMM
+    micro-op over (operand, row) loops, not a micro-op list of two a row: no GEMM of a tile of
+    ``t >= 3`` rows has more than one micro-op (two a row would write each row twice in a row
+    and need the cure's unrolled list, 2*t micro-ops loaded per output slot); tiles of 37 rows
+    and a last tile of 2 rows (there the runtime's cure applies), bit-exact against numpy on the
+    functional simulator and on the RTL of the Pynq design."""
+    import vta_ext
+    from vta_ext.hazard import program_violations
+
+    cfg = load_config("pynq")
+    ep = (("shr", 1), ("clip", 0, 127))
+    rng = np.random.default_rng(37)
+    a = rng.integers(-128, 128, (1, 32, 6, 6)).astype(np.int8)   # 72 rows: 37 + 35
+    b = rng.integers(-128, 128, (1, 32, 6, 6)).astype(np.int8)
+    a2 = rng.integers(-128, 128, (1, 16, 6, 5)).astype(np.int8)  # 30 rows: 28 + 2
+    b2 = rng.integers(-128, 128, (1, 16, 6, 5)).astype(np.int8)
+    for (x, y), tile in (((a, b), 37), ((a2, b2), 28)):
+        op = build_add(cfg, EltwiseWorkload(*x.shape), ep, dict(tile=tile), input_path="gemm")
+        assert op.info["tiles"] == 2
+        assert not program_violations(op.program)
+        gemms = [i for i in op.program.insns if i.opcode == Opcode.GEMM and not i.reset_reg]
+        assert max(i.uop_end - i.uop_bgn for i in gemms) <= 2
+        big = [i for i in gemms if i.iter_out * i.iter_in * (i.uop_end - i.uop_bgn) >= 2 * 3]
+        assert big and all(i.uop_end - i.uop_bgn == 1 for i in big)
+        packed = (pack(x, cfg), pack(y, cfg))
+        np.testing.assert_array_equal(unpack(op.run(*packed)[0]), ref_add(x, y, ep))
+        with vta_ext.run_on(rtl):
+            np.testing.assert_array_equal(unpack(op.run(*packed)[0]), ref_add(x, y, ep))
