@@ -28,10 +28,14 @@ The add has a second input path, ``input_path="gemm"`` (:data:`~.alu_program.INP
 default ``"acc8"`` is the program above, the stock strategy's): the tile's rows of ``a`` and
 ``b`` are LOADed INP by the *load* module into one of two input-buffer regions (so the loads of
 the next tile overlap this one's compute), and step 1-2 become a reset GEMM of the output slot
-and one GEMM of two micro-ops per row through the identity weight tile (``acc += a``, ``acc +=
-b``: :class:`~.alu_program.IdentityInput`): ``3 * GEMM_CYCLES_PER_UOP`` compute cycles a row
-against two ACC_8BIT rows and a vector ADD. No scratch region: the tile is the largest with
-``slots`` regions in the accumulator and two ``(a, b)`` pairs in the input buffer.
+and one GEMM of one micro-op over (operand, row) loops through the identity weight tile (``acc
++= b`` over the tile's rows, then ``acc += a``: :class:`~.alu_program.IdentityInput`; no row is
+written twice in a row, so it keeps a hazard distance of up to the tile's rows as it is, where
+two micro-ops a row would need the runtime's cure to unroll them into a list of ``2 * tile``,
+on ``pynq`` 1,041 cycles of micro-op loads a slot at 512 rows): ``3 * GEMM_CYCLES_PER_UOP``
+compute cycles a row against two ACC_8BIT rows and a vector ADD. No scratch region: the tile is
+the largest with ``slots`` regions in the accumulator and two ``(a, b)`` pairs in the input
+buffer.
 ``input_path="split"`` loads ``a`` by LOAD ACC_8BIT into the output slot as the stock program
 does (it overwrites: no reset) and only ``b`` by LOAD INP, added by one GEMM micro-op a row:
 ``2 + GEMM_CYCLES_PER_UOP`` compute cycles a row, and the load module's one INP row (2 cycles on
@@ -329,8 +333,9 @@ def _build(cfg, workload, epilogue, knobs, op: str, input_path: str = "acc8"):
 def _gemm_add_tile(ident: IdentityInput, pipe: StorePipeline, a_buf, b_buf, e0: int, t: int,
                    tile: int, split: bool) -> None:
     """One tile of the identity-GEMM add, rows ``e0 .. e0+t-1``: ``b`` (and, unless ``split``,
-    ``a``) LOADed INP; then the output slot reset and ``acc += a``, ``acc += b`` by one
-    two-micro-op GEMM, or (``split``) ``a`` LOADed ACC_8BIT into the slot and ``acc += b``."""
+    ``a``) LOADed INP; then the output slot reset and ``acc += b``, ``acc += a`` by one GEMM
+    micro-op over an operand loop and a row loop, or (``split``) ``a`` LOADed ACC_8BIT into the
+    slot and ``acc += b``."""
     q = ident.q
     base = ident.begin_load()
     ident.load(b_buf, e0, t, 1, t, 0, 0, 0, base)
@@ -343,5 +348,8 @@ def _gemm_add_tile(ident: IdentityInput, pipe: StorePipeline, a_buf, b_buf, e0: 
     ident.begin_compute()
     if not split:
         ident.reset(A, t)
-    ident.gemm([(A, base)] + ([] if split else [(A, base + tile)]), [(t, 1, 1)])
+    # one micro-op over (operand, row) loops: consecutive micro-ops write different rows, so
+    # the kernel keeps a hazard distance up to ``t`` as it is (two micro-ops a row would write
+    # each row twice in a row, which the runtime's cure unrolls into a 2*t micro-op list)
+    ident.gemm([(A, base)], ([] if split else [(2, 0, tile)]) + [(t, 1, 1)])
     ident.end_compute()
