@@ -130,10 +130,11 @@ def test_one_thread_follows_the_model_and_picks_the_pipelined_point():
 
 def test_threads_follow_the_model():
     """regnet_x_400mf's 1x32x56x56 * 32x32 stride-2 1x1 on ``pipelined``: the 8 best estimates
-    (two and four threads among them) within 5 % of the model (measured 0.972-1.042; before, the
-    two-thread points estimated 8-51 % high and the choice was a one-thread point of 15,349
-    cycles), and the ``"cycles"`` point within 3.5 % of the fastest of them (13,349 against
-    12,957) and faster than the best one-thread point of the 8."""
+    (two and four threads among them) within 5 % of the model (measured 1.000-1.017, six of them
+    with the late fill; before the late fill was priced, 1.073-1.096 on those; before the early
+    release, the two-thread points estimated 8-51 % high and the choice was a one-thread point of
+    15,349 cycles), and the ``"cycles"`` point within 3.5 % of the fastest of them (now the
+    fastest, 12,182) and faster than the best one-thread point of the 8."""
     cfg = load_config("pipelined")
     pg = _programs(cfg, _conv(1, 32, 56, 56, 32, 1, 1, (0, 0), (2, 2)), "relaxed")[0]
     timed = {}
@@ -150,9 +151,10 @@ def test_threads_follow_the_model():
 def test_batch_inner_orders_follow_the_model():
     """The padded fused-rs twin of ``tests/test_row_threads.py`` (plain output columns carry two
     threads; ``order`` 4 loads a tile of columns per load step) on ``pipelined``: its 6 best
-    estimates within 8 % of the model (measured 0.928-1.005; before, ``order`` 4 at 26 columns
-    per tile estimated 26,041 against 22,413), and the ``"cycles"`` point is the fastest of
-    them."""
+    estimates within 8 % of the model (measured 0.928-1.002; the late-fill points 1.000-1.002,
+    1.054-1.221 before the late fill was priced; before the early release, ``order`` 4 at 26
+    columns per tile estimated 26,041 against 22,413), and the ``"cycles"`` point is the fastest
+    of them (21,374)."""
     sys.path.insert(0, "tests")
     from test_row_threads import EPILOGUE, _cw, _own_and_twins
 

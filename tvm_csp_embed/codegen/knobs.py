@@ -386,15 +386,16 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
         insns, load = insns + extra["insns"], load + extra["busy"]
     busy = {"load": load, "resident": resident, **c["busy"]}
     late = _late_fill(pg, k, c)
-    # (the late fill's plan releases the loads itself: release_after_gemm then finds no tile
-    # loop that starts with a fill)
-    released = _released(c, runs) & ~late
+    # (with a bias GEMM its loads and GEMM form a second [loads] [GEMMs] pair per store point,
+    # which the late pipeline does not model: the early-release estimate prices it, whose
+    # release the late fill's plan also makes)
+    priced_late = late if extra is None else False
     return {"sram": sram, "uops": c["uops"], "folded": c["folded"], "bytes": nbytes, "insns": insns,
-            "busy": busy, "released": released, "late": late,
-            # (with a bias GEMM its loads and GEMM form a second [loads] [GEMMs] pair per store
-            # point, which the late pipeline does not model: the stage-based estimate prices it)
+            # (the late fill's plan releases the loads itself: release_after_gemm then finds no
+            # tile loop that starts with a fill)
+            "busy": busy, "released": _released(c, runs) & ~late, "late": late,
             "cycles": _pipeline(busy, c["pipeline"], res_loads, _streams_weights(pg, k, res, order),
-                                released, runs, late if extra is None else False) + c["fetch"]}
+                                _released(c, runs) & ~priced_late, runs, priced_late) + c["fetch"]}
 
 
 def _late_fill(pg: PackedGemm, k: Mapping[str, Any], c: Mapping[str, Any]):
