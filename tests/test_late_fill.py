@@ -100,10 +100,17 @@ def test_one_thread_keeps_the_fills_before_the_loads_by_default():
 
 def test_the_fused_rs_batch_inner_point_is_faster_with_the_late_fill():
     """The batch-inner fused-rs point (two threads over the output channels of one tile row): the
-    second thread's fill no longer waits for its store with nothing else on the compute module."""
+    second thread's fill no longer waits for its store with nothing else on the compute module.
+    The point is written by hand (not the estimate's choice): all 24 output rows in one tile and
+    three tiles of 8 columns, so that the tile loop that starts with the fill is the only one (a
+    tile loop inside another keeps the stage-based order), both reduction steps per tile."""
     cfg, cand = _case("default", "fused-rs")
     pg = cand.packed
-    knobs = _point(cfg, pg, 4)
+    ext = {lp.name: lp.extent for lp in pg.loops}
+    knobs = dict(tile_n=1, tile_k=1, tile_oh=ext["oh"], tile_ow=8, tile_rs=ext["rs"], vt_k=2,
+                 order=4)
+    assert [ext[n] // knobs[f"tile_{n}"] for n in ("n", "oh", "ow")] == [1, 1, 3]
+    assert ext["k"] == knobs["vt_k"] * knobs["tile_k"]      # one output-channel tile per thread
     late = build_gemm(cfg, pg, EPILOGUE, knobs, late_fill=True)
     base = build_gemm(cfg, pg, EPILOGUE, knobs, late_fill=False)
     assert late.generated.release.startswith(SUNK)

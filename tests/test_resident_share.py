@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -45,19 +46,22 @@ pytestmark = pytest.mark.usefixtures("fresh_embedding_cache")
 CASES = [(1, "vt_oh", "weight"), (2, "vt_k", "data")]
 
 
-def _point(cfg, pg, order: int, threads: str, whole: bool = False):
+def _point(cfg, pg, order: int, threads: str, whole: Optional[str] = None):
     """The point of fewest estimated cycles with ``order``, two virtual threads on ``threads``
-    and one on the others; with ``whole``, one tile of output pixels (``tile_oh`` and
-    ``tile_ow`` the full extents)."""
+    and one on the others; with ``whole`` (``"data"`` or ``"weight"``), that operand in one tile:
+    for the data one tile of output pixels (``tile_oh`` and ``tile_ow`` the full extents), for
+    the weights one tile of output channels (``tile_k`` the full extent), so that the resident
+    operand loads above every tile loop whatever the estimate prefers."""
     grid = K.knob_grid(cfg, pg, EPILOGUE)
     ext = {lp.name: lp.extent for lp in pg.loops}
+    pinned = {"data": ("oh", "ow"), "weight": ("k",), None: ()}[whole]
     best = None
     for i in np.flatnonzero(grid.valid):
         p = grid.point(int(i))
         vts = {n: v for n, v in p.items() if n.startswith("vt_")}
         if p["order"] != order or vts != {n: (2 if n == threads else 1) for n in vts}:
             continue
-        if whole and (p["tile_oh"] != ext["oh"] or p["tile_ow"] != ext["ow"]):
+        if any(p[f"tile_{n}"] != ext[n] for n in pinned):
             continue
         if best is None or grid.cycles[i] < best[0]:
             best = (float(grid.cycles[i]), p)
@@ -78,7 +82,7 @@ def _bytes_loaded(prog, mem: MemType) -> int:
 def test_a_resident_tile_is_loaded_once_for_both_threads(order, threads, operand):
     cfg, cand = _case("default", "NCHW")
     pg = cand.packed
-    knobs = _point(cfg, pg, order, threads, whole=operand == "data")
+    knobs = _point(cfg, pg, order, threads, whole=operand)
     shared = build_gemm(cfg, pg, EPILOGUE, knobs, late_fill=False, share_resident=True)
     apart = build_gemm(cfg, pg, EPILOGUE, knobs, late_fill=False, share_resident=False)
     assert "loaded once for 2 virtual threads" in shared.generated.release
@@ -125,7 +129,7 @@ def test_the_shared_resident_tile_is_bit_exact_on_the_pynq_rtl(order, threads, o
     device = rtl_device()
     cfg, cand = _case("pynq", "NCHW")
     pg = cand.packed
-    compiled = build_gemm(cfg, pg, EPILOGUE, _point(cfg, pg, order, threads, operand == "data"),
+    compiled = build_gemm(cfg, pg, EPILOGUE, _point(cfg, pg, order, threads, operand),
                           share_resident=True)
     assert "loaded once for 2 virtual threads" in compiled.generated.release
     assert program_violations(compiled.program, (3, 3)) == []

@@ -348,7 +348,8 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
              common: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The modelled figures of the points ``k`` under loop order ``order`` (a structurally valid
     order): ``sram`` (entries per scratchpad), ``uops``, ``folded``, ``bytes`` (per counter),
-    ``insns``, ``busy``, ``released`` (:func:`_released`) and ``cycles``.
+    ``insns``, ``busy``, ``released`` (:func:`_released`, where the late fill does not apply),
+    ``late`` (:func:`_late_fill`) and ``cycles``.
 
     ``common`` is :func:`_order_free` of the same ``pg``, ``ep`` and ``k`` (computed here when
     None): :func:`knob_grid` measures every order of one grid and computes it once.
@@ -384,11 +385,32 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
         nbytes = {n: v + extra["bytes"].get(n, 0) for n, v in nbytes.items()}
         insns, load = insns + extra["insns"], load + extra["busy"]
     busy = {"load": load, "resident": resident, **c["busy"]}
-    released = _released(c, runs)
+    late = _late_fill(pg, k, c)
+    # (with a bias GEMM its loads and GEMM form a second [loads] [GEMMs] pair per store point,
+    # which the late pipeline does not model: the early-release estimate prices it, whose
+    # release the late fill's plan also makes)
+    priced_late = late if extra is None else False
     return {"sram": sram, "uops": c["uops"], "folded": c["folded"], "bytes": nbytes, "insns": insns,
-            "busy": busy, "released": released,
+            # (the late fill's plan releases the loads itself: release_after_gemm then finds no
+            # tile loop that starts with a fill)
+            "busy": busy, "released": _released(c, runs) & ~late, "late": late,
             "cycles": _pipeline(busy, c["pipeline"], res_loads, _streams_weights(pg, k, res, order),
-                                released, runs) + c["fetch"]}
+                                _released(c, runs) & ~priced_late, runs, priced_late) + c["fetch"]}
+
+
+def _late_fill(pg: PackedGemm, k: Mapping[str, Any], c: Mapping[str, Any]):
+    """Whether the lowering re-plans the points' tile loop with each thread's fill after its loads
+    (:func:`vta_ext.lower.latefill.late_fill`: a bool, or a bool array over a grid): two or more
+    virtual threads, one load step per store point (one z step and no batch loop below the store
+    point: the body is ``[fill] [loads] [GEMMs]``, or ``[loads] [fill, GEMMs]`` without a z loop)
+    and one tile loop (of more than one iteration per thread) that holds the store points: a tile
+    loop inside another keeps the stage-based tokens. Where this is False the lowering may still
+    re-plan a loop (the estimate then keeps the stage-based pipeline, which times it slower)."""
+    ext = {lp.name: lp.extent for lp in pg.loops}
+    vts = set(vt_loops(pg))
+    loops = sum(np.asarray(ext[n] // k[f"tile_{n}"] // (k[f"vt_{n}"] if n in vts else 1)) > 1
+                for n in pg.c_loops())
+    return (np.asarray(c["threads"]) >= 2) & (np.asarray(c["batch"] * c["steps"]) == 1) & (loops == 1)
 
 
 def _released(c: Mapping[str, Any], runs):
@@ -663,7 +685,7 @@ def _pipeline_terms(busy, stores, steps, threads, bias_loads=0) -> Dict[str, Any
 
 
 def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = False,
-              early: Any = False, runs=1):
+              early: Any = False, runs=1, late: Any = False):
     """Estimated cycles of the program from the busy cycles of its parts (:func:`_load_busy`,
     :func:`_module_busy`), the resident operand's load instructions ``res_loads`` (all threads;
     0 without one), whether the point streams only the weights between two output-channel
@@ -775,7 +797,27 @@ def _pipeline(busy, p: Mapping[str, Any], res_loads=0, streams_weights: Any = Fa
             head = group_of(p["t"] * exposed / np.maximum(res_loads, 1), overlap)
             tail = tail + np.where(early, head - first, 0)
         piped = p["st"] * group + np.asarray(res_loads) / p["t"] * (first - group) + tail
+    if np.any(late):
+        piped = np.where(late, _late_pipeline(busy, p), piped)
     return np.where(p["single"], serial, piped)
+
+
+def _late_pipeline(busy, p: Mapping[str, Any]):
+    """Estimated cycles of a program of two or more threads whose tile loop runs the late fill
+    (:func:`_late_fill`: one load step per store point; each thread's fill waits for its own
+    previous store and runs under the other threads' GEMMs, its loads wait only for its previous
+    last GEMM). A group of ``t`` store points (one per thread) takes the slowest of: the compute
+    module's instructions (``t`` fills, ``t`` GEMM steps and ``t`` epilogues), the load module's
+    (``t`` load steps), the store module's (``t`` stores) and one thread's chain from its last
+    GEMM to its next one (its next load step, or its epilogue, store and next fill, whichever is
+    longer, then the GEMM step). Before the first group: the resident operand's loads (all of
+    them, not hidden) and the first load step; after the last: its store."""
+    t, r, g, s = p["t"], p["r"], p["g"], p["s"]
+    e = p["te"] / t
+    l = busy["load"] / p["per"]
+    period = np.maximum(np.maximum(t * (r + e) + p["tsg"], p["ts"] * l),
+                        np.maximum(p["tss"], np.maximum(l, e + s + r) + g))
+    return busy["resident"] + l + p["st"] * period + s
 
 
 def _hidden_loads(busy, p: Mapping[str, Any], runs):
