@@ -229,8 +229,12 @@ def _deepbench_module(n, c, h, w, k, fh, fw, ph, pw, sh, sw):
 #: the contract on both before the cure (5,832 and 494 instructions under apache)
 DEEPBENCH = {10: (1, 3, 108, 108, 64, 3, 3, 1, 1, 2, 2), 107: (1, 1, 40, 151, 32, 5, 20, 8, 8, 2, 8)}
 #: the layers whose csp-relaxed program for the original ``apache`` preset breaks the hazard
-#: contract (DB10's no longer does since its batch-inner loop order: one GEMM instruction a tile)
-APACHE_BREAKS = {107}
+#: contract: none now. DB10's stopped with its batch-inner loop order (one GEMM instruction a
+#: tile); DB107's with the fifteenth session's late fill and knob estimate (another program). The
+#: stock fallback programs of :func:`test_compiled_programs_keep_the_contract_on_pynq` still do.
+APACHE_BREAKS: set = set()
+#: the layer of the default run (the other is slow)
+DEFAULT_RUN = {107}
 
 
 def _programs(mod, config, **options):
@@ -269,7 +273,7 @@ def test_compiled_programs_keep_the_contract_on_pynq(strategy, knobs):
             assert _violations(_programs(mod, "apache", **options)) > 0
 
 
-@pytest.mark.parametrize("layer", [pytest.param(i, marks=pytest.mark.slow) if i not in APACHE_BREAKS else i
+@pytest.mark.parametrize("layer", [pytest.param(i, marks=pytest.mark.slow) if i not in DEFAULT_RUN else i
                                    for i in sorted(DEEPBENCH)])  # DB10: slow
 def test_deepbench_thin_layers_under_csp_relaxed_are_bit_exact_on_the_rtl(layer):
     import tvm_csp_embed  # noqa: F401 - registers the CSP strategies

@@ -31,7 +31,7 @@ __all__ = ["MODES", "STRATEGY_NAMES", "DEFAULT_SOLUTIONS", "DEFAULT_TIMEOUT", "C
            "CspWorkload", "Candidate", "operator_workload", "fused_variants", "packed_of",
            "stock_mapping_cost", "solve_request", "layout_solves", "candidates", "bias_signature", "fold_candidate",
            "settle",
-           "kept_twin", "gemm_twin", "is_stock_mapping", "with_stock_mapping", "thread_padded_twin", "unfolded", "program_epilogue", "operand_layouts", "packed_inputs"]
+           "kept_twin", "gemm_twin", "is_stock_mapping", "with_stock_mapping", "thread_padded_twins", "unfolded", "program_epilogue", "operand_layouts", "packed_inputs"]
 
 #: strategy name -> constraint set of the solver
 MODES = {"csp-strict": "strict", "csp-relaxed": "relaxed"}
@@ -272,7 +272,7 @@ class Candidate:
     #: the bias fold's sentence for the build report (:func:`fold_candidate`), "" without a bias
     bias_note: str = ""
     #: the workload whose place among the timed candidates this one shares (a
-    #: :func:`thread_padded_twin`'s embedding), None: its own (:func:`unfolded` of its workload)
+    #: :func:`thread_padded_twins`' embedding), None: its own (:func:`unfolded` of its workload)
     place: Optional[CspWorkload] = None
     #: what the bias fold still has to decide (:func:`fold_candidate`): steps that set the form's
     #: ``bias_lanes`` and the ``bias_note``s, run in order by :func:`settle`; empty: decided
@@ -421,41 +421,43 @@ def candidates(config, base: CspWorkload, mode: str, layouts: Sequence[str], epi
             else:
                 cand.estimate = _estimate(config, pg, point)
             out.append(cand)
-            twin = thread_padded_twin(config, cand, epilogue) if mode != "strict" else None
-            if twin is not None:
-                out.append(twin)
+            if mode != "strict":
+                out.extend(thread_padded_twins(config, cand, epilogue))
     return out, notes
 
 
-def thread_padded_twin(config, cand: Candidate, epilogue) -> Optional[Candidate]:
-    """The twin of ``cand`` whose odd output-channel loop is padded by one tile of zero weights, or
-    three (:func:`~.codegen.loops.thread_paddings`, the faster by the knob model) so that it can
-    carry two virtual threads, or None:
-    when it needs no padding, or when the knob model's cycle estimate of the twin's fastest point
-    (:func:`~.codegen.knobs.cycle_point`) is not below the embedding's own. The twin shares the
-    embedding's place among the candidates the choice times (``place``); it times both."""
+def thread_padded_twins(config, cand: Candidate, epilogue) -> List[Candidate]:
+    """The twins of ``cand`` whose odd output-channel loop is padded by zero weights so that it can
+    carry two virtual threads: one tile more, and where that is not a multiple of four the tiles
+    that make one (:func:`~.codegen.loops.thread_paddings`). A twin is offered when the knob
+    model's cycle estimate of its fastest point (:func:`~.codegen.knobs.cycle_point`) is below the
+    embedding's own; empty when none is, or the loop needs no padding. Both paddings are offered
+    where both beat the embedding, because their estimates can tie within the estimate's error
+    while their programs differ by a few per cent (RegNetX-1.6GF's 912 channels: 928 and 960). The
+    twins share the embedding's place among the candidates the choice times (``place``); it times
+    them all."""
     from .codegen.knobs import cycle_point
     from .codegen.loops import thread_paddings
 
     if cand.refused:
-        return None
+        return []
+    own = cycle_point(config, cand.packed, epilogue)
+    if own is None:
+        return []
     cw, twins = cand.workload, []
-    for dim, elements in thread_paddings(cand.packed):     # the fastest of them
+    for dim, elements in thread_paddings(cand.packed):
         pad = list(cw.pad)
         pad[cand.embedding.workload.dims.index(dim)] += elements
         twin_cw = dataclasses.replace(cw, pad=tuple(pad))
         pg = packed_of(twin_cw, config)
-        twins.append((cycle_point(config, pg, epilogue), twin_cw, pg))
-    twins = [t for t in twins if t[0] is not None]
-    if not twins:
-        return None
-    padded, twin_cw, pg = min(twins, key=lambda t: t[0].cycles)
-    own = cycle_point(config, cand.packed, epilogue)
-    if own is None or padded.cycles >= own.cycles:
-        return None
-    point = tps_point(config, pg, epilogue)
-    return Candidate(twin_cw, pg.embedding, pg, estimate=_estimate(config, pg, point or padded),
-                     footprint=_footprint(pg), place=cw)
+        padded = cycle_point(config, pg, epilogue)
+        if padded is None or padded.cycles >= own.cycles:
+            continue
+        point = tps_point(config, pg, epilogue)
+        twins.append(Candidate(twin_cw, pg.embedding, pg,
+                               estimate=_estimate(config, pg, point or padded),
+                               footprint=_footprint(pg), place=cw))
+    return twins
 
 
 def bias_signature(op) -> Any:

@@ -633,7 +633,7 @@ def _choose(kind: str, strategy: str, mode: str, config, base, layouts, usable: 
 
         # an embedding and its twin with the bias kept on the ALU (:func:`~.candidates.kept_twin`)
         # take one place of CYCLE_RANKED
-        # and a twin padded for two threads (:func:`~.candidates.thread_padded_twin`)
+        # and twins padded for two threads (:func:`~.candidates.thread_padded_twins`)
         place_of = {id(c): unfolded(c.place or c.workload) for c in usable}
         # the stock mapping's embedding (and its twins) is timed wherever its static estimate,
         # which does not see host layout work, ranks it: its layout the neighbours hand over

@@ -27,7 +27,7 @@ channels per group between this template's plan and the GEMM block-diagonal prog
    (:func:`~.candidates.gemm_twin`; also the twin with the ADD kept, where the bias folds), and
    the faster of the two is kept; an embedding whose output-channel loop has an odd number of
    tiles has a twin padded by one tile of zero weights, so that the loop carries two virtual
-   threads (:func:`~.candidates.thread_padded_twin`, offered when the knob model estimates it
+   threads (:func:`~.candidates.thread_padded_twins`, offered when the knob model estimates it
    faster);
 4. the candidates are ranked by ``build_options(objective=...)``: ``cycles`` (the cycle model of the
    built program; the two best by a static estimate are built), ``combined`` (cycles at the
