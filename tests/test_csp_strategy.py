@@ -204,16 +204,18 @@ def test_report_names_embedding_padding_layout_and_why():
     assert "chosen for smallest packed footprint" in report.on_vta[0].detail
 
 
-#: a host whose layout copies are 3.25 times slower than the Zynq-7020's (vta_ext.host.PYNQ_Z1)
-SLOW_HOST = {"layout_bytes_per_cycle": 2.0}
+#: a host whose layout copies are 4.3 times slower than the Zynq-7020's (vta_ext.host.PYNQ_Z1).
+#: At 2 bytes a cycle (the rate before 2026-11-28) the embedding below, 3,918 VTA cycles since the
+#: knob estimate prices its early-released loads, ties the stock plan's 4,175 within one cycle
+SLOW_HOST = {"layout_bytes_per_cycle": 1.5}
 
 
 def test_csp_relaxed_never_slower_than_stock():
     """``csp-relaxed`` times the stock template's own plan too and keeps it when it is at least as
     good by the objective: with NHWC free dims the only embedding of this 16-channel conv takes
     fewer VTA cycles than the stock program but writes more host layout bytes (one fused packing
-    kernel of the padded input, against the stock blocked layout's); on a host that moves 2
-    layout bytes per VTA cycle (``host=``, a third of the Zynq's rate) that outweighs the cycles,
+    kernel of the padded input, against the stock blocked layout's); on a host that moves 1.5
+    layout bytes per VTA cycle (``host=``, a quarter of the Zynq's rate) that outweighs the cycles,
     so the stock template is chosen, and the report says so."""
     mod = _conv_module(1, 16, 8, 8, 16, 3, 3, (1, 1), (1, 1))
     arrays = _inputs([(1, 16, 8, 8), (16, 16, 3, 3), (1, 16, 1, 1)])
