@@ -39,7 +39,7 @@ from .workload import Workload
 __all__ = ["CACHE_ENV", "SOLVERS_ENV", "cache_dir", "source_digest", "cache_key", "CachedSolve", "SolveRequest",
            "cached_embeddings", "permuted_embeddings", "solve_concurrently", "solved", "add_idle_work",
            "remove_idle_work", "solver_pool_size", "clear_cache", "BATCH_SIZES",
-           "batches"]
+           "batches", "queue_solves", "start_queued"]
 
 #: environment variable naming the cache directory
 CACHE_ENV = "TVM_CSP_EMBED_CACHE"
@@ -145,6 +145,8 @@ def cached_embeddings(wl: Workload, instr: InstructionGraph, mode: str = "relaxe
     tvm_csp_embed.solve.SolverError
         If MiniZinc itself fails (not cached).
     """
+    if _QUEUED:     # queued solves nobody started (no start_queued call): start them now
+        start_queued()
     key = cache_key(wl, instr, mode, solutions, max_cost)
     pending = _INFLIGHT.get(key) if use_cache else None
     if pending is not None:     # solving in the background pool (solve_concurrently): wait for it
@@ -377,6 +379,33 @@ def solve_concurrently(requests: Sequence[SolveRequest], workers: Optional[int] 
         for job in jobs:
             job.result()
     return len(todo)
+
+
+#: solves queued by :func:`queue_solves` (each with its operator's name) until
+#: :func:`start_queued` starts them
+_QUEUED: List[Tuple[str, SolveRequest]] = []
+
+
+def queue_solves(op_name: str, requests: Sequence[SolveRequest]) -> None:
+    """Queue the background solves of ``requests`` (the operator ``op_name``'s), to be started
+    by :func:`start_queued` together with every other template's, in the module's operator
+    order."""
+    _QUEUED.extend((op_name, r) for r in requests)
+
+
+def start_queued(order: Sequence[str] = ()) -> int:
+    """Start every queued solve (:func:`queue_solves`) in the background
+    (:func:`solve_concurrently` with ``wait=False``), ordered by its operator's place in
+    ``order`` (the names of the module's operators, first planned first; an operator not named
+    goes last; one operator's requests keep their own order). A build plans its operators in
+    that order, so each solve is queued before those of every later operator, whatever its kind:
+    ResNeXt-50's first narrow grouped conv2d no longer waits behind the 1x1 conv2d solves of the
+    whole network. The order decides only when a solve runs, never its outcome. Returns the number
+    of solves started."""
+    place = {name: i for i, name in enumerate(order)}
+    queued = sorted(_QUEUED, key=lambda item: place.get(item[0], len(place)))   # stable
+    _QUEUED.clear()
+    return solve_concurrently([r for _, r in queued], wait=False)
 
 
 def clear_cache() -> int:

@@ -68,7 +68,7 @@ from vta_ext.strategy import (GridPoints, KnobSpace, MatchedOp, OpPlan, OpTempla
                               set_default_strategy)
 from vta_ext.timing import phase
 
-from .cache import add_idle_work, remove_idle_work, solve_concurrently, solved
+from .cache import add_idle_work, queue_solves, remove_idle_work, solved, start_queued
 from .candidates import (CONV_LAYOUTS, DEFAULT_SOLUTIONS, DEFAULT_TIMEOUT, MODES, STRATEGY_NAMES,
                          Candidate, CspWorkload, _conv_params, _packed, _shape, bias_signature,  # noqa: F401
                          candidates, fold_candidate, fused_variants, gemm_twin, layout_solves, operator_workload,
@@ -260,15 +260,17 @@ class CspGemmTemplate(OpTemplate):
         return self._plan_of(op, config, best, why, len(usable), notes)
 
     def prefetch(self, ops: Sequence[MatchedOp], config) -> None:
-        """Start solving the distinct workloads of ``ops`` (every candidate layout that is not a dim
-        permutation of another, :func:`~.candidates.layout_solves`) concurrently,
-        in the order of ``ops``, as a bounded pool of MiniZinc processes in the background
-        (:func:`~tvm_csp_embed.cache.solve_concurrently`): :meth:`plan` waits only for its own
-        operator's solves, so planning the first operators overlaps solving the later ones."""
+        """Queue the solves of the distinct workloads of ``ops`` (every candidate layout that is
+        not a dim permutation of another, :func:`~.candidates.layout_solves`;
+        :func:`~tvm_csp_embed.cache.queue_solves`), which :meth:`start_prefetched` starts in the
+        module's operator order, every template's together, as a bounded pool of MiniZinc
+        processes in the background (:func:`~tvm_csp_embed.cache.solve_concurrently`):
+        :meth:`plan` waits only for its own operator's solves, so planning the first operators
+        overlaps solving the later ones."""
         from vta_ext.options import current_options
 
         options = current_options()
-        requests, ahead = [], {}
+        ahead = {}
         for op in ops:
             try:
                 base = self._base(op)
@@ -278,14 +280,19 @@ class CspGemmTemplate(OpTemplate):
                     if source is None]   # the others: permuted
             except Exception:  # noqa: BLE001 -- plan() meets the same error and reports it
                 continue
-            requests += mine
+            queue_solves(op.name, mine)
             ahead.setdefault(_ahead_key(base, layouts, op.epilogue),
                              (base, layouts, op.epilogue, [r.key for r in mine]))
-        solve_concurrently(requests, wait=False)
         remove_idle_work(getattr(self, "_idle", None))
         self._ahead = ahead
         self._idle = self._look_ahead(config, ahead)
         add_idle_work(self._idle)
+
+    def start_prefetched(self, order: Sequence[str]) -> None:
+        """Start the solves every CSP template's :meth:`prefetch` queued, in the operator order
+        ``order`` (:func:`~tvm_csp_embed.cache.start_queued`; the first template called starts
+        them all)."""
+        start_queued(order)
 
     def _look_ahead(self, config, ahead: Dict[tuple, tuple]):
         """Idle work (:func:`~.cache.add_idle_work`) while :meth:`plan` waits for a solve: the

@@ -331,6 +331,12 @@ class OpTemplate:
         :meth:`plan` is called for each in turn (e.g. solving their distinct workloads
         concurrently). The default does nothing; errors are left for :meth:`plan` to report."""
 
+    def start_prefetched(self, order: Sequence[str]) -> None:
+        """Called once every template has had its :meth:`prefetch`, before any :meth:`plan`:
+        start the work :meth:`prefetch` queued, first for the operators first in ``order`` (the
+        names of the module's matched operators, ``MatchedOp.name``, in the order they are
+        planned). The default does nothing."""
+
     def workload_from_dict(self, values: Dict[str, Any]):
         """The workload object of a cache key's ``workload`` entry."""
         return self.workload_type(**values)

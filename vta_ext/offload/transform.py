@@ -24,7 +24,8 @@ __all__ = ["OffloadToVTA"]
 def _prefetch(mod: tvm.IRModule, config: VTAConfig) -> Dict[str, dict]:
     """Give each template all of the module's operators it will plan (``OpTemplate.prefetch``),
     before they are planned one at a time, but those it is known to refuse
-    (``OpTemplate.refusal``); return who uses each one's output
+    (``OpTemplate.refusal``), then have each start that work in the module's operator order
+    (``OpTemplate.start_prefetched``); return who uses each one's output
     (:func:`~vta_ext.offload.consumers.consumer_flags`, by ``MatchedOp.name``)."""
     matcher = Offloader(mod, config, match_only=True)
     for func in mod.functions.values():
@@ -49,6 +50,9 @@ def _prefetch(mod: tvm.IRModule, config: VTAConfig) -> Dict[str, dict]:
         flags.setdefault(name, {}).update(extra)
     for template, ops in groups.values():
         template.prefetch([dataclasses.replace(m, **flags.get(m.name, {})) for m in ops], config)
+    order = [m.name for m in matcher.matched]
+    for template, _ in groups.values():
+        template.start_prefetched(order)
     return flags
 
 
