@@ -472,7 +472,8 @@ def network_tables(rows: List[Dict]) -> str:
                        "loss: the kind with the most cycles above its floor, its loss as a share "
                        "of the network's cycles, and the part the padded lanes cost at the least. "
                        "Structural: the floor with the compute module's serial work (ALU "
-                       "operators' input loads, GEMM operators' accumulator initialisation; "
+                       "operators' input loads, GEMM operators' accumulator initialisation, "
+                       "whole micro-ops and leading bias; "
                        "`Floor.structural`) ÷ cycles.\n")
             out.append("| network | size | VTA cycles | floor ÷ cycles | structural | "
                        + " | ".join(KIND_LABELS[k] for k in KINDS)
