@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
@@ -70,7 +70,7 @@ from .knobs import check_int_knob, knobs_from
 
 __all__ = ["EltwiseWorkload", "HswishWorkload", "EltwiseKnobs", "CompiledAdd", "CompiledHswish",
            "CompiledUnary", "build_add", "build_hswish", "build_unary", "AluTemplateError",
-           "AluTemplateRefusal", "timed_tile", "tile_candidates", "MIN_TIMED_TILE",
+           "AluTemplateRefusal", "timed_tile", "tile_candidates", "fastest_build", "MIN_TIMED_TILE",
            "MAX_TIMED_TILES"]
 
 
@@ -228,17 +228,29 @@ def _timed_build(cfg: VTAConfig, workload: EltwiseWorkload, epilogue, op: str,
     """:func:`timed_tile`'s tile and the compiled operator it timed for it (None when there was
     a single candidate: nothing was built), which :func:`_build` returns rather than build the
     same program again."""
-    from ..sim.cycles import CycleModel
-
     rows = (workload.batch // cfg.BATCH) * (workload.channels // cfg.BLOCK_OUT) \
         * workload.height * workload.width
     tiles = tile_candidates(cfg, rows, 1 if input_path == "split" else 2)
     if len(tiles) == 1:     # nothing to compare: no build, no timing
         return tiles[0], None
+    return fastest_build(cfg, tiles, lambda tile: _build(cfg, workload, epilogue,
+                                                         EltwiseKnobs(tile=tile), op, input_path))
+
+
+def fastest_build(cfg: VTAConfig, tiles, build: Callable[[int], Any],
+                  built: Optional[Dict[int, Any]] = None) -> Tuple[int, Any]:
+    """The tile of ``tiles`` whose compiled operator ``build(tile)`` the cycle model
+    (:class:`vta_ext.sim.cycles.CycleModel`) times fastest, the larger tile on a tie, and that
+    compiled operator (the caller returns it rather than build it again). ``built``: operators
+    already compiled for some of the tiles, timed as they are."""
+    from ..sim.cycles import CycleModel
+
     model = CycleModel(cfg)
-    built, timed = {}, {}
+    built = dict(built or {})
+    timed = {}
     for tile in tiles:
-        built[tile] = _build(cfg, workload, epilogue, EltwiseKnobs(tile=tile), op, input_path)
+        if tile not in built:
+            built[tile] = build(tile)
         timed[tile] = model.run_program(built[tile].program).total_cycles
     best = min(timed, key=lambda t: (timed[t], -t))
     return best, built[best]

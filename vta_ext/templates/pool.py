@@ -495,38 +495,40 @@ def _gemm_window(ident: IdentityInput, base: int, windows, nrows: int, row_len: 
 
 
 def timed_channel_tile(cfg: VTAConfig, wl: PoolWorkload, epilogue, mode: str, schedule: str,
-                       input_path: str, lean: bool) -> Optional[PoolKnobs]:
-    """The tile of the ``"cycles"`` knob policy on the identity-GEMM input path where a tile holds
-    whole output planes: the largest tile (``"tps"``) and its ``tile_c`` halvings (at most
-    :data:`~.eltwise.MAX_TIMED_TILES` tiles), the one the cycle model times fastest, the larger on
-    a tie; ``None`` (the largest tile, untimed) where the tile splits the planes or has one
-    channel block. As :func:`~.eltwise.timed_tile` does for the add: in a few large tiles the
-    loads, GEMMs and stores barely overlap (squeezenet1_1's 1x1000x6x6 global pool on
-    ``pipelined``: 3 tiles of up to 28 blocks 5,974 cycles, 16 of up to 4: 4,894)."""
-    from ..sim.cycles import CycleModel
-    from .eltwise import MAX_TIMED_TILES
+                       input_path: str, lean: bool) -> CompiledPool:
+    """The pool the ``"cycles"`` knob policy builds on the identity-GEMM input path where a tile
+    holds whole output planes: of the largest tile (``"tps"``) and its ``tile_c`` halvings (at
+    most :data:`~.eltwise.MAX_TIMED_TILES` tiles), the one the cycle model times fastest, the
+    larger on a tie (:func:`~.eltwise.fastest_build`); the largest tile, untimed, where the tile
+    splits the planes or has one channel block. As :func:`~.eltwise.timed_tile` does for the add:
+    in a few large tiles the loads, GEMMs and stores barely overlap (squeezenet1_1's 1x1000x6x6
+    global pool on ``pipelined``: 3 tiles of up to 28 blocks 5,974 cycles, 16 of up to 4:
+    4,894). A halving that wins is returned as it was timed; where the largest wins it is built
+    once more with its tile as explicit knobs (the program the policy has always returned)."""
+    from .eltwise import MAX_TIMED_TILES, fastest_build
 
     largest = _build_pool(cfg, wl, epilogue, "tps", mode, schedule, input_path, lean)
     th, tc = largest.info["tile_h"], largest.info["tile_c"]
     if th < wl.out_height or tc == 1:
-        return None
+        return largest
     blocks = (wl.batch // cfg.BATCH) * (wl.channels // cfg.BLOCK_OUT)
-    model = CycleModel(cfg)
-    timed = {tc: model.run_program(largest.program).total_cycles}
-    tile = tc // 2
+    tiles, tile = [tc], tc // 2
     while tile >= 1 and -(-blocks // tile) <= MAX_TIMED_TILES:
-        knobs = PoolKnobs(tile_h=th, tile_c=tile)
-        program = _build_pool(cfg, wl, epilogue, knobs, mode, schedule, input_path, lean).program
-        timed[tile] = model.run_program(program).total_cycles
+        tiles.append(tile)
         tile //= 2
-    return PoolKnobs(tile_h=th, tile_c=min(timed, key=lambda t: (timed[t], -t)))
+
+    def build(t: int) -> CompiledPool:
+        return _build_pool(cfg, wl, epilogue, PoolKnobs(tile_h=th, tile_c=t), mode, schedule,
+                           input_path, lean)
+    best, compiled = fastest_build(cfg, tiles, build, {tc: largest})
+    return build(tc) if best == tc else compiled
 
 
 def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
                 schedule: str = "direct", input_path: str = "acc8",
                 lean: bool = False) -> CompiledPool:
     if knobs == "cycles" and input_path == "gemm":
-        knobs = timed_channel_tile(cfg, wl, epilogue, mode, schedule, input_path, lean) or "tps"
+        return timed_channel_tile(cfg, wl, epilogue, mode, schedule, input_path, lean)
     t0 = time.perf_counter()
     what = f"{mode}_pool2d {wl}"
     cfg = load_config(cfg)
