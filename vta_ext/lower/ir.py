@@ -97,6 +97,12 @@ class Dma:
         """The module that executes the transfer (:func:`vta_ext.isa.stage_of`)."""
         return stage_of(Opcode.STORE if self.kind == "store" else Opcode.LOAD, self.mem)
 
+    @property
+    def acc_fill(self) -> bool:
+        """Whether the transfer is an accumulator fill: a padding-only LOAD of the accumulator,
+        which writes it and reads nothing (from DRAM or a buffer the load module writes)."""
+        return self.fill and self.mem == MemType.ACC
+
 
 @dataclass
 class Alu:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from ..isa import MemType, Stage
+from ..isa import Stage
 from .alloc import count_threads
 from .ir import Dep, Dma, GemmKernel, Loop, Region
 from .sync import insert_dependencies
@@ -47,7 +47,7 @@ ONE_THREAD = ("accumulator fills kept before the loads: one virtual thread (no t
 
 def _is_fill(node) -> bool:
     """Whether ``node`` is an accumulator fill (a padding-only LOAD of the accumulator)."""
-    return isinstance(node, Dma) and node.fill and node.mem == MemType.ACC
+    return isinstance(node, Dma) and node.acc_fill
 
 
 def _is_load(node) -> bool:

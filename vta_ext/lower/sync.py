@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from ..isa import MemType, Stage
+from ..isa import Stage
 from .ir import Alu, Dep, Dma, GemmKernel, Loop, LoweringError, Region
 
 __all__ = ["insert_dependencies", "release_after_gemm", "RELEASED"]
@@ -226,7 +226,7 @@ def _is_fill(node) -> bool:
     """Whether ``node`` is a compute region made only of accumulator fills (padding-only LOADs:
     they write the accumulator and read nothing the load module writes)."""
     return (isinstance(node, Region) and node.stage == Stage.COMPUTE and bool(node.items)
-            and all(isinstance(x, Dma) and x.fill and x.mem == MemType.ACC for x in node.items))
+            and all(isinstance(x, Dma) and x.acc_fill for x in node.items))
 
 
 def _release_tile(body: list) -> Optional[str]:
