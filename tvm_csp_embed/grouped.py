@@ -221,6 +221,15 @@ def _lane_bias(op: MatchedOp):
     return relax.const(bias_with_lanes(op).astype(np.int32), "int32")
 
 
+def _twin_decision(op: MatchedOp, config, wl) -> Tuple[bool, str]:
+    """Whether the block-diagonal or block-sparse program of ``wl`` may add ``op``'s bias by a
+    GEMM, and the words saying how or why not (:func:`~.depthwise.diagonal_bias_gemm`; the
+    block-sparse program's bias GEMM takes its padded channels' lane biases too)."""
+    sparse = isinstance(wl, BlockSparseWorkload)
+    ranged = dataclasses.replace(op, bias=_lane_bias(op)) if sparse else op
+    return diagonal_bias_gemm(ranged, config, wl, "group_conv2d" if sparse else None)
+
+
 @dataclass
 class _Scored:
     """One contender: its plan, VTA cycles and score by the objective (lower is better)."""
@@ -374,11 +383,8 @@ class NarrowGroupTemplate(CspGemmTemplate):
                 scored[wl] = self._score(op, config, dataclasses.replace(add.plan, workload=wl),
                                          options)
             return scored[wl].cycles
-        sparse = isinstance(add.plan.workload, BlockSparseWorkload)
-        # the block-sparse program's bias GEMM takes its padded channels' lane biases too
-        ranged = dataclasses.replace(op, bias=_lane_bias(op)) if sparse else op
-        wl, _, words = bias_twin(add.plan.workload, cycles_of, diagonal_bias_gemm(
-            ranged, config, add.plan.workload, "group_conv2d" if sparse else None))
+        wl, _, words = bias_twin(add.plan.workload, cycles_of,
+                                 _twin_decision(op, config, add.plan.workload))
         best = scored[wl]
         best = dataclasses.replace(best, plan=self._with_bias(best.plan, wl.bias_gemm, words))
         return best, {"bias_gemm": wl.bias_gemm, "bias_words": words}
@@ -414,13 +420,18 @@ class NarrowGroupTemplate(CspGemmTemplate):
         return {"end-to-end": "fewest cycles end to end", "combined": "fastest combined"}.get(
             options.objective, "fewest cycles on the cycle model")
 
+    def _cycles(self, op: MatchedOp, config, wl, options) -> int:
+        """The cycle model's count of ``wl``'s program under the build's knobs option
+        (:func:`~.depthwise.modelled_cycles`: built, or served by a program of the same epilogue
+        shape; a refusal when it does not build)."""
+        knobs = options.knobs_for(self.kind, self.strategy, wl, config)[0]
+        return modelled_cycles(self.kind, self.strategy, config, wl, op.epilogue, knobs)
+
     def _score(self, op: MatchedOp, config, plan: OpPlan, options) -> _Scored:
         """``plan`` built and scored by the objective (a refusal when it does not build)."""
         from .choice import blocked_output, operand_pack_bytes, plan_host_bytes
 
-        knobs = options.knobs_for(self.kind, self.strategy, plan.workload, config)[0]
-        cycles = modelled_cycles(self.kind, self.strategy, config, plan.workload, op.epilogue,
-                                 knobs)
+        cycles = self._cycles(op, config, plan.workload, options)
         if options.objective == "end-to-end":
             nbytes = (plan_host_bytes(op, plan.in_layout, plan.out_layout,
                                       blocked_output(op, config))
