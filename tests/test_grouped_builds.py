@@ -1,6 +1,7 @@
 """The programs a cold csp-relaxed build of narrow grouped convs builds (tvm_csp_embed.grouped):
 each unit contender is built and timed once per (workload, knobs, epilogue shape), the repeated
-layers of a network (the same conv, another shift) reuse its count; the plans, report lines and
+layers of a network (the same conv, another shift) reuse its count, and the units are timed while
+the build waits for a solve (``NarrowGroupTemplate.prefetch``); the plans, report lines and
 programs stay those of building every contender, and the output bit-exact against numpy."""
 from __future__ import annotations
 
@@ -101,3 +102,35 @@ def test_a_repeated_layer_times_no_unit_again(tmp_path, monkeypatch):
     for p in (first, second):
         cycles = cycle_report(report.key_of(p)).total_cycles
         assert f"{cycles:,}" in p.detail, (cycles, p.detail)
+
+
+def test_prefetched_units_are_the_ones_planned(tmp_path, monkeypatch):
+    """The idle work the template queues (``prefetch``) times each narrow grouped conv's unit
+    contenders before its plan: run to exhaustion before the build, the build itself then builds
+    no unit program but the ones it runs with another shift (the second layer's), and its plans
+    and report lines are those of a build without the idle work (a fresh process each)."""
+    from tvm_csp_embed import cache
+    from tvm_csp_embed.grouped import NarrowGroupTemplate
+
+    mod, x, ref = two_layers()
+    built = fresh_process(monkeypatch, tmp_path / "plain")
+    monkeypatch.setattr(NarrowGroupTemplate, "prefetch", NarrowGroupTemplate.__mro__[1].prefetch)
+    _, plain = build(mod, x)
+    monkeypatch.undo()
+
+    built = fresh_process(monkeypatch, tmp_path / "idle")
+    drained = []
+    prefetch = NarrowGroupTemplate.prefetch
+
+    def prefetch_then_idle(self, ops, config):
+        prefetch(self, ops, config)
+        step = self._units_idle
+        while step in cache._IDLE and step():
+            drained.append(len(built))
+    monkeypatch.setattr(NarrowGroupTemplate, "prefetch", prefetch_then_idle)
+    out, report = build(mod, x)
+    np.testing.assert_array_equal(out, ref)
+    assert drained == [2, 2], drained       # both layers stepped; the second timed nothing new
+    assert len(built) == 2 + ("block-diagonal" in grouped(report)[1].plan)
+    assert [p.detail for p in grouped(report)] == [p.detail for p in grouped(plain)]
+    assert [p.plan for p in grouped(report)] == [p.plan for p in grouped(plain)]
