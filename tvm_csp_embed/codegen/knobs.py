@@ -378,6 +378,9 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
         runs = iters * _prod(k[f"vt_{n}"] for n in below)
     else:
         runs = c["threads"]
+    loads = {role: _shared_once(pg, k, role, c["threads"], loads[role]) for role in "AB"}
+    nbytes = {**nbytes, "inp_load_nbytes": loads["A"]["nbytes"],
+              "wgt_load_nbytes": loads["B"]["nbytes"]}
     load, resident, res_loads = _load_busy(loads, res)
     extra = c["bias_gemm"]
     if extra is not None:       # the bias GEMM's operands, loaded at the store point
@@ -549,6 +552,30 @@ def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, 
     insns, rows = _dma_shape(free, regions, sums, ins, loads)
     return {"entries": entries, "nbytes": nbytes, "loads": loads,
             "busy": dma.cycles(insns, rows, nbytes, box - nbytes // elem)}
+
+
+def _shared_once(pg: PackedGemm, k: Mapping[str, Any], role: str, threads,
+                 loads: Mapping[str, Any]) -> Dict[str, Any]:
+    """Operand ``role``'s :func:`_operand_loads` ``loads`` as the build issues them: a tile that
+    every one of two or more ``threads`` loads once, with the same data, is loaded once, by
+    thread 0, for all (:func:`vta_ext.lower.alloc.resident_buffers`, ``build_gemm``'s
+    ``share_resident``): each thread loads once (the operand's load steps over all threads are
+    ``threads``: a resident tile whose loops have one tile each, or a load point with one store
+    point and one z step per thread) and no thread is on a loop the operand sees. Its bytes and
+    busy cycles then count once instead of once per thread; ``loads`` (the load steps, which
+    :func:`_pipeline` spreads over the groups) and the tile's entries (each thread keeps its
+    copy allocated) do not change."""
+    seen = {v for d in pg.operands[role].dims for v, _ in d.terms}
+    split = [k[f"vt_{n}"] for n in vt_loops(pg) if n in seen]
+    apart = _prod(split) > 1 if split else False
+    shared = ((np.asarray(threads) >= 2) & (np.asarray(loads["loads"]) == np.asarray(threads))
+              & ~np.asarray(apart))
+    if not shared.any():
+        return loads
+    n = np.where(shared, threads, 1)
+    if n.ndim == 0:
+        return {**loads, "nbytes": loads["nbytes"] // int(n), "busy": loads["busy"] / int(n)}
+    return {**loads, "nbytes": loads["nbytes"] // n, "busy": loads["busy"] / n}
 
 
 def _dma_shape(free, regions, sums, ins, loads):
