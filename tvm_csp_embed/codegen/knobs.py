@@ -484,7 +484,9 @@ def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]
     per_tile_stores = _prod(k[f"tile_{n}"] for n in c_loops[:-2]) if len(c_free) > 2 else 1
     insns = stores * (batch * steps * (a_loads + 2) + 2 + alu_count(cfg, ep) + per_tile_stores)
     busy = _module_busy(cfg, pg, ep, k, nbytes, stores, batch * steps)
-    bias_gemm = _gemm_bias_loads(cfg, stores, bias_tile, threads) if GEMM_BIAS_STAGE in ep else None
+    bias_gemm = (_gemm_bias_loads(cfg, stores, bias_tile, threads,
+                                  _shared_bias_loads(pg, k, stores, threads))
+                 if GEMM_BIAS_STAGE in ep else None)
     t = timing(cfg)
     return {"loads": loads, "sram": sram, "uops": uops, "folded": folded, "bytes": nbytes,
             "insns": insns, "busy": busy,
@@ -509,21 +511,36 @@ def _releases_early(pg: PackedGemm) -> bool:
     return acc_init_of(pg) == "fill" and _anchored(pg)
 
 
-def _gemm_bias_loads(cfg, stores, bias_tile, threads) -> Dict[str, Any]:
+def _gemm_bias_loads(cfg, stores, bias_tile, threads, shared=(False, False)) -> Dict[str, Any]:
     """The loads of a program that adds its bias by a GEMM (:mod:`.biasfold`), per store point:
     the constant row (one ``INP`` entry) and the tile's digit tiles (``bias_tile`` ``WGT``
-    entries, one per output channel block), each one LOAD of one row. ``sram`` (entries, all
-    threads), ``bytes`` (per counter), ``insns`` (the instructions it adds) and ``busy`` (the
-    load module's cycles, :meth:`vta_ext.sim.cycles.DmaCost.cycles`)."""
+    entries, one per output channel block), each one LOAD of one row; ``shared`` (the row's,
+    the digits', :func:`_shared_bias_loads`): loaded once for all threads instead. ``sram``
+    (entries, all threads), ``bytes`` (per counter), ``insns`` (the instructions it adds) and
+    ``busy`` (the load module's cycles, :meth:`vta_ext.sim.cycles.DmaCost.cycles`)."""
     from vta_ext.sim.cycles import timing
 
     t = timing(cfg)
-    row, digits = stores * cfg.inp_elem_bytes, stores * bias_tile * cfg.wgt_elem_bytes
+    rows, tiles = (np.where(s, 1, stores) if s is not False else stores for s in shared)
+    row, digits = rows * cfg.inp_elem_bytes, tiles * bias_tile * cfg.wgt_elem_bytes
     return {"sram": {"inp": threads, "wgt": bias_tile * threads},
             "bytes": {"inp_load_nbytes": row, "wgt_load_nbytes": digits},
             # the GEMM and the two LOADs in place of the bias's ACC LOAD
             "insns": stores * 2,
-            "busy": t.dma("INP").cycles(stores, 1, row) + t.dma("WGT").cycles(stores, 1, digits)}
+            "busy": t.dma("INP").cycles(rows, 1, row) + t.dma("WGT").cycles(tiles, 1, digits)}
+
+
+def _shared_bias_loads(pg: PackedGemm, k: Mapping[str, Any], stores, threads) -> Tuple[Any, Any]:
+    """Whether the build loads the bias GEMM's constant row, and its digit tiles, once for all
+    threads (:func:`_shared_once`'s rule; bools or bool arrays over a grid): two or more threads
+    of one store point each (the loads sit outside every tile loop); the row is the same for
+    every thread, the digit tiles where no thread is on an output-channel loop."""
+    once = (np.asarray(threads) >= 2) & (np.asarray(stores) == np.asarray(threads))
+    if not once.any():
+        return False, False
+    split = [k[f"vt_{n}"] for n in vt_loops(pg) if n in pg.channel_loops]
+    apart = np.asarray(_prod(split) > 1 if split else False)
+    return once, once & ~apart
 
 
 def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, Any]],
