@@ -134,7 +134,7 @@ class CompiledGemm:
 
 def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
                acc_init: Optional[str] = None, early_release: Optional[bool] = None,
-               late_fill: Optional[bool] = None, share_resident: bool = False) -> CompiledGemm:
+               late_fill: Optional[bool] = None, share_resident: bool = True) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
     ``"reset"``, :data:`~.schedule.ACC_INITS`; None: :func:`~.schedule.acc_init_of`) says how each
     output tile's accumulator is zeroed; ``early_release`` lets a tile's first load wait for the
@@ -150,9 +150,8 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     from the program's structure, one build; ``generated.release`` says where and why not).
     ``share_resident``: a resident tile that every virtual thread would load with the same data
     is loaded once, by thread 0, and read by all (``lower_to_runtime(share_resident=True)``);
-    off by default until the knob estimate (:mod:`.knobs`) charges such a tile once rather than
-    per thread (on, its shared programs time below the estimate's bounds in
-    ``tests/test_cycle_estimate.py``).
+    on by default (where no tile qualifies nothing changes and ``generated.release`` says why;
+    the knob estimate charges such a tile once, :func:`.knobs._shared_resident`).
     The epilogue runs in its fewest ALU passes
     (:func:`vta_ext.templates.epilogue.simplify_epilogue`).
 
@@ -192,7 +191,7 @@ def _emit(cfg, gen, shapes: Dict[str, tuple]):
 
 def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str],
                 early_release: Optional[bool], late_fill: Optional[bool] = None,
-                share_resident: bool = False) -> CompiledGemm:
+                share_resident: bool = True) -> CompiledGemm:
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule
