@@ -23,7 +23,9 @@ from .biasfold import gemm_bias_operands
 from .knobs import (KnobPoint, Pruned, check_point, cycle_point, fallback_point, knob_names,
                     tps_point)
 from .plan import PackedGemm
-from .schedule import acc_init_of, bias_shape, gemm_bias_shapes, schedule_gemm
+from .residual import knob_view
+from .schedule import (RESIDUAL_IDENTITY, acc_init_of, bias_shape, gemm_bias_shapes,
+                       schedule_gemm)
 
 __all__ = ["CompiledGemm", "resolve_knobs", "build_gemm", "knob_record"]
 
@@ -101,7 +103,13 @@ class CompiledGemm:
         """Whether the epilogue adds a bias tensor (a third :meth:`run` argument)."""
         return "bias" in self.shapes or self.gemm_bias
 
-    def run(self, a_packed, b_packed, bias_packed=None, simulator=None):
+    @property
+    def has_residual(self) -> bool:
+        """Whether the program adds a residual operand (:mod:`.residual`; a ``residual_packed``
+        :meth:`run` argument in the output's packed shape)."""
+        return "residual" in self.shapes
+
+    def run(self, a_packed, b_packed, bias_packed=None, simulator=None, residual_packed=None):
         """Execute on the functional simulator; returns ``(out_packed_int8, SimStats)``."""
         from vta_ext.templates.errors import Conv2dError
 
@@ -109,7 +117,13 @@ class CompiledGemm:
         names = [self.plan.operands["A"].tensor, self.plan.operands["B"].tensor]
         expected = dict(self.shapes, bias=bias_shape(self.plan))
         for name, arr, dtype in ((names[0], a_packed, np.int8), (names[1], b_packed, np.int8),
-                                 ("bias", bias_packed, np.int32)):
+                                 ("bias", bias_packed, np.int32),
+                                 ("residual", residual_packed, np.int8)):
+            if name == "residual" and not self.has_residual:
+                if arr is not None:
+                    raise Conv2dError("residual_packed given but the epilogue has no "
+                                      "('residual',) stage")
+                continue
             if name == "bias" and not self.has_bias:
                 if arr is not None:
                     raise Conv2dError("bias_packed given but the epilogue has no ('bias',) stage")
@@ -196,12 +210,13 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule
-    from vta_ext.templates.epilogue import (GEMM_BIAS_STAGE, has_bias, normalize_epilogue,
-                                            simplify_epilogue)
+    from vta_ext.templates.epilogue import (GEMM_BIAS_STAGE, RESIDUAL_TENSOR, has_bias,
+                                            has_residual, normalize_epilogue, simplify_epilogue)
     from vta_ext.templates.errors import Conv2dRefusal, KnobError
 
     epilogue = normalize_epilogue(epilogue)
-    point, explicit = resolve_knobs(cfg, pg, epilogue, knobs)
+    knob_cfg, knob_ep = knob_view(cfg, epilogue)    # the residual stage's region kept free
+    point, explicit = resolve_knobs(knob_cfg, pg, knob_ep, knobs)
     timings = {}
     t0 = time.perf_counter()
     acc_init = acc_init_of(pg) if acc_init is None else acc_init
@@ -225,7 +240,12 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
         shapes["bias"] = bias_shape(pg)
     if GEMM_BIAS_STAGE in epilogue:
         shapes.update(gemm_bias_shapes(pg))
+    if has_residual(epilogue):
+        shapes[RESIDUAL_TENSOR] = C.shape
+        shapes[RESIDUAL_IDENTITY] = (pg.axes["y"], pg.axes["z"])
     prog = _emit(cfg, gen, shapes)
+    if has_residual(epilogue):      # a constant of the program: written once, here
+        prog.write(RESIDUAL_IDENTITY, np.eye(pg.axes["y"], pg.axes["z"], dtype=np.int8))
     t3 = time.perf_counter()
     timings.update(schedule=t1 - t0, lower=t2 - t1, generate=t3 - t2)
     return CompiledGemm(cfg, pg, epilogue, knob_record(point), prog, shapes, timings, gen)
