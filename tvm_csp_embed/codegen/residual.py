@@ -3,8 +3,9 @@
 A network's residual ``add`` normally runs as its own VTA program: the conv that produces one
 operand stores its int8 output, and the add LOADs it again (ACC_8BIT) with the other operand,
 adds them and runs its own requantisation. Fused, the conv's program keeps each output tile in
-the accumulator after its own epilogue, LOADs the other operand's tile ACC_8BIT into a second
-accumulator region, adds it (one vector ADD), runs the add's epilogue and stores once: the
+the accumulator after its own epilogue, LOADs the other operand's tile INP (load module) and adds
+it by a GEMM through the identity weight tile (one micro-op per accumulator row,
+:func:`~.schedule._residual_stage`), runs the add's epilogue and stores once: the
 conv's store, the add's reload of it and the add's program (its instructions, its fixed costs)
 disappear. The epilogue of the fused program is
 
@@ -13,12 +14,14 @@ disappear. The epilogue of the fused program is
 (:data:`vta_ext.templates.epilogue.RESIDUAL_STAGE`). It is bit-exact only when the conv's
 epilogue ends in a bound inside int8 (then the accumulator holds exactly the int8 value the
 separate conv would have stored: its truncating store is the identity), which
-:func:`residual_refusal` checks with the configuration's ACC_8BIT LOAD.
+:func:`residual_refusal` checks.
 
-The knob search (:mod:`.knobs`) does not know the stage: :func:`knob_view` gives it the
-epilogue without it (the add's stages counted, its vector ADD and LOAD not) on a configuration
-with half the accumulator, so that every point it returns leaves the residual tile its own
-region (``2 * ctile + bias_tile <= acc_depth`` per thread).
+The knob search (:mod:`.knobs`) does not know the stage. A preset first takes the conv's own
+point with the add's stages (:func:`~.build.residual_first_point`); where the residual tile
+does not fit beside it, :func:`knob_view` gives the search the epilogue without the stage on a
+configuration with the input buffer halved and the accumulator at most that half, so that
+every point it returns leaves the residual's INP tile room (``ctile <= inp_depth / 2`` per
+thread). The model counts the add's ALU passes, not the residual's LOAD and GEMM.
 """
 from __future__ import annotations
 
@@ -36,14 +39,10 @@ def fused_epilogue(conv_epilogue, add_epilogue) -> Epilogue:
     return normalize_epilogue(tuple(conv_epilogue) + (RESIDUAL_STAGE,) + tuple(add_epilogue))
 
 
-def residual_refusal(cfg, conv_epilogue) -> Optional[str]:
-    """Why the add cannot be fused into a conv with ``conv_epilogue`` on ``cfg`` (one line), or
-    None: the configuration has no ACC_8BIT LOAD, or the conv's epilogue does not end in a
-    clip (or max/min pair) inside int8, so its value in the accumulator is not the int8 it
-    would store."""
-    if not cfg.ISA_ACC_8BIT_LOAD:
-        return (f"{cfg.name!r} has no LOAD ACC_8BIT, which loads the add's other operand into "
-                "the accumulator")
+def residual_refusal(conv_epilogue) -> Optional[str]:
+    """Why the add cannot be fused into a conv with ``conv_epilogue`` (one line), or None: the
+    conv's epilogue does not end in a clip (or max / min pair) inside int8, so its value in the
+    accumulator is not the int8 it would store."""
     ep = normalize_epilogue(conv_epilogue)
     lo, hi = None, None
     for st in ep[::-1]:   # the last bounds, up to the first stage that is not one

@@ -24,6 +24,11 @@ stage                   value                                       ALU instruct
 ``("bias_gemm",)``      ``x + bias``, added by a GEMM of a          none (a GEMM micro-op per
                         constant input row and the bias's digits    accumulator entry; CSP
                         (first stage only)                          programs only, see below)
+``("residual",)``       ``x + int32(r)``, ``r`` the int8 tensor     none (a GEMM micro-op per
+                        ``residual`` at the output's position       accumulator entry through the
+                        (a residual add fused into its conv)        identity tile; CSP programs
+                                                                    only,
+                                                                    :mod:`tvm_csp_embed.codegen.residual`)
 ======================  ==========================================  =============================
 
 followed by the STORE, which keeps the low 8 bits of every lane. int32 arithmetic wraps on the ALU.
@@ -77,8 +82,8 @@ STAGE_ARITY = {"shr": 1, "bias": 0, "clip": 2, "min": 1, "max": 1, "add": 1, "mu
 #: the stage of a program that adds its bias by a GEMM (no ALU instruction; see the module notes)
 GEMM_BIAS_STAGE = ("bias_gemm",)
 #: the residual add of a fused conv + add (:mod:`tvm_csp_embed.codegen.residual`): ``x +
-#: int32(r)``, ``r`` the add's other int8 operand at the output's own position, LOADed ACC_8BIT into
-#: the accumulator and added by one vector ADD (CSP programs only, see below)
+#: int32(r)``, ``r`` the add's other int8 operand at the output's own position, LOADed INP and
+#: added by a GEMM through the identity tile (CSP programs only; no ALU instruction)
 RESIDUAL_STAGE = ("residual",)
 #: the name of the residual operand's DRAM tensor (the output's packed shape, int8)
 RESIDUAL_TENSOR = "residual"

@@ -1,0 +1,106 @@
+"""A residual add fused into the conv that produces one of its operands (the ``("residual",)``
+epilogue stage, :mod:`tvm_csp_embed.codegen.residual`).
+
+* the fused program equals numpy's ``int8(add_epilogue(int8(conv_epilogue(conv)) + r))`` bit for
+  bit (``pipelined``, ``default``, ``pynq``: no ACC_8BIT LOAD needed; 16 and 40 channels, the
+  latter padded to the block);
+* it differs from the conv alone by the hand-counted residual work: one GEMM micro-op per
+  accumulator row more, and the residual's int8 bytes more read into the input buffer;
+* the fusion is refused, with a reason, where the conv's value in the accumulator is not the
+  int8 it stores (its epilogue does not end in a clip inside int8);
+* the stock templates and the TE stages take no residual stage (a refusal, not a wrong result).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import conv2d_nchw, requantize
+
+from tvm_csp_embed import conv2d, embed_all, gemm
+from tvm_csp_embed.codegen import build_gemm, packed_gemm
+from tvm_csp_embed.codegen.residual import fused_epilogue, knob_view, residual_refusal
+from vta_ext.config import load_config
+from vta_ext.isa import GemmInsn, Opcode
+from vta_ext.templates.epilogue import RESIDUAL_STAGE, emit_epilogue, split_residual
+from vta_ext.templates.errors import EpilogueRefusal
+
+PERMS = {"data": (0, 1, 2, 3), "weight": (0, 1, 2, 3), "out": (0, 1, 2, 3)}
+CONV_EP = (("bias",), ("shr", 5), ("clip", -128, 127))
+#: the add's requantisation: a rounding shift and a ReLU clip
+ADD_EP = (("add", 1), ("shr", 1), ("clip", 0, 127))
+
+
+def _plan(cfg, c, hw, k):
+    wl = conv2d(1, c, hw, hw, k, 1, 1)
+    shapes = {"data": (1, c, hw, hw), "weight": (k, c, 1, 1), "out": (1, k, hw, hw)}
+    emb = embed_all(wl, gemm(cfg), "relaxed")[0][0]
+    return packed_gemm(emb, shapes, PERMS, {"data": ((0, 0),) * 4}), shapes
+
+
+def _gemm_uops(program) -> int:
+    return sum(i.iter_out * i.iter_in * (i.uop_end - i.uop_bgn) for i in program.insns
+               if isinstance(i, GemmInsn) and not i.reset_reg)
+
+
+@pytest.mark.parametrize("preset,c,hw,k", [("pipelined", 16, 6, 16), ("default", 24, 5, 40),
+                                          ("pynq", 16, 6, 16)])
+def test_fused_conv_add_is_bit_exact_against_numpy(preset, c, hw, k):
+    cfg = load_config(preset)
+    pg, shapes = _plan(cfg, c, hw, k)
+    rng = np.random.default_rng(32)
+    x = rng.integers(-128, 128, shapes["data"]).astype(np.int8)
+    w = rng.integers(-128, 128, shapes["weight"]).astype(np.int8)
+    b = rng.integers(-(1 << 14), 1 << 14, (1, k, 1, 1)).astype(np.int32)
+    r = rng.integers(-128, 128, shapes["out"]).astype(np.int8)
+    conv = requantize(conv2d_nchw(x, w, 1, 0), b, 5, (-128, 127)).astype(np.int32)
+    ref = requantize(conv + r.astype(np.int32) + 1, None, 1, (0, 127))
+    compiled = build_gemm(cfg, pg, fused_epilogue(CONV_EP, ADD_EP), "cycles")
+    A, B, C = (pg.operands[t] for t in "ABC")
+    out, _ = compiled.run(A.host.pack_numpy(x), B.host.pack_numpy(w),
+                          pg.bias_layout(b.shape).pack_numpy(b),
+                          residual_packed=C.host.pack_numpy(r))
+    np.testing.assert_array_equal(C.host.unpack_numpy(out), ref)
+
+
+def test_residual_work_counted_by_hand():
+    """1x16x6x6 * 16x16, one output block: 36 accumulator rows of 16 lanes. With the same knobs
+    the fused program runs 36 GEMM micro-ops more (the identity GEMM, one a row) and reads the
+    residual's 36 x 16 bytes more into the input buffer (and the 16 x 16 identity tile, once per
+    output tile, into the weight buffer)."""
+    cfg = load_config("pipelined")
+    pg, _ = _plan(cfg, 16, 6, 16)
+    plain = build_gemm(cfg, pg, CONV_EP, "cycles")
+    fused = build_gemm(cfg, pg, fused_epilogue(CONV_EP, ADD_EP), "cycles")
+    knobs = {f: getattr(fused.knobs, f) for f in fused.knobs.__dataclass_fields__}
+    plain = build_gemm(cfg, pg, CONV_EP, knobs)
+    assert _gemm_uops(fused.program) - _gemm_uops(plain.program) == 36
+    from vta_ext.sim.cycles import CycleModel
+    model = CycleModel(cfg)
+    p, f = (model.run_program(c.program).dram_bytes for c in (plain, fused))
+    assert f["inp"] - p["inp"] == 36 * 16
+    tiles = sum(1 for i in fused.program.insns if getattr(i, "opcode", None) == Opcode.STORE)
+    assert f["wgt"] - p["wgt"] in [16 * 16 * n for n in range(1, tiles + 1)]
+    assert f["out"] == p["out"] == 36 * 16
+
+
+def test_refusal_when_the_conv_value_is_not_its_int8():
+    assert residual_refusal(CONV_EP) is None
+    assert residual_refusal((("shr", 5), ("max", -128), ("min", 127))) is None
+    for ep in ((("bias",), ("shr", 5)), (("shr", 5), ("clip", -128, 300)),
+               (("clip", 0, 127), ("shr", 1))):
+        reason = residual_refusal(ep)
+        assert reason is not None and "int8" in reason and "\n" not in reason
+
+
+def test_knob_view_keeps_the_residual_tile_room():
+    cfg = load_config("pipelined")
+    view, ep = knob_view(cfg, fused_epilogue(CONV_EP, ADD_EP))
+    assert RESIDUAL_STAGE not in ep and ep == CONV_EP + ADD_EP
+    assert view.inp_depth * 2 == cfg.inp_depth and view.acc_depth <= view.inp_depth
+    assert knob_view(cfg, CONV_EP) == (cfg, CONV_EP)
+    assert split_residual(fused_epilogue(CONV_EP, ADD_EP)) == (CONV_EP, ADD_EP)
+
+
+def test_hand_written_templates_refuse_the_residual_stage():
+    with pytest.raises(EpilogueRefusal, match="second tensor"):
+        emit_epilogue(None, load_config("pipelined"), (RESIDUAL_STAGE,), 0, 1)
