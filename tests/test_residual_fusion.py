@@ -104,3 +104,77 @@ def test_knob_view_keeps_the_residual_tile_room():
 def test_hand_written_templates_refuse_the_residual_stage():
     with pytest.raises(EpilogueRefusal, match="second tensor"):
         emit_epilogue(None, load_config("pipelined"), (RESIDUAL_STAGE,), 0, 1)
+
+
+# ---------------------------------------------------------------- in the offload pass
+
+def _conv_bb(bb, x, rng, cin, cout, k, shift):
+    from tvm import relax
+
+    w = relax.const(rng.integers(-8, 9, (cout, cin, k, k)).astype(np.int8))
+    b = relax.const(rng.integers(-64, 65, (1, cout, 1, 1)).astype(np.int32))
+    a = bb.emit(relax.op.nn.conv2d(x, w, padding=k // 2, out_dtype="int32"))
+    a = bb.emit(relax.op.add(a, b))
+    a = bb.emit(relax.op.right_shift(a, relax.const(shift, "int32")))
+    a = bb.emit(relax.op.clip(a, -128, 127))
+    return bb.emit(relax.op.astype(a, "int8"))
+
+
+def _residual_module(c: int = 32, hw: int = 14, also_return_conv: bool = False):
+    """conv 3x3 16->c (y), conv 1x1 c->c (z), ``int8(clip((z + y + 1) >> 1, 0, 127))``; with
+    ``also_return_conv`` z is returned too (a second user: no fusion)."""
+    from tvm import relax
+
+    x = relax.Var("x", relax.TensorType((1, 16, hw, hw), "int8"))
+    bb = relax.BlockBuilder()
+    rng = np.random.default_rng(3)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = _conv_bb(bb, x, rng, 16, c, 3, 6)
+            z = _conv_bb(bb, y, rng, c, c, 1, 5)
+            s = bb.emit(relax.op.add(relax.op.astype(z, "int32"), relax.op.astype(y, "int32")))
+            s = bb.emit(relax.op.add(s, relax.const(1, "int32")))
+            s = bb.emit(relax.op.right_shift(s, relax.const(1, "int32")))
+            s = bb.emit(relax.op.clip(s, 0, 127))
+            s = bb.emit(relax.op.astype(s, "int8"))
+            out = bb.emit_output(relax.Tuple([s, z]) if also_return_conv else s)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _build_and_run(mod, preset):
+    import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
+    import vta_ext
+    from conftest import run_module
+    from vta_ext.executor import clear_run_log, run_log
+    from vta_ext.target import vta_target
+
+    x = np.random.default_rng(1).integers(-128, 128, (1, 16, 14, 14)).astype(np.int8)
+    clear_run_log()
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        got = run_module(mod, vta_target(preset), [x])
+    return got, run_module(mod, "llvm", [x]), vta_ext.last_build_report(), \
+        [r.op for r in run_log()]
+
+
+@pytest.mark.parametrize("preset", ["pipelined", "default"])
+def test_offload_fuses_the_add_bit_exact_against_llvm(preset):
+    got, ref, report, runs = _build_and_run(_residual_module(), preset)
+    np.testing.assert_array_equal(got, ref)
+    assert [p.op for p in report.on_vta] == ["relax.nn.conv2d"] * 2
+    assert runs == ["conv2d", "conv2d"]         # no add program, the unfused conv not run
+    fused = report.on_vta[1]
+    assert "residual add" in fused.detail and "fused" in fused.detail
+    assert "+residual+" in fused.detail
+    # the floor of the fused operator stays below its modelled cycles
+    assert report.floor(fused).total <= report.cycles(fused)
+
+
+def test_offload_says_why_an_add_is_not_fused():
+    got, ref, report, runs = _build_and_run(_residual_module(also_return_conv=True), "pipelined")
+    for g, r in zip(got, ref):
+        np.testing.assert_array_equal(g, r)
+    adds = [p for p in report.on_vta if p.op == "relax.add"]
+    assert len(adds) == 1 and runs.count("add") == 1
+    line = adds[0].detail.split("; not fused into its conv: ")[1].split(";")[0]
+    assert "other users than the add" in line

@@ -109,10 +109,23 @@ class CompiledGemm:
         :meth:`run` argument in the output's packed shape)."""
         return "residual" in self.shapes
 
-    def run(self, a_packed, b_packed, bias_packed=None, simulator=None, residual_packed=None):
-        """Execute on the functional simulator; returns ``(out_packed_int8, SimStats)``."""
+    def run(self, a_packed, b_packed, bias_packed=None, *more, simulator=None,
+            residual_packed=None):
+        """Execute on the functional simulator; returns ``(out_packed_int8, SimStats)``. The
+        packed tensors after A and B come in the program's order: the bias (with a bias
+        stage), then the residual (with a residual stage; or as ``residual_packed``)."""
         from vta_ext.templates.errors import Conv2dError
 
+        given = [t for t in (bias_packed,) + more if t is not None]
+        wanted = (["bias"] if self.has_bias else []) \
+            + (["residual"] if self.has_residual and residual_packed is None else [])
+        if len(given) > len(wanted):
+            raise Conv2dError(f"{len(given)} packed tensors after A and B, but the program takes "
+                              f"{' and '.join(wanted) or 'none'}")
+        named = dict(zip(wanted, given))
+        bias_packed = named.get("bias")
+        if residual_packed is None:
+            residual_packed = named.get("residual")
         prog = self.program
         names = [self.plan.operands["A"].tensor, self.plan.operands["B"].tensor]
         expected = dict(self.shapes, bias=bias_shape(self.plan))
@@ -125,8 +138,6 @@ class CompiledGemm:
                                       "('residual',) stage")
                 continue
             if name == "bias" and not self.has_bias:
-                if arr is not None:
-                    raise Conv2dError("bias_packed given but the epilogue has no ('bias',) stage")
                 continue
             if arr is None:
                 raise Conv2dError(f"this GEMM needs its {name} input")
