@@ -69,19 +69,19 @@ class ResidualFusion:
         """An offloaded conv whose int8 output is bound to ``binding``."""
         self.convs[binding] = conv
 
-    def candidate(self, add) -> Tuple[Optional[FusableConv], Optional[int], str]:
-        """The conv the matched ``add`` may fuse into, the index of its operand, and why not
-        (``""`` when it may)."""
+    def candidates(self, add) -> Tuple[List[Tuple[FusableConv, int]], str]:
+        """The convs the matched ``add`` may fuse into, each with the index of its operand, and
+        why there is none (``""`` when there are)."""
         names = [getattr(o, "name", None) for o in add.operands]
-        found = [(i, self.convs[n]) for i, n in enumerate(names) if n in self.convs]
+        found = [(self.convs[n], i) for i, n in enumerate(names) if n in self.convs]
         if not found:
-            return None, None, "no operand is the output of a conv offloaded in this build"
+            return [], "no operand is the output of a conv offloaded in this build"
         if names[0] == names[1]:
-            return None, None, "both operands are the same tensor"
-        for i, conv in found:
-            if self.uses.get(names[i], 0) == 1:
-                return conv, i, ""
-        return None, None, f"the output of {found[0][1].op.name} has other users than the add"
+            return [], "both operands are the same tensor"
+        alone = [(conv, i) for conv, i in found if self.uses.get(names[i], 0) == 1]
+        if not alone:
+            return [], f"the output of {found[0][0].op.name} has other users than the add"
+        return alone, ""
 
     def refusal(self, conv: FusableConv, add, add_plan, config) -> Optional[str]:
         """Why ``add`` cannot fuse into ``conv`` (one line), or None."""
@@ -104,11 +104,27 @@ class ResidualFusion:
         return residual_refusal(conv.op.epilogue)
 
     @staticmethod
-    def faster(fused_key: str, conv_key: str, add_key: str) -> Tuple[bool, str]:
+    def knob_choices(conv: FusableConv) -> list:
+        """The knobs a fused program of ``conv`` is built with: the conv's policy (a preset
+        searches again with the add's stages, :func:`tvm_csp_embed.codegen.build.build_gemm`)
+        and, when that is a preset, the point the conv's own program was built at."""
+        import dataclasses
+
+        from ..executor import compiled_op
+
+        choices = [conv.knobs]
+        if isinstance(conv.knobs, str):
+            built = getattr(compiled_op(conv.key), "knobs", None)
+            if dataclasses.is_dataclass(built):
+                choices.append(dataclasses.asdict(built))
+        return choices
+
+    @staticmethod
+    def faster(fused_key: str, conv_key: str, add_key: str) -> Tuple[bool, int, str]:
         """Whether the fused program is faster on the cycle model than the conv's and the
-        add's, and the figures as words."""
+        add's, its cycles, and the figures as words."""
         from ..executor import cycle_report
 
         fused, conv, add = (cycle_report(k).total_cycles for k in (fused_key, conv_key, add_key))
         words = f"{fused:,} cycles against conv {conv:,} + add {add:,} = {conv + add:,}"
-        return fused < conv + add, words
+        return fused < conv + add, fused, words

@@ -209,24 +209,34 @@ class Offloader(PyExprMutator):
         not (one line)."""
         from tvm_csp_embed.codegen.residual import fused_epilogue
 
-        conv, index, why = self.fusion.candidate(add)
-        if conv is not None:
-            why = self.fusion.refusal(conv, add, add_plan, self.config) or ""
-            if not why and conv.args is None:
-                why = "the conv's input is placed from parts (vta_ext.run_placed)"
-        if why:
-            return None, why
-        epilogue = fused_epilogue(conv.op.epilogue, add.epilogue)
-        key = op_key(conv.op.kind, conv.template.strategy, self.config, conv.plan.workload,
-                     epilogue, conv.knobs)
-        try:
-            with phase("codegen"):
-                compiled = compiled_op(key, config=self.config)
-        except TemplateRefusal as err:
-            return None, f"the fused program is refused: {err}"
-        faster, words = self.fusion.faster(key, conv.key, add_key)
-        if not faster:
-            return None, f"not faster fused ({words})"
+        found, why = self.fusion.candidates(add)
+        best, reasons, slowest = None, [], []
+        for conv, index in found:
+            refused = self.fusion.refusal(conv, add, add_plan, self.config) or (
+                "the conv's input is placed from parts (vta_ext.run_placed)"
+                if conv.args is None else "")
+            if refused:
+                reasons.append(refused)
+                continue
+            epilogue = fused_epilogue(conv.op.epilogue, add.epilogue)
+            for knobs in self.fusion.knob_choices(conv):
+                key = op_key(conv.op.kind, conv.template.strategy, self.config,
+                             conv.plan.workload, epilogue, knobs)
+                try:
+                    with phase("codegen"):
+                        compiled_op(key, config=self.config)
+                except TemplateRefusal as err:
+                    reasons.append(f"the fused program is refused: {err}")
+                    continue
+                faster, cycles, words = self.fusion.faster(key, conv.key, add_key)
+                if not faster:
+                    slowest.append((cycles, f"not faster fused ({words})"))
+                elif best is None or cycles < best[0]:
+                    best = (cycles, conv, index, key, epilogue, words)
+        if best is None:    # the fastest fused program that was built, else the first refusal
+            return None, why or (min(slowest)[1] if slowest else reasons[0])
+        _, conv, index, key, epilogue, words = best
+        compiled = compiled_op(key, config=self.config)
         layout = conv.plan.out_layout
         other = add.operands[1 - index]
         residual = self.handover(other, layout)
