@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -250,8 +251,9 @@ class Offloader(PyExprMutator):
         self._rewritten_binding = True
         self._last_packed = (out_packed, layout, add_plan.out_lanes)
         op, what, detail, var, fields = self.offloaded[conv.entry]
-        detail = detail.split(", epilogue ")[0] + (
-            f", epilogue {'+'.join(s[0] for s in epilogue)}, {compiled.program.insn_count} insns"
+        detail = re.sub(r", tiling [^;]*", _tiling_text(compiled), re.sub(
+            r"epilogue [^,]*, [\d,]+ insns", f"epilogue {'+'.join(s[0] for s in epilogue)}, "
+            f"{compiled.program.insn_count} insns", detail, count=1), count=1) + (
             f"; residual add {add.name} fused ({words}; its other operand "
             f"{'kept in the packed layout' if kept else 'packed on the host'})")
         self.offloaded[conv.entry] = (op, f"conv2d + add ({conv.template.report_text})", detail,
