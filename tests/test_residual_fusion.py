@@ -179,34 +179,3 @@ def test_offload_says_why_an_add_is_not_fused():
     line = adds[0].detail.split("; not fused into its conv: ")[1].split(";")[0]
     assert "other users than the add" in line
 
-
-@pytest.mark.slow
-def test_regnet_x_400mf_112_fused_adds_bit_exact_against_llvm():
-    """regnet_x_400mf 112 on ``pipelined`` under csp-relaxed: the residual adds fused where the
-    cycle model prefers it, the output equal to the llvm build to the bit."""
-    import os
-    import sys
-
-    import tvm
-    from tvm import relax
-
-    import tvm_csp_embed  # noqa: F401
-    import vta_ext
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                    "relay_examples"))
-    from models import quantized_example
-
-    _, qm, _, data = quantized_example("regnet_x_400mf", 112)
-    outputs = []
-    for target in (vta_ext.vta_target("pipelined"), "llvm"):
-        with vta_ext.build_options(strategy="csp-relaxed"):
-            vm = relax.VirtualMachine(relax.build(qm.mod, target=target), tvm.cpu())
-        if target != "llvm":
-            report = vta_ext.last_build_report()
-        outputs.append(vm["main"](tvm.runtime.tensor(data))[0].numpy())
-    np.testing.assert_array_equal(*outputs)
-    assert np.abs(outputs[1]).max() > 0
-    fused = [p for p in report.on_vta if p.reason.startswith("conv2d + add")]
-    assert fused
-    assert all(report.floor(p).total <= report.cycles(p) for p in fused)
