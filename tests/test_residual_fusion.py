@@ -179,3 +179,28 @@ def test_offload_says_why_an_add_is_not_fused():
     line = adds[0].detail.split("; not fused into its conv: ")[1].split(";")[0]
     assert "other users than the add" in line
 
+
+
+def test_fused_program_bit_exact_on_the_pynq_rtl():
+    """The fused conv + add needs no LOAD ACC_8BIT: on the RTL of the pynq design (when its
+    library is there) the offloaded module equals the llvm build to the bit, every VTA call run
+    and counted by the RTL."""
+    import tvm
+    import tvm_csp_embed  # noqa: F401
+    import vta_ext
+    from conftest import rtl_device, run_module
+    from tvm import relax
+    from vta_ext.target import vta_target
+
+    device = rtl_device()
+    mod = _residual_module()
+    x = np.random.default_rng(1).integers(-128, 128, (1, 16, 14, 14)).astype(np.int8)
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        vm = relax.VirtualMachine(relax.build(mod, target=vta_target("pynq")), tvm.cpu())
+    assert any("residual add" in p.detail for p in vta_ext.last_build_report().on_vta)
+    vta_ext.clear_run_log()
+    with vta_ext.run_on(device):
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    runs = vta_ext.run_log()
+    assert len(runs) == 2 and all(r.device and r.device_cycles for r in runs)
+    np.testing.assert_array_equal(got, run_module(mod, "llvm", [x]))
