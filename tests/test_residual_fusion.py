@@ -142,7 +142,7 @@ def _residual_module(c: int = 32, hw: int = 14, also_return_conv: bool = False):
     return bb.get()
 
 
-def _build_and_run(mod, preset):
+def _build_and_run(mod, preset, fuse_residual: bool = True):
     import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
     import vta_ext
     from conftest import run_module
@@ -151,7 +151,7 @@ def _build_and_run(mod, preset):
 
     x = np.random.default_rng(1).integers(-128, 128, (1, 16, 14, 14)).astype(np.int8)
     clear_run_log()
-    with vta_ext.build_options(strategy="csp-relaxed"):
+    with vta_ext.build_options(strategy="csp-relaxed", fuse_residual=fuse_residual):
         got = run_module(mod, vta_target(preset), [x])
     return got, run_module(mod, "llvm", [x]), vta_ext.last_build_report(), \
         [r.op for r in run_log()]
@@ -178,6 +178,14 @@ def test_offload_says_why_an_add_is_not_fused():
     assert len(adds) == 1 and runs.count("add") == 1
     line = adds[0].detail.split("; not fused into its conv: ")[1].split(";")[0]
     assert "other users than the add" in line
+
+
+def test_fusion_off_by_the_build_option_says_so():
+    got, ref, report, runs = _build_and_run(_residual_module(), "pipelined", fuse_residual=False)
+    np.testing.assert_array_equal(got, ref)
+    assert runs == ["conv2d", "conv2d", "add"]
+    (add,) = [p for p in report.on_vta if p.op == "relax.add"]
+    assert "not fused into its conv: off (build_options(fuse_residual=False))" in add.detail
 
 
 

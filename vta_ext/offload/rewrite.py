@@ -151,9 +151,12 @@ class Offloader(PyExprMutator):
                 f"{type(err).__name__}: {err}") from err
         fusion_note = ""
         if m.kind == "add" and template.strategy in FUSING_STRATEGIES:
-            fused, fusion_note = self._fuse(m, plan, key)
-            if fused is not None:
-                return fused
+            if not options.fuse_residual:
+                fusion_note = "off (build_options(fuse_residual=False))"
+            else:
+                fused, fusion_note = self._fuse(m, plan, key)
+                if fused is not None:
+                    return fused
         self._kept = False
         args, parts = self.packed.place(plan.inputs(self), m.name)
         func, extra = (RUN_FUNC, []) if parts is None else (
