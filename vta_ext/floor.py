@@ -85,8 +85,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .config import VTAConfig
-from .templates.epilogue import (RESIDUAL_STAGE, VECTOR_STAGES, Epilogue, alu_ops,
-                                  normalize_epilogue)
+from .templates.epilogue import VECTOR_STAGES, Epilogue, alu_ops, normalize_epilogue
 from .templates.workload import out_size
 
 __all__ = ["Floor", "OperatorSize", "operator_floor", "depthwise_floor", "max_pool_passes",
@@ -221,8 +220,6 @@ def _stage_passes(config: VTAConfig, stages: Sequence[tuple]) -> Tuple[int, int]
     """(immediate, vector) ALU passes of epilogue ``stages``."""
     imm = vec = 0
     for st in stages:
-        if st == RESIDUAL_STAGE:
-            continue    # a fused add's operand: no ALU pass is needed (a GEMM adds it)
         if st[0] in VECTOR_STAGES:
             vec += 1
         else:

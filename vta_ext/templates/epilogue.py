@@ -185,14 +185,15 @@ def vector_stages(epilogue: Epilogue) -> Tuple[str, ...]:
 def alu_ops(cfg: VTAConfig, stage: Stage) -> List[Tuple[AluOp, int]]:
     """The ALU instructions ``(op, immediate)`` of an immediate stage, in order.
 
-    ``("bias_gemm",)`` has none (``[]``: its GEMM is no ALU instruction).
+    ``("bias_gemm",)`` and ``("residual",)`` have none (``[]``: their GEMM is no ALU
+    instruction).
     ``("bias",)`` and ``("mulv",)`` are not immediate stages (their vector ADD / MUL depends on the
     template's layout of the vector rows): they raise :class:`EpilogueError`.
     """
     kind = stage[0]
     if kind == "shr":
         return [(AluOp.SHR, stage[1])] if stage[1] else []
-    if stage == GEMM_BIAS_STAGE:
+    if stage in (GEMM_BIAS_STAGE, RESIDUAL_STAGE):
         return []
     if kind == "clip":
         return clip_alu_ops(cfg.EXT_CLIP, stage[1], stage[2])
