@@ -62,9 +62,10 @@ def _chain(*, c_in=24, c_mid=72, c_out=40, hw=8, seed=3, clip1=RELU, residual=No
     return bb.get(), arrays
 
 
-def _built(mod, arrays):
-    """The VTA placements of ``mod``'s ext_vta build, after checking its output against llvm."""
-    with vta_ext.build_options(strategy="csp-relaxed"):
+def _built(mod, arrays, fuse_residual: bool = False):
+    """The VTA placements of ``mod``'s ext_vta build, after checking its output against llvm
+    (the residual add its own operator unless ``fuse_residual``: vta_ext.offload.fusion)."""
+    with vta_ext.build_options(strategy="csp-relaxed", fuse_residual=fuse_residual):
         got = run_module(mod, "ext_vta", arrays)
     report = vta_ext.last_build_report()
     np.testing.assert_array_equal(got, run_module(mod, "llvm", arrays))
@@ -91,6 +92,10 @@ def test_residual_add_then_1x1_bit_exact():
     assert "writes lane constants (1, 127 x7)" in first.detail
     assert "writes lane constants" not in middle.detail and FOLDED in middle.detail
     assert KEPT in add.detail
+    assert FOLDED in last.detail and KEPT in last.detail
+    # fused into the middle conv, the add's output lanes are the same: the last conv still folds
+    first, fused, last = _built(*_chain(residual=[("clip", 0, 127)]), fuse_residual=True)
+    assert "residual add" in fused.detail and FOLDED in fused.detail
     assert FOLDED in last.detail and KEPT in last.detail
 
 

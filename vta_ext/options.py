@@ -66,6 +66,7 @@ class BuildOptions:
     layout: str = "auto"
     objective: str = "end-to-end"
     host: HostModel = PYNQ_Z1
+    fuse_residual: bool = True
 
     @property
     def strategy_name(self) -> str:
@@ -110,7 +111,8 @@ class BuildOptions:
 
 def build_options(strategy: Optional[str] = None, knobs: Knobs = DEFAULT_KNOBS, records: Any = None,
                   layout: str = "auto", objective: str = "end-to-end",
-                  host: Union[None, HostModel, Mapping[str, Any]] = None) -> BuildOptions:
+                  host: Union[None, HostModel, Mapping[str, Any]] = None,
+                  fuse_residual: bool = True) -> BuildOptions:
     """Choose the strategy, knobs and tuned records of the ``relax.build`` calls in a ``with``.
 
     Parameters
@@ -131,6 +133,9 @@ def build_options(strategy: Optional[str] = None, knobs: Knobs = DEFAULT_KNOBS, 
         measured on this machine; or packed bytes.
     host : HostModel or dict, optional
         The host model (:mod:`vta_ext.host`); default the original board's.
+    fuse_residual : bool
+        Whether a residual add may be fused into the conv that produces one of its operands
+        (:mod:`vta_ext.offload.fusion`; where it is faster on the cycle model).
 
     Raises
     ------
@@ -153,7 +158,7 @@ def build_options(strategy: Optional[str] = None, knobs: Knobs = DEFAULT_KNOBS, 
         if value not in valid:
             raise ValueError(f"unknown {name} {value!r}; use one of {list(valid)}")
     return BuildOptions(strategy, knobs if isinstance(knobs, str) else dict(knobs), records,
-                        layout, objective, host_model(host))
+                        layout, objective, host_model(host), bool(fuse_residual))
 
 
 _CURRENT: contextvars.ContextVar = contextvars.ContextVar("vta_ext_build_options",

@@ -34,7 +34,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from vta_ext.templates.epilogue import GEMM_BIAS_STAGE
+from vta_ext.templates.epilogue import GEMM_BIAS_STAGE, RESIDUAL_STAGE, RESIDUAL_TENSOR
+
+#: the DRAM name of the residual GEMM's identity weight tile (:func:`_residual_stage`)
+RESIDUAL_IDENTITY = "residual_identity"
 
 from .loops import loop_orders
 from .plan import AXIS_PREFIX, PackedDim, PackedGemm
@@ -130,11 +133,17 @@ def gemm_compute(cfg, pg: PackedGemm, epilogue):
     inputs = [a, b]
     bias = None
     stage_names = []
+    extra = []      # the residual operand, an input after the bias
     bshape = bias_shape(pg)
     for idx, st in enumerate(epilogue):
         if st == GEMM_BIAS_STAGE:
             res, operands = _gemm_bias_stage(pg, res, bshape, f"ep{idx}_{st[0]}")
             inputs += operands
+            stage_names.append(res.op.name)
+            continue
+        if st == RESIDUAL_STAGE:
+            res, operands = _residual_stage(pg, res, f"ep{idx}_{st[0]}")
+            extra += operands
             stage_names.append(res.op.name)
             continue
         if st[0] == "bias":
@@ -145,7 +154,32 @@ def gemm_compute(cfg, pg: PackedGemm, epilogue):
     out = te.compute(C.shape, lambda *i: final(*i).astype("int8"), name="out")
     if bias is not None:
         inputs.append(bias)
-    return inputs, out, stage_names, pad_stage
+    return inputs + extra, out, stage_names, pad_stage
+
+
+def _residual_stage(pg: PackedGemm, prev, name: str):
+    """The residual add (:data:`~vta_ext.templates.epilogue.RESIDUAL_STAGE`) as a TE stage: a
+    GEMM continuing ``prev`` (the accumulator) with the int8 operand ``residual``, in the
+    output's packed shape, as its input rows and the identity tile ``identity`` (``y`` by ``z``
+    lanes) as its weight: ``acc += residual`` by one micro-op per accumulator row, its LOAD an
+    INP on the load module (:mod:`.residual`). Returns ``(stage, [residual, identity])``."""
+    from tvm import te
+
+    C = pg.operands["C"]
+    if tuple(C.stored_shape) != tuple(C.shape):
+        raise ValueError(f"a residual stage needs the output stored as computed, not "
+                         f"{C.stored_shape} of {C.shape}")
+    if pg.axes["y"] != pg.axes["z"]:
+        raise ValueError(f"a residual stage adds by an identity tile: y lanes {pg.axes['y']} "
+                         f"!= z lanes {pg.axes['z']}")
+    residual = te.placeholder(C.shape, "int8", name=RESIDUAL_TENSOR)
+    identity = te.placeholder((pg.axes["y"], pg.axes["z"]), "int8", name=RESIDUAL_IDENTITY)
+    zr = te.reduce_axis((0, pg.axes["z"]), "z_r")
+
+    def body(*i):
+        return te.sum(residual[i[:-1] + (zr,)].astype("int32")
+                      * identity[i[-1], zr].astype("int32"), axis=zr, init=prev(*i))
+    return te.compute(C.shape, body, name=name), [residual, identity]
 
 
 def gemm_bias_shapes(pg: PackedGemm) -> Dict[str, Tuple[int, ...]]:
@@ -204,7 +238,7 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
     gemm_name, reset_name = register_gemm_intrin(cfg)
     sch = unchecked_schedule(func)
     for prev, name in zip(["gemm"] + stage_names, stage_names):
-        if name.endswith("_" + GEMM_BIAS_STAGE[0]):
+        if name.endswith(("_" + GEMM_BIAS_STAGE[0], "_" + RESIDUAL_STAGE[0])):
             sch = unchecked_schedule(continued_reduction(sch, name, prev))
     orders = loop_orders(pg, knobs.get("order", 0))
     ext = {lp.name: lp.extent for lp in pg.loops}
@@ -291,6 +325,10 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
     for name in stage_names:
         if name.endswith("_" + GEMM_BIAS_STAGE[0]):
             _schedule_gemm_bias(sch, name, store, pg, gemm_name)
+        elif name.endswith("_" + RESIDUAL_STAGE[0]):
+            from vta_ext.lower.schedule import schedule_bias_gemm
+            schedule_bias_gemm(sch, name, store, gemm_name, batched=pg.axes["x"] > 1,
+                               operands=(RESIDUAL_TENSOR, RESIDUAL_IDENTITY))
     info = dict(stage_names=stage_names, pad_stage=pad_stage, inputs=[t.op.name for t in inputs],
                 vthreads=len(vthreads))
     return sch, info

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -27,6 +28,7 @@ from ..quantize import call_macs
 from ..quantize.common import op_name as _op_name, shape_of as _shape
 from ..strategy import MatchedOp, get_template
 from ..timing import phase
+from .fusion import FUSING_STRATEGIES, FusableConv, ResidualFusion
 from .handover import PackedHandover
 from .match import PatternMatcher
 from .names import PACK_PREFIX, RUN_FUNC, RUN_PLACED_FUNC, UNPACK_PREFIX
@@ -68,6 +70,8 @@ class Offloader(PyExprMutator):
         self._last_packed = None
         self._current_binding = ""
         self._kept = False
+        # the convs a residual add may fuse into (vta_ext.offload.fusion)
+        self.fusion = ResidualFusion(mod)
 
     def __repr__(self) -> str:
         return (f"Offloader(config {self.config.name!r}, {len(self.op_keys)} VTA calls, "
@@ -145,6 +149,14 @@ class Offloader(PyExprMutator):
                 f"building {m.kind} {m.name!r} ({m.shapes}, epilogue {list(m.epilogue)}) for VTA "
                 f"with strategy {strategy!r} on config {self.config.name!r} failed: "
                 f"{type(err).__name__}: {err}") from err
+        fusion_note = ""
+        if m.kind == "add" and template.strategy in FUSING_STRATEGIES:
+            if not options.fuse_residual:
+                fusion_note = "off (build_options(fuse_residual=False))"
+            else:
+                fused, fusion_note = self._fuse(m, plan, key)
+                if fused is not None:
+                    return fused
         self._kept = False
         args, parts = self.packed.place(plan.inputs(self), m.name)
         func, extra = (RUN_FUNC, []) if parts is None else (
@@ -170,6 +182,8 @@ class Offloader(PyExprMutator):
                 and "lane constants" not in detail:
             detail += ("; the lane constants asked for its padded output channels are not "
                        f"written: its plan ({template.report_text}) does not write them")
+        if fusion_note:
+            detail += f"; not fused into its conv: {fusion_note}"
         if plan.padding:
             detail += f"; PADDED {plan.padding}"
             # the build logs one WARNING line for all padded operators (report.publish)
@@ -184,10 +198,71 @@ class Offloader(PyExprMutator):
         fields = dict(kind=m.kind, plan=summary, padding=plan.padding, macs=call_macs(m.core),
                       elements=_size(_shape(m.core)), packed_elements=_size(plan.out_layout.shape),
                       call=len(self.op_keys))
+        if m.kind == "conv2d":
+            self.fusion.note_conv(self._current_binding, FusableConv(
+                m, template, plan, knobs, key, args if parts is None else None,
+                len(self.offloaded)))
         self.offloaded.append((_op_name(m.core), f"{m.kind} ({template.report_text})", detail,
                                m.name, fields))
         self.op_keys.append(key)
         return out
+
+    def _fuse(self, add: MatchedOp, add_plan, add_key: str) -> Tuple[Optional[relax.Expr], str]:
+        """The residual ``add`` fused into the conv that produces one of its operands
+        (:mod:`~vta_ext.offload.fusion`): the fused call's unpacked output, or None and why
+        not (one line)."""
+        from tvm_csp_embed.codegen.residual import fused_epilogue
+
+        found, why = self.fusion.candidates(add)
+        best, reasons, slowest = None, [], []
+        for conv, index in found:
+            refused = self.fusion.refusal(conv, add, add_plan, self.config) or (
+                "the conv's input is placed from parts (vta_ext.run_placed)"
+                if conv.args is None else "")
+            if refused:
+                reasons.append(refused)
+                continue
+            epilogue = fused_epilogue(conv.op.epilogue, add.epilogue)
+            for knobs in self.fusion.knob_choices(conv):
+                key = op_key(conv.op.kind, conv.template.strategy, self.config,
+                             conv.plan.workload, epilogue, knobs)
+                try:
+                    with phase("codegen"):
+                        compiled_op(key, config=self.config)
+                except TemplateRefusal as err:
+                    reasons.append(f"the fused program is refused: {err}")
+                    continue
+                faster, cycles, words = self.fusion.faster(key, conv.key, add_key)
+                if not faster:
+                    slowest.append((cycles, f"not faster fused ({words})"))
+                elif best is None or cycles < best[0]:
+                    best = (cycles, conv, index, key, epilogue, words)
+        if best is None:    # the fastest fused program that was built, else the first refusal
+            return None, why or (min(slowest)[1] if slowest else reasons[0])
+        _, conv, index, key, epilogue, words = best
+        compiled = compiled_op(key, config=self.config)
+        layout = conv.plan.out_layout
+        other = add.operands[1 - index]
+        residual = self.handover(other, layout)
+        kept = residual is not None
+        if residual is None:
+            residual = layout.pack(self, other)
+        out_packed = self._emit(relax.call_dps_packed(
+            RUN_FUNC, conv.args + [residual, tvm.ir.StringImm(key)],
+            relax.TensorType(layout.shape, "int8")), "vta_conv2d_add")
+        out = layout.unpack(self, out_packed)
+        self._rewritten_binding = True
+        self._last_packed = (out_packed, layout, add_plan.out_lanes)
+        op, what, detail, var, fields = self.offloaded[conv.entry]
+        detail = re.sub(r", tiling [^;]*", _tiling_text(compiled), re.sub(
+            r"epilogue [^,]*, [\d,]+ insns", f"epilogue {'+'.join(s[0] for s in epilogue)}, "
+            f"{compiled.program.insn_count} insns", detail, count=1), count=1) + (
+            f"; residual add {add.name} fused ({words}; its other operand "
+            f"{'kept in the packed layout' if kept else 'packed on the host'})")
+        self.offloaded[conv.entry] = (op, f"conv2d + add ({conv.template.report_text})", detail,
+                                      var, fields)
+        self.op_keys[conv.entry] = key
+        return out, ""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         match, reason = self.matcher.match_call(call, self._current_binding)

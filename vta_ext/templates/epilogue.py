@@ -24,6 +24,11 @@ stage                   value                                       ALU instruct
 ``("bias_gemm",)``      ``x + bias``, added by a GEMM of a          none (a GEMM micro-op per
                         constant input row and the bias's digits    accumulator entry; CSP
                         (first stage only)                          programs only, see below)
+``("residual",)``       ``x + int32(r)``, ``r`` the int8 tensor     none (a GEMM micro-op per
+                        ``residual`` at the output's position       accumulator entry through the
+                        (a residual add fused into its conv)        identity tile; CSP programs
+                                                                    only,
+                                                                    :mod:`tvm_csp_embed.codegen.residual`)
 ======================  ==========================================  =============================
 
 followed by the STORE, which keeps the low 8 bits of every lane. int32 arithmetic wraps on the ALU.
@@ -60,7 +65,7 @@ __all__ = ["Stage", "Epilogue", "EPILOGUE_ORIGINAL", "EPILOGUE_PIPELINE", "STAGE
            "MAX_SHIFT", "VECTOR_STAGES", "GEMM_BIAS_STAGE", "normalize_epilogue", "has_bias", "has_multiplier",
            "vector_stages", "alu_ops", "alu_count", "alu_cycles", "te_stage", "emit_epilogue",
            "epilogue_range", "has_multiply", "fit_immediates", "simplify_epilogue",
-           "epilogue_shape"]
+           "epilogue_shape", "RESIDUAL_STAGE", "RESIDUAL_TENSOR", "has_residual", "split_residual"]
 
 Stage = Tuple[Any, ...]
 #: a normalised epilogue: a tuple of stages (tuples whose first item is the kind)
@@ -73,9 +78,15 @@ EPILOGUE_PIPELINE: Epilogue = (("bias",), ("shr", 8), ("clip", 0, 127))
 
 #: stage kind -> number of integer arguments
 STAGE_ARITY = {"shr": 1, "bias": 0, "clip": 2, "min": 1, "max": 1, "add": 1, "mul": 1, "mulv": 0,
-               "bias_gemm": 0}
+               "bias_gemm": 0, "residual": 0}
 #: the stage of a program that adds its bias by a GEMM (no ALU instruction; see the module notes)
 GEMM_BIAS_STAGE = ("bias_gemm",)
+#: the residual add of a fused conv + add (:mod:`tvm_csp_embed.codegen.residual`): ``x +
+#: int32(r)``, ``r`` the add's other int8 operand at the output's own position, LOADed INP and
+#: added by a GEMM through the identity tile (CSP programs only; no ALU instruction)
+RESIDUAL_STAGE = ("residual",)
+#: the name of the residual operand's DRAM tensor (the output's packed shape, int8)
+RESIDUAL_TENSOR = "residual"
 #: the stages whose operand is a per-output-channel int32 tensor in the accumulator, in the order
 #: a template takes their packed tensors (after its data operands)
 VECTOR_STAGES = ("bias", "mulv")
@@ -143,6 +154,22 @@ def has_multiplier(epilogue: Epilogue) -> bool:
     return any(st[0] == "mulv" for st in epilogue)
 
 
+def has_residual(epilogue: Epilogue) -> bool:
+    """Whether the (normalised) epilogue has the residual add stage :data:`RESIDUAL_STAGE`."""
+    return RESIDUAL_STAGE in epilogue
+
+
+def split_residual(epilogue: Epilogue) -> Tuple[Epilogue, Epilogue]:
+    """The stages before and after the (one) :data:`RESIDUAL_STAGE` of ``epilogue``: the conv's
+    epilogue and the add's; ``(epilogue, ())`` without one."""
+    if RESIDUAL_STAGE not in epilogue:
+        return tuple(epilogue), ()
+    at = epilogue.index(RESIDUAL_STAGE)
+    if RESIDUAL_STAGE in epilogue[at + 1:]:
+        raise EpilogueRefusal("at most one ('residual',) epilogue stage is supported")
+    return tuple(epilogue[:at]), tuple(epilogue[at + 1:])
+
+
 def has_multiply(epilogue: Epilogue) -> bool:
     """Whether the epilogue multiplies (``("mul", c)`` or ``("mulv",)``)."""
     return any(st[0] in ("mul", "mulv") for st in epilogue)
@@ -158,14 +185,15 @@ def vector_stages(epilogue: Epilogue) -> Tuple[str, ...]:
 def alu_ops(cfg: VTAConfig, stage: Stage) -> List[Tuple[AluOp, int]]:
     """The ALU instructions ``(op, immediate)`` of an immediate stage, in order.
 
-    ``("bias_gemm",)`` has none (``[]``: its GEMM is no ALU instruction).
+    ``("bias_gemm",)`` and ``("residual",)`` have none (``[]``: their GEMM is no ALU
+    instruction).
     ``("bias",)`` and ``("mulv",)`` are not immediate stages (their vector ADD / MUL depends on the
     template's layout of the vector rows): they raise :class:`EpilogueError`.
     """
     kind = stage[0]
     if kind == "shr":
         return [(AluOp.SHR, stage[1])] if stage[1] else []
-    if stage == GEMM_BIAS_STAGE:
+    if stage in (GEMM_BIAS_STAGE, RESIDUAL_STAGE):
         return []
     if kind == "clip":
         return clip_alu_ops(cfg.EXT_CLIP, stage[1], stage[2])
@@ -225,9 +253,9 @@ def te_stage(stage: Stage, value, bias_value=None):
         return te.max(value, tirx.const(stage[1], "int32"))
     if kind == "add":
         return value + tirx.const(stage[1], "int32")
-    if stage == GEMM_BIAS_STAGE:
-        raise EpilogueRefusal(f"{stage!r} is a GEMM, not an element-wise stage: only the CSP "
-                              "programs run it (tvm_csp_embed.codegen.schedule)")
+    if stage in (GEMM_BIAS_STAGE, RESIDUAL_STAGE):
+        raise EpilogueRefusal(f"{stage!r} takes a second tensor: only the CSP programs run it "
+                              "(tvm_csp_embed.codegen.schedule)")
     raise EpilogueError(f"unknown epilogue stage {stage!r}")
 
 
@@ -258,8 +286,8 @@ def emit_epilogue(q, cfg: VTAConfig, epilogue: Epilogue, base: int, size: int,
         For a vector stage the template does not take, or a ``("bias_gemm",)`` stage.
     """
     for st in epilogue:
-        if st == GEMM_BIAS_STAGE:
-            raise EpilogueRefusal(f"{st!r} is a GEMM: only the CSP programs run it")
+        if st in (GEMM_BIAS_STAGE, RESIDUAL_STAGE):
+            raise EpilogueRefusal(f"{st!r} takes a second tensor: only the CSP programs run it")
         if st[0] in VECTOR_STAGES:
             emit = bias if st[0] == "bias" else mult
             if emit is None:
