@@ -104,20 +104,36 @@ class ResidualFusion:
         return residual_refusal(conv.op.epilogue)
 
     @staticmethod
-    def knob_choices(conv: FusableConv) -> list:
-        """The knobs a fused program of ``conv`` is built with: the conv's policy (a preset
-        searches again with the add's stages, :func:`tvm_csp_embed.codegen.build.build_gemm`)
-        and, when that is a preset, the point the conv's own program was built at."""
+    def knob_choices(conv: FusableConv, epilogue, config) -> list:
+        """The knobs a fused program of ``conv`` with ``epilogue`` is built with on ``config``,
+        in the order tried: the first that builds is kept (``Offloader._fuse``). Where the
+        conv's policy is a preset, the point its own program was built at comes first (on
+        regnet_x_1_6gf 224 pipelined and default it is never slower than the preset searched
+        again with the add's stages); then, for where the residual tile does not fit beside
+        it, the preset (:func:`tvm_csp_embed.codegen.build.build_gemm`), or the point of the
+        halved buffers (:func:`tvm_csp_embed.codegen.residual.knob_view`) directly where the
+        preset's first point is that same point (it would be lowered again only to overflow)."""
         import dataclasses
 
-        from ..executor import compiled_op
+        from tvm_csp_embed.codegen.build import resolve_knobs, residual_first_point
+        from tvm_csp_embed.codegen.residual import knob_view
 
-        choices = [conv.knobs]
-        if isinstance(conv.knobs, str):
-            built = getattr(compiled_op(conv.key), "knobs", None)
-            if dataclasses.is_dataclass(built):
-                choices.append(dataclasses.asdict(built))
-        return choices
+        from ..executor import compiled_op
+        from ..errors import TemplateRefusal
+
+        if not isinstance(conv.knobs, str):
+            return [conv.knobs]
+        compiled = compiled_op(conv.key)
+        if not dataclasses.is_dataclass(getattr(compiled, "knobs", None)):
+            return [conv.knobs]
+        own = dataclasses.asdict(compiled.knobs)
+        try:
+            if residual_first_point(config, compiled.plan, epilogue, conv.knobs) != own:
+                return [own, conv.knobs]
+            view_cfg, view_ep = knob_view(config, epilogue)
+            return [own, resolve_knobs(view_cfg, compiled.plan, view_ep, conv.knobs)[0]]
+        except TemplateRefusal:     # no point of the preset: the build says why
+            return [own, conv.knobs]
 
     @staticmethod
     def faster(fused_key: str, conv_key: str, add_key: str) -> Tuple[bool, int, str]:

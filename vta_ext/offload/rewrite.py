@@ -27,6 +27,7 @@ from ..options import current_options
 from ..quantize import call_macs
 from ..quantize.common import op_name as _op_name, shape_of as _shape
 from ..strategy import MatchedOp, get_template
+from ..templates.errors import KnobError
 from ..timing import phase
 from .fusion import FUSING_STRATEGIES, FusableConv, ResidualFusion
 from .handover import PackedHandover
@@ -223,13 +224,13 @@ class Offloader(PyExprMutator):
                 reasons.append(refused)
                 continue
             epilogue = fused_epilogue(conv.op.epilogue, add.epilogue)
-            for knobs in self.fusion.knob_choices(conv):
+            for knobs in self.fusion.knob_choices(conv, epilogue, self.config):
                 key = op_key(conv.op.kind, conv.template.strategy, self.config,
                              conv.plan.workload, epilogue, knobs)
                 try:
                     with phase("codegen"):
                         compiled_op(key, config=self.config)
-                except TemplateRefusal as err:
+                except (TemplateRefusal, KnobError) as err:   # e.g. no room for its tile
                     reasons.append(f"the fused program is refused: {err}")
                     continue
                 faster, cycles, words = self.fusion.faster(key, conv.key, add_key)
@@ -237,6 +238,7 @@ class Offloader(PyExprMutator):
                     slowest.append((cycles, f"not faster fused ({words})"))
                 elif best is None or cycles < best[0]:
                     best = (cycles, conv, index, key, epilogue, words)
+                break       # the first choice that builds (ResidualFusion.knob_choices)
         if best is None:    # the fastest fused program that was built, else the first refusal
             return None, why or (min(slowest)[1] if slowest else reasons[0])
         _, conv, index, key, epilogue, words = best
