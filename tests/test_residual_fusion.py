@@ -142,14 +142,14 @@ def _residual_module(c: int = 32, hw: int = 14, also_return_conv: bool = False):
     return bb.get()
 
 
-def _build_and_run(mod, preset, fuse_residual: bool = True):
+def _build_and_run(mod, preset, fuse_residual: bool = True, hw: int = 14):
     import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
     import vta_ext
     from conftest import run_module
     from vta_ext.executor import clear_run_log, run_log
     from vta_ext.target import vta_target
 
-    x = np.random.default_rng(1).integers(-128, 128, (1, 16, 14, 14)).astype(np.int8)
+    x = np.random.default_rng(1).integers(-128, 128, (1, 16, hw, hw)).astype(np.int8)
     clear_run_log()
     with vta_ext.build_options(strategy="csp-relaxed", fuse_residual=fuse_residual):
         got = run_module(mod, vta_target(preset), [x])
@@ -187,6 +187,36 @@ def test_fusion_off_by_the_build_option_says_so():
     (add,) = [p for p in report.on_vta if p.op == "relax.add"]
     assert "not fused into its conv: off (build_options(fuse_residual=False))" in add.detail
 
+
+def test_a_fused_point_without_room_for_the_residual_tile_is_not_a_failed_build(monkeypatch):
+    """The first knob choice of the fusion is a point where the conv fits but not the residual
+    tile beside it (the resnext50_32x4d 224 ``default`` crash): the build goes on with the next
+    choice, the fused program bit-exact against llvm."""
+    from tvm_csp_embed.codegen import build_gemm
+    from vta_ext.executor import compiled_op
+    from vta_ext.offload.fusion import ResidualFusion
+    from vta_ext.templates.errors import KnobError
+
+    own_choices, tried = ResidualFusion.knob_choices, []
+
+    def choices(conv, epilogue, config):
+        rest = own_choices(conv, epilogue, config)
+        # 14x56 pixels x 1 input block (784 rows) + the 14x56 x 2 blocks residual tile (1568)
+        # overflow default's 2048-row input buffer; the conv alone fits
+        big = dict(rest[0], tile_oh=14, tile_ow=56, tile_c=1, tile_k=2, vt_k=1, vt_oh=1)
+        tried.append((conv, epilogue, config, big))
+        return [big] + rest
+
+    monkeypatch.setattr(ResidualFusion, "knob_choices", staticmethod(choices))
+    got, ref, report, runs = _build_and_run(_residual_module(hw=56), "default", hw=56)
+    np.testing.assert_array_equal(got, ref)
+    assert runs == ["conv2d", "conv2d"]
+    assert "residual add" in report.on_vta[1].detail
+    (conv, epilogue, cfg, big), = tried
+    plan = compiled_op(conv.key).plan
+    build_gemm(cfg, plan, compiled_op(conv.key).epilogue, big)     # the conv alone fits
+    with pytest.raises(KnobError, match="do not fit"):
+        build_gemm(cfg, plan, epilogue, big)
 
 
 def test_fused_program_bit_exact_on_the_pynq_rtl():

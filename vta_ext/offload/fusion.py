@@ -64,6 +64,11 @@ class ResidualFusion:
                 for name, n in use_counts(func).items():
                     self.uses[name] = self.uses.get(name, 0) + n
         self.convs: Dict[str, FusableConv] = {}   # the conv's int8 output variable -> it
+        # identical adds (a network's repeated blocks) reuse these: the knob choices of a
+        # (conv, fused epilogue) and why a fused program's key was refused
+        self._choices: Dict[Tuple[str, Any], list] = {}
+        self._refused: Dict[str, str] = {}
+        self.builds = 0     # fused programs compiled or refused by this build (the report says)
 
     def note_conv(self, binding: str, conv: FusableConv) -> None:
         """An offloaded conv whose int8 output is bound to ``binding``."""
@@ -116,6 +121,7 @@ class ResidualFusion:
         import dataclasses
 
         from tvm_csp_embed.codegen.build import resolve_knobs, residual_first_point
+        from tvm_csp_embed.candidates import program_epilogue
         from tvm_csp_embed.codegen.residual import knob_view
 
         from ..executor import compiled_op
@@ -127,13 +133,40 @@ class ResidualFusion:
         if not dataclasses.is_dataclass(getattr(compiled, "knobs", None)):
             return [conv.knobs]
         own = dataclasses.asdict(compiled.knobs)
+        program_ep = program_epilogue(conv.plan.workload, epilogue)   # as the build sees it
         try:
-            if residual_first_point(config, compiled.plan, epilogue, conv.knobs) != own:
+            if residual_first_point(config, compiled.plan, program_ep, conv.knobs) != own:
                 return [own, conv.knobs]
-            view_cfg, view_ep = knob_view(config, epilogue)
+            view_cfg, view_ep = knob_view(config, program_ep)
             return [own, resolve_knobs(view_cfg, compiled.plan, view_ep, conv.knobs)[0]]
         except TemplateRefusal:     # no point of the preset: the build says why
             return [own, conv.knobs]
+
+    def choices(self, conv: FusableConv, epilogue, config) -> list:
+        """:meth:`knob_choices`, once per (conv program, fused epilogue)."""
+        memo = (conv.key, tuple(epilogue))
+        if memo not in self._choices:
+            self._choices[memo] = self.knob_choices(conv, epilogue, config)
+        return self._choices[memo]
+
+    def compile(self, key: str, config) -> Optional[str]:
+        """Compile the fused program ``key`` (cached by :func:`vta_ext.executor.compiled_op`);
+        why it is refused (one line, remembered for an identical add), or None."""
+        from ..errors import TemplateRefusal
+        from ..executor import compiled_op
+        from ..templates.errors import KnobError
+        from ..timing import phase
+
+        if key not in self._refused:
+            try:
+                with phase("codegen"):
+                    compiled_op(key, config=config)
+                return None
+            except (TemplateRefusal, KnobError) as err:   # e.g. no room for the residual tile
+                self._refused[key] = f"the fused program is refused: {err}"
+            finally:
+                self.builds += 1
+        return self._refused[key]
 
     @staticmethod
     def faster(fused_key: str, conv_key: str, add_key: str) -> Tuple[bool, int, str]:

@@ -27,7 +27,6 @@ from ..options import current_options
 from ..quantize import call_macs
 from ..quantize.common import op_name as _op_name, shape_of as _shape
 from ..strategy import MatchedOp, get_template
-from ..templates.errors import KnobError
 from ..timing import phase
 from .fusion import FUSING_STRATEGIES, FusableConv, ResidualFusion
 from .handover import PackedHandover
@@ -76,7 +75,7 @@ class Offloader(PyExprMutator):
 
     def __repr__(self) -> str:
         return (f"Offloader(config {self.config.name!r}, {len(self.op_keys)} VTA calls, "
-                f"{len(self.rejected)} refused)")
+                f"{len(self.rejected)} refused, {self.fusion.builds} fused programs compiled)")
 
     # ---------------------------------------------------------------- helpers
     def _producer(self, expr):
@@ -224,14 +223,12 @@ class Offloader(PyExprMutator):
                 reasons.append(refused)
                 continue
             epilogue = fused_epilogue(conv.op.epilogue, add.epilogue)
-            for knobs in self.fusion.knob_choices(conv, epilogue, self.config):
+            for knobs in self.fusion.choices(conv, epilogue, self.config):
                 key = op_key(conv.op.kind, conv.template.strategy, self.config,
                              conv.plan.workload, epilogue, knobs)
-                try:
-                    with phase("codegen"):
-                        compiled_op(key, config=self.config)
-                except (TemplateRefusal, KnobError) as err:   # e.g. no room for its tile
-                    reasons.append(f"the fused program is refused: {err}")
+                refused = self.fusion.compile(key, self.config)
+                if refused:
+                    reasons.append(refused)
                     continue
                 faster, cycles, words = self.fusion.faster(key, conv.key, add_key)
                 if not faster:
