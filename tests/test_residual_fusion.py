@@ -101,6 +101,29 @@ def test_knob_view_keeps_the_residual_tile_room():
     assert split_residual(fused_epilogue(CONV_EP, ADD_EP)) == (CONV_EP, ADD_EP)
 
 
+@pytest.mark.parametrize("point,fits", [
+    (dict(tile_k=4, tile_oh=2, tile_ow=56, tile_c=4, vt_k=1, vt_oh=2), True),
+    (dict(tile_k=1, tile_oh=7, tile_ow=56, tile_c=1, vt_k=2, vt_oh=2), False),
+    (dict(tile_k=2, tile_oh=7, tile_ow=28, tile_c=2, vt_k=2, vt_oh=2), False)])
+def test_residual_overflow_agrees_with_the_lowering(point, fits):
+    """The static check the fusion runs before lowering a point says what the lowering's
+    allocation of the input buffer says (it refuses an overflow with a KnobError)."""
+    from tvm_csp_embed.codegen.residual import residual_overflow
+    from vta_ext.templates.errors import KnobError
+
+    cfg = load_config("default")
+    pg, _ = _plan(cfg, 64, 56, 64)
+    ep, point = fused_epilogue(CONV_EP, ADD_EP), dict(point, tile_n=1, order=0)
+    why = residual_overflow(cfg, pg, ep, point)
+    if fits:
+        assert why is None
+        build_gemm(cfg, pg, ep, point)
+    else:
+        assert "does not fit" in why
+        with pytest.raises(KnobError, match="inp_buffer needs"):
+            build_gemm(cfg, pg, ep, point)
+
+
 def test_hand_written_templates_refuse_the_residual_stage():
     with pytest.raises(EpilogueRefusal, match="second tensor"):
         emit_epilogue(None, load_config("pipelined"), (RESIDUAL_STAGE,), 0, 1)

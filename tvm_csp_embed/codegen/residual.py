@@ -28,10 +28,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
+import numpy as np
+
 from vta_ext.templates.epilogue import (RESIDUAL_STAGE, Epilogue, has_residual,
                                         normalize_epilogue, split_residual)
 
-__all__ = ["fused_epilogue", "residual_refusal", "knob_view"]
+__all__ = ["fused_epilogue", "residual_refusal", "knob_view", "residual_overflow"]
 
 
 def fused_epilogue(conv_epilogue, add_epilogue) -> Epilogue:
@@ -72,3 +74,29 @@ def knob_view(cfg, epilogue) -> Tuple[object, Epilogue]:
     while view.acc_depth > view.inp_depth:
         view = dataclasses.replace(view, LOG_ACC_BUFF_SIZE=view.LOG_ACC_BUFF_SIZE - 1)
     return view, conv_ep + add_ep
+
+
+def residual_overflow(cfg, pg, epilogue, point) -> Optional[str]:
+    """Why the residual tile does not fit beside the tiles of ``point`` in the input buffer (one
+    line), or None: the knob model's input-buffer entries of ``point`` (``epilogue`` without
+    its residual stage, :func:`.knobs.evaluate`) plus the residual's, one output tile per
+    virtual thread. A fused build checks this before lowering a point (the lowering would
+    refuse it with a :class:`~vta_ext.templates.errors.KnobError`)."""
+    from vta_ext.isa import MemType
+    from vta_ext.memory import scratchpad
+
+    from .knobs import evaluate
+    from .loops import vt_loops
+
+    conv_ep, add_ep = split_residual(normalize_epilogue(epilogue))
+    model = evaluate(cfg, pg, conv_ep + add_ep, point)
+    if not hasattr(model, "sram"):     # a point the model prunes: the build says why
+        return None
+    threads = int(np.prod([point[f"vt_{n}"] for n in vt_loops(pg)]))
+    tile = int(np.prod([point[f"tile_{n}"] for n in pg.c_loops()]))
+    depth = scratchpad(cfg, MemType.INP).depth
+    need = model.sram["inp"] + tile * threads
+    if need <= depth:
+        return None
+    return (f"the residual tile ({tile} entries x {threads} virtual threads) does not fit beside "
+            f"the point's input tiles ({model.sram['inp']} entries): {need} > {depth}")

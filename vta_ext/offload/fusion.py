@@ -113,34 +113,40 @@ class ResidualFusion:
         """The knobs a fused program of ``conv`` with ``epilogue`` is built with on ``config``,
         in the order tried: the first that builds is kept (``Offloader._fuse``). Where the
         conv's policy is a preset, the point its own program was built at comes first (on
-        regnet_x_1_6gf 224 pipelined and default it is never slower than the preset searched
-        again with the add's stages); then, for where the residual tile does not fit beside
-        it, the preset (:func:`tvm_csp_embed.codegen.build.build_gemm`), or the point of the
-        halved buffers (:func:`tvm_csp_embed.codegen.residual.knob_view`) directly where the
-        preset's first point is that same point (it would be lowered again only to overflow)."""
+        regnet_x_1_6gf 224 ``pipelined`` and ``default`` never slower than the preset searched
+        again with the add's stages); then the preset's point for the fused epilogue
+        (:func:`tvm_csp_embed.codegen.build.residual_first_point`) and the point of the halved
+        buffers (:func:`tvm_csp_embed.codegen.residual.knob_view`), which leaves the residual
+        tile room. A point whose residual tile does not fit
+        (:func:`tvm_csp_embed.codegen.residual.residual_overflow`) is left out, not lowered."""
         import dataclasses
 
-        from tvm_csp_embed.codegen.build import resolve_knobs, residual_first_point
         from tvm_csp_embed.candidates import program_epilogue
-        from tvm_csp_embed.codegen.residual import knob_view
+        from tvm_csp_embed.codegen.build import residual_first_point, resolve_knobs
+        from tvm_csp_embed.codegen.residual import knob_view, residual_overflow
 
-        from ..executor import compiled_op
         from ..errors import TemplateRefusal
+        from ..executor import compiled_op
 
         if not isinstance(conv.knobs, str):
             return [conv.knobs]
         compiled = compiled_op(conv.key)
         if not dataclasses.is_dataclass(getattr(compiled, "knobs", None)):
             return [conv.knobs]
-        own = dataclasses.asdict(compiled.knobs)
-        program_ep = program_epilogue(conv.plan.workload, epilogue)   # as the build sees it
+        pg, program_ep = compiled.plan, program_epilogue(conv.plan.workload, epilogue)
+        points = [dataclasses.asdict(compiled.knobs)]
         try:
-            if residual_first_point(config, compiled.plan, program_ep, conv.knobs) != own:
-                return [own, conv.knobs]
+            points.append(residual_first_point(config, pg, program_ep, conv.knobs))
             view_cfg, view_ep = knob_view(config, program_ep)
-            return [own, resolve_knobs(view_cfg, compiled.plan, view_ep, conv.knobs)[0]]
-        except TemplateRefusal:     # no point of the preset: the build says why
-            return [own, conv.knobs]
+            points.append(resolve_knobs(view_cfg, pg, view_ep, conv.knobs)[0])
+        except TemplateRefusal:     # no point of the preset: the build of the preset says why
+            return [p for p in points if not residual_overflow(config, pg, program_ep, p)] + [
+                conv.knobs]
+        choices = []
+        for p in points[:-1]:
+            if p not in choices and not residual_overflow(config, pg, program_ep, p):
+                choices.append(p)
+        return choices + ([points[-1]] if points[-1] not in choices else [])
 
     def choices(self, conv: FusableConv, epilogue, config) -> list:
         """:meth:`knob_choices`, once per (conv program, fused epilogue)."""
