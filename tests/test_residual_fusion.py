@@ -223,12 +223,12 @@ def test_a_fused_point_without_room_for_the_residual_tile_is_not_a_failed_build(
     own_choices, tried = ResidualFusion.knob_choices, []
 
     def choices(conv, epilogue, config):
-        rest = own_choices(conv, epilogue, config)
+        rest = list(own_choices(conv, epilogue, config))
         # 14x56 pixels x 1 input block (784 rows) + the 14x56 x 2 blocks residual tile (1568)
         # overflow default's 2048-row input buffer; the conv alone fits
         big = dict(rest[0], tile_oh=14, tile_ow=56, tile_c=1, tile_k=2, vt_k=1, vt_oh=1)
         tried.append((conv, epilogue, config, big))
-        return [big] + rest
+        return iter([big] + rest)
 
     monkeypatch.setattr(ResidualFusion, "knob_choices", staticmethod(choices))
     got, ref, report, runs = _build_and_run(_residual_module(hw=56), "default", hw=56)

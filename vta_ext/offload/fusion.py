@@ -15,7 +15,7 @@ and its report line says why (:meth:`ResidualFusion.fuse`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from tvm import relax
 
@@ -64,9 +64,8 @@ class ResidualFusion:
                 for name, n in use_counts(func).items():
                     self.uses[name] = self.uses.get(name, 0) + n
         self.convs: Dict[str, FusableConv] = {}   # the conv's int8 output variable -> it
-        # identical adds (a network's repeated blocks) reuse these: the knob choices of a
-        # (conv, fused epilogue) and why a fused program's key was refused
-        self._choices: Dict[Tuple[str, Any], list] = {}
+        # identical adds (a network's repeated blocks) reuse these: why a fused program's key
+        # was refused
         self._refused: Dict[str, str] = {}
         self.builds = 0     # fused programs compiled or refused by this build (the report says)
 
@@ -109,12 +108,13 @@ class ResidualFusion:
         return residual_refusal(conv.op.epilogue)
 
     @staticmethod
-    def knob_choices(conv: FusableConv, epilogue, config) -> list:
+    def knob_choices(conv: FusableConv, epilogue, config) -> Iterator[Any]:
         """The knobs a fused program of ``conv`` with ``epilogue`` is built with on ``config``,
-        in the order tried: the first that builds is kept (``Offloader._fuse``). Where the
-        conv's policy is a preset, the point its own program was built at comes first (on
-        regnet_x_1_6gf 224 ``pipelined`` and ``default`` never slower than the preset searched
-        again with the add's stages); then the preset's point for the fused epilogue
+        in the order tried, each computed only when the one before did not build (the first
+        that builds is kept, ``Offloader._fuse``). Where the conv's policy is a preset, the
+        point its own program was built at comes first (on regnet_x_1_6gf 224 ``pipelined`` and
+        ``default`` never slower than the preset searched again with the add's stages); then
+        the preset's point for the fused epilogue
         (:func:`tvm_csp_embed.codegen.build.residual_first_point`) and the point of the halved
         buffers (:func:`tvm_csp_embed.codegen.residual.knob_view`), which leaves the residual
         tile room. A point whose residual tile does not fit
@@ -128,32 +128,25 @@ class ResidualFusion:
         from ..errors import TemplateRefusal
         from ..executor import compiled_op
 
-        if not isinstance(conv.knobs, str):
-            return [conv.knobs]
-        compiled = compiled_op(conv.key)
+        compiled = compiled_op(conv.key) if isinstance(conv.knobs, str) else None
         if not dataclasses.is_dataclass(getattr(compiled, "knobs", None)):
-            return [conv.knobs]
+            yield conv.knobs
+            return
         pg, program_ep = compiled.plan, program_epilogue(conv.plan.workload, epilogue)
-        points = [dataclasses.asdict(compiled.knobs)]
+        own = dataclasses.asdict(compiled.knobs)
+        if not residual_overflow(config, pg, program_ep, own):
+            yield own
         try:
-            points.append(residual_first_point(config, pg, program_ep, conv.knobs))
-            view_cfg, view_ep = knob_view(config, program_ep)
-            points.append(resolve_knobs(view_cfg, pg, view_ep, conv.knobs)[0])
-        except TemplateRefusal:     # no point of the preset: the build of the preset says why
-            return [p for p in points if not residual_overflow(config, pg, program_ep, p)] + [
-                conv.knobs]
-        choices = []
-        for p in points[:-1]:
-            if p not in choices and not residual_overflow(config, pg, program_ep, p):
-                choices.append(p)
-        return choices + ([points[-1]] if points[-1] not in choices else [])
-
-    def choices(self, conv: FusableConv, epilogue, config) -> list:
-        """:meth:`knob_choices`, once per (conv program, fused epilogue)."""
-        memo = (conv.key, tuple(epilogue))
-        if memo not in self._choices:
-            self._choices[memo] = self.knob_choices(conv, epilogue, config)
-        return self._choices[memo]
+            first = residual_first_point(config, pg, program_ep, conv.knobs)
+        except TemplateRefusal:     # no point of the preset: its build says why
+            yield conv.knobs
+            return
+        if first != own and not residual_overflow(config, pg, program_ep, first):
+            yield first
+        view_cfg, view_ep = knob_view(config, program_ep)
+        halved = resolve_knobs(view_cfg, pg, view_ep, conv.knobs)[0]
+        if halved not in (own, first):
+            yield halved
 
     def compile(self, key: str, config) -> Optional[str]:
         """Compile the fused program ``key`` (cached by :func:`vta_ext.executor.compiled_op`);

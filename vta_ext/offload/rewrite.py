@@ -223,7 +223,7 @@ class Offloader(PyExprMutator):
                 reasons.append(refused)
                 continue
             epilogue = fused_epilogue(conv.op.epilogue, add.epilogue)
-            for knobs in self.fusion.choices(conv, epilogue, self.config):
+            for knobs in self.fusion.knob_choices(conv, epilogue, self.config):
                 key = op_key(conv.op.kind, conv.template.strategy, self.config,
                              conv.plan.workload, epilogue, knobs)
                 refused = self.fusion.compile(key, self.config)
