@@ -134,7 +134,8 @@ class CompiledGemm:
 
 def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
                acc_init: Optional[str] = None, early_release: Optional[bool] = None,
-               late_fill: Optional[bool] = None, share_resident: bool = False) -> CompiledGemm:
+               late_fill: Optional[bool] = None, share_resident: bool = False,
+               reuse: bool = True) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
     ``"reset"``, :data:`~.schedule.ACC_INITS`; None: :func:`~.schedule.acc_init_of`) says how each
     output tile's accumulator is zeroed; ``early_release`` lets a tile's first load wait for the
@@ -153,6 +154,10 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     off by default until the knob estimate (:mod:`.knobs`) charges such a tile once rather than
     per thread (on, its shared programs time below the estimate's bounds in
     ``tests/test_cycle_estimate.py``).
+    ``reuse``: where the program has exactly two virtual threads and a tile both would load with
+    the same data, that tile is loaded once, by thread 0, alternately into its two copies
+    (reuse-aware double buffering, ``lower_to_runtime(reuse=None)``; the knob estimate charges
+    it once, :func:`~.knobs.reused_operands`); False: never (``generated.release`` says where).
     The epilogue runs in its fewest ALU passes
     (:func:`vta_ext.templates.epilogue.simplify_epilogue`).
 
@@ -174,7 +179,7 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
 
     with gc_paused():
         return _build_gemm(cfg, pg, epilogue, knobs, acc_init, early_release, late_fill,
-                           share_resident)
+                           share_resident, reuse)
 
 
 def _emit(cfg, gen, shapes: Dict[str, tuple]):
@@ -192,7 +197,7 @@ def _emit(cfg, gen, shapes: Dict[str, tuple]):
 
 def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str],
                 early_release: Optional[bool], late_fill: Optional[bool] = None,
-                share_resident: bool = False) -> CompiledGemm:
+                share_resident: bool = False, reuse: bool = True) -> CompiledGemm:
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule
@@ -213,7 +218,7 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
     try:
         gen = lower_to_runtime(cfg, func, early_release=(
             acc_init == "fill" if early_release is None else early_release), late_fill=late_fill,
-            share_resident=share_resident)
+            share_resident=share_resident, reuse=None if reuse else False)
     except SramOverflowError as err:
         message = (f"embedding {pg.embedding.mapping_str()} with knobs {point} on {cfg.name!r}: "
                    f"{err}. Reduce the tile knobs or the virtual threads")

@@ -52,7 +52,7 @@ from .schedule import acc_init_of
 
 __all__ = ["KnobPoint", "Pruned", "KnobGrid", "knob_names", "knob_domain", "knob_defaults",
            "check_point", "evaluate", "enumerate_points", "knob_grid", "cached_grid", "search",
-           "tps_point", "cycle_point", "seed_tps_point",
+           "tps_point", "cycle_point", "seed_tps_point", "reused_operands",
            "fallback_point", "compute_work", "BYTE_COUNTERS", "ORDER_KNOB"]
 
 #: the loop-order knob (values: :data:`~.loops.ORDERS`)
@@ -378,6 +378,12 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
         runs = iters * _prod(k[f"vt_{n}"] for n in below)
     else:
         runs = c["threads"]
+    reused = reused_operands(pg, k)
+    loads = _reused_loads(loads, reused)
+    # each thread's own loads at the load steps (not the resident operand's, not a reused one's)
+    own = sum(np.where(reused[r], 0, loads[r]["busy"]) for r in "AB" if r != res)
+    nbytes = {**nbytes, "inp_load_nbytes": loads["A"]["nbytes"],
+              "wgt_load_nbytes": loads["B"]["nbytes"]}
     load, resident, res_loads = _load_busy(loads, res)
     extra = c["bias_gemm"]
     if extra is not None:       # the bias GEMM's operands, loaded at the store point
@@ -390,12 +396,64 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
     # which the late pipeline does not model: the early-release estimate prices it, whose
     # release the late fill's plan also makes)
     priced_late = late if extra is None else False
+    cycles = _pipeline(busy, c["pipeline"], res_loads, _streams_weights(pg, k, res, order),
+                       _released(c, runs) & ~priced_late, runs, priced_late)
+    if np.any(reused["A"] | reused["B"]):
+        cycles = np.where(reused["A"] | reused["B"],
+                          np.maximum(cycles, _reuse_chain(busy, c["pipeline"], own)), cycles)
     return {"sram": sram, "uops": c["uops"], "folded": c["folded"], "bytes": nbytes, "insns": insns,
             # (the late fill's plan releases the loads itself: release_after_gemm then finds no
             # tile loop that starts with a fill)
             "busy": busy, "released": _released(c, runs) & ~late, "late": late,
-            "cycles": _pipeline(busy, c["pipeline"], res_loads, _streams_weights(pg, k, res, order),
-                                _released(c, runs) & ~priced_late, runs, priced_late) + c["fetch"]}
+            "cycles": cycles + c["fetch"]}
+
+
+def reused_operands(pg: PackedGemm, k: Mapping[str, Any]) -> Dict[str, Any]:
+    """Per operand (``"A"``, ``"B"``), whether the build loads its tiles once for both threads
+    (reuse-aware double buffering, ``build_gemm``'s ``reuse``; a bool, or a bool array over a
+    grid): the point has exactly two virtual threads and the operand sees none of the loops that
+    carry them (its loads then move the same data in both threads,
+    :func:`vta_ext.lower.alloc.shared_buffers`)."""
+    vts = vt_loops(pg)
+    two = np.asarray(_prod(k[f"vt_{n}"] for n in vts)) == 2
+    out = {}
+    for role in "AB":
+        _, unused = _operand_dims(pg, role)
+        seen = [n for n in vts if n not in unused]
+        out[role] = two & ~np.asarray(_prod([1] + [k[f"vt_{n}"] for n in seen]) > 1)
+    return out
+
+
+def _reused_loads(loads: Mapping[str, Mapping[str, Any]], reused: Mapping[str, Any]):
+    """``loads`` (:func:`_operand_loads` per operand) with a reused operand's
+    (:func:`reused_operands`) loads, bytes and busy cycles halved: thread 0 loads each of its
+    tiles once for both threads."""
+    out = dict(loads)
+    for role, shared in reused.items():
+        if not np.any(shared):
+            continue
+        one = loads[role]
+        out[role] = {**one, "nbytes": np.where(shared, one["nbytes"] // 2, one["nbytes"]),
+                     "loads": np.where(shared, one["loads"] // 2, one["loads"]),
+                     "busy": np.where(shared, one["busy"] / 2, one["busy"])}
+    return out
+
+
+def _reuse_chain(busy, p: Mapping[str, Any], own):
+    """A lower bound on the cycles of a point whose build loads an operand once for both threads
+    (:func:`reused_operands`); ``own``: the busy cycles of the loads each thread makes for itself
+    at the load steps (all threads). Thread 0 loads the shared tile with its own, and each of its
+    load steps still waits for its own GEMM of the step before (the thread's tokens), so thread
+    0's loads of a step and its GEMM step run in sequence (the other thread's loads run under that
+    GEMM). A group of store points (one per thread) takes ``steps - 1`` of those pairs and then the
+    longer of: the last pair, or the last two GEMM steps, the ``t`` epilogues, a store and the
+    next fill (the next group's first GEMM waits for them; its first loads run under them).
+    Before the first group: the resident operand's loads and one load step; after the last, a
+    store."""
+    L = p["t"] * busy["load"] / p["per"]      # a load step of both threads
+    pair = L - own / p["per"] + p["g"]         # thread 0's loads of a step, then its GEMM step
+    last = np.maximum(pair, 2 * p["g"] + p["te"] + p["s"] + p["r"])
+    return busy["resident"] + L + p["st"] * ((p["steps"] - 1) * pair + last) + p["s"]
 
 
 def _late_fill(pg: PackedGemm, k: Mapping[str, Any], c: Mapping[str, Any]):
