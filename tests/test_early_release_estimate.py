@@ -130,18 +130,25 @@ def test_one_thread_follows_the_model_and_picks_the_pipelined_point():
 
 def test_threads_follow_the_model():
     """regnet_x_400mf's 1x32x56x56 * 32x32 stride-2 1x1 on ``pipelined``: the 8 best estimates
-    (two and four threads among them) within 5 % of the model (measured 1.000-1.017, six of them
+    (two threads, and the 2 best of four) within 5 % of the model (measured 1.000-1.017, six of them
     with the late fill; before the late fill was priced, 1.073-1.096 on those; before the early
     release, the two-thread points estimated 8-51 % high and the choice was a one-thread point of
-    15,349 cycles), and the ``"cycles"`` point within 3.5 % of the fastest of them (now the
-    fastest, 12,182) and faster than the best one-thread point of the 8."""
+    15,349 cycles; with the input loaded once for two threads over the output channels, 0.975-1.012),
+    and the ``"cycles"`` point within 3.5 % of the fastest of them (12,427 against 12,182) and
+    faster than the best one-thread point of the 8."""
     cfg = load_config("pipelined")
     pg = _programs(cfg, _conv(1, 32, 56, 56, 32, 1, 1, (0, 0), (2, 2)), "relaxed")[0]
     timed = {}
     for knobs, estimate in _best(cfg, pg, 8):
         actual = timed[tuple(knobs.items())] = _model(cfg, pg, knobs)
         assert abs(estimate / actual - 1) <= 0.05, (knobs, estimate, actual)
-    assert {_threads(pg, dict(k)) for k in timed} >= {2, 4}
+    # (since the reuse-aware double buffering is priced, the two-thread points that load the input
+    # once fill the 8 best: the two best four-thread estimates are checked on their own)
+    grid = K.knob_grid(cfg, pg, EP)
+    four = [int(i) for i in np.flatnonzero(grid.valid & (grid.threads == 4))]
+    for i in sorted(four, key=lambda i: grid.cycles[i])[:2]:
+        actual = _model(cfg, pg, grid.point(i))
+        assert abs(grid.cycles[i] / actual - 1) <= 0.05, (grid.point(i), grid.cycles[i], actual)
     chosen = _model(cfg, pg, K.cycle_point(cfg, pg, EP).knobs)
     assert chosen <= 1.035 * min(timed.values())
     one = [t for k, t in timed.items() if _threads(pg, dict(k)) == 1]

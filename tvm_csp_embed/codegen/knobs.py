@@ -439,8 +439,8 @@ def _priced(pg: PackedGemm, k: Mapping[str, Any], order: int, c: Mapping[str, An
                        _released(c, runs) & ~priced_late, runs, priced_late)
     either = reused["A"] | reused["B"]
     if np.any(either):
-        cycles = np.where(either, np.maximum(cycles, _reuse_chain(busy, c["pipeline"], own)),
-                          cycles)
+        cycles = np.where(either, np.maximum(cycles, _reuse_chain(busy, c["pipeline"], own,
+                                                                  priced_late)), cycles)
     return {"bytes": nbytes, "busy": busy, "cycles": cycles}
 
 
@@ -476,7 +476,7 @@ def _reused_loads(loads: Mapping[str, Mapping[str, Any]], reused: Mapping[str, A
     return out
 
 
-def _reuse_chain(busy, p: Mapping[str, Any], own):
+def _reuse_chain(busy, p: Mapping[str, Any], own, late: Any = False):
     """A lower bound on the cycles of a point whose build loads an operand once for both threads
     (:func:`reused_operands`); ``own``: the busy cycles of the loads each thread makes for itself
     at the load steps (all threads). Thread 0 loads the shared tile with its own, and each of its
@@ -484,12 +484,14 @@ def _reuse_chain(busy, p: Mapping[str, Any], own):
     0's loads of a step and its GEMM step run in sequence (the other thread's loads run under that
     GEMM). A group of store points (one per thread) takes ``steps - 1`` of those pairs and then the
     longer of: the last pair, or the last two GEMM steps, the ``t`` epilogues, a store and the
-    next fill (the next group's first GEMM waits for them; its first loads run under them).
-    Before the first group: the resident operand's loads and one load step; after the last, a
-    store."""
+    next fill (the next group's first GEMM waits for them; its first loads run under them). Under
+    the late fill (``late``, :func:`_late_fill`) a thread's fill waits for its own store only,
+    which runs under the other thread's compute: the last pair alone (the compute module's own
+    bound is :func:`_pipeline`'s). Before the first group: the resident operand's loads and one
+    load step; after the last, a store."""
     L = p["t"] * busy["load"] / p["per"]      # a load step of both threads
     pair = L - own / p["per"] + p["g"]         # thread 0's loads of a step, then its GEMM step
-    last = np.maximum(pair, 2 * p["g"] + p["te"] + p["s"] + p["r"])
+    last = np.where(late, pair, np.maximum(pair, 2 * p["g"] + p["te"] + p["s"] + p["r"]))
     return busy["resident"] + L + p["st"] * ((p["steps"] - 1) * pair + last) + p["s"]
 
 
