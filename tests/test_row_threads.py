@@ -50,6 +50,21 @@ def _own_and_twins(cfg, base, layout):
     return own, [c for c in cands if c.place == own.workload]
 
 
+def _padded(cfg, own, extra):
+    """The packed program of ``own``'s twin padded by ``extra`` (``(dim, elements)``), built here:
+    whether the candidates offer it depends on the estimate (it is offered only where it beats
+    the own program; since the own program's two output-channel threads load the input once,
+    reuse-aware double buffering, it does not for this shape)."""
+    import dataclasses
+
+    from tvm_csp_embed.candidates import packed_of
+
+    dim, elements = extra
+    pad = list(own.workload.pad)
+    pad[own.embedding.workload.dims.index(dim)] += elements
+    return packed_of(dataclasses.replace(own.workload, pad=tuple(pad)), cfg)
+
+
 @pytest.mark.parametrize("w,extra", [(120, ("ow", 1)), (118, None)])
 def test_the_plain_columns_carry_the_threads_by_hand(w, extra):
     cfg = load_config("pipelined")
@@ -62,7 +77,8 @@ def test_the_plain_columns_carry_the_threads_by_hand(w, extra):
     # column (odd columns only) carries threads on the columns too
     assert vt_loops(pg) == ["k"]
     assert thread_padding(pg) == extra
-    assert [vt_loops(t.packed) for t in twins] == ([["k", "ow"]] if extra else [])
+    if extra:
+        assert vt_loops(_padded(cfg, own, extra)) == ["k", "ow"]
 
 
 def test_an_nchw_conv_keeps_its_image_row_threads():
@@ -77,28 +93,31 @@ def test_an_nchw_conv_keeps_its_image_row_threads():
 
 
 def test_the_padded_twin_loads_the_input_once_and_is_faster():
+    """The twin's column threads load the unrolled input once; so, since reuse-aware double
+    buffering, do the own program's output-channel threads (thread 0 loads it for both), and
+    the twin is no longer faster: measured 21,374 against 21,490 cycles without a bias (25,926
+    against 25,329 with one, where it is no longer offered)."""
     cfg = load_config("pipelined")
     h, w = 41, 120
-    own, twins = _own_and_twins(cfg, _cw(h, w), "fused-rs")
-    assert len(twins) == 1
-    twin = twins[0]
+    own, _ = _own_and_twins(cfg, _cw(h, w), "fused-rs")
+    twin = _padded(cfg, own, ("ow", 1))
     oh, ow = (h - R) // STRIDE + 1, (w - S) // STRIDE + 1
-    assert [lp.extent for lp in twin.packed.loops if lp.name == "ow"] == [ow + 1]
+    assert [lp.extent for lp in twin.loops if lp.name == "ow"] == [ow + 1]
     ep = EPILOGUE[1:]           # no bias: the input buffer holds the data alone
-    fast, slow = cycle_point(cfg, twin.packed, ep).knobs, cycle_point(cfg, own.packed, ep).knobs
+    fast, slow = cycle_point(cfg, twin, ep).knobs, cycle_point(cfg, own.packed, ep).knobs
     assert fast["vt_ow"] == 2 and fast["vt_k"] == 1 and fast["tile_k"] == 2
+    assert slow["vt_k"] == 2
 
     def run(pg, knobs):
         return CycleModel(cfg).run_program(build_gemm(cfg, pg, ep, knobs).program)
-    t_fast, t_slow = run(twin.packed, fast), run(own.packed, slow)
+    t_fast, t_slow = run(twin, fast), run(own.packed, slow)
     # the stencil-unrolled input by hand: one row of 7 blocks of 16 (R*S = 100 -> 112) per output
-    # pixel; each output-channel thread loads it (the own program's point: one thread and both
-    # channel blocks in one tile since the estimate prices the early-released loads, two threads
-    # before), the column threads once (one more column)
+    # pixel; the column threads load it once (one more column), the output-channel threads once
+    # too (thread 0 for both)
     unrolled = oh * 7 * 16
-    assert t_slow.dram_bytes["inp"] == slow["vt_k"] * unrolled * ow
+    assert t_slow.dram_bytes["inp"] == unrolled * ow
     assert t_fast.dram_bytes["inp"] == unrolled * (ow + 1)
-    assert t_fast.total_cycles < 0.95 * t_slow.total_cycles
+    assert t_fast.total_cycles < 1.05 * t_slow.total_cycles
 
 
 def _module(h, w):
