@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import conv2d_nchw, conv_chain, rtl_device, run_module
+from conftest import assert_csp_bit_exact_on, conv2d_nchw, conv_chain, rtl_device, run_module
 from test_knob_search import EPILOGUES, _conv, _programs
 
 import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
@@ -119,7 +119,6 @@ def test_the_estimate_follows_the_reused_points(shape):
 
 
 def test_reuse_program_race_free_and_bit_exact_on_the_pynq_rtl():
-    from tvm_csp_embed.reference import reference_for
     from vta_ext.hazard import program_violations
     from vta_ext.lower.racecheck import check_races
 
@@ -134,10 +133,4 @@ def test_reuse_program_race_free_and_bit_exact_on_the_pynq_rtl():
     assert REUSED in compiled.generated.release
     check_races(compiled.program)
     assert program_violations(compiled.program, (3, 3)) == []
-    inputs, expected, unpack = reference_for("conv2d", "csp-relaxed")(
-        cfg, cand.workload, EP, np.random.default_rng(5))
-    sim = device.simulator(cfg)
-    sim.take_cycles()
-    out, _ = compiled.run(*inputs, simulator=sim)
-    assert sum(sim.take_cycles()) > 0
-    np.testing.assert_array_equal(unpack(out), expected)
+    assert_csp_bit_exact_on(device, compiled, cand.workload, EP, 5)

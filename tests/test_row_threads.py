@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import conv2d_nchw, conv_chain, rtl_device, run_module
+from conftest import assert_csp_bit_exact_on, conv2d_nchw, conv_chain, rtl_device, run_module
 
 import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
 import vta_ext
@@ -165,7 +165,6 @@ def test_the_twin_is_bit_exact_on_the_pynq_rtl():
     """The twin's program at its column-thread point, run on the RTL of the pynq design against
     the numpy reference of the workload (pynq's choice is another embedding, so the point is
     built directly), race-free at pynq's hazard distance."""
-    from tvm_csp_embed.reference import reference_for
     from vta_ext.hazard import program_violations
 
     device = rtl_device()
@@ -180,13 +179,7 @@ def test_the_twin_is_bit_exact_on_the_pynq_rtl():
     knobs = grid.point(min(valid, key=lambda i: grid.cycles[i]))
     compiled = build_gemm(cfg, twin.packed, EPILOGUE, knobs)
     assert program_violations(compiled.program, (3, 3)) == []
-    inputs, expected, unpack = reference_for("conv2d", "csp-relaxed")(
-        cfg, twin.workload, EPILOGUE, np.random.default_rng(7))
-    sim = device.simulator(cfg)
-    sim.take_cycles()
-    out, _ = compiled.run(*inputs, simulator=sim)
-    assert sum(sim.take_cycles()) > 0      # the device ran it
-    np.testing.assert_array_equal(unpack(out), expected)
+    assert_csp_bit_exact_on(device, compiled, twin.workload, EPILOGUE, 7)
 
 
 def test_output_pixel_lanes_thread_their_plain_tile_loop_bit_exact():
