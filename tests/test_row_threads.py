@@ -11,9 +11,11 @@ and the layer was load-bound on ``pipelined``. Checked here:
   knobs), the image rows of a plain NCHW conv (unchanged), the walked pixel tile loop of a
   weights-in-A fused-crs conv (bit-exact at a point with two threads there);
 * the padded twin's fastest point splits the columns into two threads, loads the input once
-  (the simulator's byte counter, against the unrolled input counted by hand) and the event-driven
-  cycle model times it below the embedding's own fastest point;
-* a Relax build ranking by VTA cycles takes the twin on ``pipelined``, bit-exact against numpy
+  (the simulator's byte counter, against the unrolled input counted by hand), as the own
+  program's output-channel threads now do too (reuse-aware double buffering), and the
+  event-driven cycle model times it within 5 % of the embedding's own fastest point;
+* a Relax build ranking by VTA cycles takes the twin or the own program on ``pipelined``
+  (:func:`test_relax_build_bit_exact`), bit-exact against numpy
   and llvm; on ``default`` and ``pynq`` the build stays bit-exact whatever it
   takes; the twin's column-thread program is bit-exact on the pynq RTL.
 """
@@ -155,10 +157,13 @@ def test_relax_build_bit_exact(config):
     np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(got, run_module(mod, "llvm", arrays))
     if config == "pipelined":
-        # ranked by VTA cycles, the twin with one more (zero) column and the column threads
+        # ranked by VTA cycles: the twin with one more (zero) column and the column threads, or,
+        # since reuse-aware double buffering loads the input once for the two output-channel
+        # threads (25,329 cycles against the twin's 25,926, as measured), the own program
         ow = (120 - S) // STRIDE + 1
         assert "in layout fused-rs" in p.detail, p.detail
-        assert f"output columns {ow}->{ow + 1}" in p.detail and "vt_ow=2" in p.detail, p.detail
+        assert ((f"output columns {ow}->{ow + 1}" in p.detail and "vt_ow=2" in p.detail)
+                or "vt_k=2" in p.detail), p.detail
 
 
 def test_the_twin_is_bit_exact_on_the_pynq_rtl():
