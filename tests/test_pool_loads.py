@@ -13,6 +13,7 @@ from conftest import pack_activation as pack, unpack_nchw as unpack
 from test_template_pool import ref_pool
 from vta_ext.config import load_config
 from vta_ext.isa import GemmInsn, MemInsn, MemType, Opcode
+from vta_ext.offload.rewrite import _tiling_text
 from vta_ext.sim.cycles import CycleModel
 from vta_ext.templates.pool import PoolWorkload, build_avg_pool2d, build_max_pool2d, window_loads
 
@@ -83,8 +84,27 @@ def test_cycles_policy_times_channel_tiles(preset):
         op = build_avg_pool2d(cfg, wl, (), dict(tile_c=tile_c), input_path="gemm", lean=True)
         cycles[tile_c] = CycleModel(cfg).run_program(op.program).total_cycles
     chosen = build_avg_pool2d(cfg, wl, (), "cycles", input_path="gemm", lean=True)
-    assert chosen.info["tile_c"] == min(cycles, key=lambda t: (cycles[t], -t)) < 28
+    best = min(cycles, key=lambda t: (cycles[t], -t))
+    assert chosen.info["tile_c"] == best < 28
     assert CycleModel(cfg).run_program(chosen.program).total_cycles == min(cycles.values())
+    # the build report says which tiles were timed and what each took
+    text = _tiling_text(chosen)
+    assert text.startswith(f", tiling tile_c={best}, the fastest of 5 timed tiles "
+                           f"({cycles[best]:,} cycles; ")
+    assert all(f"tile_c={t}: {c:,}" in text for t, c in cycles.items() if t != best)
+
+
+def test_untimed_pool_tile_says_why():
+    """Where a tile splits the output planes the largest tile is built untimed, and the report's
+    tiling words say so: the 1x64x55x55 3x3 s2 max pool of squeezenet1_1 at 112 on `pipelined`
+    holds fewer than its 27 output rows a tile."""
+    cfg = load_config("pipelined")
+    wl = PoolWorkload(1, 64, 55, 55, 3, 3, 2, 2, 0, 0)
+    op = build_max_pool2d(cfg, wl, (), "cycles", input_path="gemm", lean=True)
+    th = op.info["tile_h"]
+    assert th < 27
+    assert _tiling_text(op) == (f", tiling tile_h={th} tile_c={op.info['tile_c']}, the largest "
+                                f"tile, untimed: a tile holds {th} of 27 output rows")
 
 
 def test_whole_planes_one_load_lean_only():

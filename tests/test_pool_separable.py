@@ -179,12 +179,13 @@ def test_a_warm_build_builds_only_the_chosen_schedule(tmp_path, monkeypatch):
         build_spec(spec, config))[1])
     monkeypatch.setattr(CycleModel, "run_program", lambda self, program: (
         cycled.append(1), run_program(self, program))[1])
-    from tvm_csp_embed import depthwise
+    from tvm_csp_embed import depthwise, shape_cycles
 
     builds = []
     for _ in range(2):
         executor.release(load_config("default"))
         monkeypatch.setattr(depthwise, "_REFUSED", {})   # nor the refusals an earlier test met
+        monkeypatch.setattr(shape_cycles, "_COUNTS", {})   # nor the counts it timed
         built.clear()
         cycled.clear()
         with vta_ext.build_options(strategy="csp-relaxed"):

@@ -1,8 +1,8 @@
 """A resident tile that every virtual thread would load with the same data is loaded once, by
 thread 0, and read by every thread (:func:`vta_ext.lower.alloc.resident_buffers`, the
 ``share_resident`` option of :func:`vta_ext.lower.codegen.lower_to_runtime` and of
-:func:`tvm_csp_embed.codegen.build.build_gemm`, off by default there until the knob estimate
-models it).
+:func:`tvm_csp_embed.codegen.build.build_gemm`, on by default there: the knob estimate charges
+such a tile once, ``knobs._shared_once``).
 
 On the NCHW embedding of :mod:`test_early_release` (a 32 -> 64 channel 3x3 conv on 14x14), at a
 weight-resident point (``order`` 1) whose two virtual threads split the output rows (both read the
@@ -15,7 +15,9 @@ over one tile of output pixels (both read the same data), built with and without
 * by hand: the shared program loads each element of the resident operand once (the tensor's
   stored bytes), the other once per thread, and the cycle model times it faster;
 * where the tiles load inside the tile loop (the stock order) nothing changes, and the program
-  says why.
+  says why;
+* the knob model's DRAM bytes per counter are the simulator's on two-thread points of both
+  orders where the build shares a tile and where it does not.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import pytest
 import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
 from tvm_csp_embed.codegen import knobs as K
 from tvm_csp_embed.codegen.build import build_gemm
+from tvm_csp_embed.reference import reference_for
 from vta_ext.isa import MemInsn, MemType, Opcode, encode_stream
 from vta_ext.lower.racecheck import check_races
 from vta_ext.sim.cycles import CycleModel
@@ -101,10 +104,39 @@ def test_a_resident_tile_is_loaded_once_for_both_threads(order, threads, operand
     t_shared = CycleModel(cfg).run_program(shared.program).total_cycles
     t_apart = CycleModel(cfg).run_program(apart.program).total_cycles
     assert t_shared < t_apart, (t_shared, t_apart)
-    # the default build does not share yet (the knob estimate charges the tile per thread;
-    # reuse-aware double buffering, which may load it once too, left out)
+    # the default build shares (the knob estimate charges the tile once; reuse-aware double
+    # buffering, which may load it once too, left out)
     default = build_gemm(cfg, pg, EPILOGUE, knobs, late_fill=False, reuse=False)
-    assert encode_stream(cfg, default.program.insns) == encode_stream(cfg, apart.program.insns)
+    assert encode_stream(cfg, default.program.insns) == encode_stream(cfg, shared.program.insns)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_the_knob_model_counts_the_bytes_the_shared_programs_load(order):
+    """The knob model (:func:`tvm_csp_embed.codegen.knobs.evaluate`) charges a resident tile the
+    build shares once and one it does not once per thread: on the first valid two-thread point
+    of ``order`` per thread knob whose default build shares a tile and the first whose build does
+    not (both kinds occur), its DRAM bytes per counter are the functional simulator's counters."""
+    cfg, cand = _case("default", "NCHW")
+    pg = cand.packed
+    grid = K.knob_grid(cfg, pg, EPILOGUE)
+    inputs, _, _ = reference_for("conv2d", "csp-relaxed")(cfg, cand.workload, EPILOGUE,
+                                                          np.random.default_rng(7))
+    seen = set()
+    for i in np.flatnonzero(grid.valid):
+        p = grid.point(int(i))
+        vts = sorted(n for n, v in p.items() if n.startswith("vt_") and v == 2)
+        if p["order"] != order or len(vts) != 1 or math.prod(
+                v for n, v in p.items() if n.startswith("vt_")) != 2:
+            continue
+        compiled = build_gemm(cfg, pg, EPILOGUE, p)
+        shares = "loaded once" in compiled.generated.release
+        if (vts[0], shares) in seen:
+            continue
+        seen.add((vts[0], shares))
+        _, stats = compiled.run(*inputs)
+        counted = {c: getattr(stats, c) for c in K.BYTE_COUNTERS}
+        assert K.evaluate(cfg, pg, EPILOGUE, p).bytes == counted, (p, shares)
+    assert {s for _, s in seen} == {True, False}, seen
 
 
 def test_tiles_loaded_in_the_tile_loop_keep_a_copy_per_thread():

@@ -135,10 +135,13 @@ def test_a_build_waiting_for_a_solve_prepares_the_operators_whose_solves_are_don
     monkeypatch.setenv(C.SOLVERS_ENV, "2")
     real_batch, real_plan, real_candidates = C.solve_batch, S.CspGemmTemplate.plan, S.candidates
     planning, early = [], []
+    prepared, holding = threading.Event(), [True]
 
     def slow_batch(problems, searches=None):
-        if any("_c16_" in p.wl.name for p in problems):   # the first operator's solve
-            time.sleep(1.0)
+        if holding[0] and any("_c16_" in p.wl.name for p in problems):   # the first operator's
+            # solve is held until the build has prepared the later operators (at most a minute:
+            # not a fixed sleep, which a loaded machine can outlast before their solves are done)
+            prepared.wait(timeout=60)
         return real_batch(problems, searches)
 
     def plan(self, op, config):
@@ -151,6 +154,8 @@ def test_a_build_waiting_for_a_solve_prepares_the_operators_whose_solves_are_don
     def spy(config, base, *args, **kwargs):
         if planning and base != planning[-1]:
             early.append(base)                # another operator's candidates, during a plan
+            if {dict(b.params)["k"] for b in early} >= {48, 16}:
+                prepared.set()
         return real_candidates(config, base, *args, **kwargs)
     monkeypatch.setattr(C, "solve_batch", slow_batch)
     monkeypatch.setattr(S.CspGemmTemplate, "plan", plan)
@@ -160,6 +165,7 @@ def test_a_build_waiting_for_a_solve_prepares_the_operators_whose_solves_are_don
         monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path / str(idle)))
         S._packed.cache_clear()
         if not idle:
+            holding[0] = False        # nothing would prepare them: do not hold the solve
             monkeypatch.setattr(C, "add_idle_work", lambda step: None)
             monkeypatch.setattr(S, "add_idle_work", lambda step: None)
         with vta_ext.build_options(strategy="csp-relaxed"):

@@ -331,25 +331,25 @@ def refusal_key(kind: str, strategy: str, config, wl, epilogue: Sequence[tuple],
 
 
 def modelled_cycles(kind: str, strategy: str, config, wl, epilogue, knobs) -> int:
-    """Modelled cycles of the program of ``wl`` under ``(kind, strategy)`` (built and cached by
-    the executor); a :class:`TemplateRefusal` when its template refuses it or its knobs (its
-    words kept in :data:`_REFUSED` by :func:`refusal_key`: a program of the same key, or a
-    block-diagonal one of the same epilogue shape, is not built)."""
-    from vta_ext.executor import compiled_op, cycle_report, op_key
+    """Modelled cycles of the program of ``wl`` under ``(kind, strategy)``: the count of a
+    program of the same epilogue shape timed before in this process, else the program built
+    (cached by the executor) and timed (:func:`.shape_cycles.modelled_cycles`); a
+    :class:`TemplateRefusal` when its template refuses it or its knobs (its words kept in
+    :data:`_REFUSED` by :func:`refusal_key`: a program of the same key, or a block-diagonal one
+    of the same epilogue shape, is not built)."""
+    from .shape_cycles import modelled_cycles as shape_cycles
 
     refused = refusal_key(kind, strategy, config, wl, epilogue, knobs)
-    key = op_key(kind, strategy, config, wl, epilogue, knobs)
     if refused in _REFUSED:
         raise TemplateRefusal(_REFUSED[refused])
     try:
-        compiled_op(key, config=config)
+        return shape_cycles(kind, strategy, config, wl, epilogue, knobs)
     except KnobError as err:
         _REFUSED[refused] = f"knobs {knobs!r}: {err}"
         raise TemplateRefusal(_REFUSED[refused]) from err
     except TemplateRefusal as err:
         _REFUSED[refused] = str(err)
         raise
-    return cycle_report(key).total_cycles
 
 
 def build_diagonal(config, wl, epilogue: Sequence[tuple], knobs) -> Any:

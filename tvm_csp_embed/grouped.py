@@ -32,6 +32,10 @@ is at most ``w / BLOCK`` where the GEMM bounds it.
   the measured host relayout. The lower score wins, the CSP plan on a tie. Under ``footprint``
   the units are not compared (the CSP plan stands; the report line says so). A unit that does
   not build leaves the other; when neither does, the operator stays on the CPU with both reasons.
+* **Build work**: each unit's programs (and bias twins) are timed once per epilogue shape
+  (:func:`~.depthwise.modelled_cycles`), and a cold build times them while it waits for a solve
+  (:meth:`NarrowGroupTemplate.prefetch`): they need no solve, so :meth:`~NarrowGroupTemplate._plan`
+  finds their counts kept.
 
 * **Groups that are not whole blocks** (RegNetX: ``w = 24``): the block-diagonal unit is
   refused (``w`` does not divide ``BLOCK``), and the block-sparse program
@@ -221,6 +225,15 @@ def _lane_bias(op: MatchedOp):
     return relax.const(bias_with_lanes(op).astype(np.int32), "int32")
 
 
+def _twin_decision(op: MatchedOp, config, wl) -> Tuple[bool, str]:
+    """Whether the block-diagonal or block-sparse program of ``wl`` may add ``op``'s bias by a
+    GEMM, and the words saying how or why not (:func:`~.depthwise.diagonal_bias_gemm`; the
+    block-sparse program's bias GEMM takes its padded channels' lane biases too)."""
+    sparse = isinstance(wl, BlockSparseWorkload)
+    ranged = dataclasses.replace(op, bias=_lane_bias(op)) if sparse else op
+    return diagonal_bias_gemm(ranged, config, wl, "group_conv2d" if sparse else None)
+
+
 @dataclass
 class _Scored:
     """One contender: its plan, VTA cycles and score by the objective (lower is better)."""
@@ -244,7 +257,72 @@ class NarrowGroupTemplate(CspGemmTemplate):
         return (BlockSparseWorkload if "sparse" in values else NarrowGroupWorkload)(**values)
 
     # ---------------------------------------------------------------- plan
+    def prefetch(self, ops: Sequence[MatchedOp], config) -> None:
+        """The CSP plan's solves queued (:meth:`.CspGemmTemplate.prefetch`), and the threads
+        that wait for a background solve given the narrow grouped convs' own units to time
+        meanwhile, in module order (:meth:`_time_units_ahead`, :func:`~.cache.add_idle_work`):
+        their programs do not depend on any solve, and :meth:`_plan` then finds their counts
+        kept (:func:`~.depthwise.modelled_cycles`). Nothing is queued under ``footprint`` (the
+        units are not compared) nor with tuned records."""
+        from vta_ext.options import current_options
+
+        from .cache import add_idle_work, remove_idle_work
+
+        super().prefetch(ops, config)
+        remove_idle_work(getattr(self, "_units_idle", None))
+        self._units_ahead: Dict[str, MatchedOp] = {}
+        options = current_options()
+        if options.records is not None or options.objective == "footprint":
+            return
+        self._units_ahead = {op.name: op for op in ops if competes(op, config) is not None}
+        self._units_idle = self._time_units_ahead(config, self._units_ahead)
+        add_idle_work(self._units_idle)
+
+    def _time_units_ahead(self, config, ahead: Dict[str, MatchedOp]):
+        """Idle work (:func:`~.cache.add_idle_work`): the next operator of ``ahead`` not planned
+        yet (:meth:`_plan` removes its own) has its block-diagonal or block-sparse program and
+        that program's bias twin built and timed as :meth:`_plan` would (:meth:`_time_units`).
+        The counts are the same whenever they are made: they depend on the operator, the
+        configuration and the options only."""
+        from vta_ext.options import current_options
+        from vta_ext.timing import phase
+
+        from .cache import remove_idle_work
+
+        def step() -> bool:
+            if not ahead:
+                remove_idle_work(step)
+                return False
+            op = ahead.pop(next(iter(ahead)))
+            with phase("plan"):
+                self._time_units(op, config, current_options())
+            return True
+        return step
+
+    def _time_units(self, op: MatchedOp, config, options) -> None:
+        """Build and time the block-diagonal or block-sparse program of narrow grouped ``op``
+        and its bias twin (:func:`~.depthwise.bias_twin`), as :meth:`_plan` scores them, unless
+        the unit cache holds the choice already (:meth:`_unit_cache`: then :meth:`_plan` times
+        nothing); a unit that refuses is left for :meth:`_plan` to report."""
+        width = competes(op, config)
+        own: Dict[str, OpPlan] = {}
+        for unit, make in (("diagonal", _diagonal_plan), ("sparse", _sparse_plan)):
+            try:
+                own[unit] = make(op, config, width)
+            except TemplateRefusal:
+                continue
+        cache = self._unit_cache(op, config, options, own) if own else None
+        if cache is not None and cache.load() is not None:
+            return
+        for plan in own.values():
+            try:
+                bias_twin(plan.workload, lambda w: self._cycles(op, config, w, options),
+                          _twin_decision(op, config, plan.workload))
+            except TemplateRefusal:
+                continue
+
     def _plan(self, op: MatchedOp, config) -> OpPlan:
+        getattr(self, "_units_ahead", {}).pop(op.name, None)
         width = competes(op, config)
         if width is None:
             return super()._plan(op, config)
@@ -374,11 +452,8 @@ class NarrowGroupTemplate(CspGemmTemplate):
                 scored[wl] = self._score(op, config, dataclasses.replace(add.plan, workload=wl),
                                          options)
             return scored[wl].cycles
-        sparse = isinstance(add.plan.workload, BlockSparseWorkload)
-        # the block-sparse program's bias GEMM takes its padded channels' lane biases too
-        ranged = dataclasses.replace(op, bias=_lane_bias(op)) if sparse else op
-        wl, _, words = bias_twin(add.plan.workload, cycles_of, diagonal_bias_gemm(
-            ranged, config, add.plan.workload, "group_conv2d" if sparse else None))
+        wl, _, words = bias_twin(add.plan.workload, cycles_of,
+                                 _twin_decision(op, config, add.plan.workload))
         best = scored[wl]
         best = dataclasses.replace(best, plan=self._with_bias(best.plan, wl.bias_gemm, words))
         return best, {"bias_gemm": wl.bias_gemm, "bias_words": words}
@@ -414,13 +489,18 @@ class NarrowGroupTemplate(CspGemmTemplate):
         return {"end-to-end": "fewest cycles end to end", "combined": "fastest combined"}.get(
             options.objective, "fewest cycles on the cycle model")
 
+    def _cycles(self, op: MatchedOp, config, wl, options) -> int:
+        """The cycle model's count of ``wl``'s program under the build's knobs option
+        (:func:`~.depthwise.modelled_cycles`: built, or served by a program of the same epilogue
+        shape; a refusal when it does not build)."""
+        knobs = options.knobs_for(self.kind, self.strategy, wl, config)[0]
+        return modelled_cycles(self.kind, self.strategy, config, wl, op.epilogue, knobs)
+
     def _score(self, op: MatchedOp, config, plan: OpPlan, options) -> _Scored:
         """``plan`` built and scored by the objective (a refusal when it does not build)."""
         from .choice import blocked_output, operand_pack_bytes, plan_host_bytes
 
-        knobs = options.knobs_for(self.kind, self.strategy, plan.workload, config)[0]
-        cycles = modelled_cycles(self.kind, self.strategy, config, plan.workload, op.epilogue,
-                                 knobs)
+        cycles = self._cycles(op, config, plan.workload, options)
         if options.objective == "end-to-end":
             nbytes = (plan_host_bytes(op, plan.in_layout, plan.out_layout,
                                       blocked_output(op, config))

@@ -134,7 +134,7 @@ class CompiledGemm:
 
 def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
                acc_init: Optional[str] = None, early_release: Optional[bool] = None,
-               late_fill: Optional[bool] = None, share_resident: bool = False,
+               late_fill: Optional[bool] = None, share_resident: bool = True,
                reuse: Optional[bool] = None) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
     ``"reset"``, :data:`~.schedule.ACC_INITS`; None: :func:`~.schedule.acc_init_of`) says how each
@@ -151,9 +151,8 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     from the program's structure, one build; ``generated.release`` says where and why not).
     ``share_resident``: a resident tile that every virtual thread would load with the same data
     is loaded once, by thread 0, and read by all (``lower_to_runtime(share_resident=True)``);
-    off by default until the knob estimate (:mod:`.knobs`) charges such a tile once rather than
-    per thread (on, its shared programs time below the estimate's bounds in
-    ``tests/test_cycle_estimate.py``).
+    on by default (where no tile qualifies nothing changes and ``generated.release`` says why;
+    the knob estimate charges such a tile once, :func:`.knobs._shared_resident`).
     ``reuse``: where the program has exactly two virtual threads and a tile both would load with
     the same data, that tile is loaded once, by thread 0, alternately into its two copies
     (reuse-aware double buffering, ``lower_to_runtime(reuse=None)``); None (default): where the
@@ -203,7 +202,7 @@ _REUSE_DECLINED = (f"no reuse-aware double buffering: the estimate prices it abo
 
 def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str],
                 early_release: Optional[bool], late_fill: Optional[bool] = None,
-                share_resident: bool = False, reuse: Optional[bool] = None) -> CompiledGemm:
+                share_resident: bool = True, reuse: Optional[bool] = None) -> CompiledGemm:
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule

@@ -378,9 +378,12 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
         runs = iters * _prod(k[f"vt_{n}"] for n in below)
     else:
         runs = c["threads"]
+    loads = {role: _shared_once(pg, k, role, c["threads"], loads[role]) for role in "AB"}
     late = _late_fill(pg, k, c)
     plain = _priced(pg, k, order, c, loads, nbytes, res, runs, late)
-    shared = reused_operands(pg, k)
+    # (a tile the threads share already counts once: _shared_once)
+    shared = {r: v & ~_loaded_once(pg, k, r, c["threads"], loads[r])
+              for r, v in reused_operands(pg, k).items()}
     reuse = False
     if np.any(shared["A"] | shared["B"]):
         twice = _priced(pg, k, order, c, _reused_loads(loads, shared), nbytes, res, runs, late)
@@ -578,7 +581,9 @@ def _order_free(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any]
     per_tile_stores = _prod(k[f"tile_{n}"] for n in c_loops[:-2]) if len(c_free) > 2 else 1
     insns = stores * (batch * steps * (a_loads + 2) + 2 + alu_count(cfg, ep) + per_tile_stores)
     busy = _module_busy(cfg, pg, ep, k, nbytes, stores, batch * steps)
-    bias_gemm = _gemm_bias_loads(cfg, stores, bias_tile, threads) if GEMM_BIAS_STAGE in ep else None
+    bias_gemm = (_gemm_bias_loads(cfg, stores, bias_tile, threads,
+                                  _shared_bias_loads(pg, k, stores, threads))
+                 if GEMM_BIAS_STAGE in ep else None)
     t = timing(cfg)
     return {"loads": loads, "sram": sram, "uops": uops, "folded": folded, "bytes": nbytes,
             "insns": insns, "busy": busy,
@@ -603,21 +608,36 @@ def _releases_early(pg: PackedGemm) -> bool:
     return acc_init_of(pg) == "fill" and _anchored(pg)
 
 
-def _gemm_bias_loads(cfg, stores, bias_tile, threads) -> Dict[str, Any]:
+def _gemm_bias_loads(cfg, stores, bias_tile, threads, shared=(False, False)) -> Dict[str, Any]:
     """The loads of a program that adds its bias by a GEMM (:mod:`.biasfold`), per store point:
     the constant row (one ``INP`` entry) and the tile's digit tiles (``bias_tile`` ``WGT``
-    entries, one per output channel block), each one LOAD of one row. ``sram`` (entries, all
-    threads), ``bytes`` (per counter), ``insns`` (the instructions it adds) and ``busy`` (the
-    load module's cycles, :meth:`vta_ext.sim.cycles.DmaCost.cycles`)."""
+    entries, one per output channel block), each one LOAD of one row; ``shared`` (the row's,
+    the digits', :func:`_shared_bias_loads`): loaded once for all threads instead. ``sram``
+    (entries, all threads), ``bytes`` (per counter), ``insns`` (the instructions it adds) and
+    ``busy`` (the load module's cycles, :meth:`vta_ext.sim.cycles.DmaCost.cycles`)."""
     from vta_ext.sim.cycles import timing
 
     t = timing(cfg)
-    row, digits = stores * cfg.inp_elem_bytes, stores * bias_tile * cfg.wgt_elem_bytes
+    rows, tiles = (np.where(s, 1, stores) if s is not False else stores for s in shared)
+    row, digits = rows * cfg.inp_elem_bytes, tiles * bias_tile * cfg.wgt_elem_bytes
     return {"sram": {"inp": threads, "wgt": bias_tile * threads},
             "bytes": {"inp_load_nbytes": row, "wgt_load_nbytes": digits},
             # the GEMM and the two LOADs in place of the bias's ACC LOAD
             "insns": stores * 2,
-            "busy": t.dma("INP").cycles(stores, 1, row) + t.dma("WGT").cycles(stores, 1, digits)}
+            "busy": t.dma("INP").cycles(rows, 1, row) + t.dma("WGT").cycles(tiles, 1, digits)}
+
+
+def _shared_bias_loads(pg: PackedGemm, k: Mapping[str, Any], stores, threads) -> Tuple[Any, Any]:
+    """Whether the build loads the bias GEMM's constant row, and its digit tiles, once for all
+    threads (:func:`_shared_once`'s rule; bools or bool arrays over a grid): two or more threads
+    of one store point each (the loads sit outside every tile loop); the row is the same for
+    every thread, the digit tiles where no thread is on an output-channel loop."""
+    once = (np.asarray(threads) >= 2) & (np.asarray(stores) == np.asarray(threads))
+    if not once.any():
+        return False, False
+    split = [k[f"vt_{n}"] for n in vt_loops(pg) if n in pg.channel_loops]
+    apart = np.asarray(_prod(split) > 1 if split else False)
+    return once, once & ~apart
 
 
 def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, Any]],
@@ -646,6 +666,37 @@ def _operand_loads(cfg, pg: PackedGemm, role: str, ins: Mapping[str, Tuple[Any, 
     insns, rows = _dma_shape(free, regions, sums, ins, loads)
     return {"entries": entries, "nbytes": nbytes, "loads": loads,
             "busy": dma.cycles(insns, rows, nbytes, box - nbytes // elem)}
+
+
+def _shared_once(pg: PackedGemm, k: Mapping[str, Any], role: str, threads,
+                 loads: Mapping[str, Any]) -> Dict[str, Any]:
+    """Operand ``role``'s :func:`_operand_loads` ``loads`` as the build issues them: a tile that
+    every one of two or more ``threads`` loads once, with the same data, is loaded once, by
+    thread 0, for all (:func:`vta_ext.lower.alloc.resident_buffers`, ``build_gemm``'s
+    ``share_resident``): each thread loads once (the operand's load steps over all threads are
+    ``threads``: a resident tile whose loops have one tile each, or a load point with one store
+    point and one z step per thread) and no thread is on a loop the operand sees. Its bytes and
+    busy cycles then count once instead of once per thread; ``loads`` (the load steps, which
+    :func:`_pipeline` spreads over the groups) and the tile's entries (each thread keeps its
+    copy allocated) do not change."""
+    shared = _loaded_once(pg, k, role, threads, loads)
+    if not shared.any():
+        return loads
+    n = np.where(shared, threads, 1)
+    if n.ndim == 0:
+        return {**loads, "nbytes": loads["nbytes"] // int(n), "busy": loads["busy"] / int(n)}
+    return {**loads, "nbytes": loads["nbytes"] // n, "busy": loads["busy"] / n}
+
+
+def _loaded_once(pg: PackedGemm, k: Mapping[str, Any], role: str, threads,
+                 loads: Mapping[str, Any]):
+    """Where :func:`_shared_once` counts operand ``role``'s tile once for all ``threads`` (a bool
+    array): two or more threads, each loading it once, none on a loop the operand sees."""
+    seen = {v for d in pg.operands[role].dims for v, _ in d.terms}
+    split = [k[f"vt_{n}"] for n in vt_loops(pg) if n in seen]
+    apart = _prod(split) > 1 if split else False
+    return ((np.asarray(threads) >= 2) & (np.asarray(loads["loads"]) == np.asarray(threads))
+            & ~np.asarray(apart))
 
 
 def _dma_shape(free, regions, sums, ins, loads):

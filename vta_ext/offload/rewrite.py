@@ -223,10 +223,13 @@ def _size(shape) -> int:
 
 
 def _tiling_text(compiled) -> str:
-    """", tiling tile_h=7 oc_nthread=2" for a compiled GEMM operator (knobs that are not 1)."""
+    """", tiling tile_h=7 oc_nthread=2" for a compiled GEMM operator (knobs that are not 1); for an
+    ALU operator whose tile the cycle model picked, how (``info["tiling"]``:
+    :func:`vta_ext.templates.eltwise.timed_tiling_text`)."""
     knobs = getattr(compiled, "knobs", None)
     if knobs is None or not hasattr(knobs, "__dataclass_fields__"):
-        return ""
+        tiling = getattr(compiled, "info", {}).get("tiling")
+        return f", tiling {tiling}" if tiling else ""
     chosen = [f"{name}={getattr(knobs, name)}" for name in knobs.__dataclass_fields__
               if getattr(knobs, name) not in (1, False)]
     return ", tiling " + (" ".join(chosen) if chosen else "all inner tiles 1")

@@ -238,11 +238,13 @@ def _timed_build(cfg: VTAConfig, workload: EltwiseWorkload, epilogue, op: str,
 
 
 def fastest_build(cfg: VTAConfig, tiles, build: Callable[[int], Any],
-                  built: Optional[Dict[int, Any]] = None) -> Tuple[int, Any]:
+                  built: Optional[Dict[int, Any]] = None, knob: str = "tile") -> Tuple[int, Any]:
     """The tile of ``tiles`` whose compiled operator ``build(tile)`` the cycle model
     (:class:`vta_ext.sim.cycles.CycleModel`) times fastest, the larger tile on a tie, and that
     compiled operator (the caller returns it rather than build it again). ``built``: operators
-    already compiled for some of the tiles, timed as they are."""
+    already compiled for some of the tiles, timed as they are. The winner's ``info["tiling"]``
+    says which tiles were timed (:func:`timed_tiling_text`, ``knob`` naming the tile), for the
+    build report."""
     from ..sim.cycles import CycleModel
 
     model = CycleModel(cfg)
@@ -253,7 +255,18 @@ def fastest_build(cfg: VTAConfig, tiles, build: Callable[[int], Any],
             built[tile] = build(tile)
         timed[tile] = model.run_program(built[tile].program).total_cycles
     best = min(timed, key=lambda t: (timed[t], -t))
+    built[best].info["tiling"] = timed_tiling_text(knob, best, timed)
     return best, built[best]
+
+
+def timed_tiling_text(knob: str, best: int, timed: Dict[int, int]) -> str:
+    """The build report's words for a tile the cycle model picked, e.g. ``"tile_c=4, the
+    fastest of 4 timed tiles (4,858 cycles; tile_c=28: 5,974, ...)"``: the winner first, then
+    every other tile timed, largest first."""
+    others = ", ".join(f"{knob}={t}: {c:,}" for t, c in sorted(timed.items(), reverse=True)
+                       if t != best)
+    return (f"{knob}={best}, the fastest of {len(timed)} timed tiles ({timed[best]:,} cycles"
+            + (f"; {others})" if others else ")"))
 
 
 def _build(cfg, workload, epilogue, knobs, op: str, input_path: str = "acc8"):
@@ -273,11 +286,14 @@ def _build(cfg, workload, epilogue, knobs, op: str, input_path: str = "acc8"):
         pre = [alu for st in normalize_epilogue([("add", wl.offset), ("clip", wl.lo, wl.hi)])
                for alu in alu_ops(cfg, st)]
     gemm = check_input_path(cfg, input_path, what)
+    tiling = None
     if knobs == "cycles" and gemm and op == "add":
         tile, timed = _timed_build(cfg, wl, epilogue, op, input_path)
         if timed is not None:       # the winner's program, built to be timed
             return timed
         knobs = EltwiseKnobs(tile=tile)
+        tiling = (f"tile={tile}, the largest that fits, untimed: a halving would be under "
+                  f"{MIN_TIMED_TILE} rows or make over {MAX_TIMED_TILES} tiles")
     knobs = knobs_from(knobs, EltwiseKnobs, {"tps": EltwiseKnobs, "fallback": EltwiseKnobs})
     slots = check_slots(knobs.slots, what)
 
@@ -336,6 +352,8 @@ def _build(cfg, workload, epilogue, knobs, op: str, input_path: str = "acc8"):
         IdentityInput.write_identity(prog)
     info = dict(tile=tile, slots=slots, tiles=n_tiles, acc_used=regions * tile,
                 input_path=input_path)
+    if tiling is not None:
+        info["tiling"] = tiling
     inputs = [("data", shape, np.int8)] + ([("data1", shape, np.int8)] if op == "add" else [])
     compiled = {"add": CompiledAdd, "hswish": CompiledHswish, "unary": CompiledUnary}[op]
     return compiled(cfg, wl, epilogue, prog, inputs, shape, {"build": time.perf_counter() - t0},

@@ -510,6 +510,9 @@ def timed_channel_tile(cfg: VTAConfig, wl: PoolWorkload, epilogue, mode: str, sc
     largest = _build_pool(cfg, wl, epilogue, "tps", mode, schedule, input_path, lean)
     th, tc = largest.info["tile_h"], largest.info["tile_c"]
     if th < wl.out_height or tc == 1:
+        why = (f"a tile holds {th} of {wl.out_height} output rows" if th < wl.out_height
+               else "a tile holds one channel block")
+        largest.info["tiling"] = f"tile_h={th} tile_c={tc}, the largest tile, untimed: {why}"
         return largest
     blocks = (wl.batch // cfg.BATCH) * (wl.channels // cfg.BLOCK_OUT)
     tiles, tile = [tc], tc // 2
@@ -520,8 +523,12 @@ def timed_channel_tile(cfg: VTAConfig, wl: PoolWorkload, epilogue, mode: str, sc
     def build(t: int) -> CompiledPool:
         return _build_pool(cfg, wl, epilogue, PoolKnobs(tile_h=th, tile_c=t), mode, schedule,
                            input_path, lean)
-    best, compiled = fastest_build(cfg, tiles, build, {tc: largest})
-    return build(tc) if best == tc else compiled
+    best, compiled = fastest_build(cfg, tiles, build, {tc: largest}, knob="tile_c")
+    if best != tc:
+        return compiled
+    out = build(tc)
+    out.info["tiling"] = compiled.info["tiling"]
+    return out
 
 
 def _build_pool(cfg, wl: PoolWorkload, epilogue, knobs, mode: str,
