@@ -108,6 +108,21 @@ def rtl_device():
         pytest.skip(f"no RTL library: {err}")
 
 
+def assert_csp_bit_exact_on(device, compiled, workload, epilogue, seed: int) -> None:
+    """Run the CSP program ``compiled`` (``build_gemm``) on ``device`` with random operands of
+    ``workload`` and check its output against the numpy reference of the workload
+    (``tvm_csp_embed.reference``), after checking that the device ran it."""
+    from tvm_csp_embed.reference import reference_for
+
+    inputs, expected, unpack = reference_for("conv2d", "csp-relaxed")(
+        compiled.config, workload, epilogue, np.random.default_rng(seed))
+    sim = device.simulator(compiled.config)
+    sim.take_cycles()
+    out, _ = compiled.run(*inputs, simulator=sim)
+    assert sum(sim.take_cycles()) > 0      # the device ran it
+    np.testing.assert_array_equal(unpack(out), expected)
+
+
 @pytest.fixture(scope="module")
 def rtl():
     """:func:`rtl_device`, once per module."""

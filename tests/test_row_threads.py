@@ -11,9 +11,11 @@ and the layer was load-bound on ``pipelined``. Checked here:
   knobs), the image rows of a plain NCHW conv (unchanged), the walked pixel tile loop of a
   weights-in-A fused-crs conv (bit-exact at a point with two threads there);
 * the padded twin's fastest point splits the columns into two threads, loads the input once
-  (the simulator's byte counter, against the unrolled input counted by hand) and the event-driven
-  cycle model times it below the embedding's own fastest point;
-* a Relax build ranking by VTA cycles takes the twin on ``pipelined``, bit-exact against numpy
+  (the simulator's byte counter, against the unrolled input counted by hand), as the own
+  program's output-channel threads now do too (reuse-aware double buffering), and the
+  event-driven cycle model times it within 5 % of the embedding's own fastest point;
+* a Relax build ranking by VTA cycles takes the twin or the own program on ``pipelined``
+  (:func:`test_relax_build_bit_exact`), bit-exact against numpy
   and llvm; on ``default`` and ``pynq`` the build stays bit-exact whatever it
   takes; the twin's column-thread program is bit-exact on the pynq RTL.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import conv2d_nchw, conv_chain, rtl_device, run_module
+from conftest import assert_csp_bit_exact_on, conv2d_nchw, conv_chain, rtl_device, run_module
 
 import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
 import vta_ext
@@ -50,6 +52,21 @@ def _own_and_twins(cfg, base, layout):
     return own, [c for c in cands if c.place == own.workload]
 
 
+def _padded(cfg, own, extra):
+    """The packed program of ``own``'s twin padded by ``extra`` (``(dim, elements)``), built here:
+    whether the candidates offer it depends on the estimate (it is offered only where it beats
+    the own program; since the own program's two output-channel threads load the input once,
+    reuse-aware double buffering, it does not for this shape)."""
+    import dataclasses
+
+    from tvm_csp_embed.candidates import packed_of
+
+    dim, elements = extra
+    pad = list(own.workload.pad)
+    pad[own.embedding.workload.dims.index(dim)] += elements
+    return packed_of(dataclasses.replace(own.workload, pad=tuple(pad)), cfg)
+
+
 @pytest.mark.parametrize("w,extra", [(120, ("ow", 1)), (118, None)])
 def test_the_plain_columns_carry_the_threads_by_hand(w, extra):
     cfg = load_config("pipelined")
@@ -62,7 +79,8 @@ def test_the_plain_columns_carry_the_threads_by_hand(w, extra):
     # column (odd columns only) carries threads on the columns too
     assert vt_loops(pg) == ["k"]
     assert thread_padding(pg) == extra
-    assert [vt_loops(t.packed) for t in twins] == ([["k", "ow"]] if extra else [])
+    if extra:
+        assert vt_loops(_padded(cfg, own, extra)) == ["k", "ow"]
 
 
 def test_an_nchw_conv_keeps_its_image_row_threads():
@@ -77,28 +95,31 @@ def test_an_nchw_conv_keeps_its_image_row_threads():
 
 
 def test_the_padded_twin_loads_the_input_once_and_is_faster():
+    """The twin's column threads load the unrolled input once; so, since reuse-aware double
+    buffering, do the own program's output-channel threads (thread 0 loads it for both), and
+    the twin is no longer faster: measured 21,374 against 21,490 cycles without a bias (25,926
+    against 25,329 with one, where it is no longer offered)."""
     cfg = load_config("pipelined")
     h, w = 41, 120
-    own, twins = _own_and_twins(cfg, _cw(h, w), "fused-rs")
-    assert len(twins) == 1
-    twin = twins[0]
+    own, _ = _own_and_twins(cfg, _cw(h, w), "fused-rs")
+    twin = _padded(cfg, own, ("ow", 1))
     oh, ow = (h - R) // STRIDE + 1, (w - S) // STRIDE + 1
-    assert [lp.extent for lp in twin.packed.loops if lp.name == "ow"] == [ow + 1]
+    assert [lp.extent for lp in twin.loops if lp.name == "ow"] == [ow + 1]
     ep = EPILOGUE[1:]           # no bias: the input buffer holds the data alone
-    fast, slow = cycle_point(cfg, twin.packed, ep).knobs, cycle_point(cfg, own.packed, ep).knobs
+    fast, slow = cycle_point(cfg, twin, ep).knobs, cycle_point(cfg, own.packed, ep).knobs
     assert fast["vt_ow"] == 2 and fast["vt_k"] == 1 and fast["tile_k"] == 2
+    assert slow["vt_k"] == 2
 
     def run(pg, knobs):
         return CycleModel(cfg).run_program(build_gemm(cfg, pg, ep, knobs).program)
-    t_fast, t_slow = run(twin.packed, fast), run(own.packed, slow)
+    t_fast, t_slow = run(twin, fast), run(own.packed, slow)
     # the stencil-unrolled input by hand: one row of 7 blocks of 16 (R*S = 100 -> 112) per output
-    # pixel; each output-channel thread loads it (the own program's point: one thread and both
-    # channel blocks in one tile since the estimate prices the early-released loads, two threads
-    # before), the column threads once (one more column)
+    # pixel; the column threads load it once (one more column), the output-channel threads once
+    # too (thread 0 for both)
     unrolled = oh * 7 * 16
-    assert t_slow.dram_bytes["inp"] == slow["vt_k"] * unrolled * ow
+    assert t_slow.dram_bytes["inp"] == unrolled * ow
     assert t_fast.dram_bytes["inp"] == unrolled * (ow + 1)
-    assert t_fast.total_cycles < 0.95 * t_slow.total_cycles
+    assert t_fast.total_cycles < 1.05 * t_slow.total_cycles
 
 
 def _module(h, w):
@@ -136,17 +157,19 @@ def test_relax_build_bit_exact(config):
     np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(got, run_module(mod, "llvm", arrays))
     if config == "pipelined":
-        # ranked by VTA cycles, the twin with one more (zero) column and the column threads
+        # ranked by VTA cycles: the twin with one more (zero) column and the column threads, or,
+        # since reuse-aware double buffering loads the input once for the two output-channel
+        # threads (25,329 cycles against the twin's 25,926, as measured), the own program
         ow = (120 - S) // STRIDE + 1
         assert "in layout fused-rs" in p.detail, p.detail
-        assert f"output columns {ow}->{ow + 1}" in p.detail and "vt_ow=2" in p.detail, p.detail
+        assert ((f"output columns {ow}->{ow + 1}" in p.detail and "vt_ow=2" in p.detail)
+                or "vt_k=2" in p.detail), p.detail
 
 
 def test_the_twin_is_bit_exact_on_the_pynq_rtl():
     """The twin's program at its column-thread point, run on the RTL of the pynq design against
     the numpy reference of the workload (pynq's choice is another embedding, so the point is
     built directly), race-free at pynq's hazard distance."""
-    from tvm_csp_embed.reference import reference_for
     from vta_ext.hazard import program_violations
 
     device = rtl_device()
@@ -161,13 +184,7 @@ def test_the_twin_is_bit_exact_on_the_pynq_rtl():
     knobs = grid.point(min(valid, key=lambda i: grid.cycles[i]))
     compiled = build_gemm(cfg, twin.packed, EPILOGUE, knobs)
     assert program_violations(compiled.program, (3, 3)) == []
-    inputs, expected, unpack = reference_for("conv2d", "csp-relaxed")(
-        cfg, twin.workload, EPILOGUE, np.random.default_rng(7))
-    sim = device.simulator(cfg)
-    sim.take_cycles()
-    out, _ = compiled.run(*inputs, simulator=sim)
-    assert sum(sim.take_cycles()) > 0      # the device ran it
-    np.testing.assert_array_equal(unpack(out), expected)
+    assert_csp_bit_exact_on(device, compiled, twin.workload, EPILOGUE, 7)
 
 
 def test_output_pixel_lanes_thread_their_plain_tile_loop_bit_exact():

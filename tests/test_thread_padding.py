@@ -69,19 +69,22 @@ def test_thread_padding_by_hand(k, extra):
 
 def test_the_padded_twin_is_faster_by_the_cycle_model():
     cfg = load_config("pipelined")
-    base = _conv(256, 6, 200)
+    # squeezenet's classifier (1000 channels, 63 tiles; 256 -> 200 channels at 6x6, 13 tiles,
+    # took the twin before reuse-aware double buffering: its own program's two row threads now
+    # load the weights once and beat it, so it is no longer offered)
+    base = _conv(512, 6, 1000)
     cands, _ = candidates(cfg, base, "relaxed", ["NCHW"], EPILOGUE)
     own = next(c for c in cands if c.place is None and c.embedding.mapping_str() == "x=1 y=k16 z=c16")
     twins = [c for c in cands if c.place == own.workload]
-    # 13 tiles: one more (14) and the multiple of four (16), each offered where it beats the own
+    # 63 tiles: one more (64, a multiple of four), offered where it beats the own
     dims = own.embedding.workload.dims
     extents = sorted(lp.extent for t in twins for lp in t.packed.loops if lp.name == "k")
-    assert extents in ([14], [14, 16]), extents
-    # the one-tile twin's workload is the embedding's with 16 more output channels of padding
+    assert extents == [64], extents
+    # the twin's workload is the embedding's with 16 more output channels of padding
     pad = list(own.workload.pad)
     pad[dims.index("k")] += 16
     twin = next(t for t in twins if t.workload == dataclasses.replace(own.workload, pad=tuple(pad)))
-    assert [lp.extent for lp in twin.packed.loops if lp.name == "k"] == [14]
+    assert [lp.extent for lp in twin.packed.loops if lp.name == "k"] == [64]
     ep = gemm_bias_epilogue(EPILOGUE)
     fast = cycle_point(cfg, twin.packed, ep).knobs
     assert fast["vt_k"] == 2
@@ -131,9 +134,16 @@ def test_a_bias_kept_off_the_lanes_may_be_added_by_a_gemm():
     # lanes for a fold; the program adds the bias by the GEMM instead (before the twin of the kept
     # bias existed, the ALU ADD: the twin was offered for the folded candidate only, which it
     # refuses)
-    assert re.search(r"x=1 y=k16 z=(c4\*r4|s4\*c4), bias by GEMM", p.plan), p.plan
-    assert "bias added by one GEMM per output tile" in p.detail, p.detail
-    assert "not folded: the objective prefers it to the fold into 7 lanes" in p.detail, p.detail
+    gemm = r"x=1 y=k16 z=(c4\*r4|s4\*c4)"
+    if re.search(gemm + ", bias by GEMM", p.plan):
+        assert "bias added by one GEMM per output tile" in p.detail, p.detail
+        assert "not folded: the objective prefers it to the fold into 7 lanes" in p.detail, p.detail
+    else:
+        # since reuse-aware double buffering, the r4*s4 gather with the bias in 12 lanes is as
+        # fast end to end (19,731 against 19,773 cycles): the twin adding the bias by a GEMM is
+        # still offered and timed, the runner-up
+        assert re.search(r"next NCHW " + gemm + r" \(A<-data, [^)]*bias by GEMM\)", p.detail), \
+            p.detail
 
 
 @pytest.mark.parametrize("k,extra", [(912, [16, 48]), (200, [16, 48]), (1000, [16]), (512, [])])

@@ -20,8 +20,8 @@ import numpy as np
 
 from ..collector import gc_paused
 from .biasfold import gemm_bias_operands
-from .knobs import (KnobPoint, Pruned, check_point, cycle_point, fallback_point, knob_names,
-                    tps_point)
+from .knobs import (REUSE_GAIN, KnobPoint, Pruned, check_point, cycle_point, fallback_point,
+                    knob_names, reuse_pays, reused_operands, tps_point)
 from .plan import PackedGemm
 from .residual import knob_view
 from .schedule import (RESIDUAL_IDENTITY, acc_init_of, bias_shape, gemm_bias_shapes,
@@ -159,7 +159,8 @@ class CompiledGemm:
 
 def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
                acc_init: Optional[str] = None, early_release: Optional[bool] = None,
-               late_fill: Optional[bool] = None, share_resident: bool = True) -> CompiledGemm:
+               late_fill: Optional[bool] = None, share_resident: bool = True,
+               reuse: Optional[bool] = None) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
     ``"reset"``, :data:`~.schedule.ACC_INITS`; None: :func:`~.schedule.acc_init_of`) says how each
     output tile's accumulator is zeroed; ``early_release`` lets a tile's first load wait for the
@@ -177,6 +178,11 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     is loaded once, by thread 0, and read by all (``lower_to_runtime(share_resident=True)``);
     on by default (where no tile qualifies nothing changes and ``generated.release`` says why;
     the knob estimate charges such a tile once, :func:`.knobs._shared_resident`).
+    ``reuse``: where the program has exactly two virtual threads and a tile both would load with
+    the same data, that tile is loaded once, by thread 0, alternately into its two copies
+    (reuse-aware double buffering, ``lower_to_runtime(reuse=None)``); None (default): where the
+    knob estimate prices it faster (:func:`~.knobs.reuse_pays`), True: wherever it applies,
+    False: never (``generated.release`` says where and why not).
     The epilogue runs in its fewest ALU passes
     (:func:`vta_ext.templates.epilogue.simplify_epilogue`).
 
@@ -196,7 +202,7 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     MobileNetV2 or ResNeXt-50 224 build, about 0.15 s each).
     """
 
-    args = (acc_init, early_release, late_fill, share_resident)
+    args = (acc_init, early_release, late_fill, share_resident, reuse)
     with gc_paused():
         first = residual_first_point(cfg, pg, epilogue, knobs)
         if first is not None:
@@ -236,9 +242,14 @@ def _emit(cfg, gen, shapes: Dict[str, tuple]):
     return q.synchronize()
 
 
+#: the release note's clause where the estimate declines reuse-aware double buffering
+_REUSE_DECLINED = (f"no reuse-aware double buffering: the estimate prices it above "
+                   f"{REUSE_GAIN:.0%} of the cycles without it")
+
+
 def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str],
                 early_release: Optional[bool], late_fill: Optional[bool] = None,
-                share_resident: bool = True) -> CompiledGemm:
+                share_resident: bool = True, reuse: Optional[bool] = None) -> CompiledGemm:
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule
@@ -257,14 +268,17 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
     lowered = lower_schedule(sch.mod)
     func = lowered["csp_gemm"] if "csp_gemm" in [g.name_hint for g in lowered.functions] else \
         list(lowered.functions.values())[0]
+    declined = reuse is None and not reuse_pays(cfg, pg, epilogue, point)
     try:
         gen = lower_to_runtime(cfg, func, early_release=(
             acc_init == "fill" if early_release is None else early_release), late_fill=late_fill,
-            share_resident=share_resident)
+            share_resident=share_resident, reuse=False if declined or reuse is False else None)
     except SramOverflowError as err:
         message = (f"embedding {pg.embedding.mapping_str()} with knobs {point} on {cfg.name!r}: "
                    f"{err}. Reduce the tile knobs or the virtual threads")
         raise (KnobError if explicit else Conv2dRefusal)(message) from None
+    if declined and any(np.any(v) for v in reused_operands(pg, point).values()):
+        gen.release = "; ".join(x for x in (gen.release, _REUSE_DECLINED) if x)
     t2 = time.perf_counter()
     A, B, C = (pg.operands[r] for r in "ABC")
     shapes = {A.tensor: A.stored_shape, B.tensor: B.stored_shape, "out": C.stored_shape}

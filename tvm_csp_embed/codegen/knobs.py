@@ -52,7 +52,7 @@ from .schedule import acc_init_of
 
 __all__ = ["KnobPoint", "Pruned", "KnobGrid", "knob_names", "knob_domain", "knob_defaults",
            "check_point", "evaluate", "enumerate_points", "knob_grid", "cached_grid", "search",
-           "tps_point", "cycle_point", "seed_tps_point",
+           "tps_point", "cycle_point", "seed_tps_point", "reused_operands", "reuse_pays",
            "fallback_point", "compute_work", "BYTE_COUNTERS", "ORDER_KNOB"]
 
 #: the loop-order knob (values: :data:`~.loops.ORDERS`)
@@ -379,26 +379,123 @@ def _measure(cfg, pg: PackedGemm, ep: Tuple[tuple, ...], k: Mapping[str, Any], o
     else:
         runs = c["threads"]
     loads = {role: _shared_once(pg, k, role, c["threads"], loads[role]) for role in "AB"}
+    late = _late_fill(pg, k, c)
+    plain = _priced(pg, k, order, c, loads, nbytes, res, runs, late)
+    # (a tile the threads share already counts once: _shared_once)
+    shared = {r: v & ~_loaded_once(pg, k, r, c["threads"], loads[r])
+              for r, v in reused_operands(pg, k).items()}
+    reuse = False
+    if np.any(shared["A"] | shared["B"]):
+        twice = _priced(pg, k, order, c, _reused_loads(loads, shared), nbytes, res, runs, late)
+        reuse = (shared["A"] | shared["B"]) & (twice["cycles"] <= REUSE_GAIN * plain["cycles"])
+        plain = {key: (_where(reuse, twice[key], v) if key != "busy" else
+                       {n: np.where(reuse, twice[key][n], x) for n, x in v.items()})
+                 for key, v in plain.items()}
+    extra = c["bias_gemm"]
+    if extra is not None:       # the bias GEMM's operands, loaded at the store point
+        sram = {n: v + extra["sram"].get(n, 0) for n, v in sram.items()}
+        insns = insns + extra["insns"]
+    return {"sram": sram, "uops": c["uops"], "folded": c["folded"], "bytes": plain["bytes"],
+            "insns": insns,
+            # (the late fill's plan releases the loads itself: release_after_gemm then finds no
+            # tile loop that starts with a fill)
+            "busy": plain["busy"], "released": _released(c, runs) & ~late, "late": late,
+            "reuse": reuse, "cycles": plain["cycles"] + c["fetch"]}
+
+
+#: reuse-aware double buffering is taken where the estimate prices it at most this share of the
+#: cycles without it: it moves a load step after its own thread's GEMM (:func:`_reuse_chain`),
+#: which the estimate prices within a few per cent, and on compute-bound points, whose estimate
+#: is off by as much, the halved loads changed which point the search took (SqueezeNet 1.1's
+#: 1x16x27x27 * 64x16 3x3 on ``pipelined``: 40,353 -> 44,202 cycles when every gain counted)
+REUSE_GAIN = 0.95
+
+
+def _where(cond, a, b):
+    if isinstance(a, dict):
+        return {n: _where(cond, a[n], b[n]) for n in a}
+    return np.where(cond, a, b)
+
+
+def _priced(pg: PackedGemm, k: Mapping[str, Any], order: int, c: Mapping[str, Any],
+            loads: Mapping[str, Mapping[str, Any]], nbytes: Mapping[str, Any], res: Optional[str],
+            runs, late) -> Dict[str, Any]:
+    """``bytes``, ``busy`` and ``cycles`` (without the fetch) of :func:`_measure`'s points with
+    the operands' ``loads`` (:func:`_operand_loads` per operand, the resident one's at its loop;
+    a reused operand's halved, :func:`_reused_loads`)."""
+    reused = {r: loads[r].get("reused", False) for r in "AB"}
+    # each thread's own loads at the load steps (not the resident operand's, not a reused one's)
+    own = sum(np.where(reused[r], 0, loads[r]["busy"]) for r in "AB" if r != res)
     nbytes = {**nbytes, "inp_load_nbytes": loads["A"]["nbytes"],
               "wgt_load_nbytes": loads["B"]["nbytes"]}
     load, resident, res_loads = _load_busy(loads, res)
     extra = c["bias_gemm"]
     if extra is not None:       # the bias GEMM's operands, loaded at the store point
-        sram = {n: v + extra["sram"].get(n, 0) for n, v in sram.items()}
         nbytes = {n: v + extra["bytes"].get(n, 0) for n, v in nbytes.items()}
-        insns, load = insns + extra["insns"], load + extra["busy"]
+        load = load + extra["busy"]
     busy = {"load": load, "resident": resident, **c["busy"]}
-    late = _late_fill(pg, k, c)
     # (with a bias GEMM its loads and GEMM form a second [loads] [GEMMs] pair per store point,
     # which the late pipeline does not model: the early-release estimate prices it, whose
     # release the late fill's plan also makes)
     priced_late = late if extra is None else False
-    return {"sram": sram, "uops": c["uops"], "folded": c["folded"], "bytes": nbytes, "insns": insns,
-            # (the late fill's plan releases the loads itself: release_after_gemm then finds no
-            # tile loop that starts with a fill)
-            "busy": busy, "released": _released(c, runs) & ~late, "late": late,
-            "cycles": _pipeline(busy, c["pipeline"], res_loads, _streams_weights(pg, k, res, order),
-                                _released(c, runs) & ~priced_late, runs, priced_late) + c["fetch"]}
+    cycles = _pipeline(busy, c["pipeline"], res_loads, _streams_weights(pg, k, res, order),
+                       _released(c, runs) & ~priced_late, runs, priced_late)
+    either = reused["A"] | reused["B"]
+    if np.any(either):
+        cycles = np.where(either, np.maximum(cycles, _reuse_chain(busy, c["pipeline"], own,
+                                                                  priced_late)), cycles)
+    return {"bytes": nbytes, "busy": busy, "cycles": cycles}
+
+
+def reused_operands(pg: PackedGemm, k: Mapping[str, Any]) -> Dict[str, Any]:
+    """Per operand (``"A"``, ``"B"``), whether the build loads its tiles once for both threads
+    (reuse-aware double buffering, ``build_gemm``'s ``reuse``; a bool, or a bool array over a
+    grid): the point has exactly two virtual threads and the operand sees none of the loops that
+    carry them (its loads then move the same data in both threads,
+    :func:`vta_ext.lower.alloc.shared_buffers`)."""
+    vts = vt_loops(pg)
+    two = np.asarray(_prod(k[f"vt_{n}"] for n in vts)) == 2
+    out = {}
+    for role in "AB":
+        _, unused = _operand_dims(pg, role)
+        seen = [n for n in vts if n not in unused]
+        out[role] = two & ~np.asarray(_prod([1] + [k[f"vt_{n}"] for n in seen]) > 1)
+    return out
+
+
+def _reused_loads(loads: Mapping[str, Mapping[str, Any]], reused: Mapping[str, Any]):
+    """``loads`` (:func:`_operand_loads` per operand) with a reused operand's
+    (:func:`reused_operands`) loads, bytes and busy cycles halved, and ``reused`` set where it is:
+    thread 0 loads each of its tiles once for both threads."""
+    out = dict(loads)
+    for role, shared in reused.items():
+        if not np.any(shared):
+            continue
+        one = loads[role]
+        out[role] = {**one, "reused": shared,
+                     "nbytes": np.where(shared, one["nbytes"] // 2, one["nbytes"]),
+                     "loads": np.where(shared, one["loads"] // 2, one["loads"]),
+                     "busy": np.where(shared, one["busy"] / 2, one["busy"])}
+    return out
+
+
+def _reuse_chain(busy, p: Mapping[str, Any], own, late: Any = False):
+    """A lower bound on the cycles of a point whose build loads an operand once for both threads
+    (:func:`reused_operands`); ``own``: the busy cycles of the loads each thread makes for itself
+    at the load steps (all threads). Thread 0 loads the shared tile with its own, and each of its
+    load steps still waits for its own GEMM of the step before (the thread's tokens), so thread
+    0's loads of a step and its GEMM step run in sequence (the other thread's loads run under that
+    GEMM). A group of store points (one per thread) takes ``steps - 1`` of those pairs and then the
+    longer of: the last pair, or the last two GEMM steps, the ``t`` epilogues, a store and the
+    next fill (the next group's first GEMM waits for them; its first loads run under them). Under
+    the late fill (``late``, :func:`_late_fill`) a thread's fill waits for its own store only,
+    which runs under the other thread's compute: the last pair alone (the compute module's own
+    bound is :func:`_pipeline`'s). Before the first group: the resident operand's loads and one
+    load step; after the last, a store."""
+    L = p["t"] * busy["load"] / p["per"]      # a load step of both threads
+    pair = L - own / p["per"] + p["g"]         # thread 0's loads of a step, then its GEMM step
+    last = np.where(late, pair, np.maximum(pair, 2 * p["g"] + p["te"] + p["s"] + p["r"]))
+    return busy["resident"] + L + p["st"] * ((p["steps"] - 1) * pair + last) + p["s"]
 
 
 def _late_fill(pg: PackedGemm, k: Mapping[str, Any], c: Mapping[str, Any]):
@@ -582,17 +679,24 @@ def _shared_once(pg: PackedGemm, k: Mapping[str, Any], role: str, threads,
     busy cycles then count once instead of once per thread; ``loads`` (the load steps, which
     :func:`_pipeline` spreads over the groups) and the tile's entries (each thread keeps its
     copy allocated) do not change."""
-    seen = {v for d in pg.operands[role].dims for v, _ in d.terms}
-    split = [k[f"vt_{n}"] for n in vt_loops(pg) if n in seen]
-    apart = _prod(split) > 1 if split else False
-    shared = ((np.asarray(threads) >= 2) & (np.asarray(loads["loads"]) == np.asarray(threads))
-              & ~np.asarray(apart))
+    shared = _loaded_once(pg, k, role, threads, loads)
     if not shared.any():
         return loads
     n = np.where(shared, threads, 1)
     if n.ndim == 0:
         return {**loads, "nbytes": loads["nbytes"] // int(n), "busy": loads["busy"] / int(n)}
     return {**loads, "nbytes": loads["nbytes"] // n, "busy": loads["busy"] / n}
+
+
+def _loaded_once(pg: PackedGemm, k: Mapping[str, Any], role: str, threads,
+                 loads: Mapping[str, Any]):
+    """Where :func:`_shared_once` counts operand ``role``'s tile once for all ``threads`` (a bool
+    array): two or more threads, each loading it once, none on a loop the operand sees."""
+    seen = {v for d in pg.operands[role].dims for v, _ in d.terms}
+    split = [k[f"vt_{n}"] for n in vt_loops(pg) if n in seen]
+    apart = _prod(split) > 1 if split else False
+    return ((np.asarray(threads) >= 2) & (np.asarray(loads["loads"]) == np.asarray(threads))
+            & ~np.asarray(apart))
 
 
 def _dma_shape(free, regions, sums, ins, loads):
@@ -917,6 +1021,30 @@ def evaluate(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str,
     return KnobPoint(k, {c: int(v) for c, v in m["bytes"].items()},
                      {n: int(v) for n, v in m["sram"].items()}, int(m["uops"]), int(m["insns"]),
                      _cycles_int(m["cycles"]))
+
+
+def reuse_pays(cfg, pg: PackedGemm, epilogue: Sequence[tuple], knobs: Mapping[str, int]) -> bool:
+    """Whether the estimate of the (full, structurally valid) point ``knobs`` takes reuse-aware
+    double buffering (:func:`reused_operands`, :data:`REUSE_GAIN`): what ``build_gemm`` builds
+    by default.
+
+    Parameters
+    ----------
+    cfg : VTAConfig
+    pg : PackedGemm
+    epilogue : sequence of tuple
+    knobs : mapping
+        A full point (:func:`check_point`).
+
+    Returns
+    -------
+    bool
+    """
+    from vta_ext.templates.epilogue import normalize_epilogue
+
+    k = dict(knobs)
+    m = _measure(cfg, pg, normalize_epilogue(epilogue), k, k.get(ORDER_KNOB, 0))
+    return bool(np.any(m["reuse"]))
 
 
 def enumerate_points(cfg, pg: PackedGemm, epilogue: Sequence[tuple]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..config import VTAConfig
 from ..isa import MemType, Stage
@@ -295,7 +295,7 @@ class GeneratedProgram:
         self.fn(q, buffers)
 
 
-def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
+def lower_to_runtime(cfg: VTAConfig, func, reuse: Optional[bool] = False,
                      early_release: bool = False, late_fill: Optional[bool] = False,
                      share_resident: bool = False) -> GeneratedProgram:
     """Lower a PrimFunc (after :func:`lower_schedule`) to a :class:`GeneratedProgram`.
@@ -306,8 +306,10 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
         The target configuration.
     func : tvm.tirx.PrimFunc
         The function after :func:`vta_ext.lower.passes.lower_schedule`.
-    reuse : bool
-        Reuse-aware double buffering (paper §IV.D). Needs exactly two virtual threads. Every
+    reuse : bool or None
+        Reuse-aware double buffering (paper §IV.D). Needs exactly two virtual threads (None:
+        where the program has two and a tile both would load, else off; the program's
+        ``release`` ends with a note saying which tiles, or why none). Every
         per-thread INP/WGT buffer whose loads do not depend on the virtual thread (both threads
         would load the same DRAM data) is loaded once, by thread 0, alternately into its two
         halves; the GEMMs of both threads read the half loaded last. The token protocol is
@@ -336,6 +338,9 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
     nthreads = count_threads(items)
     used = allocate(cfg, conv.bufs, nthreads)
     shared: Dict[str, str] = {}
+    reuse_note = ""
+    if reuse is None:
+        reuse, reuse_note = _reuse_applies(items, nthreads)
     if reuse:
         if nthreads != 2:
             raise LoweringError(f"reuse-aware double buffering needs exactly 2 virtual threads, the "
@@ -356,7 +361,7 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
     release = ""
     if early_release:
         items, release = release_after_gemm(items)
-    release = "; ".join(x for x in (fill_note, release, share_note) if x)
+    release = "; ".join(x for x in (fill_note, release, share_note, reuse_note) if x)
     em = _Emitter(cfg, shared, once)
     for var in shared.values():
         em.line(1, f"{var} = 1")
@@ -369,6 +374,22 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: bool = False,
     exec(compile(src, "<vta_lowered>", "exec"), ns)
     return GeneratedProgram(src, ns["_generated"], sorted(conv.globals), used, nthreads,
                             sorted(shared), release)
+
+
+#: how :func:`lower_to_runtime`'s note starts where ``reuse=None`` double-buffers a tile
+REUSED = "reuse-aware double buffering of"
+
+
+def _reuse_applies(items: list, nthreads: int) -> Tuple[bool, str]:
+    """``(applies, note)`` of ``reuse=None``: reuse-aware double buffering applies where the
+    program has exactly two virtual threads and a per-thread tile both would load with the same
+    data (:func:`~.alloc.shared_buffers`)."""
+    if nthreads != 2:
+        return False, ""
+    tiles = shared_buffers(items)
+    if not tiles:
+        return False, "no reuse-aware double buffering: each thread loads its own data"
+    return True, f"{REUSED} {', '.join(tiles)} (loaded once for both threads, halves alternate)"
 
 
 def _region_dmas(items) -> list:
