@@ -100,15 +100,16 @@ def test_full_size_bit_exact(name):
     _check_bit_exact(name, 224)
 
 
-def _csp_relaxed_bit_exact(name: str, size: int, config: str):
-    """Build the quantised example ``name`` at ``size`` under csp-relaxed for ``config`` and for
-    llvm, check the outputs equal to the bit (and not all zero); the ext_vta build report."""
+def _csp_relaxed_bit_exact(name: str, size: int, config: str, **options):
+    """Build the quantised example ``name`` at ``size`` under csp-relaxed (and ``options`` of
+    :func:`vta_ext.build_options`) for ``config`` and for llvm, check the outputs equal to the bit
+    (and not all zero); the ext_vta build report."""
     import tvm_csp_embed  # noqa: F401  (registers csp-relaxed)
 
     _, qm, _, data = quantized_example(name, size)
     outputs = []
     for target in (vta_ext.vta_target(config), "llvm"):
-        with vta_ext.build_options(strategy="csp-relaxed"):
+        with vta_ext.build_options(strategy="csp-relaxed", **options):
             vm = relax.VirtualMachine(relax.build(qm.mod, target=target), tvm.cpu())
         if target != "llvm":
             report = vta_ext.last_build_report()
@@ -120,10 +121,10 @@ def _csp_relaxed_bit_exact(name: str, size: int, config: str):
 
 @pytest.mark.slow
 def test_regnet_x_400mf_112_fused_adds_bit_exact():
-    """regnet_x_400mf 112 on ``pipelined``: residual adds fused into their convs where the cycle
-    model prefers it (``vta_ext.offload.fusion``), the output equal to llvm's to the bit, the
+    """regnet_x_400mf 112 on ``pipelined`` with ``fuse_residual=True``: residual adds fused into
+    their convs where the cycle model prefers it (``vta_ext.offload.fusion``), the output equal to llvm's to the bit, the
     fused operators' floors below their cycles."""
-    report = _csp_relaxed_bit_exact("regnet_x_400mf", 112, "pipelined")
+    report = _csp_relaxed_bit_exact("regnet_x_400mf", 112, "pipelined", fuse_residual=True)
     fused = [p for p in report.on_vta if p.reason.startswith("conv2d + add")]
     assert fused
     assert all(report.floor(p).total <= report.cycles(p) for p in fused)

@@ -208,7 +208,7 @@ def test_fusion_off_by_the_build_option_says_so():
     np.testing.assert_array_equal(got, ref)
     assert runs == ["conv2d", "conv2d", "add"]
     (add,) = [p for p in report.on_vta if p.op == "relax.add"]
-    assert "not fused into its conv: off (build_options(fuse_residual=False))" in add.detail
+    assert "not fused into its conv: off (build_options(fuse_residual=True) turns it on)" in add.detail
 
 
 def test_a_fused_point_without_room_for_the_residual_tile_is_not_a_failed_build(monkeypatch):
@@ -256,7 +256,7 @@ def test_fused_program_bit_exact_on_the_pynq_rtl():
     device = rtl_device()
     mod = _residual_module()
     x = np.random.default_rng(1).integers(-128, 128, (1, 16, 14, 14)).astype(np.int8)
-    with vta_ext.build_options(strategy="csp-relaxed"):
+    with vta_ext.build_options(strategy="csp-relaxed", fuse_residual=True):
         vm = relax.VirtualMachine(relax.build(mod, target=vta_target("pynq")), tvm.cpu())
     assert any("residual add" in p.detail for p in vta_ext.last_build_report().on_vta)
     vta_ext.clear_run_log()

@@ -152,7 +152,7 @@ class Offloader(PyExprMutator):
         fusion_note = ""
         if m.kind == "add" and template.strategy in FUSING_STRATEGIES:
             if not options.fuse_residual:
-                fusion_note = "off (build_options(fuse_residual=False))"
+                fusion_note = "off (build_options(fuse_residual=True) turns it on)"
             else:
                 fused, fusion_note = self._fuse(m, plan, key)
                 if fused is not None:
