@@ -79,6 +79,7 @@ from .choice import (AGREEMENT_SLACK, CPU, CYCLE_RANKED, RANK_FACTOR, STOCK, STO
                      consumer_key, gc_paused,
                      host_relayout_seconds, objective_key, plan_host_bytes)
 from .codegen.build import build_gemm
+from .fusion import ResidualSupport
 from .codegen.knobs import KnobPoint, cached_grid, cycle_point, fallback_point, knob_names, tps_point
 from .codegen.knobs import seed_tps_point
 from .operators import LAYOUTS, OPERATOR_KINDS, operator_params, operator_text
@@ -113,6 +114,9 @@ class CspGemmTemplate(OpTemplate):
     """The CSP template of a GEMM operator kind (conv2d, dense) under one CSP strategy."""
 
     workload_type = CspWorkload
+    #: the residual stage this template's programs take (``vta_ext.offload.fusion`` reaches it
+    #: through the template, never by importing the plugin)
+    residual = ResidualSupport()
 
     def __init__(self, kind: str, strategy: str) -> None:
         self.kind = kind

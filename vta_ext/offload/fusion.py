@@ -88,11 +88,12 @@ class ResidualFusion:
         return alone, ""
 
     def refusal(self, conv: FusableConv, add, add_plan, config) -> Optional[str]:
-        """Why ``add`` cannot fuse into ``conv`` (one line), or None."""
-        from tvm_csp_embed.codegen.residual import residual_refusal
-
+        """Why ``add`` cannot fuse into ``conv`` (one line), or None. The residual stage is the
+        conv template's to give (its ``residual`` attribute: the plugin's
+        :class:`tvm_csp_embed.codegen.residual.ResidualSupport`); ``vta_ext`` never imports it."""
         strategy = conv.template.strategy
-        if strategy not in FUSING_STRATEGIES:
+        residual = getattr(conv.template, "residual", None)
+        if strategy not in FUSING_STRATEGIES or residual is None:
             return f"the conv's strategy {strategy} takes no residual stage"
         if getattr(conv.plan.workload, "stock", None):
             return "the conv runs the stock template, which takes no residual stage"
@@ -105,48 +106,15 @@ class ResidualFusion:
         if tuple(add_plan.out_layout.shape) != tuple(conv.plan.out_layout.shape):
             return (f"the add's packed layout {tuple(add_plan.out_layout.shape)} is not the "
                     f"conv's output layout {tuple(conv.plan.out_layout.shape)}")
-        return residual_refusal(conv.op.epilogue)
+        return residual.refusal(conv.op.epilogue)
 
     @staticmethod
     def knob_choices(conv: FusableConv, epilogue, config) -> Iterator[Any]:
         """The knobs a fused program of ``conv`` with ``epilogue`` is built with on ``config``,
-        in the order tried, each computed only when the one before did not build (the first
-        that builds is kept, ``Offloader._fuse``). Where the conv's policy is a preset, the
-        point its own program was built at comes first (on regnet_x_1_6gf 224 ``pipelined`` and
-        ``default`` never slower than the preset searched again with the add's stages); then
-        the preset's point for the fused epilogue
-        (:func:`tvm_csp_embed.codegen.build.residual_first_point`) and the point of the halved
-        buffers (:func:`tvm_csp_embed.codegen.residual.knob_view`), which leaves the residual
-        tile room. A point whose residual tile does not fit
-        (:func:`tvm_csp_embed.codegen.residual.residual_overflow`) is left out, not lowered."""
-        import dataclasses
-
-        from tvm_csp_embed.candidates import program_epilogue
-        from tvm_csp_embed.codegen.build import residual_first_point, resolve_knobs
-        from tvm_csp_embed.codegen.residual import knob_view, residual_overflow
-
-        from ..errors import TemplateRefusal
-        from ..executor import compiled_op
-
-        compiled = compiled_op(conv.key) if isinstance(conv.knobs, str) else None
-        if not dataclasses.is_dataclass(getattr(compiled, "knobs", None)):
-            yield conv.knobs
-            return
-        pg, program_ep = compiled.plan, program_epilogue(conv.plan.workload, epilogue)
-        own = dataclasses.asdict(compiled.knobs)
-        if not residual_overflow(config, pg, program_ep, own):
-            yield own
-        try:
-            first = residual_first_point(config, pg, program_ep, conv.knobs)
-        except TemplateRefusal:     # no point of the preset: its build says why
-            yield conv.knobs
-            return
-        if first != own and not residual_overflow(config, pg, program_ep, first):
-            yield first
-        view_cfg, view_ep = knob_view(config, program_ep)
-        halved = resolve_knobs(view_cfg, pg, view_ep, conv.knobs)[0]
-        if halved not in (own, first):
-            yield halved
+        in the order tried, each computed only when the one before did not build: the conv's
+        template's (``template.residual.knob_choices``, in the plugin:
+        :func:`tvm_csp_embed.codegen.residual.fused_knob_choices`)."""
+        return conv.template.residual.knob_choices(conv, epilogue, config)
 
     def compile(self, key: str, config) -> Optional[str]:
         """Compile the fused program ``key`` (cached by :func:`vta_ext.executor.compiled_op`);

@@ -211,8 +211,6 @@ class Offloader(PyExprMutator):
         """The residual ``add`` fused into the conv that produces one of its operands
         (:mod:`~vta_ext.offload.fusion`): the fused call's unpacked output, or None and why
         not (one line)."""
-        from tvm_csp_embed.codegen.residual import fused_epilogue
-
         found, why = self.fusion.candidates(add)
         best, reasons, slowest = None, [], []
         for conv, index in found:
@@ -222,7 +220,7 @@ class Offloader(PyExprMutator):
             if refused:
                 reasons.append(refused)
                 continue
-            epilogue = fused_epilogue(conv.op.epilogue, add.epilogue)
+            epilogue = conv.template.residual.fused_epilogue(conv.op.epilogue, add.epilogue)
             for knobs in self.fusion.knob_choices(conv, epilogue, self.config):
                 key = op_key(conv.op.kind, conv.template.strategy, self.config,
                              conv.plan.workload, epilogue, knobs)
