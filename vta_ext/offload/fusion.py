@@ -20,15 +20,15 @@ the add's own program, nor runs the cycle model (:meth:`ResidualFusion.decide`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 import logging
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from tvm import relax
 
-logger = logging.getLogger("vta_ext")
-
 __all__ = ["ResidualFusion", "FusableConv", "strategy_fuses"]
+
+logger = logging.getLogger("vta_ext")
 
 
 def strategy_fuses(strategy: str) -> bool:
@@ -225,7 +225,7 @@ class ResidualFusion:
         except (TemplateRefusal, KnobError) as err:
             return dict(fused=False, knobs=None, cycles=None, by="",
                         words=f"an own program is refused: {err}"), False
-        refused = "no knob choice"
+        refused = "no knob point of the fused program to try"
         for knobs in self.knob_choices(conv, epilogue, config):
             key = op_key(conv.op.kind, conv.template.strategy, config, conv.plan.workload,
                          epilogue, knobs)
