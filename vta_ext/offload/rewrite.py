@@ -157,7 +157,12 @@ class Offloader(PyExprMutator):
             if not options.fuse_residual:
                 fusion_note = "off (build_options(fuse_residual=False))"
             else:
-                fused, fusion_note = self._fuse(m, plan, key)
+                try:
+                    fused, fusion_note = self._fuse(m, plan, key)
+                except VTABuildError:
+                    raise
+                except Exception as err:
+                    raise self._failed(m, strategy, err) from err
                 if fused is not None:
                     return fused
         if fusing and not self._compile(m, strategy, key):
