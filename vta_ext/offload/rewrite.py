@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
