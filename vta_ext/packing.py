@@ -31,7 +31,8 @@ from tvm import relax
 
 __all__ = ["BlockedActivation", "BlockedMatrix", "FlatActivation", "pack_conv_weight", "pack_depthwise_weight",
            "pack_channel_bias", "ceil_to", "padding_text", "same_arrangement", "as_blocked",
-           "channel_shuffle_map", "apply_steps_numpy", "blocked_arrangement"]
+           "channel_shuffle_map", "apply_steps_numpy", "blocked_arrangement", "blocked_prefix",
+           "hands_over"]
 
 
 def ceil_to(value: int, multiple: int) -> int:
@@ -145,6 +146,65 @@ def as_blocked(layout) -> Optional["BlockedActivation"]:
     n, c, h, w = (int(v) for v in src)
     blocked = BlockedActivation(n, c, h, w, int(shape[4]), int(shape[5]))
     return blocked if same_arrangement(layout, blocked) else None
+
+
+def blocked_prefix(layout) -> Optional["BlockedActivation"]:
+    """The stock blocked arrangement of ``layout``'s NCHW source when its packed tensor is the
+    first channel blocks of ``layout``'s, and ``layout`` has more of them; else None.
+
+    An embedding whose odd output-channel loop is padded by zero-weight blocks so that it carries
+    two virtual threads (``tvm_csp_embed.candidates.thread_padded_twins``) writes 1000 channels in
+    64 blocks where the stock arrangement has 63. With one batch block and the channel-block axis
+    outermost (``(1, C/k, H, W, b, k)``) the 63-block tensor is the padded one's first
+    ``63 * H * W * b * k`` elements: a consumer reads it in place (``vta_ext.run_placed``'s ``b:e``
+    channel-block view), no host pass. Decided on a probe as :func:`same_arrangement` is: the
+    source numbered 1, 2, ... packed by ``layout`` and cut to the first blocks equals the blocked
+    packing, and the blocks after them hold no source element.
+
+    >>> blocked_prefix(BlockedActivation(1, 32, 4, 4, 1, 16)) is None   # already blocked
+    True
+    """
+    if isinstance(layout, BlockedActivation):
+        return None
+    src, shape = getattr(layout, "src_shape", None), getattr(layout, "shape", None)
+    if src is None or shape is None or len(src) != 4 or len(shape) != 6 \
+            or not hasattr(layout, "pack_numpy"):
+        return None
+    n, c, h, w = (int(v) for v in src)
+    blocked = BlockedActivation(n, c, h, w, int(shape[4]), int(shape[5]))
+    want = blocked.shape
+    if int(shape[0]) != 1 or want[0] != 1 or tuple(int(v) for v in shape[2:]) != want[2:] \
+            or int(shape[1]) <= want[1]:
+        return None
+    try:
+        return blocked if _prefix_arrangement(layout, blocked) else None
+    except TypeError:  # an unhashable layout: compare without the cache
+        return blocked if _prefix_arrangement.__wrapped__(layout, blocked) else None
+
+
+@functools.lru_cache(maxsize=256)
+def _prefix_arrangement(layout, blocked: "BlockedActivation") -> bool:
+    size = math.prod(blocked.src_shape)
+    dtype = np.int32 if size < np.iinfo(np.int32).max else np.int64
+    probe = np.arange(1, size + 1, dtype=dtype).reshape(blocked.src_shape)
+    packed = np.asarray(layout.pack_numpy(probe))
+    blocks = blocked.shape[1]
+    return bool(np.array_equal(packed[:, :blocks], blocked.pack_numpy(probe))
+                and not packed[:, blocks:].any())
+
+
+def hands_over(layout, taken) -> bool:
+    """Whether a consumer that takes its input in ``taken`` reads it from a packed tensor in
+    ``layout`` with no host pass: the same arrangement (:func:`same_arrangement`), or ``taken``
+    is the stock blocked arrangement that is the first channel blocks of ``layout``
+    (:func:`blocked_prefix`, read in place). The one test the offload pass
+    (``vta_ext.offload.handover``) and the CSP choice's host layout pricing share."""
+    if layout is None or taken is None:
+        return False
+    if same_arrangement(layout, taken):
+        return True
+    prefix = blocked_prefix(layout)
+    return prefix is not None and same_arrangement(prefix, taken)
 
 
 @dataclass(frozen=True)
