@@ -21,6 +21,13 @@ after the other. Checked here:
   carries them, faster by the cycle model; a Relax build of 256 -> 912 channels pads 912 -> 928
   (two threads of one-block weight tiles sharing the resident data tile, 60,609 VTA cycles; 912
   -> 960, 60,972, before the data tile was shared), bit-exact against llvm.
+* the padded output handed over in place (``vta_ext.packing.blocked_prefix``): with one batch
+  block and the channel-block axis outermost, the twin's 64-block output of 1000 channels holds
+  the stock 63-block arrangement as its first blocks (checked against ``conftest.pack_nchw``);
+  a Relax build of squeezenet's classifier followed by its average pool on VTA takes the twin,
+  the pool reads the first 63 blocks in place, the host layout bytes are only the input's
+  packing and the pool output's unpacking (a count by hand), bit-exact against llvm; a
+  padded twin's program at two weight threads runs bit-exact on the ``pynq`` RTL.
 """
 from __future__ import annotations
 
@@ -29,17 +36,20 @@ import re
 
 import numpy as np
 import pytest
-from conftest import bind_constants, conv_module, run_module
+from conftest import (assert_csp_bit_exact_on, bind_constants, conv_chain, conv_module,
+                      pack_nchw, rtl_device, run_module)
+from tvm import relax
 
 import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
 import vta_ext
 from tvm_csp_embed.candidates import candidates, packed_of, thread_padded_twins
 from tvm_csp_embed.codegen.biasfold import gemm_bias_epilogue
 from tvm_csp_embed.codegen.build import build_gemm
-from tvm_csp_embed.codegen.knobs import cycle_point
+from tvm_csp_embed.codegen.knobs import cycle_point, knob_grid
 from tvm_csp_embed.codegen.loops import thread_padding, thread_paddings
 from tvm_csp_embed.strategy import CspWorkload
 from vta_ext.config import load_config
+from vta_ext.packing import BlockedActivation, blocked_prefix, hands_over
 from vta_ext.sim.cycles import CycleModel
 
 EPILOGUE = (("bias",), ("shr", 8), ("clip", -128, 127))
@@ -192,3 +202,91 @@ def test_a_multiple_of_four_blocks_carries_the_threads_where_one_more_block_cann
 def test_relax_build_pads_912_channels_for_two_threads_and_stays_bit_exact():
     p = _pipelined_build(13, 256, 912, 7, 1, stride=1, padding=0)
     assert "out channels 912->928" in p.detail and "vt_k=2" in p.detail, p.detail
+
+
+# ------------------------------------------------------------------ the padded output in place
+def test_the_padded_output_holds_the_blocked_layout_as_its_first_blocks():
+    """The classifier's twin (1000 channels in 64 blocks) packs a tensor so that its first 63
+    blocks are the stock blocked packing (``pack_nchw`` of the tensor zero-padded to 1008
+    channels, by hand) and the 64th holds no element of it; the embedding's own 63-block layout
+    is that arrangement already (no prefix), and both hand over to a consumer taking it."""
+    cfg = load_config("pipelined")
+    base = _conv(512, 6, 1000)
+    cands, _ = candidates(cfg, base, "relaxed", ["NCHW"], EPILOGUE)
+    own = next(c for c in cands if c.place is None and c.embedding.mapping_str() == "x=1 y=k16 z=c16")
+    (twin,) = [c for c in cands if c.place == own.workload]
+    padded, mine = twin.packed.operands["C"].host, own.packed.operands["C"].host
+    assert tuple(padded.shape) == (1, 64, 6, 6, 1, 16)
+    stock = BlockedActivation(1, 1000, 6, 6, 1, 16)
+    assert blocked_prefix(padded) == stock and blocked_prefix(mine) is None
+    assert hands_over(padded, stock) and hands_over(mine, stock)
+    x = np.random.default_rng(3).integers(-128, 128, (1, 1000, 6, 6)).astype(np.int8)
+    packed = padded.pack_numpy(x)
+    by_hand = pack_nchw(np.pad(x, ((0, 0), (0, 8), (0, 0), (0, 0))), 1, 16)
+    np.testing.assert_array_equal(packed[:, :63], by_hand)
+    assert not packed[:, 63:].any()
+    # two batch blocks: the first channel blocks of each batch block are not one byte range
+    two = BlockedActivation(2, 1000, 6, 6, 1, 16)
+    assert blocked_prefix(dataclasses.replace(two, c=1024)) is None
+
+
+def _classifier_and_pool(seed):
+    """``main(x)``: squeezenet1_1's classifier (1x512x6x6 -> 1000 channels, bias, shift, clip)
+    and its global average pool (6x6 window, clip), with constant weights and bias; the input."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-128, 128, (1000, 512, 1, 1)).astype(np.int8)
+    b = rng.integers(-20000, 20000, (1, 1000, 1, 1)).astype(np.int32)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 512, 6, 6), "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = conv_chain(bb, x, relax.const(w), relax.const(b), shift=8, clip=(-128, 127))
+            y = bb.emit(relax.op.nn.avg_pool2d(relax.op.astype(y, "int32"), (6, 6)))
+            y = bb.emit(relax.op.clip(y, -128, 127))
+            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
+        bb.emit_func_output(out)
+    return bb.get(), rng.integers(-128, 128, (1, 512, 6, 6)).astype(np.int8)
+
+
+@pytest.mark.usefixtures("fresh_embedding_cache")
+def test_the_pool_reads_the_padded_classifier_output_in_place_bit_exact():
+    mod, x = _classifier_and_pool(21)
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        got = run_module(mod, vta_ext.vta_target("pipelined"), [x])
+    report = vta_ext.last_build_report()
+    np.testing.assert_array_equal(got, run_module(mod, "llvm", [x]))
+    conv, pool = report.on_vta
+    assert (conv.op, pool.op) == ("relax.nn.conv2d", "relax.nn.avg_pool2d")
+    assert "out channels 1000->1024" in conv.detail and "vt_k=2" in conv.detail, conv.detail
+    assert "held as its first 63 (the stock blocked layout)" in conv.detail, conv.detail
+    # priced with the input's packing only (from the host), none for the output
+    assert re.search(r"chosen for fewest cycles end to end: [\d,]+ cycles end to end "
+                     rf"\([\d,]+ VTA \+ {512 * 36:,} B host layout\)", conv.detail), conv.detail
+    assert "read in place as the first 63 channel blocks" in pool.detail, pool.detail
+    # host layout, by hand: x packed (512 x 6 x 6 B, one transpose, no padding) and the pool's
+    # 1 x 1008 output unpacked (a transpose of 1008 B, the crop to 1000 B); nothing around the
+    # conv's 64-block output
+    assert report.layout_bytes == 512 * 36 + 1008 + 1000
+
+
+def test_a_padded_twin_at_two_weight_threads_is_bit_exact_on_the_pynq_rtl():
+    """200 output channels (13 blocks) padded by one block of zero weights (14 = 2 x 7) at a point
+    with two weight threads, on the RTL of the pynq design against the numpy reference of the
+    workload, race-free at pynq's hazard distance; its output holds the stock 13-block layout as
+    its first blocks (what a consumer reads in place)."""
+    from vta_ext.hazard import program_violations
+
+    device = rtl_device()
+    cfg = load_config("pynq")
+    own = _nchw(cfg, _conv(64, 6, 200))[0]
+    pad = list(own.workload.pad)
+    pad[own.embedding.workload.dims.index("k")] += 16
+    twin = dataclasses.replace(own.workload, pad=tuple(pad))
+    pg = packed_of(twin, cfg)
+    assert blocked_prefix(pg.operands["C"].host) == BlockedActivation(1, 200, 6, 6, 1, 16)
+    grid = knob_grid(cfg, pg, EPILOGUE)
+    valid = [int(i) for i in np.flatnonzero(grid.valid) if grid.point(int(i))["vt_k"] == 2]
+    assert valid, "no valid point threads the output channels"
+    compiled = build_gemm(cfg, pg, EPILOGUE, grid.point(min(valid, key=lambda i: grid.cycles[i])))
+    assert program_violations(compiled.program, (3, 3)) == []
+    assert_csp_bit_exact_on(device, compiled, twin, EPILOGUE, 9)
