@@ -28,6 +28,13 @@ after the other. Checked here:
   the pool reads the first 63 blocks in place, the host layout bytes are only the input's
   packing and the pool output's unpacking (a count by hand), bit-exact against llvm; a
   padded twin's program at two weight threads runs bit-exact on the ``pynq`` RTL.
+* an odd image-row loop padded by one row (``codegen.loops.thread_paddings``; squeezenet's
+  27 x 27 squeeze, one output block): the zero input row is the DMA's (the twin's input layout
+  is the producer's blocked one) and the 28-row output holds the 27-row blocked layout as its
+  first rows; a Relax build of the squeeze and a 3x3 conv consuming it takes the twin at two row
+  threads, the consumer reads the first 27 rows in place, host layout only the input's packing
+  and the output's unpacking (by hand), bit-exact against llvm; a row twin's program at two row
+  threads, its padded row read as DMA zeros, runs bit-exact on the ``pynq`` RTL.
 """
 from __future__ import annotations
 
@@ -49,7 +56,7 @@ from tvm_csp_embed.codegen.knobs import cycle_point, knob_grid
 from tvm_csp_embed.codegen.loops import thread_padding, thread_paddings
 from tvm_csp_embed.strategy import CspWorkload
 from vta_ext.config import load_config
-from vta_ext.packing import BlockedActivation, blocked_prefix, hands_over
+from vta_ext.packing import BlockedActivation, blocked_prefix, hands_over, prefix_axis
 from vta_ext.sim.cycles import CycleModel
 
 EPILOGUE = (("bias",), ("shr", 8), ("clip", -128, 127))
@@ -159,11 +166,13 @@ def test_a_bias_kept_off_the_lanes_may_be_added_by_a_gemm():
 @pytest.mark.parametrize("k,extra", [(912, [16, 48]), (200, [16, 48]), (1000, [16]), (512, [])])
 def test_thread_paddings_by_hand(k, extra):
     """One more block, and three more where one does not give a multiple of four blocks: 912
-    channels are 57 blocks (58 = 2 x 29, 60 = 4 x 15), 200 are 13 (14, 16), 1000 are 63 (64)."""
+    channels are 57 blocks (58 = 2 x 29, 60 = 4 x 15), 200 are 13 (14, 16), 1000 are 63 (64).
+    512 channels are 32 blocks, an even weight loop: the odd loop padded is the 7 image rows',
+    by one row (8 rows, a multiple of four)."""
     cfg = load_config("pipelined")
     own = _nchw(cfg, _conv(64, 7, k))[0]
     assert own.embedding.mapping_str() == "x=1 y=k16 z=c16"
-    assert thread_paddings(own.packed) == [("k", e) for e in extra]
+    assert thread_paddings(own.packed) == ([("k", e) for e in extra] if extra else [("oh", 1)])
 
 
 def _acc_rows(cfg) -> int:
@@ -290,3 +299,90 @@ def test_a_padded_twin_at_two_weight_threads_is_bit_exact_on_the_pynq_rtl():
     compiled = build_gemm(cfg, pg, EPILOGUE, grid.point(min(valid, key=lambda i: grid.cycles[i])))
     assert program_violations(compiled.program, (3, 3)) == []
     assert_csp_bit_exact_on(device, compiled, twin, EPILOGUE, 9)
+
+
+# ------------------------------------------------------------------ an odd row loop, in place
+def _row_twin(cfg, c, hw, k):
+    """The embedding ``x=1 y=k16 z=c16`` of a 1x1 conv (one output block: the rows carry the
+    threads) and its twin padded by one output row."""
+    cands, _ = candidates(cfg, _conv(c, hw, k), "relaxed", ["NCHW"], EPILOGUE)
+    own = next(c for c in cands if c.place is None and c.embedding.mapping_str() == "x=1 y=k16 z=c16")
+    pad = list(own.workload.pad)
+    pad[own.embedding.workload.dims.index("oh")] += 1
+    return own, dataclasses.replace(own.workload, pad=tuple(pad))
+
+
+def test_an_odd_row_loop_is_padded_by_one_row_the_dma_reads_as_zero():
+    """27 rows (tiles of 1, 3, 9 or 27 rows: an odd count, never two threads) padded to 28: the
+    twin's input is the producer's blocked layout (the DMA pads the 28th row), its output is 28
+    rows whose first 27 are the blocked layout (``pack_nchw``, by hand)."""
+    cfg = load_config("pipelined")
+    own, twin = _row_twin(cfg, 128, 27, 16)
+    assert thread_paddings(own.packed) == [("oh", 1)]
+    pg = packed_of(twin, cfg)
+    assert tuple(pg.operands["A"].host.shape) == BlockedActivation(1, 128, 27, 27, 1, 16).shape
+    out = pg.operands["C"].host
+    assert tuple(out.shape) == (1, 1, 28, 27, 1, 16)
+    assert blocked_prefix(out) == BlockedActivation(1, 16, 27, 27, 1, 16)
+    assert prefix_axis(out.shape, (1, 1, 27, 27, 1, 16)) == 2
+    y = np.random.default_rng(4).integers(-128, 128, (1, 16, 27, 27)).astype(np.int8)
+    packed = out.pack_numpy(y)
+    np.testing.assert_array_equal(packed[:, :, :27], pack_nchw(y, 1, 16))
+    assert not packed[:, :, 27:].any()
+    assert cycle_point(cfg, pg, gemm_bias_epilogue(EPILOGUE)).knobs["vt_oh"] == 2
+
+
+def _squeeze_and_expand(seed):
+    """``main(x)``: squeezenet1_1's 27 x 27 squeeze (1x128x27x27 -> 16 channels) and a 3x3 conv
+    (pad 1, 64 channels) consuming it, each with bias, shift and ReLU clip, constant weights."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.integers(-128, 128, (16, 128, 1, 1)).astype(np.int8)
+    b1 = rng.integers(-20000, 20000, (1, 16, 1, 1)).astype(np.int32)
+    w2 = rng.integers(-128, 128, (64, 16, 3, 3)).astype(np.int8)
+    b2 = rng.integers(-20000, 20000, (1, 64, 1, 1)).astype(np.int32)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 128, 27, 27), "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = conv_chain(bb, x, relax.const(w1), relax.const(b1), shift=8, clip=(0, 127))
+            y = conv_chain(bb, y, relax.const(w2), relax.const(b2), padding=1, shift=8,
+                           clip=(0, 127))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), rng.integers(-128, 128, (1, 128, 27, 27)).astype(np.int8)
+
+
+@pytest.mark.usefixtures("fresh_embedding_cache")
+def test_the_3x3_conv_reads_the_row_padded_squeeze_in_place_bit_exact():
+    mod, x = _squeeze_and_expand(22)
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        got = run_module(mod, vta_ext.vta_target("pipelined"), [x])
+    report = vta_ext.last_build_report()
+    np.testing.assert_array_equal(got, run_module(mod, "llvm", [x]))
+    squeeze, expand = report.on_vta
+    assert "output rows 27->28" in squeeze.detail and "vt_oh=2" in squeeze.detail, squeeze.detail
+    assert "output padded to 28 rows, held as its first 27" in squeeze.detail, squeeze.detail
+    assert "read in place as the first 27 rows" in expand.detail, expand.detail
+    # host layout, by hand: x packed (128 x 27 x 27 B, one transpose) and the 64-channel output
+    # unpacked (64 x 27 x 27 B); nothing around the squeeze's 28-row output or its input row
+    assert report.layout_bytes == 128 * 729 + 64 * 729
+
+
+def test_a_row_twin_at_two_row_threads_is_bit_exact_on_the_pynq_rtl():
+    """A 9-row 1x1 conv (one output block) padded to 10 rows, at a point with two row threads, on
+    the RTL of the pynq design against the numpy reference: the 10th input row is read as zeros
+    by the DMA (its input layout is the unpadded blocked one); race-free at pynq's hazard
+    distance."""
+    from vta_ext.hazard import program_violations
+
+    device = rtl_device()
+    cfg = load_config("pynq")
+    _, twin = _row_twin(cfg, 32, 9, 16)
+    pg = packed_of(twin, cfg)
+    assert tuple(pg.operands["A"].host.shape) == BlockedActivation(1, 32, 9, 9, 1, 16).shape
+    grid = knob_grid(cfg, pg, EPILOGUE)
+    valid = [int(i) for i in np.flatnonzero(grid.valid) if grid.point(int(i))["vt_oh"] == 2]
+    assert valid, "no valid point threads the output rows"
+    compiled = build_gemm(cfg, pg, EPILOGUE, grid.point(min(valid, key=lambda i: grid.cycles[i])))
+    assert program_violations(compiled.program, (3, 3)) == []
+    assert_csp_bit_exact_on(device, compiled, twin, EPILOGUE, 10)

@@ -32,7 +32,7 @@ from tvm import relax
 __all__ = ["BlockedActivation", "BlockedMatrix", "FlatActivation", "pack_conv_weight", "pack_depthwise_weight",
            "pack_channel_bias", "ceil_to", "padding_text", "same_arrangement", "as_blocked",
            "channel_shuffle_map", "apply_steps_numpy", "blocked_arrangement", "blocked_prefix",
-           "hands_over"]
+           "prefix_axis", "hands_over"]
 
 
 def ceil_to(value: int, multiple: int) -> int:
@@ -150,16 +150,17 @@ def as_blocked(layout) -> Optional["BlockedActivation"]:
 
 def blocked_prefix(layout) -> Optional["BlockedActivation"]:
     """The stock blocked arrangement of ``layout``'s NCHW source when its packed tensor is the
-    first channel blocks of ``layout``'s, and ``layout`` has more of them; else None.
+    first elements of ``layout``'s, which has more of them; else None.
 
-    An embedding whose odd output-channel loop is padded by zero-weight blocks so that it carries
-    two virtual threads (``tvm_csp_embed.candidates.thread_padded_twins``) writes 1000 channels in
-    64 blocks where the stock arrangement has 63. With one batch block and the channel-block axis
-    outermost (``(1, C/k, H, W, b, k)``) the 63-block tensor is the padded one's first
-    ``63 * H * W * b * k`` elements: a consumer reads it in place (``vta_ext.run_placed``'s ``b:e``
-    channel-block view), no host pass. Decided on a probe as :func:`same_arrangement` is: the
-    source numbered 1, 2, ... packed by ``layout`` and cut to the first blocks equals the blocked
-    packing, and the blocks after them hold no source element.
+    An embedding padded so that an odd thread loop carries two virtual threads
+    (``tvm_csp_embed.codegen.loops.thread_paddings``) writes an output larger than the stock
+    arrangement along one packed axis: 1000 channels in 64 blocks where the stock has 63 (the
+    channel-block axis), or 28 output rows where the image has 27 (the row axis). When every
+    packed axis before that one has extent 1 (one batch block; one channel block for rows), the
+    stock tensor is the padded one's first elements, a contiguous range that a consumer reads in
+    place (``vta_ext.run_placed``'s ``b:e`` view, :func:`prefix_axis`), no host pass. Decided on
+    a probe as :func:`same_arrangement` is: the source numbered 1, 2, ... packed by ``layout`` and
+    cut to the stock extent equals the blocked packing, and the rest holds no source element.
 
     >>> blocked_prefix(BlockedActivation(1, 32, 4, 4, 1, 16)) is None   # already blocked
     True
@@ -172,9 +173,7 @@ def blocked_prefix(layout) -> Optional["BlockedActivation"]:
         return None
     n, c, h, w = (int(v) for v in src)
     blocked = BlockedActivation(n, c, h, w, int(shape[4]), int(shape[5]))
-    want = blocked.shape
-    if int(shape[0]) != 1 or want[0] != 1 or tuple(int(v) for v in shape[2:]) != want[2:] \
-            or int(shape[1]) <= want[1]:
+    if prefix_axis(tuple(int(v) for v in shape), blocked.shape) is None:
         return None
     try:
         return blocked if _prefix_arrangement(layout, blocked) else None
@@ -182,21 +181,39 @@ def blocked_prefix(layout) -> Optional["BlockedActivation"]:
         return blocked if _prefix_arrangement.__wrapped__(layout, blocked) else None
 
 
+def prefix_axis(shape: Sequence[int], prefix: Sequence[int]) -> Optional[int]:
+    """The axis along which a C-order tensor of ``prefix`` shape is the first elements of one of
+    ``shape``: the one axis where ``prefix`` is shorter, every axis before it of extent 1 in
+    both; None when there is no such axis.
+
+    >>> prefix_axis((1, 64, 6, 6, 1, 16), (1, 63, 6, 6, 1, 16)), prefix_axis(
+    ...     (1, 1, 28, 27, 1, 16), (1, 1, 27, 27, 1, 16)), prefix_axis((1, 2, 28, 27), (1, 2, 27, 27))
+    (1, 2, None)
+    """
+    if len(shape) != len(prefix):
+        return None
+    differ = [i for i, (a, b) in enumerate(zip(shape, prefix)) if a != b]
+    if len(differ) != 1 or prefix[differ[0]] > shape[differ[0]]:
+        return None
+    axis = differ[0]
+    return axis if all(v == 1 for v in shape[:axis]) else None
+
+
 @functools.lru_cache(maxsize=256)
 def _prefix_arrangement(layout, blocked: "BlockedActivation") -> bool:
     size = math.prod(blocked.src_shape)
     dtype = np.int32 if size < np.iinfo(np.int32).max else np.int64
     probe = np.arange(1, size + 1, dtype=dtype).reshape(blocked.src_shape)
-    packed = np.asarray(layout.pack_numpy(probe))
-    blocks = blocked.shape[1]
-    return bool(np.array_equal(packed[:, :blocks], blocked.pack_numpy(probe))
-                and not packed[:, blocks:].any())
+    packed = np.asarray(layout.pack_numpy(probe)).reshape(-1)
+    first = math.prod(blocked.shape)
+    return bool(np.array_equal(packed[:first], blocked.pack_numpy(probe).reshape(-1))
+                and not packed[first:].any())
 
 
 def hands_over(layout, taken) -> bool:
     """Whether a consumer that takes its input in ``taken`` reads it from a packed tensor in
     ``layout`` with no host pass: the same arrangement (:func:`same_arrangement`), or ``taken``
-    is the stock blocked arrangement that is the first channel blocks of ``layout``
+    is the stock blocked arrangement that is the first elements of ``layout``
     (:func:`blocked_prefix`, read in place). The one test the offload pass
     (``vta_ext.offload.handover``) and the CSP choice's host layout pricing share."""
     if layout is None or taken is None:

@@ -7,9 +7,9 @@ shuffles of packed tensors are made on the packed tensors (:meth:`PackedHandover
 concat (or split piece) of one batch block that a VTA operator takes is passed as its parts
 (:meth:`PackedHandover.place`, the ``vta_ext.run_placed`` spec): the runtime places them in the
 operator's DRAM buffer, no host copy. A VTA output whose packed tensor holds the stock blocked
-arrangement as its first channel blocks (an embedding padded by zero-weight blocks for two virtual
-threads, :func:`~vta_ext.packing.blocked_prefix`) is held as that prefix, a channel-block slice
-placed the same way: its consumers read it in place. Where that is not possible the reason is
+arrangement as its first elements (an embedding padded for two virtual threads: zero-weight
+channel blocks, or an output row; :func:`~vta_ext.packing.blocked_prefix`) is held as that
+prefix, a slice placed the same way: its consumers read it in place. Where that is not possible the reason is
 recorded for the report.
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from tvm import relax
 
-from ..packing import as_blocked, blocked_prefix, channel_shuffle_map, same_arrangement
+from ..packing import (as_blocked, blocked_prefix, channel_shuffle_map, prefix_axis,
+                       same_arrangement)
 from ..quantize.common import op_name as _op_name, shape_of as _shape
 from .names import PACK_PREFIX
 
@@ -54,13 +55,14 @@ class PackedHandover:
         self.concat_parts: Dict[str, tuple] = {}
         self.placed_concats: Dict[str, List[str]] = {}  # packed concat var -> consumers placing it
         self._split_pieces: Dict[str, tuple] = {}  # NCHW split var -> (packed, layout, bounds)
-        # bound packed slice var name -> (it, its packed source, first block, end block) when the
-        # source has one batch block (the slice is a contiguous byte range)
+        # bound packed slice var name -> (it, its packed source, first, end, axis) when the source
+        # has extent 1 before the axis (the slice is a contiguous byte range): channel blocks
+        # (axis 1), or the rows of a padded output's prefix (axis 2, :meth:`hold`)
         self._slices: Dict[str, tuple] = {}
         # bound packed slice var names that are the blocked prefix of a padded VTA output (:meth:`hold`)
         self.prefix_slices: set = set()
-        # (first, end) channel blocks of each such prefix the last :meth:`place` read in place
-        self.placed_prefixes: List[Tuple[int, int]] = []
+        # (first, end, axis) of each such prefix the last :meth:`place` read in place
+        self.placed_prefixes: List[Tuple[int, int, int]] = []
         # unpacked result variable name -> the constants its packed tensor's padded channels hold
         # (``OpPlan.out_lanes`` of the VTA operator that made it)
         self._lanes: Dict[str, Tuple[int, ...]] = {}
@@ -73,15 +75,17 @@ class PackedHandover:
              ) -> None:
         """``var`` (an unpacked result) is also held as ``packed`` in ``layout``, whose padded
         channels hold the constants ``lanes`` when they are known. A ``layout`` whose first
-        channel blocks are the stock blocked arrangement (:func:`~vta_ext.packing.blocked_prefix`)
-        is held as that arrangement: a slice of those blocks (one batch block: a contiguous
-        range), which :meth:`place` replaces by ``packed`` read in place."""
+        elements are the stock blocked arrangement (:func:`~vta_ext.packing.blocked_prefix`)
+        is held as that arrangement: a slice of those elements (a contiguous range: channel
+        blocks, or the rows of one channel block), which :meth:`place` replaces by ``packed``
+        read in place."""
         prefix = blocked_prefix(layout)
         if prefix is not None:
-            blocks = prefix.shape[1]
-            piece = self._emit(relax.op.strided_slice(packed, axes=[1], begin=[0], end=[blocks]),
+            axis = prefix_axis(layout.shape, prefix.shape)
+            end = prefix.shape[axis]
+            piece = self._emit(relax.op.strided_slice(packed, axes=[axis], begin=[0], end=[end]),
                                f"{PACK_PREFIX}_prefix_{var.name}")
-            self._slices[piece.name] = (piece, packed, 0, blocks)
+            self._slices[piece.name] = (piece, packed, 0, end, axis)
             self.prefix_slices.add(piece.name)
             # the constants of the padded channels were stated for ``layout``, not the prefix
             packed, layout, lanes = piece, prefix, None
@@ -149,7 +153,7 @@ class PackedHandover:
                     if part.name in self.prefix_slices:
                         self.placed_prefixes.append(piece[2:])
                     out.append(piece[1])
-                    texts.append(f"{piece[2]}:{piece[3]}")
+                    texts.append(f"{piece[2]}:{piece[3]}" + (f"@{piece[4]}" if piece[4] != 1 else ""))
                 else:
                     out.append(part)
                     texts.append("*")
@@ -248,9 +252,10 @@ class PackedHandover:
                            f"{PACK_PREFIX}_split_{binding.var.name}")
         if layout.shape[0] == 1:
             # a piece of a padded output's blocked prefix is the same blocks of the padded tensor
-            source = (self._slices[packed.name][1] if packed.name in self.prefix_slices
-                      else packed)
-            self._slices[piece.name] = (piece, source) + blocks
+            prefix = self._slices.get(packed.name) if packed.name in self.prefix_slices else None
+            # its source's channel blocks when the prefix is some of them, else the prefix's
+            source = prefix[1] if prefix is not None and prefix[4] == 1 else packed
+            self._slices[piece.name] = (piece, source) + blocks + (1,)
         self._packed[binding.var.name] = (binding.var, piece,
                                           dataclasses.replace(layout, c=end - begin))
         self.packed_ops[split_var.name] = (
