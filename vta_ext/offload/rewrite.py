@@ -181,9 +181,10 @@ class Offloader(PyExprMutator):
             detail += ("; split piece read in place from its source's channel blocks "
                        "(vta_ext.run_placed, no host slice)")
         if prefixes:
-            detail += "; input read in place as the first " + ", ".join(
-                f"{end - begin} {_AXIS_WORDS[axis]}" for begin, end, axis in prefixes) + (
-                " of its producer's padded output (vta_ext.run_placed, no host pass)")
+            detail += "; input read in place as " + " and ".join(
+                f"the first {end - begin} {_AXIS_WORDS[axis]}" for begin, end, axis in prefixes) + (
+                f" of {'its producers' if len(prefixes) > 1 else 'its producer'}'s padded "
+                f"output{'s' if len(prefixes) > 1 else ''} (vta_ext.run_placed, no host pass)")
         prefix = blocked_prefix(plan.out_layout)
         if prefix is not None:
             axis = prefix_axis(plan.out_layout.shape, prefix.shape)
