@@ -239,31 +239,61 @@ def test_the_padded_output_holds_the_blocked_layout_as_its_first_blocks():
     assert blocked_prefix(dataclasses.replace(two, c=1024)) is None
 
 
+def _bit_exact_on_pipelined(mod, x):
+    """Build ``mod`` for ``pipelined`` under ``csp-relaxed``, run it on ``x`` on the functional
+    simulator and on llvm; the build report, after checking the two outputs are equal."""
+    with vta_ext.build_options(strategy="csp-relaxed"):
+        got = run_module(mod, vta_ext.vta_target("pipelined"), [x])
+    report = vta_ext.last_build_report()
+    np.testing.assert_array_equal(got, run_module(mod, "llvm", [x]))
+    return report
+
+
+def _bit_exact_on_the_rtl(cfg, pg, workload, knob: str, seed: int) -> None:
+    """``pg``'s program at its fastest valid point (by the knob grid) with ``knob`` = 2 threads,
+    race-free at pynq's hazard distance, run on the RTL bit-exact against the numpy reference
+    of ``workload`` (:func:`conftest.assert_csp_bit_exact_on`)."""
+    from vta_ext.hazard import program_violations
+
+    device = rtl_device()
+    grid = knob_grid(cfg, pg, EPILOGUE)
+    valid = [int(i) for i in np.flatnonzero(grid.valid) if grid.point(int(i))[knob] == 2]
+    assert valid, f"no valid point with {knob}=2"
+    compiled = build_gemm(cfg, pg, EPILOGUE, grid.point(min(valid, key=lambda i: grid.cycles[i])))
+    assert program_violations(compiled.program, (3, 3)) == []
+    assert_csp_bit_exact_on(device, compiled, workload, EPILOGUE, seed)
+
+
+def _module(shape, body):
+    """``main(x)`` of an int8 ``x`` of ``shape`` returning ``body(bb, x)`` (emitted in a
+    dataflow block)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def _classifier_and_pool(seed):
     """``main(x)``: squeezenet1_1's classifier (1x512x6x6 -> 1000 channels, bias, shift, clip)
     and its global average pool (6x6 window, clip), with constant weights and bias; the input."""
     rng = np.random.default_rng(seed)
     w = rng.integers(-128, 128, (1000, 512, 1, 1)).astype(np.int8)
     b = rng.integers(-20000, 20000, (1, 1000, 1, 1)).astype(np.int32)
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 512, 6, 6), "int8"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = conv_chain(bb, x, relax.const(w), relax.const(b), shift=8, clip=(-128, 127))
-            y = bb.emit(relax.op.nn.avg_pool2d(relax.op.astype(y, "int32"), (6, 6)))
-            y = bb.emit(relax.op.clip(y, -128, 127))
-            out = bb.emit_output(bb.emit(relax.op.astype(y, "int8")))
-        bb.emit_func_output(out)
-    return bb.get(), rng.integers(-128, 128, (1, 512, 6, 6)).astype(np.int8)
+
+    def body(bb, x):
+        y = conv_chain(bb, x, relax.const(w), relax.const(b), shift=8, clip=(-128, 127))
+        y = bb.emit(relax.op.nn.avg_pool2d(relax.op.astype(y, "int32"), (6, 6)))
+        y = bb.emit(relax.op.clip(y, -128, 127))
+        return bb.emit(relax.op.astype(y, "int8"))
+    return _module((1, 512, 6, 6), body), rng.integers(-128, 128, (1, 512, 6, 6)).astype(np.int8)
 
 
 @pytest.mark.usefixtures("fresh_embedding_cache")
 def test_the_pool_reads_the_padded_classifier_output_in_place_bit_exact():
-    mod, x = _classifier_and_pool(21)
-    with vta_ext.build_options(strategy="csp-relaxed"):
-        got = run_module(mod, vta_ext.vta_target("pipelined"), [x])
-    report = vta_ext.last_build_report()
-    np.testing.assert_array_equal(got, run_module(mod, "llvm", [x]))
+    report = _bit_exact_on_pipelined(*_classifier_and_pool(21))
     conv, pool = report.on_vta
     assert (conv.op, pool.op) == ("relax.nn.conv2d", "relax.nn.avg_pool2d")
     assert "out channels 1000->1024" in conv.detail and "vt_k=2" in conv.detail, conv.detail
@@ -283,9 +313,6 @@ def test_a_padded_twin_at_two_weight_threads_is_bit_exact_on_the_pynq_rtl():
     with two weight threads, on the RTL of the pynq design against the numpy reference of the
     workload, race-free at pynq's hazard distance; its output holds the stock 13-block layout as
     its first blocks (what a consumer reads in place)."""
-    from vta_ext.hazard import program_violations
-
-    device = rtl_device()
     cfg = load_config("pynq")
     own = _nchw(cfg, _conv(64, 6, 200))[0]
     pad = list(own.workload.pad)
@@ -293,12 +320,7 @@ def test_a_padded_twin_at_two_weight_threads_is_bit_exact_on_the_pynq_rtl():
     twin = dataclasses.replace(own.workload, pad=tuple(pad))
     pg = packed_of(twin, cfg)
     assert blocked_prefix(pg.operands["C"].host) == BlockedActivation(1, 200, 6, 6, 1, 16)
-    grid = knob_grid(cfg, pg, EPILOGUE)
-    valid = [int(i) for i in np.flatnonzero(grid.valid) if grid.point(int(i))["vt_k"] == 2]
-    assert valid, "no valid point threads the output channels"
-    compiled = build_gemm(cfg, pg, EPILOGUE, grid.point(min(valid, key=lambda i: grid.cycles[i])))
-    assert program_violations(compiled.program, (3, 3)) == []
-    assert_csp_bit_exact_on(device, compiled, twin, EPILOGUE, 9)
+    _bit_exact_on_the_rtl(cfg, pg, twin, "vt_k", 9)
 
 
 # ------------------------------------------------------------------ an odd row loop, in place
@@ -340,25 +362,18 @@ def _squeeze_and_expand(seed):
     b1 = rng.integers(-20000, 20000, (1, 16, 1, 1)).astype(np.int32)
     w2 = rng.integers(-128, 128, (64, 16, 3, 3)).astype(np.int8)
     b2 = rng.integers(-20000, 20000, (1, 64, 1, 1)).astype(np.int32)
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 128, 27, 27), "int8"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = conv_chain(bb, x, relax.const(w1), relax.const(b1), shift=8, clip=(0, 127))
-            y = conv_chain(bb, y, relax.const(w2), relax.const(b2), padding=1, shift=8,
-                           clip=(0, 127))
-            out = bb.emit_output(y)
-        bb.emit_func_output(out)
-    return bb.get(), rng.integers(-128, 128, (1, 128, 27, 27)).astype(np.int8)
+
+    def body(bb, x):
+        y = conv_chain(bb, x, relax.const(w1), relax.const(b1), shift=8, clip=(0, 127))
+        return conv_chain(bb, y, relax.const(w2), relax.const(b2), padding=1, shift=8,
+                          clip=(0, 127))
+    return (_module((1, 128, 27, 27), body),
+            rng.integers(-128, 128, (1, 128, 27, 27)).astype(np.int8))
 
 
 @pytest.mark.usefixtures("fresh_embedding_cache")
 def test_the_3x3_conv_reads_the_row_padded_squeeze_in_place_bit_exact():
-    mod, x = _squeeze_and_expand(22)
-    with vta_ext.build_options(strategy="csp-relaxed"):
-        got = run_module(mod, vta_ext.vta_target("pipelined"), [x])
-    report = vta_ext.last_build_report()
-    np.testing.assert_array_equal(got, run_module(mod, "llvm", [x]))
+    report = _bit_exact_on_pipelined(*_squeeze_and_expand(22))
     squeeze, expand = report.on_vta
     assert "output rows 27->28" in squeeze.detail and "vt_oh=2" in squeeze.detail, squeeze.detail
     assert "output padded to 28 rows, held as its first 27" in squeeze.detail, squeeze.detail
@@ -373,16 +388,8 @@ def test_a_row_twin_at_two_row_threads_is_bit_exact_on_the_pynq_rtl():
     the RTL of the pynq design against the numpy reference: the 10th input row is read as zeros
     by the DMA (its input layout is the unpadded blocked one); race-free at pynq's hazard
     distance."""
-    from vta_ext.hazard import program_violations
-
-    device = rtl_device()
     cfg = load_config("pynq")
     _, twin = _row_twin(cfg, 32, 9, 16)
     pg = packed_of(twin, cfg)
     assert tuple(pg.operands["A"].host.shape) == BlockedActivation(1, 32, 9, 9, 1, 16).shape
-    grid = knob_grid(cfg, pg, EPILOGUE)
-    valid = [int(i) for i in np.flatnonzero(grid.valid) if grid.point(int(i))["vt_oh"] == 2]
-    assert valid, "no valid point threads the output rows"
-    compiled = build_gemm(cfg, pg, EPILOGUE, grid.point(min(valid, key=lambda i: grid.cycles[i])))
-    assert program_violations(compiled.program, (3, 3)) == []
-    assert_csp_bit_exact_on(device, compiled, twin, EPILOGUE, 10)
+    _bit_exact_on_the_rtl(cfg, pg, twin, "vt_oh", 10)

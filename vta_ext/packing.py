@@ -16,7 +16,9 @@ host-side layout step, ``packer.operand(expr)`` is the (rewritten) operand, and
 is that operator's result in a layout of the same arrangement (:func:`same_arrangement`: the
 classes may differ, e.g. a CSP embedding's layout that blocks like the stock one); then no
 unpack/pack pair is emitted. Padded lanes
-of a handed-over tensor may hold any value: they meet zero-padded weights or are cut off.
+of a handed-over tensor may hold any value: they meet zero-padded weights or are cut off. A packed
+tensor may also hand over its first elements (:func:`blocked_prefix`, :func:`hands_over`): an
+output padded for two virtual threads holds the stock blocked tensor there, read in place.
 """
 from __future__ import annotations
 
