@@ -230,7 +230,8 @@ def plan_host_bytes(op: MatchedOp, in_layout, out_layout, stock_out) -> int:
     * output, by its users (:func:`output_users`): for a CPU user, unpacking ``out_layout``
       whatever it is (the stock blocked arrangement too); for a VTA operator, nothing if
       ``out_layout`` is the stock blocked arrangement (``stock_out``) that the neighbouring VTA
-      operators take over, else unpacking it (once, shared with a CPU user) and packing into
+      operators take over, or holds it as its first channel blocks (a thread-padded twin's
+      output, read in place: :func:`vta_ext.packing.hands_over`), else unpacking it (once, shared with a CPU user) and packing into
       the stock arrangement again.
     """
     from vta_ext.host import layout_traffic
@@ -248,9 +249,11 @@ def plan_host_bytes(op: MatchedOp, in_layout, out_layout, stock_out) -> int:
 def _output_host_bytes(op: MatchedOp, out_layout, stock_out) -> int:
     """The output's part of :func:`plan_host_bytes`."""
     from vta_ext.host import layout_traffic
-    from vta_ext.packing import same_arrangement
+    from vta_ext.packing import hands_over
 
-    kept = stock_out is not None and out_layout is not None and same_arrangement(out_layout, stock_out)
+    # the stock arrangement itself, or as the first channel blocks of a thread-padded output,
+    # which the consumers read in place (vta_ext.packing.blocked_prefix)
+    kept = hands_over(out_layout, stock_out)
     to_vta, to_cpu = output_users(op)
     repacked = to_vta and not kept
     cost = 0
@@ -865,12 +868,11 @@ def agreement_points(op: MatchedOp, stock_out, in_layout, out_layout) -> int:
     leaving its output in ``out_layout`` (:func:`agree`): one for taking the producer's packed
     output over, one for leaving the output in the stock template's arrangement ``stock_out``
     when a VTA operator uses it (:func:`output_users`; None: no stock plan, no point)."""
-    from vta_ext.packing import same_arrangement
+    from vta_ext.packing import hands_over, same_arrangement
 
     taken = (op.input_layout is not None and in_layout is not None
              and same_arrangement(op.input_layout, in_layout))
-    kept = (output_users(op)[0] and stock_out is not None and out_layout is not None
-            and same_arrangement(out_layout, stock_out))
+    kept = output_users(op)[0] and hands_over(out_layout, stock_out)
     return int(taken) + int(kept)
 
 

@@ -235,7 +235,9 @@ def _execute(key: str, arrays: List[np.ndarray], out, spec: Optional[str] = None
 def _placed_inputs(program, arrays: List[np.ndarray], spec: str, what: str) -> list:
     """The operands of a ``vta_ext.run_placed`` call. ``spec`` lists the operands separated by
     ``,``, each as parts separated by ``+``; a part is one input tensor, whole (``*``) or its
-    channel blocks ``b:e`` (axis 1 of a packed tensor with one batch block: a contiguous view).
+    channel blocks ``b:e`` (axis 1 of a packed tensor with one batch block: a contiguous view),
+    or ``b:e@a`` along axis ``a`` (every axis before it of extent 1: the rows of one channel
+    block, a thread-padded output's prefix, ``vta_ext.packing.blocked_prefix``).
     An operand of several parts is a stand-in whose parts
     :meth:`Program.write <vta_ext.runtime.Program.write>` places side by side in DRAM."""
     operands = [p.split("+") for p in spec.split(",")]
@@ -247,12 +249,14 @@ def _placed_inputs(program, arrays: List[np.ndarray], spec: str, what: str) -> l
         group = []
         for part, array in zip(parts, tensors):
             if part != "*":
-                begin, end = (int(v) for v in part.split(":"))
-                if array.ndim < 2 or array.shape[0] != 1:
+                blocks, _, axis = part.partition("@")
+                axis = int(axis or 1)
+                begin, end = (int(v) for v in blocks.split(":"))
+                if array.ndim <= axis or any(v != 1 for v in array.shape[:axis]):
                     raise ValueError(f"vta_ext.run_placed for {what}: a slice {part} of a tensor "
-                                     f"of shape {array.shape}: only one batch block is a "
-                                     "contiguous range of channel blocks")
-                array = array[:, begin:end]
+                                     f"of shape {array.shape}: only a tensor of extent 1 before "
+                                     f"axis {axis} is a contiguous range along it")
+                array = array[(slice(None),) * axis + (slice(begin, end),)]
             group.append(array)
         if len(group) == 1:
             inputs.append(group[0])
@@ -279,8 +283,9 @@ def _run_placed(*args) -> None:
     """DPS entry: ``inputs..., spec, key, out``. ``spec`` (e.g. ``"*+0:3,*"``) says how the input
     tensors form the operands: operands separated by ``,``, the parts of one by ``+``, a part
     whole (``*``) or channel blocks ``b:e`` of a packed tensor with one batch block (a view, no
-    copy). An operand of several parts is their concat along the channel-block axis, written part
-    by part into the operand's DRAM buffer: no host concatenation, no host slice."""
+    copy), or ``b:e@a`` along axis ``a`` (:func:`_placed_inputs`). An operand of several parts is
+    their concat along the channel-block axis, written part by part into the operand's DRAM
+    buffer: no host concatenation, no host slice."""
     _execute(str(args[-2]), [np.from_dlpack(t) for t in args[:-3]], args[-1], str(args[-3]))
 
 

@@ -16,7 +16,9 @@ host-side layout step, ``packer.operand(expr)`` is the (rewritten) operand, and
 is that operator's result in a layout of the same arrangement (:func:`same_arrangement`: the
 classes may differ, e.g. a CSP embedding's layout that blocks like the stock one); then no
 unpack/pack pair is emitted. Padded lanes
-of a handed-over tensor may hold any value: they meet zero-padded weights or are cut off.
+of a handed-over tensor may hold any value: they meet zero-padded weights or are cut off. A packed
+tensor may also hand over its first elements (:func:`blocked_prefix`, :func:`hands_over`): an
+output padded for two virtual threads holds the stock blocked tensor there, read in place.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from tvm import relax
 
 __all__ = ["BlockedActivation", "BlockedMatrix", "FlatActivation", "pack_conv_weight", "pack_depthwise_weight",
            "pack_channel_bias", "ceil_to", "padding_text", "same_arrangement", "as_blocked",
-           "channel_shuffle_map", "apply_steps_numpy", "blocked_arrangement"]
+           "channel_shuffle_map", "apply_steps_numpy", "blocked_arrangement", "blocked_prefix",
+           "prefix_axis", "hands_over"]
 
 
 def ceil_to(value: int, multiple: int) -> int:
@@ -145,6 +148,82 @@ def as_blocked(layout) -> Optional["BlockedActivation"]:
     n, c, h, w = (int(v) for v in src)
     blocked = BlockedActivation(n, c, h, w, int(shape[4]), int(shape[5]))
     return blocked if same_arrangement(layout, blocked) else None
+
+
+def blocked_prefix(layout) -> Optional["BlockedActivation"]:
+    """The stock blocked arrangement of ``layout``'s NCHW source when its packed tensor is the
+    first elements of ``layout``'s, which has more of them; else None.
+
+    An embedding padded so that an odd thread loop carries two virtual threads
+    (``tvm_csp_embed.codegen.loops.thread_paddings``) writes an output larger than the stock
+    arrangement along one packed axis: 1000 channels in 64 blocks where the stock has 63 (the
+    channel-block axis), or 28 output rows where the image has 27 (the row axis). When every
+    packed axis before that one has extent 1 (one batch block; one channel block for rows), the
+    stock tensor is the padded one's first elements, a contiguous range that a consumer reads in
+    place (``vta_ext.run_placed``'s ``b:e`` view, :func:`prefix_axis`), no host pass. Decided on
+    a probe as :func:`same_arrangement` is: the source numbered 1, 2, ... packed by ``layout`` and
+    cut to the stock extent equals the blocked packing, and the rest holds no source element.
+
+    >>> blocked_prefix(BlockedActivation(1, 32, 4, 4, 1, 16)) is None   # already blocked
+    True
+    """
+    if isinstance(layout, BlockedActivation):
+        return None
+    src, shape = getattr(layout, "src_shape", None), getattr(layout, "shape", None)
+    if src is None or shape is None or len(src) != 4 or len(shape) != 6 \
+            or not hasattr(layout, "pack_numpy"):
+        return None
+    n, c, h, w = (int(v) for v in src)
+    blocked = BlockedActivation(n, c, h, w, int(shape[4]), int(shape[5]))
+    if prefix_axis(tuple(int(v) for v in shape), blocked.shape) is None:
+        return None
+    try:
+        return blocked if _prefix_arrangement(layout, blocked) else None
+    except TypeError:  # an unhashable layout: compare without the cache
+        return blocked if _prefix_arrangement.__wrapped__(layout, blocked) else None
+
+
+def prefix_axis(shape: Sequence[int], prefix: Sequence[int]) -> Optional[int]:
+    """The axis along which a C-order tensor of ``prefix`` shape is the first elements of one of
+    ``shape``: the one axis where ``prefix`` is shorter, every axis before it of extent 1 in
+    both; None when there is no such axis.
+
+    >>> prefix_axis((1, 64, 6, 6, 1, 16), (1, 63, 6, 6, 1, 16)), prefix_axis(
+    ...     (1, 1, 28, 27, 1, 16), (1, 1, 27, 27, 1, 16)), prefix_axis((1, 2, 28, 27), (1, 2, 27, 27))
+    (1, 2, None)
+    """
+    if len(shape) != len(prefix):
+        return None
+    differ = [i for i, (a, b) in enumerate(zip(shape, prefix)) if a != b]
+    if len(differ) != 1 or prefix[differ[0]] > shape[differ[0]]:
+        return None
+    axis = differ[0]
+    return axis if all(v == 1 for v in shape[:axis]) else None
+
+
+@functools.lru_cache(maxsize=256)
+def _prefix_arrangement(layout, blocked: "BlockedActivation") -> bool:
+    size = math.prod(blocked.src_shape)
+    dtype = np.int32 if size < np.iinfo(np.int32).max else np.int64
+    probe = np.arange(1, size + 1, dtype=dtype).reshape(blocked.src_shape)
+    packed = np.asarray(layout.pack_numpy(probe)).reshape(-1)
+    first = math.prod(blocked.shape)
+    return bool(np.array_equal(packed[:first], blocked.pack_numpy(probe).reshape(-1))
+                and not packed[first:].any())
+
+
+def hands_over(layout, taken) -> bool:
+    """Whether a consumer that takes its input in ``taken`` reads it from a packed tensor in
+    ``layout`` with no host pass: the same arrangement (:func:`same_arrangement`), or ``taken``
+    is the stock blocked arrangement that is the first elements of ``layout``
+    (:func:`blocked_prefix`, read in place). The one test the offload pass
+    (``vta_ext.offload.handover``) and the CSP choice's host layout pricing share."""
+    if layout is None or taken is None:
+        return False
+    if same_arrangement(layout, taken):
+        return True
+    prefix = blocked_prefix(layout)
+    return prefix is not None and same_arrangement(prefix, taken)
 
 
 @dataclass(frozen=True)

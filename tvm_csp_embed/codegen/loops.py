@@ -78,15 +78,22 @@ def _plain_threads(pg: PackedGemm, name: str) -> bool:
 def thread_padding(pg: PackedGemm) -> Optional[Tuple[str, int]]:
     """``(workload dim, elements)``: the padding of one more tile that makes a thread loop of
     ``pg`` (:func:`vt_loops`) even, or None when it needs none: the first output-channel
-    (``weight``) loop's, else that of a ``plain`` thread loop (:func:`row_thread_loop`).
+    (``weight``) loop's, else that of a full ``plain`` or image-row (``stencil``) thread loop
+    (:func:`row_thread_loop`).
 
     A virtual-thread count must divide its loop's outer tiles (:mod:`.knobs`), so an odd weight
     loop (1000 output channels: 63 blocks) never carries two threads: its weight loads cannot
     overlap its GEMMs under the weight-streaming orders. One more block of zero weights (the
     embedding's padding of that dim, as the solver pads it) makes the loop even. Likewise an odd
     plain loop (DeepBench layer 0's 341 output columns) takes one more column of zero input, whose
-    output is computed and dropped by the unpack. None when the loop is even, has one tile, or is
-    the tile loop of a dim walked with a stride (its padding would not be one tile)."""
+    output is computed and dropped by the unpack, and so does an odd image-row loop (squeezenet's
+    27 x 27 squeeze convs, one output block: 27 rows in 9 or 27 tiles, never two threads) one
+    more row. Where the input's padded dim is one the DMA pads (a whole inner dim,
+    ``codegen.plan``), the zero input rows are the DMA's and the input is the producer's layout;
+    the padded output holds the stock blocked layout as its first elements, which the consumers
+    read in place (``vta_ext.packing.blocked_prefix``), so neither side costs a host pass. None
+    when the loop is even, has one tile, or is the tile loop of a dim walked with a stride (its
+    padding would not be one tile)."""
     paddings = thread_paddings(pg)
     return paddings[0] if paddings else None
 
@@ -108,7 +115,7 @@ def thread_paddings(pg: PackedGemm) -> List[Tuple[str, int]]:
         if extra:
             return extra
     row = row_thread_loop(pg)
-    if row is not None and pg.roles[row] == "plain" and pg.loop[row].kind == "full":
+    if row is not None and pg.roles[row] in ("plain", "stencil") and pg.loop[row].kind == "full":
         return _more_tiles(pg, pg.loop[row])
     return []
 

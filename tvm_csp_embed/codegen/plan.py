@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import (Any, Callable, Collection, Dict, FrozenSet, List, Mapping, Optional, Sequence,
+                    Tuple)
 
 from ..embedding import Embedding, TensorRelayout
 from ..workload import TensorAccess, Workload
@@ -275,20 +276,37 @@ def _label_terms(emb: Embedding, t: TensorAccess, label) -> Tuple[Tuple[Tuple[st
 
 
 def _device_pad_dims(emb: Embedding, plan: TensorRelayout, t: TensorAccess,
-                     input_pad: Sequence[Tuple[int, int]], max_pad: int) -> bool:
-    """Whether the input DMA can produce the input padding of ``t`` (operand A only): every padded
-    tensor dim is kept whole (not unrolled or split) and is one of the two innermost free dims of
-    the packed layout (the DMA's x and y), and no side exceeds the DMA pad field."""
-    padded = [e for e, (lo, hi) in enumerate(input_pad) if lo or hi]
-    if not padded or plan.operand != "A":
-        return False
+                     input_pad: Sequence[Tuple[int, int]], max_pad: int) -> FrozenSet[int]:
+    """The dims of ``t`` whose padding the input DMA produces (operand A only; empty: the host
+    pads them all).
+
+    The operator's padding (``input_pad``) is the DMA's when every dim it pads is kept whole (not
+    unrolled or split), is one of the two innermost free dims of the packed layout (the DMA's x
+    and y), and no side exceeds the DMA pad field; else the host pads every dim. The embedding's
+    padding past the end of such a dim (:func:`_embedding_extra`: the rows of zero input an
+    output row padded for two virtual threads reads, ``codegen.loops.thread_paddings``) is the
+    DMA's too where it fits the field, so that twin takes its input in the producer's layout;
+    the embedding's padding of any other dim (the channels) stays the host's."""
+    if plan.operand != "A":
+        return frozenset()
+    extra = _embedding_extra(plan, t)
     free = [lab for lab in plan.packed_labels if lab[0] != "axis"]
     inner = free[-2:]
-    return all(("t", e) in inner and max(input_pad[e]) <= max_pad for e in padded)
+    padded = [e for e, (lo, hi) in enumerate(input_pad) if lo or hi]
+    if not all(("t", e) in inner and max(input_pad[e]) <= max_pad for e in padded):
+        return frozenset()
+    return frozenset(padded) | {e for e in range(t.rank)
+                                if extra[e] and ("t", e) in inner and extra[e] <= max_pad}
+
+
+def _embedding_extra(plan: TensorRelayout, t: TensorAccess) -> Tuple[int, ...]:
+    """Elements the embedding pads past the end of each dim of ``t`` (its relayout's pad step)."""
+    emb_pad = next((s.args["pad"] for s in plan.steps if s.kind == "pad"), ((0, 0),) * t.rank)
+    return tuple(int(hi) for _, hi in emb_pad)
 
 
 def _host_steps(emb: Embedding, plan: TensorRelayout, t: TensorAccess, src_shape: Sequence[int],
-                src: Sequence[Step], input_pad: Sequence[Tuple[int, int]], device: bool,
+                src: Sequence[Step], input_pad: Sequence[Tuple[int, int]], device: Collection[int],
                 broadcast: Optional[Sequence[int]] = None) -> Tuple[List[Step], Dict[int, int]]:
     """Concrete host steps of ``plan`` for ``t`` given in the operator's layout (``src_shape``).
 
@@ -303,13 +321,13 @@ def _host_steps(emb: Embedding, plan: TensorRelayout, t: TensorAccess, src_shape
     shape = tuple(int(s) for s in src_shape)
     for st in steps:
         shape = step_shape(shape, st)
-    emb_pad = next((s.args["pad"] for s in plan.steps if s.kind == "pad"), ((0, 0),) * t.rank)
+    extras = _embedding_extra(plan, t)
     stored: Dict[int, int] = {}
     pads = []
     for e in range(t.rank):
         lo, hi = input_pad[e]
-        extra = emb_pad[e][1]
-        if device and (lo or hi):
+        extra = extras[e]
+        if e in device:
             stored[e] = shape[e]
             pads.append((0, 0))
         elif shape[e] == 1 and broadcast is not None and t.shape[e] != 1:
@@ -397,7 +415,7 @@ def _bias_layout(pg: PackedGemm, bias_shape: Tuple[int, ...]) -> HostLayout:
     steps: List[Step] = []
     if tuple(bias_shape) != src:
         steps.append(("reshape", src))
-    more, _ = _host_steps(emb, cplan, out, src, (), ((0, 0),) * out.rank, False, broadcast=target)
+    more, _ = _host_steps(emb, cplan, out, src, (), ((0, 0),) * out.rank, (), broadcast=target)
     steps += more
     host = HostLayout(tuple(bias_shape), tuple(steps), "bias")
     # keep one copy of every free dim the channel does not index

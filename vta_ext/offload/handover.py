@@ -6,8 +6,11 @@ operator takes it over when its input layout is the same arrangement
 shuffles of packed tensors are made on the packed tensors (:meth:`PackedHandover.track`), and a
 concat (or split piece) of one batch block that a VTA operator takes is passed as its parts
 (:meth:`PackedHandover.place`, the ``vta_ext.run_placed`` spec): the runtime places them in the
-operator's DRAM buffer, no host copy. Where that is not possible the reason is recorded for the
-report.
+operator's DRAM buffer, no host copy. A VTA output whose packed tensor holds the stock blocked
+arrangement as its first elements (an embedding padded for two virtual threads: zero-weight
+channel blocks, or an output row; :func:`~vta_ext.packing.blocked_prefix`) is held as that
+prefix, a slice placed the same way: its consumers read it in place. Where that is not possible the reason is
+recorded for the report.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from tvm import relax
 
-from ..packing import as_blocked, channel_shuffle_map, same_arrangement
+from ..packing import (as_blocked, blocked_prefix, channel_shuffle_map, prefix_axis,
+                       same_arrangement)
 from ..quantize.common import op_name as _op_name, shape_of as _shape
 from .names import PACK_PREFIX
 
@@ -51,9 +55,14 @@ class PackedHandover:
         self.concat_parts: Dict[str, tuple] = {}
         self.placed_concats: Dict[str, List[str]] = {}  # packed concat var -> consumers placing it
         self._split_pieces: Dict[str, tuple] = {}  # NCHW split var -> (packed, layout, bounds)
-        # bound packed slice var name -> (it, its packed source, first block, end block) when the
-        # source has one batch block (the slice is a contiguous byte range)
+        # bound packed slice var name -> (it, its packed source, first, end, axis) when the source
+        # has extent 1 before the axis (the slice is a contiguous byte range): channel blocks
+        # (axis 1), or the rows of a padded output's prefix (axis 2, :meth:`hold`)
         self._slices: Dict[str, tuple] = {}
+        # bound packed slice var names that are the blocked prefix of a padded VTA output (:meth:`hold`)
+        self.prefix_slices: set = set()
+        # (first, end, axis) of each such prefix the last :meth:`place` read in place
+        self.placed_prefixes: List[Tuple[int, int, int]] = []
         # unpacked result variable name -> the constants its packed tensor's padded channels hold
         # (``OpPlan.out_lanes`` of the VTA operator that made it)
         self._lanes: Dict[str, Tuple[int, ...]] = {}
@@ -65,7 +74,21 @@ class PackedHandover:
     def hold(self, var: relax.Var, packed, layout, lanes: Optional[Tuple[int, ...]] = None
              ) -> None:
         """``var`` (an unpacked result) is also held as ``packed`` in ``layout``, whose padded
-        channels hold the constants ``lanes`` when they are known."""
+        channels hold the constants ``lanes`` when they are known. A ``layout`` whose first
+        elements are the stock blocked arrangement (:func:`~vta_ext.packing.blocked_prefix`)
+        is held as that arrangement: a slice of those elements (a contiguous range: channel
+        blocks, or the rows of one channel block), which :meth:`place` replaces by ``packed``
+        read in place."""
+        prefix = blocked_prefix(layout)
+        if prefix is not None:
+            axis = prefix_axis(layout.shape, prefix.shape)
+            end = prefix.shape[axis]
+            piece = self._emit(relax.op.strided_slice(packed, axes=[axis], begin=[0], end=[end]),
+                               f"{PACK_PREFIX}_prefix_{var.name}")
+            self._slices[piece.name] = (piece, packed, 0, end, axis)
+            self.prefix_slices.add(piece.name)
+            # the constants of the padded channels were stated for ``layout``, not the prefix
+            packed, layout, lanes = piece, prefix, None
         self._packed[var.name] = (var, packed, layout)
         self._lanes.pop(var.name, None)
         if lanes is not None:
@@ -110,10 +133,12 @@ class PackedHandover:
     def place(self, args: list, consumer: str) -> Tuple[list, Optional[str]]:
         """``args`` with each packed concat that can be placed (:meth:`_concat`) replaced by
         its parts and each channel-block slice of a one-batch-block tensor (:meth:`_piece`)
-        by its source, and the ``vta_ext.run_placed`` spec saying how the tensors form the
+        by its source (the blocked prefix of a padded output too, noted in
+        :attr:`placed_prefixes`), and the ``vta_ext.run_placed`` spec saying how the tensors form the
         operands (None if nothing was replaced). The host concats and slices then have no use
         left unless another consumer needs them."""
         out, spec = [], []
+        self.placed_prefixes = []
         for arg in args:
             entry = self.concat_parts.get(arg.name) if isinstance(arg, relax.Var) else None
             if entry is not None and entry[0].same_as(arg):
@@ -125,8 +150,10 @@ class PackedHandover:
             for part in parts:
                 piece = self._slices.get(part.name) if isinstance(part, relax.Var) else None
                 if piece is not None and piece[0].same_as(part):
+                    if part.name in self.prefix_slices:
+                        self.placed_prefixes.append(piece[2:])
                     out.append(piece[1])
-                    texts.append(f"{piece[2]}:{piece[3]}")
+                    texts.append(f"{piece[2]}:{piece[3]}" + (f"@{piece[4]}" if piece[4] != 1 else ""))
                 else:
                     out.append(part)
                     texts.append("*")
@@ -224,7 +251,11 @@ class PackedHandover:
                                                   end=[blocks[1]]),
                            f"{PACK_PREFIX}_split_{binding.var.name}")
         if layout.shape[0] == 1:
-            self._slices[piece.name] = (piece, packed) + blocks
+            # a piece of a padded output's blocked prefix is the same blocks of the padded tensor
+            prefix = self._slices.get(packed.name) if packed.name in self.prefix_slices else None
+            # its source's channel blocks when the prefix is some of them, else the prefix's
+            source = prefix[1] if prefix is not None and prefix[4] == 1 else packed
+            self._slices[piece.name] = (piece, source) + blocks + (1,)
         self._packed[binding.var.name] = (binding.var, piece,
                                           dataclasses.replace(layout, c=end - begin))
         self.packed_ops[split_var.name] = (

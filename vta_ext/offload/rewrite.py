@@ -23,6 +23,7 @@ from ..config import VTAConfig
 from ..errors import TemplateRefusal, VTABuildError
 from ..executor import compiled_op, op_key
 from ..options import current_options
+from ..packing import blocked_prefix, prefix_axis
 from ..quantize import call_macs
 from ..quantize.common import op_name as _op_name, shape_of as _shape
 from ..strategy import MatchedOp, get_template
@@ -183,9 +184,21 @@ class Offloader(PyExprMutator):
             count = 1 + max(p.count("+") for p in parts.split(","))
             detail += (f"; input concatenated in DRAM from {count} packed parts (placed by "
                        "vta_ext.run_placed, no host copy)")
-        if parts is not None and ":" in parts:
+        prefixes = self.packed.placed_prefixes
+        if parts is not None and parts.count(":") > len(prefixes):
             detail += ("; split piece read in place from its source's channel blocks "
                        "(vta_ext.run_placed, no host slice)")
+        if prefixes:
+            detail += "; input read in place as " + " and ".join(
+                f"the first {end - begin} {_AXIS_WORDS[axis]}" for begin, end, axis in prefixes) + (
+                f" of {'its producers' if len(prefixes) > 1 else 'its producer'}'s padded "
+                f"output{'s' if len(prefixes) > 1 else ''} (vta_ext.run_placed, no host pass)")
+        prefix = blocked_prefix(plan.out_layout)
+        if prefix is not None:
+            axis = prefix_axis(plan.out_layout.shape, prefix.shape)
+            detail += (f"; output padded to {plan.out_layout.shape[axis]} {_AXIS_WORDS[axis]}, "
+                       f"held as its first {prefix.shape[axis]} (the stock blocked layout): VTA "
+                       "consumers taking that layout read them in place, no host pass")
         if m.write_lanes is not None and plan.out_lanes != tuple(m.write_lanes) \
                 and "lane constants" not in detail:
             detail += ("; the lane constants asked for its padded output channels are not "
@@ -362,6 +375,9 @@ class Offloader(PyExprMutator):
 
 #: where a VTA operator's report words stand for its program until ``Offloader.finish``
 _PROGRAM = "\x00program\x00"
+
+#: what an axis of a packed activation ``(N/b, C/k, H, W, b, k)`` counts, for the report
+_AXIS_WORDS = {1: "channel blocks", 2: "rows", 3: "columns"}
 
 
 def _size(shape) -> int:
