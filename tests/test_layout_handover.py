@@ -113,13 +113,14 @@ def test_stock_chain_relayouts_only_at_the_boundaries():
 @pytest.mark.parametrize("strategy", ["csp-strict"])
 def test_csp_embedding_output_handed_to_a_stock_operator(strategy):
     """csp-strict in layout NCHW embeds the 1x1 conv with the stock blocking (a HostLayout); the
-    residual add (stock ALU template) takes that packed output over."""
+    residual add (stock ALU template, not fused into the conv: ``fuse_residual=False``) takes
+    that packed output over."""
     import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
     import vta_ext
 
     mod = _chain(residual=True)
     x = np.random.default_rng(1).integers(-128, 128, (1, 16, 6, 6)).astype(np.int8)
-    with vta_ext.build_options(strategy=strategy, layout="NCHW"):
+    with vta_ext.build_options(strategy=strategy, layout="NCHW", fuse_residual=False):
         got, ref, report = vta_and_llvm(mod, [x])
     np.testing.assert_array_equal(got, ref)
     ops = [p.op for p in report.on_vta]

@@ -12,6 +12,8 @@ epilogue stage, :mod:`tvm_csp_embed.codegen.residual`).
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from conftest import conv2d_nchw, requantize
@@ -165,7 +167,8 @@ def _residual_module(c: int = 32, hw: int = 14, also_return_conv: bool = False):
     return bb.get()
 
 
-def _build_and_run(mod, preset, fuse_residual: bool = True, hw: int = 14):
+def _build_and_run(mod, preset, fuse_residual: bool = True, hw: int = 14,
+                   strategy: str = "csp-relaxed"):
     import tvm_csp_embed  # noqa: F401  (registers the CSP strategies)
     import vta_ext
     from conftest import run_module
@@ -174,7 +177,7 @@ def _build_and_run(mod, preset, fuse_residual: bool = True, hw: int = 14):
 
     x = np.random.default_rng(1).integers(-128, 128, (1, 16, hw, hw)).astype(np.int8)
     clear_run_log()
-    with vta_ext.build_options(strategy="csp-relaxed", fuse_residual=fuse_residual):
+    with vta_ext.build_options(strategy=strategy, fuse_residual=fuse_residual):
         got = run_module(mod, vta_target(preset), [x])
     return got, run_module(mod, "llvm", [x]), vta_ext.last_build_report(), \
         [r.op for r in run_log()]
@@ -208,13 +211,14 @@ def test_fusion_off_by_the_build_option_says_so():
     np.testing.assert_array_equal(got, ref)
     assert runs == ["conv2d", "conv2d", "add"]
     (add,) = [p for p in report.on_vta if p.op == "relax.add"]
-    assert "not fused into its conv: off (build_options(fuse_residual=True) turns it on)" in add.detail
+    assert "not fused into its conv: off (build_options(fuse_residual=False))" in add.detail
 
 
-def test_a_fused_point_without_room_for_the_residual_tile_is_not_a_failed_build(monkeypatch):
+def test_a_fused_point_without_room_for_the_residual_tile_is_not_a_failed_build(monkeypatch,
+                                                                              fresh_cache):
     """The first knob choice of the fusion is a point where the conv fits but not the residual
     tile beside it (the resnext50_32x4d 224 ``default`` crash): the build goes on with the next
-    choice, the fused program bit-exact against llvm."""
+    choice, the fused program bit-exact against llvm (on an empty cache: no kept decision)."""
     from tvm_csp_embed.codegen import build_gemm
     from vta_ext.executor import compiled_op
     from vta_ext.offload.fusion import ResidualFusion
@@ -265,3 +269,123 @@ def test_fused_program_bit_exact_on_the_pynq_rtl():
     runs = vta_ext.run_log()
     assert len(runs) == 2 and all(r.device and r.device_cycles for r in runs)
     np.testing.assert_array_equal(got, run_module(mod, "llvm", [x]))
+
+
+# ---------------------------------------------------------------- the kept decisions
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty plan cache, and nothing compiled in this process (a new process's state)."""
+    from vta_ext import executor
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+    yield tmp_path
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+
+
+def _counted_build(monkeypatch, preset="pipelined"):
+    """A build and run of :func:`_residual_module` as a new process on the same cache would do
+    it (nothing compiled in memory): the output, llvm's, the report, the programs compiled
+    (``conv2d``, ``conv2d+residual``, ``add``) and the cycle-model runs during the build."""
+    from vta_ext import executor
+
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+    built, timed = [], []
+    build_spec, cycle_report = executor.build_spec, executor.cycle_report
+
+    def counting_build(spec, config):
+        residual = any(stage[0] == "residual" for stage in spec["epilogue"])
+        built.append(spec["op"] + ("+residual" if residual else ""))
+        return build_spec(spec, config)
+
+    def counting_cycles(key):
+        timed.append(json.loads(key)["op"])
+        return cycle_report(key)
+
+    monkeypatch.setattr(executor, "build_spec", counting_build)
+    monkeypatch.setattr(executor, "cycle_report", counting_cycles)
+    try:
+        got, ref, report, runs = _build_and_run(_residual_module(), preset)
+    finally:
+        monkeypatch.setattr(executor, "cycle_report", cycle_report)
+    return got, ref, report, sorted(built), timed
+
+
+def _decision_files(cache):
+    return sorted((cache / "fusions").glob("*.json"))
+
+
+def test_warm_build_compiles_the_fused_program_alone(fresh_cache, monkeypatch):
+    """Cold: the add's own program is compiled and timed against the fused one; the decision is
+    kept. Warm (a new process on the same cache): the fused program is
+    compiled at the kept knobs, neither the fused conv's own program nor the add's, and the
+    cycle model does not run; the output is llvm's to the bit and the report the same."""
+    got, ref, cold, built, timed = _counted_build(monkeypatch)
+    np.testing.assert_array_equal(got, ref)
+    # (the cold build also compiles and times the candidates its choice compares)
+    assert "add" in built and built.count("conv2d+residual") == 1 and "add" in timed
+    (record,) = _decision_files(fresh_cache)
+    (decision,) = json.loads(record.read_text())["adds"].values()
+    assert decision["fused"] and decision["by"] == "cycle model" and decision["chosen"]
+    fused, conv, add = decision["cycles"]
+    assert fused < conv + add and f"{fused:,} cycles against conv {conv:,}" in decision["words"]
+
+    got, ref, warm, built, timed = _counted_build(monkeypatch)
+    np.testing.assert_array_equal(got, ref)
+    assert built == ["conv2d", "conv2d+residual"]   # the first conv (two users), the fused one
+    assert timed == []
+    assert [p.detail for p in warm.on_vta] == [p.detail for p in cold.on_vta]
+    assert "decided by the cycle model" in warm.on_vta[1].detail
+
+
+@pytest.mark.parametrize("damage", ["not json", "foreign", "malformed decision", "stale knobs"])
+def test_a_damaged_decision_is_ignored_and_decided_again(fresh_cache, monkeypatch, caplog,
+                                                         damage):
+    """A record that is not JSON, holds another key, a decision without its fields, or knobs
+    that no longer build: the pair is decided again (the own programs compiled and timed), the
+    output stays llvm's to the bit, a warning names it, and the record is rewritten whole."""
+    import logging
+
+    _counted_build(monkeypatch)
+    (record,) = _decision_files(fresh_cache)
+    data = json.loads(record.read_text())
+    (name,) = data["adds"]
+    if damage == "not json":
+        record.write_text(record.read_text()[:25])
+    elif damage == "foreign":
+        record.write_text(json.dumps(dict(data, key="0" * 32)))
+    elif damage == "malformed decision":
+        record.write_text(json.dumps(dict(data, adds={name: {"fused": True, "words": "x"}})))
+    else:
+        decision = dict(data["adds"][name], knobs=dict(data["adds"][name]["knobs"], tile_k=4096))
+        record.write_text(json.dumps(dict(data, adds={name: decision})))
+    with caplog.at_level(logging.WARNING):
+        got, ref, report, built, timed = _counted_build(monkeypatch)
+    np.testing.assert_array_equal(got, ref)
+    assert "fusion decisions" in caplog.text
+    assert "add" in built and built.count("conv2d") == 2 and "conv2d+residual" in built
+    assert "residual add" in report.on_vta[1].detail
+    assert json.loads(record.read_text()) == data       # decided again the same way
+
+
+def test_csp_strict_fuses_bit_exact_against_llvm():
+    """``csp-strict``'s conv template offers the residual stage too (which strategies fuse is
+    the template's ``residual`` attribute alone): its fused build equals llvm to the bit."""
+    got, ref, report, runs = _build_and_run(_residual_module(), "pipelined",
+                                            strategy="csp-strict")
+    np.testing.assert_array_equal(got, ref)
+    assert runs == ["conv2d", "conv2d"]
+    assert "residual add" in report.on_vta[1].detail
+
+
+def test_stock_builds_say_nothing_of_fusion():
+    """The stock conv template takes no residual stage: fusion on, the add is its own program
+    and its report line says nothing of fusion."""
+    got, ref, report, runs = _build_and_run(_residual_module(), "pipelined", strategy="stock")
+    np.testing.assert_array_equal(got, ref)
+    assert runs.count("add") == 1
+    assert not any("fused" in p.detail for p in report.on_vta)

@@ -4,20 +4,34 @@
 only through the conv's template: :attr:`tvm_csp_embed.strategy.CspGemmTemplate.residual` is a
 :class:`ResidualSupport`, so ``vta_ext`` never imports this plugin (``tests/test_imports.py``).
 The stage itself: :mod:`tvm_csp_embed.codegen.residual`; the design: ``docs/csp-strategy.md``.
+
+The fusion's decisions (fused or not, the knobs the fused program built at, the three cycle
+counts and the report's words) are kept on disk beside the plan cache (:class:`FusionDecisions`),
+so that a warm build compiles the fused program alone: neither the conv's nor the add's own
+program, no knob point tried, no cycle model run.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Optional
+import hashlib
+import json
+import logging
+from typing import Any, Dict, Iterator, Optional
 
-from vta_ext.errors import TemplateRefusal
 from vta_ext.executor import compiled_op
 
+from .cache import _write, cache_dir, source_digest
 from .candidates import program_epilogue
-from .codegen.build import residual_first_point, resolve_knobs
-from .codegen.residual import fused_epilogue, knob_view, residual_overflow, residual_refusal
+from .codegen.build import residual_points
+from .codegen.residual import fused_epilogue, residual_refusal
 
-__all__ = ["ResidualSupport", "fused_knob_choices"]
+__all__ = ["ResidualSupport", "fused_knob_choices", "FusionDecisions", "FUSION_VERSION"]
+
+logger = logging.getLogger("tvm_csp_embed")
+
+#: the fusion decision records' format: bump it when a record's fields change meaning (a change
+#: of the code that decides needs no bump: the key holds :func:`~.cache.source_digest`)
+FUSION_VERSION = 1
 
 
 class ResidualSupport:
@@ -41,6 +55,11 @@ class ResidualSupport:
         """:func:`fused_knob_choices`."""
         return fused_knob_choices(conv, epilogue, config)
 
+    @staticmethod
+    def decisions(conv_key: str) -> "FusionDecisions":
+        """The kept fusion decisions of the conv program ``conv_key`` (:class:`FusionDecisions`)."""
+        return FusionDecisions(conv_key)
+
     def __repr__(self) -> str:
         return "ResidualSupport()"
 
@@ -48,31 +67,89 @@ class ResidualSupport:
 def fused_knob_choices(conv, epilogue, config) -> Iterator[Any]:
     """The knobs a fused program of ``conv`` (a :class:`vta_ext.offload.fusion.FusableConv`) with
     ``epilogue`` is built with on ``config``, in the order tried, each computed only when the one
-    before did not build (the first that builds is kept, ``Offloader._fuse``). Where the conv's
-    policy is a preset, the point its own program was built at comes first (on regnet_x_1_6gf
-    224 ``pipelined`` and ``default`` never slower than the preset searched again with the add's
-    stages); then the preset's point for the fused epilogue
-    (:func:`~.codegen.build.residual_first_point`) and the point of the halved buffers
-    (:func:`~.codegen.residual.knob_view`), which leaves the residual tile room. A point whose
-    residual tile does not fit (:func:`~.codegen.residual.residual_overflow`) is left out, not
-    lowered."""
+    before did not build (the first that builds is kept, ``Offloader._fuse``): where the conv's
+    policy is a preset, :func:`~.codegen.build.residual_points` from the point the conv's own
+    program was built at (on regnet_x_1_6gf 224 ``pipelined`` and ``default`` never slower than
+    the preset searched again with the add's stages); else the conv's explicit knobs."""
 
     compiled = compiled_op(conv.key) if isinstance(conv.knobs, str) else None
     if not dataclasses.is_dataclass(getattr(compiled, "knobs", None)):
         yield conv.knobs
         return
-    pg, program_ep = compiled.plan, program_epilogue(conv.plan.workload, epilogue)
-    own = dataclasses.asdict(compiled.knobs)
-    if not residual_overflow(config, pg, program_ep, own):
-        yield own
-    try:
-        first = residual_first_point(config, pg, program_ep, conv.knobs)
-    except TemplateRefusal:     # no point of the preset: its build says why
-        yield conv.knobs
-        return
-    if first != own and not residual_overflow(config, pg, program_ep, first):
-        yield first
-    view_cfg, view_ep = knob_view(config, program_ep)
-    halved = resolve_knobs(view_cfg, pg, view_ep, conv.knobs)[0]
-    if halved not in (own, first):
-        yield halved
+    yield from residual_points(config, compiled.plan, program_epilogue(conv.plan.workload, epilogue),
+                               conv.knobs, own=dataclasses.asdict(compiled.knobs))
+
+
+class FusionDecisions:
+    """The fusion decisions kept for one conv program: per residual add (by its program's key),
+    whether it fused, the knobs the fused program was built at, the three cycle counts (fused,
+    conv, add) and the words of the report line, and what decided (the cycle model).
+
+    The key is a digest of the conv's compiled-operator key (:func:`vta_ext.executor.op_key`),
+    :func:`~.cache.source_digest` and :data:`FUSION_VERSION`: a decision made by other code is
+    never served. A record also says that the conv's own program built with this key (the
+    comparison compiled it), which lets a warm build defer that program until it is known to be
+    needed. Files live in ``<cache_dir>/fusions/<key>.json``, written atomically
+    (:func:`~.cache._write`); a record that cannot be read, is not JSON, holds another key or
+    format, or a decision with missing or wrongly typed fields is ignored with a warning (the pair
+    is decided again and the record rewritten)."""
+
+    def __init__(self, conv_key: str) -> None:
+        text = json.dumps([conv_key, source_digest(), FUSION_VERSION])
+        self.key = hashlib.sha256(text.encode()).hexdigest()[:32]
+        self.path = cache_dir() / "fusions" / f"{self.key}.json"
+
+    def __repr__(self) -> str:
+        return f"FusionDecisions({self.key}, {'present' if self.path.exists() else 'absent'})"
+
+    @staticmethod
+    def add_id(add_key: str) -> str:
+        """The name of the add's decision in a record (a digest of its program's key)."""
+        return hashlib.sha256(add_key.encode()).hexdigest()[:24]
+
+    def _load(self) -> Dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            logger.warning("fusion decisions: ignoring the unreadable record %s (%s); deciding "
+                           "again", self.path, err)
+            return {}
+        if not (isinstance(data, dict) and data.get("key") == self.key
+                and data.get("version") == FUSION_VERSION and isinstance(data.get("adds"), dict)):
+            logger.warning("fusion decisions: ignoring the corrupt or foreign record %s; deciding "
+                           "again", self.path)
+            return {}
+        return data["adds"]
+
+    def any_fused(self) -> bool:
+        """Whether an add was fused into this conv, the fastest of its fusing convs (then the
+        conv's own program may not be needed)."""
+        return any(_valid(d) and d["fused"] and d.get("chosen", True)
+                   for d in self._load().values())
+
+    def get(self, add_key: str) -> Optional[Dict[str, Any]]:
+        """The decision for the add ``add_key``, or None (none kept, or unusable: warned)."""
+        decision = self._load().get(self.add_id(add_key))
+        if decision is not None and not _valid(decision):
+            logger.warning("fusion decisions: ignoring the malformed decision %s in %s; deciding "
+                           "again", self.add_id(add_key), self.path)
+            return None
+        return decision
+
+    def put(self, add_key: str, decision: Dict[str, Any]) -> None:
+        """Keep ``decision`` for the add ``add_key`` (the record rewritten atomically)."""
+        adds = dict(self._load(), **{self.add_id(add_key): decision})
+        _write(self.path, {"key": self.key, "version": FUSION_VERSION, "adds": adds})
+
+
+def _valid(decision: Any) -> bool:
+    """Whether a kept decision has the fields a build reads, of the right types."""
+    if not isinstance(decision, dict) or not isinstance(decision.get("fused"), bool) \
+            or not isinstance(decision.get("words"), str):
+        return False
+    if decision["fused"]:
+        return isinstance(decision.get("knobs"), (dict, str)) and isinstance(
+            decision.get("cycles"), list) and len(decision["cycles"]) == 3
+    return True

@@ -23,6 +23,8 @@
 * ``host``: the :class:`~vta_ext.host.HostModel` that prices host work in VTA cycles (default
   :data:`~vta_ext.host.PYNQ_Z1`, the original board's Cortex-A9): the ``end-to-end`` objective and
   the build report's end-to-end estimate use it.
+* ``fuse_residual``: whether a residual add may be fused into the conv that produces one of its
+  operands (default True; :mod:`vta_ext.offload.fusion`).
 * ``records``: tuned records (see :mod:`tvm_csp_embed.tune`), any object with
   ``best_knobs(kind, strategy, workload, config) -> (knobs dict, origin text) or None``. A record
   that applies overrides ``knobs`` for its workload.
@@ -66,7 +68,7 @@ class BuildOptions:
     layout: str = "auto"
     objective: str = "end-to-end"
     host: HostModel = PYNQ_Z1
-    fuse_residual: bool = False
+    fuse_residual: bool = True
 
     @property
     def strategy_name(self) -> str:
@@ -106,13 +108,15 @@ class BuildOptions:
             extra += f", layout={self.layout!r}, objective={self.objective!r}"
         if self.host != PYNQ_Z1:
             extra += f", host={self.host!r}"
+        if not self.fuse_residual:
+            extra += ", fuse_residual=False"
         return f"build_options(strategy={self.strategy_name!r}, knobs={self.knobs!r}{extra})"
 
 
 def build_options(strategy: Optional[str] = None, knobs: Knobs = DEFAULT_KNOBS, records: Any = None,
                   layout: str = "auto", objective: str = "end-to-end",
                   host: Union[None, HostModel, Mapping[str, Any]] = None,
-                  fuse_residual: bool = False) -> BuildOptions:
+                  fuse_residual: bool = True) -> BuildOptions:
     """Choose the strategy, knobs and tuned records of the ``relax.build`` calls in a ``with``.
 
     Parameters
@@ -135,9 +139,9 @@ def build_options(strategy: Optional[str] = None, knobs: Knobs = DEFAULT_KNOBS, 
         The host model (:mod:`vta_ext.host`); default the original board's.
     fuse_residual : bool
         Whether a residual add may be fused into the conv that produces one of its operands
-        (:mod:`vta_ext.offload.fusion`; where it is faster on the cycle model). Off by default:
-        each fused add still compiles the conv's and the add's own programs to compare, which
-        takes warm builds past the fast-builds bar (ResNeXt-50 224 warm x1.77 of stock).
+        (:mod:`vta_ext.offload.fusion`; where it is faster on the cycle model, a decision kept
+        in the plan cache so that a warm build compiles the fused program alone). On by default;
+        False builds every add as its own program.
 
     Raises
     ------

@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -23,11 +23,11 @@ from .biasfold import gemm_bias_operands
 from .knobs import (REUSE_GAIN, KnobPoint, Pruned, check_point, cycle_point, fallback_point,
                     knob_names, reuse_pays, reused_operands, tps_point)
 from .plan import PackedGemm
-from .residual import knob_view
+from .residual import knob_view, residual_overflow
 from .schedule import (RESIDUAL_IDENTITY, acc_init_of, bias_shape, gemm_bias_shapes,
                        schedule_gemm)
 
-__all__ = ["CompiledGemm", "resolve_knobs", "build_gemm", "knob_record", "residual_first_point"]
+__all__ = ["CompiledGemm", "resolve_knobs", "build_gemm", "knob_record", "residual_points"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -204,29 +204,59 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
 
     args = (acc_init, early_release, late_fill, share_resident, reuse)
     with gc_paused():
-        first = residual_first_point(cfg, pg, epilogue, knobs)
-        if first is not None:
-            from vta_ext.templates.errors import KnobError
+        from vta_ext.templates.epilogue import has_residual, normalize_epilogue
+
+        if not (isinstance(knobs, str) and has_residual(normalize_epilogue(epilogue))):
+            return _build_gemm(cfg, pg, epilogue, knobs, *args)
+        from vta_ext.templates.errors import KnobError
+
+        refused = None
+        for point in residual_points(cfg, pg, epilogue, knobs):
             try:
-                return _build_gemm(cfg, pg, epilogue, first, *args)
-            except KnobError:       # no room for the residual tile: the halved buffers' point
-                pass
-        return _build_gemm(cfg, pg, epilogue, knobs, *args)
+                return _build_gemm(cfg, pg, epilogue, point, *args)
+            except KnobError as err:    # no room for the residual tile: the next point
+                refused = err
+        raise refused
 
 
-def residual_first_point(cfg, pg: PackedGemm, epilogue, knobs) -> Optional[Dict[str, int]]:
-    """For an epilogue with a residual stage (:mod:`.residual`) and a knob preset: the point
-    the preset gives the conv with the add's stages on the whole buffers, which
-    :func:`build_gemm` tries first (where the residual tile fits beside it, it is faster than
-    the point of the halved buffers of :func:`~.residual.knob_view`: regnet's 1x1 convs on
-    ``pipelined``, e.g. 175,688 against 199,112 cycles at 408 channels on 14x14); else None."""
-    from vta_ext.templates.epilogue import has_residual, normalize_epilogue, split_residual
+def residual_points(cfg, pg: PackedGemm, epilogue, knobs: str,
+                    own: Optional[Dict[str, int]] = None) -> Iterator[Any]:
+    """The knob points a program of ``epilogue`` with a residual stage (:mod:`.residual`) is built
+    at under the preset ``knobs``, in the order tried, each computed only when the one before
+    did not build (the one definition of that order: :func:`build_gemm` and the offload pass's
+    fusion, :func:`tvm_csp_embed.fusion.fused_knob_choices`, take the first that builds):
+
+    1. ``own``, the point the conv's own program was built at, where given;
+    2. the point the preset gives the conv with the add's stages on the whole buffers (where the
+       residual tile fits beside it, faster than the next: regnet's 1x1 convs on ``pipelined``,
+       e.g. 175,688 against 199,112 cycles at 408 channels on 14x14);
+    3. the preset's point on the halved buffers (:func:`~.residual.knob_view`), which leaves the
+       residual tile room.
+
+    A point whose residual tile does not fit (:func:`~.residual.residual_overflow`) is left
+    out, not lowered, and none is given twice. Where the preset finds no point, the preset
+    itself is given (its build says why)."""
+    from vta_ext.errors import TemplateRefusal
+    from vta_ext.templates.epilogue import normalize_epilogue, split_residual
 
     ep = normalize_epilogue(epilogue)
-    if not has_residual(ep) or not isinstance(knobs, str):
-        return None
     conv_ep, add_ep = split_residual(ep)
-    return resolve_knobs(cfg, pg, conv_ep + add_ep, knobs)[0]
+    tried = []
+    if own is not None and not residual_overflow(cfg, pg, ep, own):
+        tried.append(own)
+        yield own
+    try:
+        first = resolve_knobs(cfg, pg, conv_ep + add_ep, knobs)[0]
+        if first not in tried and not residual_overflow(cfg, pg, ep, first):
+            tried.append(first)
+            yield first
+        view_cfg, view_ep = knob_view(cfg, ep)
+        halved = resolve_knobs(view_cfg, pg, view_ep, knobs)[0]
+    except TemplateRefusal:     # no point of the preset: its build says why
+        yield knobs
+        return
+    if halved not in tried:
+        yield halved
 
 
 def _emit(cfg, gen, shapes: Dict[str, tuple]):

@@ -17,7 +17,8 @@ separate conv would have stored: its truncating store is the identity), which
 :func:`residual_refusal` checks.
 
 The knob search (:mod:`.knobs`) does not know the stage. A preset first takes the conv's own
-point with the add's stages (:func:`~.build.residual_first_point`); where the residual tile
+point with the add's stages (:func:`~.build.residual_points`, the order of the points tried);
+where the residual tile
 does not fit beside it, :func:`knob_view` gives the search the epilogue without the stage on a
 configuration with the input buffer halved and the accumulator at most that half, so that
 every point it returns leaves the residual's INP tile room (``ctile <= inp_depth / 2`` per

@@ -8,21 +8,39 @@ the conv's output layout as one more input. The conv's VTA call is left without 
 code, removed by the pass) and its report entry becomes the fused operator's.
 
 The fusion applies only where the fused program is faster on the cycle model than the conv's
-and the add's programs together, and only to a conv of a CSP embedding under ``csp-relaxed``
-(the stock templates take no residual stage); where it does not, the add is built as before
-and its report line says why (:meth:`ResidualFusion.fuse`).
+and the add's programs together, and only to a conv whose template offers the residual stage
+(its ``residual`` attribute: the CSP templates; the stock templates take none); where it does
+not, the add is built as before and its report line says why (``Offloader._fuse``).
+
+The decision is made once per (conv program, add program) and kept: in the process for the
+identical adds of a network's repeated blocks, and on disk through the conv's template
+(``template.residual.decisions``, in the plugin :class:`tvm_csp_embed.fusion.FusionDecisions`),
+so that a warm build compiles the fused program at the knobs kept and neither the conv's nor
+the add's own program, nor runs the cycle model (:meth:`ResidualFusion.decide`).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from tvm import relax
 
-__all__ = ["ResidualFusion", "FusableConv", "FUSING_STRATEGIES"]
+__all__ = ["ResidualFusion", "FusableConv", "strategy_fuses"]
 
-#: the strategies whose conv programs take the residual stage
-FUSING_STRATEGIES = ("csp-relaxed",)
+logger = logging.getLogger("vta_ext")
+
+
+def strategy_fuses(strategy: str) -> bool:
+    """Whether the conv template of ``strategy`` offers the residual stage (its ``residual``
+    attribute, the one definition of which strategies fuse)."""
+    from ..errors import TemplateRefusal
+    from ..strategy import get_template
+
+    try:
+        return getattr(get_template("conv2d", strategy), "residual", None) is not None
+    except (TemplateRefusal, KeyError, ValueError):
+        return False
 
 
 @dataclass
@@ -68,6 +86,9 @@ class ResidualFusion:
         # was refused
         self._refused: Dict[str, str] = {}
         self.builds = 0     # fused programs compiled or refused by this build (the report says)
+        # (conv key, add key) -> the decision (ResidualFusion.decide)
+        self._decisions: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        self._stale: set = set()    # pairs whose kept decision did not build (forget)
 
     def note_conv(self, binding: str, conv: FusableConv) -> None:
         """An offloaded conv whose int8 output is bound to ``binding``."""
@@ -93,7 +114,7 @@ class ResidualFusion:
         :class:`tvm_csp_embed.codegen.residual.ResidualSupport`); ``vta_ext`` never imports it."""
         strategy = conv.template.strategy
         residual = getattr(conv.template, "residual", None)
-        if strategy not in FUSING_STRATEGIES or residual is None:
+        if residual is None:
             return f"the conv's strategy {strategy} takes no residual stage"
         if getattr(conv.plan.workload, "stock", None):
             return "the conv runs the stock template, which takes no residual stage"
@@ -136,11 +157,84 @@ class ResidualFusion:
         return self._refused[key]
 
     @staticmethod
-    def faster(fused_key: str, conv_key: str, add_key: str) -> Tuple[bool, int, str]:
-        """Whether the fused program is faster on the cycle model than the conv's and the
-        add's, its cycles, and the figures as words."""
-        from ..executor import cycle_report
+    def defer(template, key: str) -> bool:
+        """Whether the conv program ``key`` of ``template`` may be compiled last (when the
+        report is written) rather than now: a kept decision chose it for an add, so the fused
+        program may replace it, and its own program built with this key before (the decision's
+        comparison compiled it)."""
+        residual = getattr(template, "residual", None)
+        return residual is not None and residual.decisions(key).any_fused()
 
-        fused, conv, add = (cycle_report(k).total_cycles for k in (fused_key, conv_key, add_key))
-        words = f"{fused:,} cycles against conv {conv:,} + add {add:,} = {conv + add:,}"
-        return fused < conv + add, fused, words
+    def decide(self, conv: FusableConv, add_key: str, epilogue, config) -> Dict[str, Any]:
+        """Whether the add of program ``add_key`` fuses into ``conv`` with ``epilogue``:
+        ``{"fused", "knobs", "cycles": [fused, conv, add] or None, "words", "by", "chosen"}``
+        (``chosen``: of the add's fusing convs, this one's fused program is the fastest;
+        :meth:`choose`). Kept in this build for an identical add, and on disk (the conv
+        template's ``residual.decisions``), where a warm build reads it without compiling
+        anything; else decided here (:meth:`_decide`) and kept. A kept decision whose fused
+        program no longer builds is decided again (:meth:`forget`)."""
+        memo = (conv.key, add_key)
+        if memo in self._decisions:
+            return self._decisions[memo]
+        kept = conv.template.residual.decisions(conv.key)
+        decision = None if memo in self._stale else kept.get(add_key)
+        if decision is None:
+            decision, keep = self._decide(conv, add_key, epilogue, config)
+            if keep:
+                kept.put(add_key, decision)
+        self._decisions[memo] = decision
+        return decision
+
+    def forget(self, conv: FusableConv, add_key: str) -> bool:
+        """Drop the kept decision of ``conv`` and the add ``add_key`` (its fused program does
+        not build): the next :meth:`decide` decides again. False where it was decided in this
+        build already (nothing to decide again)."""
+        memo = (conv.key, add_key)
+        if memo in self._stale:
+            return False
+        logger.warning("fusion decisions: the kept knobs of %s and its add no longer build; "
+                       "deciding again", conv.op.name)
+        self._stale.add(memo)
+        self._decisions.pop(memo, None)
+        return True
+
+    def choose(self, chosen: FusableConv, others: List[FusableConv], add_key: str) -> None:
+        """Record that the add ``add_key`` fused into ``chosen`` and not into ``others`` (whose
+        fused programs were slower): a warm build defers only the chosen conv's own program."""
+        for conv in [chosen] + others:
+            decision = self._decisions[(conv.key, add_key)]
+            if decision.get("chosen") != (conv is chosen):
+                decision["chosen"] = conv is chosen
+                conv.template.residual.decisions(conv.key).put(add_key, decision)
+
+    def _decide(self, conv: FusableConv, add_key: str, epilogue,
+                config) -> Tuple[Dict[str, Any], bool]:
+        """:meth:`decide` by compiling: the conv's and the add's own programs, the fused one at
+        the first knob choice that builds (:meth:`knob_choices`), fused where it is faster on
+        the cycle model; the decision and whether to keep it (not when an own program is
+        refused: the add's refusal is the rewriter's to report)."""
+        from ..errors import TemplateRefusal
+        from ..executor import compiled_op, cycle_report, op_key
+        from ..templates.errors import KnobError
+        from ..timing import phase
+
+        try:
+            with phase("codegen"):
+                compiled_op(conv.key, config=config)
+                compiled_op(add_key, config=config)
+        except (TemplateRefusal, KnobError) as err:
+            return dict(fused=False, knobs=None, cycles=None, by="",
+                        words=f"an own program is refused: {err}"), False
+        refused = "no knob point of the fused program to try"
+        for knobs in self.knob_choices(conv, epilogue, config):
+            key = op_key(conv.op.kind, conv.template.strategy, config, conv.plan.workload,
+                         epilogue, knobs)
+            refused = self.compile(key, config)
+            if refused:
+                continue
+            cycles = [cycle_report(k).total_cycles for k in (key, conv.key, add_key)]
+            fused, own, add = cycles
+            words = f"{fused:,} cycles against conv {own:,} + add {add:,} = {own + add:,}"
+            return dict(fused=fused < own + add, knobs=knobs, cycles=cycles, words=words,
+                        by="cycle model"), True
+        return dict(fused=False, knobs=None, cycles=None, words=refused, by=""), True

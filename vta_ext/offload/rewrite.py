@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -29,7 +28,7 @@ from ..quantize import call_macs
 from ..quantize.common import op_name as _op_name, shape_of as _shape
 from ..strategy import MatchedOp, get_template
 from ..timing import phase
-from .fusion import FUSING_STRATEGIES, FusableConv, ResidualFusion
+from .fusion import FusableConv, ResidualFusion, strategy_fuses
 from .handover import PackedHandover
 from .match import PatternMatcher
 from .names import PACK_PREFIX, RUN_FUNC, RUN_PLACED_FUNC, UNPACK_PREFIX
@@ -73,6 +72,9 @@ class Offloader(PyExprMutator):
         self._kept = False
         # the convs a residual add may fuse into (vta_ext.offload.fusion)
         self.fusion = ResidualFusion(mod)
+        # per entry of offloaded: (knobs origin, epilogue) of the words its program fills in
+        # (the program may be compiled last or replaced by a fused one: ``finish``)
+        self._program_words: List[Tuple[str, tuple]] = []
 
     def __repr__(self) -> str:
         return (f"Offloader(config {self.config.name!r}, {len(self.op_keys)} VTA calls, "
@@ -139,25 +141,32 @@ class Offloader(PyExprMutator):
                 plan = template.plan(m, self.config)
             knobs, origin = options.knobs_for(m.kind, template.strategy, plan.workload, self.config)
             key = op_key(m.kind, template.strategy, self.config, plan.workload, m.epilogue, knobs)
-            with phase("codegen"):
-                compiled = compiled_op(key, config=self.config)  # the instruction stream, built now
         except TemplateRefusal as err:
-            logger.info("%s %r (%s) stays on the CPU: %s", m.kind, m.name, m.shapes, err)
-            self.rejected[m.name] = str(err)
-            return None
+            return self._refused(m, err)
         except Exception as err:
-            raise VTABuildError(
-                f"building {m.kind} {m.name!r} ({m.shapes}, epilogue {list(m.epilogue)}) for VTA "
-                f"with strategy {strategy!r} on config {self.config.name!r} failed: "
-                f"{type(err).__name__}: {err}") from err
+            raise self._failed(m, strategy, err) from err
+        # the program is built now (the instruction stream), except an add's, built where it is
+        # not fused, and a conv's that a kept fusion decision may replace (built by ``finish``)
+        fusing = options.fuse_residual and m.kind == "add"
+        if not fusing and not (options.fuse_residual and m.kind == "conv2d"
+                               and self.fusion.defer(template, key)):
+            if not self._compile(m, strategy, key):
+                return None
         fusion_note = ""
-        if m.kind == "add" and template.strategy in FUSING_STRATEGIES:
+        if m.kind == "add" and strategy_fuses(strategy):
             if not options.fuse_residual:
-                fusion_note = "off (build_options(fuse_residual=True) turns it on)"
+                fusion_note = "off (build_options(fuse_residual=False))"
             else:
-                fused, fusion_note = self._fuse(m, plan, key)
+                try:
+                    fused, fusion_note = self._fuse(m, plan, key)
+                except VTABuildError:
+                    raise
+                except Exception as err:
+                    raise self._failed(m, strategy, err) from err
                 if fused is not None:
                     return fused
+        if fusing and not self._compile(m, strategy, key):
+            return None
         self._kept = False
         args, parts = self.packed.place(plan.inputs(self), m.name)
         func, extra = (RUN_FUNC, []) if parts is None else (
@@ -168,8 +177,7 @@ class Offloader(PyExprMutator):
         out = plan.out_layout.unpack(self, out_packed)
         self._rewritten_binding = True
         self._last_packed = (out_packed, plan.out_layout, plan.out_lanes)
-        detail = (f"{plan.description}, epilogue {'+'.join(s[0] for s in m.epilogue) or 'none'}, "
-                  f"{compiled.program.insn_count} insns, {origin}{_tiling_text(compiled)}")
+        detail = f"{plan.description}, {_PROGRAM}"
         if self._kept:
             detail += "; input kept in the packed layout of the previous VTA operator"
         if parts is not None and "+" in parts:
@@ -218,14 +226,73 @@ class Offloader(PyExprMutator):
         self.offloaded.append((_op_name(m.core), f"{m.kind} ({template.report_text})", detail,
                                m.name, fields))
         self.op_keys.append(key)
+        self._program_words.append((origin, tuple(m.epilogue)))
         return out
+
+    def _compile(self, m: MatchedOp, strategy: str, key: str) -> bool:
+        """Build the program ``key`` of ``m``; False where its template refuses it (recorded:
+        ``m`` stays on the CPU).
+
+        Raises
+        ------
+        VTABuildError
+            For any other error, naming the operator and its shapes.
+        """
+        try:
+            with phase("codegen"):
+                compiled_op(key, config=self.config)  # the instruction stream, built now
+        except TemplateRefusal as err:
+            self._refused(m, err)
+            return False
+        except Exception as err:
+            raise self._failed(m, strategy, err) from err
+        return True
+
+    def _refused(self, m: MatchedOp, err: TemplateRefusal) -> None:
+        """Record why ``m`` stays on the CPU (its template refused it)."""
+        logger.info("%s %r (%s) stays on the CPU: %s", m.kind, m.name, m.shapes, err)
+        self.rejected[m.name] = str(err)
+        return None
+
+    def _failed(self, m: MatchedOp, strategy: str, err: Exception) -> VTABuildError:
+        """The error that fails the build where building ``m`` raised ``err``."""
+        return VTABuildError(
+            f"building {m.kind} {m.name!r} ({m.shapes}, epilogue {list(m.epilogue)}) for VTA "
+            f"with strategy {strategy!r} on config {self.config.name!r} failed: "
+            f"{type(err).__name__}: {err}")
+
+    def finish(self) -> None:
+        """Fill in each VTA operator's report words about its program (epilogue, instruction
+        count, knobs, tiling), compiling the programs left for last (a conv a kept fusion
+        decision deferred, whose add did not fuse after all).
+
+        Raises
+        ------
+        VTABuildError
+            Where such a program fails to build (its call is already in the module).
+        """
+        for i, (op, what, detail, var, fields) in enumerate(self.offloaded):
+            if _PROGRAM not in detail:
+                continue
+            origin, epilogue = self._program_words[i]
+            try:
+                with phase("codegen"):
+                    compiled = compiled_op(self.op_keys[i], config=self.config)
+            except Exception as err:
+                raise VTABuildError(
+                    f"building the deferred program of {what} {var!r} for VTA on config "
+                    f"{self.config.name!r} failed: {type(err).__name__}: {err}") from err
+            words = (f"epilogue {'+'.join(s[0] for s in epilogue) or 'none'}, "
+                     f"{compiled.program.insn_count} insns, {origin}{_tiling_text(compiled)}")
+            self.offloaded[i] = (op, what, detail.replace(_PROGRAM, words), var, fields)
 
     def _fuse(self, add: MatchedOp, add_plan, add_key: str) -> Tuple[Optional[relax.Expr], str]:
         """The residual ``add`` fused into the conv that produces one of its operands
         (:mod:`~vta_ext.offload.fusion`): the fused call's unpacked output, or None and why
-        not (one line)."""
+        not (one line). Each (conv, add) pair is decided once (:meth:`ResidualFusion.decide`);
+        of two fusing convs, the faster fused program is kept."""
         found, why = self.fusion.candidates(add)
-        best, reasons, slowest = None, [], []
+        best, reasons, slowest, fusing = None, [], [], []
         for conv, index in found:
             refused = self.fusion.refusal(conv, add, add_plan, self.config) or (
                 "the conv's input is placed from parts (vta_ext.run_placed)"
@@ -234,23 +301,27 @@ class Offloader(PyExprMutator):
                 reasons.append(refused)
                 continue
             epilogue = conv.template.residual.fused_epilogue(conv.op.epilogue, add.epilogue)
-            for knobs in self.fusion.knob_choices(conv, epilogue, self.config):
-                key = op_key(conv.op.kind, conv.template.strategy, self.config,
-                             conv.plan.workload, epilogue, knobs)
-                refused = self.fusion.compile(key, self.config)
-                if refused:
-                    reasons.append(refused)
-                    continue
-                faster, cycles, words = self.fusion.faster(key, conv.key, add_key)
-                if not faster:
-                    slowest.append((cycles, f"not faster fused ({words})"))
-                elif best is None or cycles < best[0]:
-                    best = (cycles, conv, index, key, epilogue, words)
-                break       # the first choice that builds (ResidualFusion.knob_choices)
+            decision = self.fusion.decide(conv, add_key, epilogue, self.config)
+            if decision["fused"]:
+                fusing.append(conv)
+                cycles = decision["cycles"][0]
+                if best is None or cycles < best[0]:
+                    best = (cycles, conv, index, decision, epilogue)
+            elif decision["cycles"]:
+                slowest.append((decision["cycles"][0], f"not faster fused ({decision['words']})"))
+            else:
+                reasons.append(decision["words"])
         if best is None:    # the fastest fused program that was built, else the first refusal
             return None, why or (min(slowest)[1] if slowest else reasons[0])
-        _, conv, index, key, epilogue, words = best
-        compiled = compiled_op(key, config=self.config)
+        _, conv, index, decision, epilogue = best
+        key = op_key(conv.op.kind, conv.template.strategy, self.config, conv.plan.workload,
+                     epilogue, decision["knobs"])
+        if self.fusion.compile(key, self.config) is not None:   # a kept decision gone stale
+            if self.fusion.forget(conv, add_key):
+                return self._fuse(add, add_plan, add_key)
+            raise VTABuildError(f"the fused program of {conv.op.name!r} and the residual add "
+                                f"{add.name!r} built when decided and not now")
+        self.fusion.choose(conv, [c for c in fusing if c is not conv], add_key)
         layout = conv.plan.out_layout
         other = add.operands[1 - index]
         residual = self.handover(other, layout)
@@ -264,14 +335,13 @@ class Offloader(PyExprMutator):
         self._rewritten_binding = True
         self._last_packed = (out_packed, layout, add_plan.out_lanes)
         op, what, detail, var, fields = self.offloaded[conv.entry]
-        detail = re.sub(r", tiling [^;]*", _tiling_text(compiled), re.sub(
-            r"epilogue [^,]*, [\d,]+ insns", f"epilogue {'+'.join(s[0] for s in epilogue)}, "
-            f"{compiled.program.insn_count} insns", detail, count=1), count=1) + (
-            f"; residual add {add.name} fused ({words}; its other operand "
-            f"{'kept in the packed layout' if kept else 'packed on the host'})")
+        detail += (f"; residual add {add.name} fused ({decision['words']}, decided by the "
+                   f"{decision['by']}; its other operand "
+                   f"{'kept in the packed layout' if kept else 'packed on the host'})")
         self.offloaded[conv.entry] = (op, f"conv2d + add ({conv.template.report_text})", detail,
                                       var, fields)
         self.op_keys[conv.entry] = key
+        self._program_words[conv.entry] = (self._program_words[conv.entry][0], tuple(epilogue))
         return out, ""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -302,6 +372,9 @@ class Offloader(PyExprMutator):
         else:
             self.packed.track(binding)
 
+
+#: where a VTA operator's report words stand for its program until ``Offloader.finish``
+_PROGRAM = "\x00program\x00"
 
 #: what an axis of a packed activation ``(N/b, C/k, H, W, b, k)`` counts, for the report
 _AXIS_WORDS = {1: "channel blocks", 2: "rows", 3: "columns"}

@@ -69,6 +69,7 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
             for gvar, func in list(mod.functions.items()):
                 if isinstance(func, relax.Function):
                     rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+            rewriter.finish()
             new_mod = relax.transform.DeadCodeElimination()(rewriter.builder_.get())
             report = build_report(mod, new_mod, rewriter, config)
         report.timings = dict(timer.seconds)
