@@ -183,9 +183,9 @@ def plan_early_start(cfg: VTAConfig, items: list, once: List[str], nthreads: int
     root = dma.sram.root
     if dma.fill or dma.cpu or dma.pads or dma.guards or dma.pad_min or dma.x is None \
             or (dma.y is not None and dma.y[1] != 1) or dma.x[2] != 1 or dma.x[3] != 1 \
-            or dma.sram_off.c or dma.dram_off.c or regions[0].before or regions[0].after:
+            or dma.sram_off.c or dma.dram_off.c:
         return None, ("no early start: the resident tile's load is not one contiguous, unpadded "
-                      "transfer without tokens")
+                      "transfer")
     if nthreads > 1 and root.name not in once:
         return None, "no early start: every virtual thread loads its own resident tile"
     load = gemm = None
@@ -194,6 +194,9 @@ def plan_early_start(cfg: VTAConfig, items: list, once: List[str], nthreads: int
         if isinstance(x, Region):
             if x is regions[0] or x.stage is None:
                 continue
+            if load is None and x.stage != _L and not any(
+                    isinstance(y, GemmKernel) or _is_pop_lc(y) for y in x.before + x.items):
+                continue        # (an accumulator fill or bias load before the first load step)
             if load is None:
                 if x.stage != _L or not loops or not any(_is_push_lc(d) for d in x.after):
                     return None, ("no early start: the first tile does not start with a load "
