@@ -400,8 +400,8 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: Optional[bool] = False,
     release = ""
     if early_release:
         items, release = release_after_gemm(items)
-    release = "; ".join(x for x in (fill_note, release, share_note, reuse_note) if x)
     em = _Emitter(cfg, shared, once)
+    early_note = ""
     if early_start is not False:
         em.early, early_note = plan_early_start(cfg, items, once, nthreads,
                                                 lambda buf: em.sram_base(buf, 0), chunks)
@@ -411,7 +411,8 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: Optional[bool] = False,
             if early_start is None and saving <= 0:
                 em.early, early_note = None, (f"{DECLINED} it {-saving:,.0f} cycles slower "
                                               f"({early_note})")
-        release = "; ".join(x for x in (release, early_note) if x)
+    # (the resident share's and the reuse's notes end it, as documented above)
+    release = "; ".join(x for x in (fill_note, release, early_note, share_note, reuse_note) if x)
     for var in shared.values():
         em.line(1, f"{var} = 1")
     em.items(items, 1, [({}, 0)])

@@ -30,7 +30,7 @@ __all__ = ["EarlyStart", "plan_early_start", "chunk_kernel", "early_start_saving
 _L, _C = Stage.LOAD, Stage.COMPUTE
 
 #: how the program's note starts where the first GEMM starts on a chunk of the resident tile
-EARLY = "first GEMM starts on the resident tile's first chunk"
+EARLY = "first GEMM starts on the first chunk of the resident operand"
 #: how the note starts where the split applies but its estimate does not pay
 DECLINED = "no early start: the estimate prices"
 
@@ -178,16 +178,18 @@ def plan_early_start(cfg: VTAConfig, items: list, once: List[str], nthreads: int
     regions = [it for it in top if isinstance(it, Region) and it.stage is not None]
     if not regions or regions[0].stage != _L or len(regions[0].items) != 1 \
             or not isinstance(regions[0].items[0], Dma):
-        return None, "no early start: the program does not start with one resident tile's load"
+        return None, ("no early start: the program does not start with the resident operand's "
+                      "load")
     dma = regions[0].items[0]
     root = dma.sram.root
     if dma.fill or dma.cpu or dma.pads or dma.guards or dma.pad_min or dma.x is None \
             or (dma.y is not None and dma.y[1] != 1) or dma.x[2] != 1 or dma.x[3] != 1 \
             or dma.sram_off.c or dma.dram_off.c:
-        return None, ("no early start: the resident tile's load is not one contiguous, unpadded "
+        return None, ("no early start: the resident operand's load is not one contiguous, unpadded "
                       "transfer")
     if nthreads > 1 and root.name not in once:
-        return None, "no early start: every virtual thread loads its own resident tile"
+        return None, ("no early start: every virtual thread loads its own copy of the resident "
+                      "operand")
     load = gemm = None
     first: Tuple[str, ...] = ()
     for x, loops, region in _walk(items):
@@ -225,7 +227,7 @@ def plan_early_start(cfg: VTAConfig, items: list, once: List[str], nthreads: int
         return None, "no early start: no GEMM waits for the first tile's load step"
     role = _reads(gemm, root)
     if role != {MemType.WGT: "wgt", MemType.INP: "inp"}.get(dma.mem):
-        return None, "no early start: the first GEMM does not read the resident tile"
+        return None, "no early start: the first GEMM does not read the resident operand"
     spec, dparts = gemm_kernel(cfg, gemm, base_of, {v: 0 for v in first})
     k = ("acc", "inp", "wgt").index(role)
     if not dparts[k].is_const:
@@ -245,8 +247,8 @@ def plan_early_start(cfg: VTAConfig, items: list, once: List[str], nthreads: int
         best = (var, ext, f)
         break
     if best is None:
-        return None, ("no early start: no folded loop of the first GEMM walks the resident tile "
-                      "in contiguous slices")
+        return None, ("no early start: no folded loop of the first GEMM walks the resident "
+                      "operand in contiguous slices")
     var, ext, f = best
     n = ext if chunks is None else chunks
     if n < 2 or ext % n:
