@@ -5,13 +5,15 @@ A resident operand tile (the weights of a weight-resident order, loaded once abo
 loops) is one LOAD at the start of the program, and the first tile's GEMM waits for all of it
 and for the tile's first load step. Where that GEMM walks the resident tile along one of its
 folded loops in contiguous slices (one filter row per iteration, say), the LOAD is split along
-that loop into ``chunks`` LOADs: the first stays where the whole tile was loaded, the others
-follow the first tile's first load step (thread 0's, before any other thread's), one
+that loop into ``chunks`` LOADs: the first stays where the whole tile was loaded (with the tokens
+the planner gave it), the others follow the first tile's first load step (thread 0's, before any other thread's), one
 load -> compute token each; in the first tile the GEMM runs as ``chunks`` GEMMs, each waiting
 for its slice's token. Every later tile runs as before. The first GEMM then starts once the
 first slice and the first load step are in, and the rest of the tile loads under it.
 
 :func:`plan_early_start` finds where this applies (or says in one line why not);
+:func:`early_start_saving` prices it with the cycle model's durations of the instructions
+involved (``lower_to_runtime(early_start=None)`` takes it where that is positive);
 :mod:`.codegen` emits it (:class:`EarlyStart`). The token counts stay balanced: the load module
 pushes ``chunks - 1`` more tokens, the compute module pops as many.
 """
@@ -22,7 +24,7 @@ from typing import Callable, List, Optional, Tuple
 
 from ..config import VTAConfig
 from ..isa import MemType, Stage
-from .ir import Dep, Dma, GemmCall, GemmKernel, Loop, Region
+from .ir import Alu, Dep, Dma, GemmCall, GemmKernel, Loop, Region
 
 __all__ = ["EarlyStart", "plan_early_start", "chunk_kernel", "early_start_saving", "EARLY",
            "DECLINED"]
@@ -317,7 +319,7 @@ def early_start_saving(cfg: VTAConfig, es: EarlyStart) -> float:
     for x in (es.region.items if es.region is not None else []):
         if isinstance(x, Dma):
             rest += _dma_cycles(cfg, x)
-        elif hasattr(x, "use_imm"):         # an element-wise ALU stage
+        elif isinstance(x, Alu):
             count = 1
             for lp in x.loops:
                 count *= lp[1]
