@@ -5,9 +5,9 @@ A resident operand tile (the weights of a weight-resident order, loaded once abo
 loops) is one LOAD at the start of the program, and the first tile's GEMM waits for all of it
 and for the tile's first load step. Where that GEMM walks the resident tile along one of its
 folded loops in contiguous slices (one filter row per iteration, say), the LOAD is split along
-that loop into ``chunks`` LOADs: the first stays where the whole tile was loaded (with the tokens
-the planner gave it), the others follow the first tile's first load step (thread 0's, before any other thread's), one
-load -> compute token each; in the first tile the GEMM runs as ``chunks`` GEMMs, each waiting
+that loop into ``chunks`` LOADs: the first stays where the whole tile was loaded (with the
+tokens the planner gave it), the others follow the first tile's first load step (thread 0's,
+before any other thread's), one load -> compute token each; in the first tile the GEMM runs as ``chunks`` GEMMs, each waiting
 for its slice's token. Every later tile runs as before. The first GEMM then starts once the
 first slice and the first load step are in, and the rest of the tile loads under it.
 
