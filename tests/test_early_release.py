@@ -116,9 +116,9 @@ def test_early_release_is_bit_exact_race_free_and_faster(layout, order):
     pg = cand.packed
     knobs = _point(cfg, pg, order)
     old = build_gemm(cfg, pg, EPILOGUE, knobs, early_release=False, late_fill=False,
-                     share_resident=False, reuse=False)
+                     share_resident=False, reuse=False, early_start=False)
     new = build_gemm(cfg, pg, EPILOGUE, knobs, early_release=True, late_fill=False,
-                     share_resident=False, reuse=False)
+                     share_resident=False, reuse=False, early_start=False)
     assert new.generated.release.startswith("loads released by the previous tile's last GEMM")
     assert old.generated.release == ""
     for compiled in (old, new):
@@ -161,7 +161,8 @@ def test_early_release_is_bit_exact_race_free_and_faster(layout, order):
     assert len(new.program.insns) <= len(old.program.insns) + 4   # (the first and last tokens)
     # the default is the early release wherever a tile loop starts with a fill (without the late
     # fill, :mod:`vta_ext.lower.latefill`, which moves the fill after the loads)
-    default = build_gemm(cfg, pg, EPILOGUE, knobs, late_fill=False, share_resident=False, reuse=False)
+    default = build_gemm(cfg, pg, EPILOGUE, knobs, late_fill=False, share_resident=False, reuse=False,
+                         early_start=False)
     assert default.generated.release.startswith("loads released by")
     assert encode_stream(cfg, default.program.insns) == encode_stream(cfg, new.program.insns)
 
@@ -171,9 +172,9 @@ def test_without_a_fill_nothing_moves():
     pg = cand.packed
     knobs = _point(cfg, pg, 4)
     old = build_gemm(cfg, pg, EPILOGUE, knobs, acc_init="reset", early_release=False,
-                     late_fill=False, share_resident=False, reuse=False)
+                     late_fill=False, share_resident=False, reuse=False, early_start=False)
     new = build_gemm(cfg, pg, EPILOGUE, knobs, acc_init="reset", early_release=True,
-                     late_fill=False, share_resident=False, reuse=False)
+                     late_fill=False, share_resident=False, reuse=False, early_start=False)
     assert new.generated.release == ("loads released after the accumulator fill: no tile loop "
                                      "starts with one")
     assert (encode_stream(cfg, new.program.insns)

@@ -160,7 +160,7 @@ class CompiledGemm:
 def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
                acc_init: Optional[str] = None, early_release: Optional[bool] = None,
                late_fill: Optional[bool] = None, share_resident: bool = True,
-               reuse: Optional[bool] = None) -> CompiledGemm:
+               reuse: Optional[bool] = None, early_start: Optional[bool] = None) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
     ``"reset"``, :data:`~.schedule.ACC_INITS`; None: :func:`~.schedule.acc_init_of`) says how each
     output tile's accumulator is zeroed; ``early_release`` lets a tile's first load wait for the
@@ -202,7 +202,7 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     MobileNetV2 or ResNeXt-50 224 build, about 0.15 s each).
     """
 
-    args = (acc_init, early_release, late_fill, share_resident, reuse)
+    args = (acc_init, early_release, late_fill, share_resident, reuse, early_start)
     with gc_paused():
         from vta_ext.templates.epilogue import has_residual, normalize_epilogue
 
@@ -279,7 +279,8 @@ _REUSE_DECLINED = (f"no reuse-aware double buffering: the estimate prices it abo
 
 def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str],
                 early_release: Optional[bool], late_fill: Optional[bool] = None,
-                share_resident: bool = True, reuse: Optional[bool] = None) -> CompiledGemm:
+                share_resident: bool = True, reuse: Optional[bool] = None,
+                early_start: Optional[bool] = None) -> CompiledGemm:
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule
@@ -302,7 +303,8 @@ def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[st
     try:
         gen = lower_to_runtime(cfg, func, early_release=(
             acc_init == "fill" if early_release is None else early_release), late_fill=late_fill,
-            share_resident=share_resident, reuse=False if declined or reuse is False else None)
+            share_resident=share_resident, reuse=False if declined or reuse is False else None,
+            early_start=early_start)
     except SramOverflowError as err:
         message = (f"embedding {pg.embedding.mapping_str()} with knobs {point} on {cfg.name!r}: "
                    f"{err}. Reduce the tile knobs or the virtual threads")

@@ -33,6 +33,8 @@ from .alloc import SramOverflowError, allocate, count_threads, resident_buffers,
 from .convert import TirConverter
 from .ir import Alu, Dep, Dma, GemmKernel, Loop, LoweringError, Region, SramBuf
 from .patterns import analyse
+from .earlystart import (DECLINED, EarlyStart, chunk_kernel, early_start_saving,
+                         plan_early_start)
 from .latefill import late_fill as _late_fill
 from .sync import insert_dependencies, release_after_gemm
 from .uops import alu_kernel, form_kernels, gemm_kernel, make_kernel
@@ -46,6 +48,8 @@ class _Emitter:
     def __init__(self, cfg: VTAConfig, reuse: Optional[Dict[str, str]] = None,
                  once: Sequence[str] = ()):
         self.cfg = cfg
+        # the first GEMM started on the resident tile's first chunk (:mod:`.earlystart`)
+        self.early: Optional[EarlyStart] = None
         # resident tiles loaded once, by thread 0, for every thread (root buffer names)
         self.once = frozenset(once)
         # reuse-aware double buffering: root buffer name -> Python variable holding the buffer half
@@ -93,8 +97,24 @@ class _Emitter:
                         self.leaf(x, ind, env, tid)
                     for d in it.after:
                         self.dep(d, ind)
+                    if tid == 0 and self.early is not None and it is self.early.load:
+                        self.early_loads(ind, env)
             else:
                 raise LoweringError(f"internal: unexpected {type(it).__name__}")
+
+    def early_loads(self, ind, env):
+        """After thread 0's first load step of the first tile: the resident tile's chunks but
+        the first, each signalling the compute module (:mod:`.earlystart`)."""
+        es = self.early
+        d = es.dma
+        soff = d.sram_off.subst(env) + self.sram_base(d.sram, 0)
+        goff = d.dram_off.subst(env)
+        self.line(ind, f"if {es.condition}:")
+        for r in range(1, es.chunks):
+            at = r * es.size
+            self.line(ind + 1, f"load_2d(B_{d.dram}, {(goff + at).py()}, {es.size}, 1, {es.size}, "
+                               f"0, 0, 0, 0, {(soff + at).py()}, {MemType(d.mem).name})")
+            self.line(ind + 1, "dep_push(LOAD, COMPUTE)")
 
     def dep(self, d: Dep, ind):
         f, t = Stage(d.frm).name, Stage(d.to).name
@@ -166,6 +186,12 @@ class _Emitter:
             goff = goff + Aff({var.rstrip('*') + "_c": gs})
         gbuf = f"B_{d.dram}"
         X = d.x[1] if d.x else 1
+        if self.early is not None and d is self.early.dma:
+            # the resident tile's first chunk; the others follow the first load step
+            X = self.early.size
+            self.line(ind, f"load_2d({gbuf}, {goff.py()}, {X}, 1, {X}, 0, 0, 0, 0, {soff.py()}, "
+                           f"{MemType(d.mem).name})")
+            return
         Y = d.y[1] if d.y else 1
         # DRAM row stride (a y loop with a simplified-away stride has a single valid row)
         ystride = d.y[3] if d.y and d.y[3] else X
@@ -215,6 +241,18 @@ class _Emitter:
         self.kernel_call(spec, dparts, ind, "push_alu")
 
     def gemm(self, g: GemmKernel, ind, env, tid):
+        es = self.early
+        if es is not None and g is es.gemm and tid == 0:
+            # the first tile's GEMM chunk by chunk, each after its chunk's token
+            self.line(ind, f"if {es.condition}:")
+            for r in range(es.chunks):
+                if r:
+                    self.line(ind + 1, "dep_pop(LOAD, COMPUTE)")
+                spec, dparts = gemm_kernel(self.cfg, chunk_kernel(es, r),
+                                           lambda buf: self.sram_base(buf, tid), env)
+                self.kernel_call(spec, dparts, ind + 1, "push_gemm")
+            self.line(ind, "else:")
+            ind += 1
         spec, dparts = gemm_kernel(self.cfg, g, lambda buf: self.sram_base(buf, tid), env)
         self.kernel_call(spec, dparts, ind, "push_gemm")
 
@@ -297,7 +335,8 @@ class GeneratedProgram:
 
 def lower_to_runtime(cfg: VTAConfig, func, reuse: Optional[bool] = False,
                      early_release: bool = False, late_fill: Optional[bool] = False,
-                     share_resident: bool = False) -> GeneratedProgram:
+                     share_resident: bool = False, early_start: Optional[bool] = False,
+                     chunks: Optional[int] = None) -> GeneratedProgram:
     """Lower a PrimFunc (after :func:`lower_schedule`) to a :class:`GeneratedProgram`.
 
     Parameters
@@ -361,8 +400,19 @@ def lower_to_runtime(cfg: VTAConfig, func, reuse: Optional[bool] = False,
     release = ""
     if early_release:
         items, release = release_after_gemm(items)
-    release = "; ".join(x for x in (fill_note, release, share_note, reuse_note) if x)
     em = _Emitter(cfg, shared, once)
+    early_note = ""
+    if early_start is not False:
+        em.early, early_note = plan_early_start(cfg, items, once, nthreads,
+                                                lambda buf: em.sram_base(buf, 0), chunks)
+        if em.early is not None:
+            saving = early_start_saving(cfg, em.early)
+            early_note += f", estimated {saving:,.0f} cycles earlier"
+            if early_start is None and saving <= 0:
+                em.early, early_note = None, (f"{DECLINED} it {-saving:,.0f} cycles slower "
+                                              f"({early_note})")
+    # (the resident share's and the reuse's notes end it, as documented above)
+    release = "; ".join(x for x in (fill_note, release, early_note, share_note, reuse_note) if x)
     for var in shared.values():
         em.line(1, f"{var} = 1")
     em.items(items, 1, [({}, 0)])
