@@ -211,7 +211,7 @@ def test_fusion_off_by_the_build_option_says_so():
     np.testing.assert_array_equal(got, ref)
     assert runs == ["conv2d", "conv2d", "add"]
     (add,) = [p for p in report.on_vta if p.op == "relax.add"]
-    assert "not fused into its conv: off (build_options(fuse_residual=False))" in add.detail
+    assert "not fused into its conv: off (build_options(fuse_residual=True) turns it on)" in add.detail
 
 
 def test_a_fused_point_without_room_for_the_residual_tile_is_not_a_failed_build(monkeypatch,

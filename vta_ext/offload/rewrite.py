@@ -155,7 +155,7 @@ class Offloader(PyExprMutator):
         fusion_note = ""
         if m.kind == "add" and strategy_fuses(strategy):
             if not options.fuse_residual:
-                fusion_note = "off (build_options(fuse_residual=False))"
+                fusion_note = "off (build_options(fuse_residual=True) turns it on)"
             else:
                 try:
                     fused, fusion_note = self._fuse(m, plan, key)
