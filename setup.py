@@ -37,7 +37,7 @@ setup(
     extras_require={
         # the frontend tests (ONNX float/QDQ, PT2E, the digits example) run in the default test
         # suite, so "test" brings what they import; scripts/setup_env.sh installs .[test,torch]
-        "test": ["pytest", "hypothesis", "onnx>=1.17", "onnxruntime>=1.20", "onnxscript",
+        "test": ["pytest", "pytest-xdist>=3.5", "hypothesis", "onnx>=1.17", "onnxruntime>=1.20", "onnxscript",
                  "scikit-learn"],
         # torchao 0.18 holds PyTorch's PT2E quantisation (prepare_pt2e / convert_pt2e) for torch 2.13
         "torch": ["torch==2.13.0", "torchao==0.18.*"],

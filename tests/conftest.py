@@ -16,6 +16,19 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
 
 
+#: the most worker processes ``-n auto`` starts (pytest.ini): each one imports TVM and holds its
+#: own caches, about 1.5 GiB at the peak of the network tests
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, at most :data:`MAX_WORKERS`."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, MAX_WORKERS))
+
+
 @pytest.fixture(autouse=True)
 def _stock_strategy_unless_chosen():
     """Every test builds with the ``stock`` strategy unless it opens its own ``build_options``.

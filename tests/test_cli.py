@@ -201,6 +201,7 @@ def test_random_calibration_warns_in_one_line(models, tmp_path):
     assert (tmp_path / "elsewhere.json").is_file() and not (tmp_path / "r.report.json").exists()
 
 
+@pytest.mark.slow  # tuning and its records in this process: test_tune.py (apply_history_best)
 def test_tune_then_compile_with_the_records(models, tmp_path):
     from vta_ext.quantize import quantize_onnx
 

@@ -130,6 +130,7 @@ def test_regnet_x_400mf_112_fused_adds_bit_exact():
     assert all(report.floor(p).total <= report.cycles(p) for p in fused)
 
 
+@pytest.mark.slow  # the handover of lane constants: test_lane_handover.py, in the default run
 @pytest.mark.parametrize("name", ["regnet_x_1_6gf"])
 def test_regnet_lane_constants_bit_exact(name):
     """RegNetX's 72/168/408 channels pad 8 channels of every packed activation: the grouped
