@@ -110,6 +110,18 @@ def apply_epilogue(acc: np.ndarray, epilogue: Sequence[tuple], bias: Optional[np
     return res.astype(np.int8)
 
 
+def max_pool_nchw(x: np.ndarray, pool: Tuple[int, int], stride: Tuple[int, int]) -> np.ndarray:
+    """Max pooling of an NCHW tensor without padding (floor mode), the definition itself: the
+    largest element of each window."""
+    (ph, pw), (sh, sw) = pool, stride
+    oh, ow = (x.shape[2] - ph) // sh + 1, (x.shape[3] - pw) // sw + 1
+    out = np.empty(x.shape[:2] + (oh, ow), x.dtype)
+    for i in range(oh):
+        for j in range(ow):
+            out[:, :, i, j] = x[:, :, i * sh:i * sh + ph, j * sw:j * sw + pw].max(axis=(2, 3))
+    return out
+
+
 def rtl_device():
     """The RTL of the original Pynq design as a device (``../shared/vta-hw``), or the calling
     test skipped, naming why, when its library is not there."""
