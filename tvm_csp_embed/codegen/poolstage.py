@@ -93,7 +93,7 @@ def pool_points(cfg, pg: PackedGemm, epilogue, knobs: str,
                     continue
                 if tk is None and vt > 1:
                     continue
-                p = dict(point, vt_oh=1)
+                p = dict(point, **({"vt_oh": 1} if "vt_oh" in point else {}))
                 if tk is not None:
                     p.update(tile_k=tk, vt_k=vt)
                 yield p, dataclasses.replace(pool, rows=r)
