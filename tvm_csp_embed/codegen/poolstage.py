@@ -10,10 +10,11 @@ on a *tiled row domain*: the conv's output rows ``oh`` become ``(t, rr)`` with `
 rr``, ``S = rows * stride_h`` the conv rows one tile of ``rows`` pooled rows advances by, and
 ``rr < R = (rows - 1) * stride_h + pool_h`` the conv rows its windows read. Where the windows
 overlap (``stride_h < pool_h``) and a tile holds fewer than all the pooled rows, consecutive
-tiles recompute ``pool_h - stride_h`` conv rows (the halo); the domain itself does not overlap,
-so every loop binding stays affine (the GEMM's tensorization needs that: a ``compute_at`` of the
-conv's own rows at an overlapping tile is refused by it). Only the conv columns a window reads are
-computed (``(OW' - 1) * stride_w + pool_w``).
+tiles recompute ``pool_h - stride_h`` conv rows (the halo); the domain itself does not overlap
+(a ``compute_at`` of the conv's own rows at overlapping tiles fails the GEMM's tensorization).
+Only the conv columns a window reads are computed (``(OW' - 1) * stride_w + pool_w``).
+
+Not yet in the offload pass; the figures and what is left: ``docs/csp-strategy.md``.
 
 The pool is one TE reduction over the window on the last epilogue stage, its initial value the
 lower bound the epilogue ends in (:func:`.residual.int8_bounds`: the max of values that are all at
@@ -69,8 +70,8 @@ def pool_points(cfg, pg: PackedGemm, epilogue, knobs: str,
     threads over the channel tiles where they divide them, then one; the pool's ``rows`` where
     given, else every divisor of the pooled rows, the most first (the fewest halo rows). Two
     threads first: a thread's GEMMs overlap the other's MAX passes and store (squeezenet1_1's
-    1x16x27x27 -> 64 1x1 conv and its 3x3 s2 pool on ``pipelined``: 31,629 cycles against 37,847
-    with one thread)."""
+    1x16x27x27 -> 64 1x1 conv and its 3x3 s2 pool on ``pipelined``, the conv's first relaxed
+    embedding: 31,629 cycles against 37,847 with one thread)."""
     from .build import resolve_knobs
 
     point = resolve_knobs(cfg, pg, epilogue, knobs)[0]
