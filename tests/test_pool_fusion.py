@@ -3,7 +3,7 @@
 * the fused program's output is numpy's max pool of numpy's conv + epilogue, bit for bit, on
   ``default`` and ``pipelined``: one row tile per channel block (fire-like 3x3 s2), row tiles
   whose windows overlap (the halo rows recomputed), row tiles of a 2x2 s2 pool, a preset's point,
-  an epilogue whose lower bound is negative (the pool's initial value);
+  an epilogue whose lower bound is negative (the pool's initial value), the bias as a GEMM;
 * what cannot fuse is refused in one line naming why;
 * on ``pipelined`` the cycle model ranks squeezenet1_1's fire3 1x1 expand conv with its 3x3 s2
   pool fused below the conv's own program plus the pool template's;
@@ -61,6 +61,9 @@ CASES = {
     # 2x2 s2, row tiles of 4 pooled rows, a negative lower bound (the pool's initial value)
     "2x2": ((16, 32, 32, 1, 0), PoolStage(2, 2, 2, 2, rows=4), {"tile_k": 2, "vt_k": 1},
             (("bias",), ("shr", 6), ("clip", -100, 90))),
+    # the bias as a GEMM (the network's fire convs' epilogue), halo row tiles of a preset
+    "bias-gemm": ((16, 27, 32, 3, 1), PoolStage(3, 3, 2, 2, rows=1), "cycles",
+                  (("bias_gemm",), ("shr", 7), ("clip", 0, 127))),
 }
 
 
@@ -74,7 +77,8 @@ def test_fused_pool_matches_numpy(preset, name):
         knobs = dict(tile_n=1, tile_oh=1, tile_ow=pg.operands["C"].shape[3], tile_c=1, vt_oh=1,
                      **knobs)
     compiled = build_gemm(cfg, pg, epilogue, knobs, pool=pool)
-    expected = max_pool_nchw(apply_epilogue(acc, epilogue, b), (pool.pool_h, pool.pool_w),
+    reference = tuple(("bias",) if st == ("bias_gemm",) else st for st in epilogue)
+    expected = max_pool_nchw(apply_epilogue(acc, reference, b), (pool.pool_h, pool.pool_w),
                              (pool.stride_h, pool.stride_w))
     got = _run(compiled, pg, x, w, b)
     assert got.shape == expected.shape
