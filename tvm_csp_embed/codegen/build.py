@@ -23,7 +23,7 @@ from .biasfold import gemm_bias_operands
 from .knobs import (REUSE_GAIN, KnobPoint, Pruned, check_point, cycle_point, fallback_point,
                     knob_names, reuse_pays, reused_operands, tps_point)
 from .plan import PackedGemm
-from .poolstage import pool_points, pool_refusal, pooled_shape
+from .poolstage import PoolStage, pool_points, pool_refusal, pooled_shape
 from .residual import knob_view, residual_overflow
 from .schedule import (RESIDUAL_IDENTITY, acc_init_of, bias_shape, gemm_bias_shapes,
                        schedule_gemm)
@@ -165,7 +165,7 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
                acc_init: Optional[str] = None, early_release: Optional[bool] = None,
                late_fill: Optional[bool] = None, share_resident: bool = True,
                reuse: Optional[bool] = None, early_start: Optional[bool] = None,
-               pool=None) -> CompiledGemm:
+               pool: Optional[PoolStage] = None) -> CompiledGemm:
     """Compile ``pg`` + ``epilogue`` with ``knobs`` for ``cfg``; ``acc_init`` (``"fill"`` or
     ``"reset"``, :data:`~.schedule.ACC_INITS`; None: :func:`~.schedule.acc_init_of`) says how each
     output tile's accumulator is zeroed; ``early_release`` lets a tile's first load wait for the
@@ -229,7 +229,8 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
         raise refused
 
 
-def _build_pooled(cfg, pg: PackedGemm, epilogue, knobs: Any, pool, args) -> CompiledGemm:
+def _build_pooled(cfg, pg: PackedGemm, epilogue, knobs: Any, pool: PoolStage,
+                  args: tuple) -> CompiledGemm:
     """:func:`build_gemm` with a fused pool: explicit knobs as given, a preset at the first point
     of :func:`~.poolstage.pool_points` that fits the buffers."""
     from vta_ext.templates.errors import Conv2dRefusal, KnobError
@@ -309,7 +310,8 @@ _REUSE_DECLINED = (f"no reuse-aware double buffering: the estimate prices it abo
 def _build_gemm(cfg, pg: PackedGemm, epilogue, knobs: Any, acc_init: Optional[str],
                 early_release: Optional[bool], late_fill: Optional[bool] = None,
                 share_resident: bool = True, reuse: Optional[bool] = None,
-                early_start: Optional[bool] = None, pool=None) -> CompiledGemm:
+                early_start: Optional[bool] = None,
+                pool: Optional[PoolStage] = None) -> CompiledGemm:
     """:func:`build_gemm`'s work."""
     from vta_ext.lower.codegen import SramOverflowError, lower_to_runtime
     from vta_ext.lower.passes import lower_schedule

@@ -38,7 +38,8 @@ from vta_ext.templates.workload import out_size
 
 from .plan import PackedGemm
 
-__all__ = ["PoolStage", "pool_refusal", "pooled_shape", "row_domain", "pool_points", "POOL_STAGE"]
+__all__ = ["PoolStage", "pool_refusal", "pooled_shape", "row_domain", "domain_shape", "conv_env",
+           "pool_stage", "pool_points", "POOL_STAGE"]
 
 #: the TE name of the pool stage
 POOL_STAGE = "pool"
@@ -62,7 +63,7 @@ class PoolStage:
                 out_size(width, self.pool_w, 0, self.stride_w))
 
 
-def pool_points(cfg, pg: PackedGemm, epilogue, knobs: str,
+def pool_points(cfg: Any, pg: PackedGemm, epilogue: Any, knobs: str,
                 pool: PoolStage) -> Iterator[Tuple[Dict[str, int], PoolStage]]:
     """The knob points and row tiles a fused program of ``pool`` is built at under the preset
     ``knobs``, in the order tried (the first that fits the buffers is built): the preset's point
@@ -106,7 +107,7 @@ def _spatial(pg: PackedGemm) -> Tuple[int, int]:
     return names.index("oh"), names.index("ow")
 
 
-def pool_refusal(pg: PackedGemm, epilogue, pool: PoolStage) -> Optional[str]:
+def pool_refusal(pg: PackedGemm, epilogue: Any, pool: PoolStage) -> Optional[str]:
     """Why ``pool`` cannot be fused into the program of ``pg`` with ``epilogue`` (one line), or
     None (module docstring)."""
     from vta_ext.templates.epilogue import has_residual, normalize_epilogue
@@ -172,7 +173,7 @@ def domain_shape(pg: PackedGemm, pool: PoolStage) -> Tuple[int, ...]:
     return tuple(shape[:ih]) + (dom["tiles"], dom["rows"]) + tuple(shape[ih + 1:])
 
 
-def conv_env(pg: PackedGemm, pool: PoolStage, ivs) -> Dict[str, object]:
+def conv_env(pg: PackedGemm, pool: PoolStage, ivs: Any) -> Dict[str, Any]:
     """Loop name -> index expression of the conv's free loops for the indices ``ivs`` of the
     tiled row domain (:func:`domain_shape`)."""
     C = pg.operands["C"]
@@ -184,7 +185,7 @@ def conv_env(pg: PackedGemm, pool: PoolStage, ivs) -> Dict[str, object]:
     return dict(zip(names, flat))
 
 
-def pool_stage(pg: PackedGemm, prev, pool: PoolStage, floor: int):
+def pool_stage(pg: PackedGemm, prev: Any, pool: PoolStage, floor: int) -> Any:
     """The pool as a TE stage on ``prev`` (a stage on the tiled row domain): the max over the
     window, starting from ``floor`` (the lower bound ``prev`` lies above)."""
     from tvm import te, tirx

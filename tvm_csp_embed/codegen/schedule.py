@@ -41,7 +41,7 @@ RESIDUAL_IDENTITY = "residual_identity"
 
 from .loops import loop_orders
 from .plan import AXIS_PREFIX, PackedDim, PackedGemm
-from .poolstage import POOL_STAGE, conv_env, domain_shape, pool_stage, row_domain
+from .poolstage import POOL_STAGE, PoolStage, conv_env, domain_shape, pool_stage, row_domain
 from .residual import int8_bounds
 
 __all__ = ["gemm_compute", "schedule_gemm", "bias_shape", "gemm_bias_shapes", "ACC_INITS",
@@ -83,7 +83,7 @@ def _index(dim: PackedDim, env: Mapping[str, object]):
     return expr
 
 
-def gemm_compute(cfg, pg: PackedGemm, epilogue, pool=None):
+def gemm_compute(cfg, pg: PackedGemm, epilogue, pool: Optional[PoolStage] = None):
     """The TE tensors of the packed GEMM + epilogue (+ the fused max pool ``pool``, a
     :class:`~.poolstage.PoolStage`: the conv's stages on its tiled row domain, then the pool
     stage, :mod:`.poolstage`).
@@ -243,7 +243,7 @@ def _stage_fn(stage, prev, bias, bshape, pg: PackedGemm, pool=None):
 
 
 def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_init: str = "fill",
-                  pool=None):
+                  pool: Optional[PoolStage] = None):
     """Build the compute, schedule it with ``knobs`` (a full point, see
     :func:`~.knobs.check_point`) and return ``(sch, info)``; ``acc_init`` (:data:`ACC_INITS`) says
     how each output tile's accumulator is zeroed. With ``pool`` (a
