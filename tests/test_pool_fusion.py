@@ -1,4 +1,5 @@
-"""A max pool fused into the conv program that produces its input (:mod:`tvm_csp_embed.codegen.poolstage`).
+"""A max pool fused into the conv program that produces its input
+(:mod:`tvm_csp_embed.codegen.poolstage`).
 
 * the fused program's output is numpy's max pool of numpy's conv + epilogue, bit for bit, on
   ``default`` and ``pipelined``: one row tile per channel block (fire-like 3x3 s2), row tiles

@@ -23,12 +23,13 @@ from .biasfold import gemm_bias_operands
 from .knobs import (REUSE_GAIN, KnobPoint, Pruned, check_point, cycle_point, fallback_point,
                     knob_names, reuse_pays, reused_operands, tps_point)
 from .plan import PackedGemm
-from .poolstage import PoolStage, pool_points, pool_refusal, pooled_shape
+from .poolstage import PoolStage, pool_refusal, pooled_shape, spatial_dims
 from .residual import knob_view, residual_overflow
 from .schedule import (RESIDUAL_IDENTITY, acc_init_of, bias_shape, gemm_bias_shapes,
                        schedule_gemm)
 
-__all__ = ["CompiledGemm", "resolve_knobs", "build_gemm", "knob_record", "residual_points"]
+__all__ = ["CompiledGemm", "resolve_knobs", "build_gemm", "knob_record", "residual_points",
+           "pool_points"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,8 +93,9 @@ class CompiledGemm:
     shapes: Dict[str, tuple]
     timings: Dict[str, float]
     generated: Any = field(repr=False, default=None)
-    #: the fused max pool (:class:`~.poolstage.PoolStage`, with the row tile built), or None; its
-    #: point's ``tile_oh``, ``tile_ow`` and ``vt_oh`` are not used (:func:`~.schedule.schedule_gemm`)
+    #: the fused max pool (:class:`~.poolstage.PoolStage`, with the row tile built), or None;
+    #: its point's ``tile_oh``, ``tile_ow`` and ``vt_oh`` are not used
+    #: (:func:`~.schedule.schedule_gemm`)
     pool: Any = None
 
     @property
@@ -192,7 +194,7 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
     (:func:`vta_ext.templates.epilogue.simplify_epilogue`).
     ``pool``: a :class:`~.poolstage.PoolStage`, a max pool fused after the epilogue
     (:mod:`.poolstage`; the output is the pooled tensor); under a preset the first point of
-    :func:`~.poolstage.pool_points` that fits is built.
+    :func:`pool_points` that fits is built.
 
     Raises
     ------
@@ -232,7 +234,7 @@ def build_gemm(cfg, pg: PackedGemm, epilogue=(), knobs: Any = "tps",
 def _build_pooled(cfg, pg: PackedGemm, epilogue, knobs: Any, pool: PoolStage,
                   args: tuple) -> CompiledGemm:
     """:func:`build_gemm` with a fused pool: explicit knobs as given, a preset at the first point
-    of :func:`~.poolstage.pool_points` that fits the buffers."""
+    of :func:`pool_points` that fits the buffers."""
     from vta_ext.templates.errors import Conv2dRefusal, KnobError
 
     refused = pool_refusal(pg, epilogue, pool)
@@ -247,6 +249,42 @@ def _build_pooled(cfg, pg: PackedGemm, epilogue, knobs: Any, pool: PoolStage,
         except KnobError as err:    # the tiles do not fit the buffers: the next point
             last = err
     raise Conv2dRefusal(f"no point of the fused max pool fits the buffers: {last}")
+
+
+def pool_points(cfg: Any, pg: PackedGemm, epilogue: Any, knobs: str,
+                pool: PoolStage) -> Iterator[Tuple[Dict[str, int], PoolStage]]:
+    """The knob points and row tiles a fused program of ``pool`` is built at under the preset
+    ``knobs``, in the order tried (the first that fits the buffers is built): the preset's point
+    for the conv alone, its output-channel tile halved down to one block, each with two virtual
+    threads over the channel tiles where they divide them, then one; the pool's ``rows`` where
+    given, else every divisor of the pooled rows, the most first (the fewest halo rows). Two
+    threads first: a thread's GEMMs overlap the other's MAX passes and store (squeezenet1_1's
+    1x16x27x27 -> 64 1x1 conv and its 3x3 s2 pool on ``pipelined``, the conv's first relaxed
+    embedding: 31,629 cycles against 37,847 with one thread)."""
+    point = resolve_knobs(cfg, pg, epilogue, knobs)[0]
+    C = pg.operands["C"]
+    ih, iw = spatial_dims(pg)
+    pooled = pool.pooled(C.shape[ih], C.shape[iw])[0]
+    rows = [pool.rows] if pool.rows is not None else \
+        [r for r in range(pooled, 0, -1) if pooled % r == 0]
+    k = {lp.name: lp.extent for lp in pg.loops}.get("k")
+    tiles = []
+    t = point.get("tile_k")
+    while t is not None and t >= 1 and k is not None:
+        if k % t == 0:
+            tiles.append(t)
+        t //= 2
+    for vt in (2, 1):
+        for r in rows:
+            for tk in tiles or [None]:
+                if tk is not None and (k // tk) % vt:
+                    continue
+                if tk is None and vt > 1:
+                    continue
+                p = dict(point, **({"vt_oh": 1} if "vt_oh" in point else {}))
+                if tk is not None:
+                    p.update(tile_k=tk, vt_k=vt)
+                yield p, dataclasses.replace(pool, rows=r)
 
 
 def residual_points(cfg, pg: PackedGemm, epilogue, knobs: str,

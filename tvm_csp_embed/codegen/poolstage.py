@@ -5,7 +5,8 @@ ACC_8BIT or an identity GEMM) before its MAX passes, and the conv before it stor
 bytes the pool stores. Fused, the conv keeps each output tile in the accumulator after its
 epilogue, the pool's MAX passes run there, and only the pooled tile is stored.
 
-The fused compute (:func:`pooled_compute`, used by :func:`.schedule.gemm_compute`) states the conv
+The fused compute (:func:`domain_shape`, :func:`conv_env` and :func:`pool_stage`, used by
+:func:`.schedule.gemm_compute`) states the conv
 on a *tiled row domain*: the conv's output rows ``oh`` become ``(t, rr)`` with ``oh = t * S +
 rr``, ``S = rows * stride_h`` the conv rows one tile of ``rows`` pooled rows advances by, and
 ``rr < R = (rows - 1) * stride_h + pool_h`` the conv rows its windows read. Where the windows
@@ -17,29 +18,30 @@ Only the conv columns a window reads are computed (``(OW' - 1) * stride_w + pool
 Not yet in the offload pass; the figures and what is left: ``docs/csp-strategy.md``.
 
 The pool is one TE reduction over the window on the last epilogue stage, its initial value the
-lower bound the epilogue ends in (:func:`.residual.int8_bounds`: the max of values that are all at
-least ``lo`` starts from ``lo`` exactly), so it lowers to one ALU MIN/MAX pair (a constant) and
-one vector MAX per window element (:mod:`vta_ext.lower.patterns`). Bit-exact: the pooled value
-is the max over the window of the very int32 values the conv alone would have truncated to int8
-and stored (the epilogue ends in a bound inside int8, so the truncation is the identity).
+lower bound the epilogue ends in (:func:`vta_ext.templates.epilogue.int8_bounds`: the max of
+values that are all at least ``lo`` starts from ``lo`` exactly), so it lowers to one ALU constant
+pass and one vector MAX per window element (:mod:`vta_ext.lower.patterns`). Bit-exact: the
+pooled value is the max over the window of the very int32 values the conv alone would have
+truncated to int8 and stored (the epilogue ends in a bound inside int8, so the truncation is the
+identity).
 
-What is refused (:func:`pool_refusal`, one line): a pool with padding or whose pooled rows the
-tile's ``rows`` do not divide, an embedding whose output rows and columns are not the plain
-``oh`` and ``ow`` loops, an epilogue that does not end in an int8 bound or that has a residual
-stage.
+A :class:`PoolStage` has no padding and floors its output size (a padded or ceil-mode pool is
+not one). What is refused (:func:`pool_refusal`, one line): pooled rows that the tile's ``rows``
+do not divide, an embedding whose output rows and columns are not the plain ``oh`` and ``ow``
+loops (the columns right after the rows), an epilogue that does not end in an int8 bound or that
+has a residual stage.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from vta_ext.templates.workload import out_size
 
 from .plan import PackedGemm
 
 __all__ = ["PoolStage", "pool_refusal", "pooled_shape", "row_domain", "domain_shape", "conv_env",
-           "pool_stage", "pool_points", "POOL_STAGE"]
+           "pool_stage", "spatial_dims", "POOL_STAGE"]
 
 #: the TE name of the pool stage
 POOL_STAGE = "pool"
@@ -63,46 +65,8 @@ class PoolStage:
                 out_size(width, self.pool_w, 0, self.stride_w))
 
 
-def pool_points(cfg: Any, pg: PackedGemm, epilogue: Any, knobs: str,
-                pool: PoolStage) -> Iterator[Tuple[Dict[str, int], PoolStage]]:
-    """The knob points and row tiles a fused program of ``pool`` is built at under the preset
-    ``knobs``, in the order tried (the first that fits the buffers is built): the preset's point
-    for the conv alone, its output-channel tile halved down to one block, each with two virtual
-    threads over the channel tiles where they divide them, then one; the pool's ``rows`` where
-    given, else every divisor of the pooled rows, the most first (the fewest halo rows). Two
-    threads first: a thread's GEMMs overlap the other's MAX passes and store (squeezenet1_1's
-    1x16x27x27 -> 64 1x1 conv and its 3x3 s2 pool on ``pipelined``, the conv's first relaxed
-    embedding: 31,629 cycles against 37,847 with one thread)."""
-    from .build import resolve_knobs
-
-    point = resolve_knobs(cfg, pg, epilogue, knobs)[0]
-    C = pg.operands["C"]
-    ih, iw = _spatial(pg)
-    pooled = pool.pooled(C.shape[ih], C.shape[iw])[0]
-    rows = [pool.rows] if pool.rows is not None else \
-        [r for r in range(pooled, 0, -1) if pooled % r == 0]
-    k = {lp.name: lp.extent for lp in pg.loops}.get("k")
-    tiles = []
-    t = point.get("tile_k")
-    while t is not None and t >= 1 and k is not None:
-        if k % t == 0:
-            tiles.append(t)
-        t //= 2
-    for vt in (2, 1):
-        for r in rows:
-            for tk in tiles or [None]:
-                if tk is not None and (k // tk) % vt:
-                    continue
-                if tk is None and vt > 1:
-                    continue
-                p = dict(point, **({"vt_oh": 1} if "vt_oh" in point else {}))
-                if tk is not None:
-                    p.update(tile_k=tk, vt_k=vt)
-                yield p, dataclasses.replace(pool, rows=r)
-
-
-def _spatial(pg: PackedGemm) -> Tuple[int, int]:
-    """The indices of the ``oh`` and ``ow`` dims of the packed output."""
+def spatial_dims(pg: PackedGemm) -> Tuple[int, int]:
+    """The indices of the ``oh`` and ``ow`` dims of the packed output of ``pg``."""
     names = [d.terms[0][0] for d in pg.operands["C"].dims]
     return names.index("oh"), names.index("ow")
 
@@ -110,9 +74,7 @@ def _spatial(pg: PackedGemm) -> Tuple[int, int]:
 def pool_refusal(pg: PackedGemm, epilogue: Any, pool: PoolStage) -> Optional[str]:
     """Why ``pool`` cannot be fused into the program of ``pg`` with ``epilogue`` (one line), or
     None (module docstring)."""
-    from vta_ext.templates.epilogue import has_residual, normalize_epilogue
-
-    from .residual import int8_bounds
+    from vta_ext.templates.epilogue import has_residual, int8_bounds, normalize_epilogue
 
     C = pg.operands["C"]
     names = [d.terms[0][0] for d in C.dims]
@@ -122,7 +84,7 @@ def pool_refusal(pg: PackedGemm, epilogue: Any, pool: PoolStage) -> Optional[str
                 "conv stored as computed")
     if min(pool.pool_h, pool.pool_w, pool.stride_h, pool.stride_w) < 1:
         return f"the pool {pool} has an empty window or stride"
-    ih, iw = _spatial(pg)
+    ih, iw = spatial_dims(pg)
     if iw != ih + 1:
         return "the embedding's output columns do not follow its rows"
     oh, ow = pool.pooled(C.shape[ih], C.shape[iw])
@@ -143,7 +105,7 @@ def pool_refusal(pg: PackedGemm, epilogue: Any, pool: PoolStage) -> Optional[str
 def pooled_shape(pg: PackedGemm, pool: PoolStage) -> Tuple[int, ...]:
     """The packed output of the fused program: the conv's, with the pooled rows and columns."""
     C = pg.operands["C"]
-    ih, iw = _spatial(pg)
+    ih, iw = spatial_dims(pg)
     shape = list(C.shape)
     shape[ih], shape[iw] = pool.pooled(C.shape[ih], C.shape[iw])
     return tuple(shape)
@@ -154,7 +116,7 @@ def row_domain(pg: PackedGemm, pool: PoolStage) -> Dict[str, int]:
     ``rows`` (R, the conv rows a tile computes), ``pooled_rows`` (a tile's), ``cols`` (the conv
     columns computed)."""
     C = pg.operands["C"]
-    ih, iw = _spatial(pg)
+    ih, iw = spatial_dims(pg)
     oh, ow = pool.pooled(C.shape[ih], C.shape[iw])
     rows = oh if pool.rows is None else pool.rows
     return dict(tiles=oh // rows, step=rows * pool.stride_h, pooled_rows=rows,
@@ -166,7 +128,7 @@ def domain_shape(pg: PackedGemm, pool: PoolStage) -> Tuple[int, ...]:
     """The shape of the conv's stages on the tiled row domain: the packed output's, its ``oh``
     dim replaced by ``(T, R)`` and its ``ow`` dim by the columns computed."""
     C = pg.operands["C"]
-    ih, iw = _spatial(pg)
+    ih, iw = spatial_dims(pg)
     dom = row_domain(pg, pool)
     shape = list(C.shape)
     shape[iw] = dom["cols"]
@@ -177,7 +139,7 @@ def conv_env(pg: PackedGemm, pool: PoolStage, ivs: Any) -> Dict[str, Any]:
     """Loop name -> index expression of the conv's free loops for the indices ``ivs`` of the
     tiled row domain (:func:`domain_shape`)."""
     C = pg.operands["C"]
-    ih, _ = _spatial(pg)
+    ih, _ = spatial_dims(pg)
     names = [d.terms[0][0] for d in C.dims]
     ivs = list(ivs)
     t, rr = ivs[ih], ivs[ih + 1]
@@ -190,7 +152,7 @@ def pool_stage(pg: PackedGemm, prev: Any, pool: PoolStage, floor: int) -> Any:
     window, starting from ``floor`` (the lower bound ``prev`` lies above)."""
     from tvm import te, tirx
 
-    ih, iw = _spatial(pg)
+    ih, iw = spatial_dims(pg)
     rows = row_domain(pg, pool)["pooled_rows"]
     ri = te.reduce_axis((0, pool.pool_h), "pool_i")
     rj = te.reduce_axis((0, pool.pool_w), "pool_j")

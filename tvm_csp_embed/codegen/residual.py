@@ -31,10 +31,10 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from vta_ext.templates.epilogue import (RESIDUAL_STAGE, Epilogue, has_residual,
+from vta_ext.templates.epilogue import (RESIDUAL_STAGE, Epilogue, has_residual, int8_bounds,
                                         normalize_epilogue, split_residual)
 
-__all__ = ["fused_epilogue", "residual_refusal", "int8_bounds", "knob_view", "residual_overflow"]
+__all__ = ["fused_epilogue", "residual_refusal", "knob_view", "residual_overflow"]
 
 
 def fused_epilogue(conv_epilogue, add_epilogue) -> Epilogue:
@@ -42,30 +42,11 @@ def fused_epilogue(conv_epilogue, add_epilogue) -> Epilogue:
     return normalize_epilogue(tuple(conv_epilogue) + (RESIDUAL_STAGE,) + tuple(add_epilogue))
 
 
-def int8_bounds(epilogue) -> Optional[Tuple[int, int]]:
-    """``(lo, hi)``: the bounds ``epilogue`` ends in (its last clip, or max / min pair), where they
-    lie inside int8 (then the accumulator holds exactly the int8 value the program stores: its
-    truncating store is the identity); else None."""
-    ep = normalize_epilogue(epilogue)
-    lo, hi = None, None
-    for st in ep[::-1]:   # the last bounds, up to the first stage that is not one
-        if st[0] == "clip":
-            lo, hi = (st[1] if lo is None else lo), (st[2] if hi is None else hi)
-        elif st[0] == "max":
-            lo = st[1] if lo is None else lo
-        elif st[0] == "min":
-            hi = st[1] if hi is None else hi
-        else:
-            break
-    if lo is None or hi is None or lo < -128 or hi > 127:
-        return None
-    return lo, hi
-
-
 def residual_refusal(conv_epilogue) -> Optional[str]:
     """Why the add cannot be fused into a conv with ``conv_epilogue`` (one line), or None: the
     conv's epilogue does not end in a clip (or max / min pair) inside int8
-    (:func:`int8_bounds`), so its value in the accumulator is not the int8 it would store."""
+    (:func:`vta_ext.templates.epilogue.int8_bounds`), so its value in the accumulator is not the
+    int8 it would store."""
     if int8_bounds(conv_epilogue) is None:
         return ("the conv's epilogue does not end in a clip inside int8, so its accumulator is "
                 "not the int8 it stores")

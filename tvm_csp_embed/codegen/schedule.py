@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from vta_ext.templates.epilogue import GEMM_BIAS_STAGE, RESIDUAL_STAGE, RESIDUAL_TENSOR
+from vta_ext.templates.epilogue import (GEMM_BIAS_STAGE, RESIDUAL_STAGE, RESIDUAL_TENSOR,
+                                        int8_bounds)
 
 #: the DRAM name of the residual GEMM's identity weight tile (:func:`_residual_stage`)
 RESIDUAL_IDENTITY = "residual_identity"
@@ -42,7 +43,6 @@ RESIDUAL_IDENTITY = "residual_identity"
 from .loops import loop_orders
 from .plan import AXIS_PREFIX, PackedDim, PackedGemm
 from .poolstage import POOL_STAGE, PoolStage, conv_env, domain_shape, pool_stage, row_domain
-from .residual import int8_bounds
 
 __all__ = ["gemm_compute", "schedule_gemm", "bias_shape", "gemm_bias_shapes", "ACC_INITS",
            "acc_init_of"]
