@@ -15,7 +15,9 @@ tiles recompute ``pool_h - stride_h`` conv rows (the halo); the domain itself do
 (a ``compute_at`` of the conv's own rows at overlapping tiles fails the GEMM's tensorization).
 Only the conv columns a window reads are computed (``(OW' - 1) * stride_w + pool_w``).
 
-Not yet in the offload pass; the figures and what is left: ``docs/csp-strategy.md``.
+In the offload pass through the conv's template (``build_options(fuse_pool=True)``,
+:class:`tvm_csp_embed.fusion.PoolSupport`): the pool rides in the compiled operator's key as a last
+epilogue stage (:func:`pool_epilogue`, :func:`split_pool`). The figures: ``docs/csp-strategy.md``.
 
 The pool is one TE reduction over the window on the last epilogue stage, its initial value the
 lower bound the epilogue ends in (:func:`vta_ext.templates.epilogue.int8_bounds`: the max of
@@ -36,12 +38,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from vta_ext.templates.epilogue import POOL_EPILOGUE, split_pool_stage
 from vta_ext.templates.workload import out_size
 
 from .plan import PackedGemm
 
 __all__ = ["PoolStage", "pool_refusal", "pooled_shape", "row_domain", "domain_shape", "conv_env",
-           "pool_stage", "spatial_dims", "POOL_STAGE"]
+           "pool_stage", "spatial_dims", "POOL_STAGE", "pool_epilogue", "split_pool"]
 
 #: the TE name of the pool stage
 POOL_STAGE = "pool"
@@ -165,3 +168,17 @@ def pool_stage(pg: PackedGemm, prev: Any, pool: PoolStage, floor: int) -> Any:
                + [idx[iw] * pool.stride_w + rj] + idx[iw + 1:])
         return reducer(prev[tuple(src)], axis=[ri, rj])
     return te.compute(pooled_shape(pg, pool), body, name=POOL_STAGE)
+
+
+def pool_epilogue(epilogue: Any, pool: PoolStage) -> Tuple[Tuple[Any, ...], ...]:
+    """``epilogue`` with the pool as its last stage ``(POOL_EPILOGUE, pool_h, pool_w, stride_h,
+    stride_w)``: how a fused program is named in its key (:func:`vta_ext.executor.op_key`)."""
+    return tuple(tuple(st) for st in epilogue) + (
+        (POOL_EPILOGUE, pool.pool_h, pool.pool_w, pool.stride_h, pool.stride_w),)
+
+
+def split_pool(epilogue: Any) -> Tuple[Tuple[Any, ...], Optional[PoolStage]]:
+    """The epilogue without its pool stage and the :class:`PoolStage` (None: no pool stage;
+    :func:`vta_ext.templates.epilogue.split_pool_stage`)."""
+    epilogue, window = split_pool_stage(epilogue)
+    return epilogue, (None if window is None else PoolStage(*window))

@@ -147,9 +147,10 @@ class Offloader(PyExprMutator):
             raise self._failed(m, strategy, err) from err
         # the program is built now (the instruction stream), except an add's, built where it is
         # not fused, and a conv's that a kept fusion decision may replace (built by ``finish``)
-        fusing = options.fuse_residual and m.kind == "add"
-        if not fusing and not (options.fuse_residual and m.kind == "conv2d"
-                               and self.fusion.defer(template, key)):
+        fusing = (options.fuse_residual and m.kind == "add") or (
+            options.fuse_pool and m.kind == "max_pool2d")
+        if not fusing and not ((options.fuse_residual or options.fuse_pool)
+                               and m.kind == "conv2d" and self.fusion.defer(template, key)):
             if not self._compile(m, strategy, key):
                 return None
         fusion_note = ""
@@ -165,6 +166,15 @@ class Offloader(PyExprMutator):
                     raise self._failed(m, strategy, err) from err
                 if fused is not None:
                     return fused
+        if m.kind == "max_pool2d" and options.fuse_pool:
+            try:
+                fused, fusion_note = self._fuse_pool(m, plan, key)
+            except VTABuildError:
+                raise
+            except Exception as err:
+                raise self._failed(m, strategy, err) from err
+            if fused is not None:
+                return fused
         if fusing and not self._compile(m, strategy, key):
             return None
         self._kept = False
@@ -221,8 +231,7 @@ class Offloader(PyExprMutator):
                       call=len(self.op_keys))
         if m.kind == "conv2d":
             self.fusion.note_conv(self._current_binding, FusableConv(
-                m, template, plan, knobs, key, args if parts is None else None,
-                len(self.offloaded)))
+                m, template, plan, knobs, key, args, len(self.offloaded), parts))
         self.offloaded.append((_op_name(m.core), f"{m.kind} ({template.report_text})", detail,
                                m.name, fields))
         self.op_keys.append(key)
@@ -296,7 +305,7 @@ class Offloader(PyExprMutator):
         for conv, index in found:
             refused = self.fusion.refusal(conv, add, add_plan, self.config) or (
                 "the conv's input is placed from parts (vta_ext.run_placed)"
-                if conv.args is None else "")
+                if conv.parts is not None else "")
             if refused:
                 reasons.append(refused)
                 continue
@@ -340,6 +349,52 @@ class Offloader(PyExprMutator):
                    f"{'kept in the packed layout' if kept else 'packed on the host'})")
         self.offloaded[conv.entry] = (op, f"conv2d + add ({conv.template.report_text})", detail,
                                       var, fields)
+        self.op_keys[conv.entry] = key
+        self._program_words[conv.entry] = (self._program_words[conv.entry][0], tuple(epilogue))
+        return out, ""
+
+    def _fuse_pool(self, pool: MatchedOp, pool_plan,
+                   pool_key: str) -> Tuple[Optional[relax.Expr], str]:
+        """The max ``pool`` fused into the conv that produces its input
+        (:mod:`~vta_ext.offload.fusion`): the fused call's unpacked output, or None and why not
+        (one line). Decided once per (conv, pool) program pair, by the cycle model
+        (:meth:`ResidualFusion.decide` with the conv template's ``pool`` support)."""
+        conv, why = self.fusion.pool_candidate(pool)
+        window = None
+        if conv is not None:
+            window, why = self.fusion.pool_window(pool)
+        if window is not None:
+            why = self.fusion.pool_refusal(conv, pool, window, pool_plan, self.config) or ""
+        if why:
+            return None, why
+        support = conv.template.pool
+        epilogue = support.fused_epilogue(conv.op.epilogue, window)
+        decision = self.fusion.decide(conv, pool_key, epilogue, self.config, support)
+        if not decision["fused"]:
+            return None, (f"not faster fused ({decision['words']})" if decision["cycles"]
+                          else decision["words"])
+        key = op_key(conv.op.kind, conv.template.strategy, self.config, conv.plan.workload,
+                     epilogue, decision["knobs"])
+        if self.fusion.compile(key, self.config) is not None:   # a kept decision gone stale
+            if self.fusion.forget(conv, pool_key):
+                return self._fuse_pool(pool, pool_plan, pool_key)
+            raise VTABuildError(f"the fused program of {conv.op.name!r} and the max pool "
+                                f"{pool.name!r} built when decided and not now")
+        layout = pool_plan.out_layout
+        func, extra = (RUN_FUNC, []) if conv.parts is None else (
+            RUN_PLACED_FUNC, [tvm.ir.StringImm(conv.parts)])
+        out_packed = self._emit(relax.call_dps_packed(
+            func, conv.args + extra + [tvm.ir.StringImm(key)],
+            relax.TensorType(layout.shape, "int8")), "vta_conv2d_pool")
+        out = layout.unpack(self, out_packed)
+        self._rewritten_binding = True
+        self._last_packed = (out_packed, layout, pool_plan.out_lanes)
+        op, what, detail, var, fields = self.offloaded[conv.entry]
+        detail += (f"; max pool {pool.name} ({'x'.join(map(str, window[:2]))} stride "
+                   f"{'x'.join(map(str, window[2:]))}) fused ({decision['words']}, decided by "
+                   f"the {decision['by']})")
+        self.offloaded[conv.entry] = (op, f"conv2d + max pool ({conv.template.report_text})",
+                                      detail, var, fields)
         self.op_keys[conv.entry] = key
         self._program_words[conv.entry] = (self._program_words[conv.entry][0], tuple(epilogue))
         return out, ""
