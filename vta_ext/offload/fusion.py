@@ -140,13 +140,12 @@ class ResidualFusion:
         return residual.refusal(conv.op.epilogue)
 
     @staticmethod
-    def knob_choices(conv: FusableConv, epilogue, config, support=None) -> Iterator[Any]:
+    def knob_choices(conv: FusableConv, epilogue, config) -> Iterator[Any]:
         """The knobs a fused program of ``conv`` with ``epilogue`` is built with on ``config``,
         in the order tried, each computed only when the one before did not build: the conv's
         template's (``template.residual.knob_choices``, in the plugin:
-        :func:`tvm_csp_embed.codegen.residual.fused_knob_choices`); ``support``: the template's
-        stage support (default its ``residual``)."""
-        return (support or conv.template.residual).knob_choices(conv, epilogue, config)
+        :func:`tvm_csp_embed.codegen.residual.fused_knob_choices`)."""
+        return conv.template.residual.knob_choices(conv, epilogue, config)
 
     def compile(self, key: str, config) -> Optional[str]:
         """Compile the fused program ``key`` (cached by :func:`vta_ext.executor.compiled_op`);
@@ -286,7 +285,9 @@ class ResidualFusion:
             return dict(fused=False, knobs=None, cycles=None, by="",
                         words=f"an own program is refused: {err}"), False
         refused = "no knob point of the fused program to try"
-        for knobs in self.knob_choices(conv, epilogue, config, support):
+        choices = self.knob_choices(conv, epilogue, config) \
+            if support is conv.template.residual else support.knob_choices(conv, epilogue, config)
+        for knobs in choices:
             key = op_key(conv.op.kind, conv.template.strategy, config, conv.plan.workload,
                          epilogue, knobs)
             refused = self.compile(key, config)
