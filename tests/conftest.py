@@ -239,6 +239,21 @@ def bind_constants(mod, **arrays):
                                                for k, v in arrays.items()})(mod)
 
 
+def conv_bb(bb, x, rng, cin, cout, k, shift, lo=-128):
+    """Emit into ``bb`` an int8 conv ``cin`` -> ``cout`` (``k`` x ``k``, same padding, random
+    small weights and biases from ``rng``) on ``x``, requantised by ``>> shift`` and a clip to
+    ``[lo, 127]``; its int8 output."""
+    from tvm import relax
+
+    w = relax.const(rng.integers(-8, 9, (cout, cin, k, k)).astype(np.int8))
+    b = relax.const(rng.integers(-64, 65, (1, cout, 1, 1)).astype(np.int32))
+    a = bb.emit(relax.op.nn.conv2d(x, w, padding=k // 2, out_dtype="int32"))
+    a = bb.emit(relax.op.add(a, b))
+    a = bb.emit(relax.op.right_shift(a, relax.const(shift, "int32")))
+    a = bb.emit(relax.op.clip(a, lo, 127))
+    return bb.emit(relax.op.astype(a, "int8"))
+
+
 def run_module(mod, target, arrays):
     """``relax.build`` for ``target``, run ``main`` once on ``arrays``, return numpy output(s)."""
     import tvm

@@ -12,19 +12,7 @@ The whole network (squeezenet1_1): ``tests/test_networks.py``.
 from __future__ import annotations
 
 import numpy as np
-from conftest import run_module
-
-
-def _conv_bb(bb, x, rng, cin, cout, k, shift):
-    from tvm import relax
-
-    w = relax.const(rng.integers(-8, 9, (cout, cin, k, k)).astype(np.int8))
-    b = relax.const(rng.integers(-64, 65, (1, cout, 1, 1)).astype(np.int32))
-    a = bb.emit(relax.op.nn.conv2d(x, w, padding=k // 2, out_dtype="int32"))
-    a = bb.emit(relax.op.add(a, b))
-    a = bb.emit(relax.op.right_shift(a, relax.const(shift, "int32")))
-    a = bb.emit(relax.op.clip(a, 0, 127))
-    return bb.emit(relax.op.astype(a, "int8"))
+from conftest import conv_bb, run_module
 
 
 def _fire_module(hw: int = 13, padding: int = 0):
@@ -37,9 +25,9 @@ def _fire_module(hw: int = 13, padding: int = 0):
     rng = np.random.default_rng(7)
     with bb.function("main", [x]):
         with bb.dataflow():
-            s = _conv_bb(bb, x, rng, 32, 16, 1, 6)
-            e1 = _conv_bb(bb, s, rng, 16, 32, 1, 5)
-            e3 = _conv_bb(bb, s, rng, 16, 32, 3, 7)
+            s = conv_bb(bb, x, rng, 32, 16, 1, 6, lo=0)
+            e1 = conv_bb(bb, s, rng, 16, 32, 1, 5, lo=0)
+            e3 = conv_bb(bb, s, rng, 16, 32, 3, 7, lo=0)
             c = bb.emit(relax.op.concat([e1, e3], axis=1))
             p = bb.emit(relax.op.nn.max_pool2d(c, pool_size=3, strides=2, padding=padding))
             out = bb.emit_output(p)

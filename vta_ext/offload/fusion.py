@@ -40,14 +40,14 @@ __all__ = ["ResidualFusion", "FusableConv", "strategy_fuses"]
 logger = logging.getLogger("vta_ext")
 
 
-def strategy_fuses(strategy: str) -> bool:
-    """Whether the conv template of ``strategy`` offers the residual stage (its ``residual``
-    attribute, the one definition of which strategies fuse)."""
+def strategy_fuses(strategy: str, stage: str = "residual") -> bool:
+    """Whether the conv template of ``strategy`` offers the ``stage`` (``"residual"`` or
+    ``"pool"``: its attribute of that name, the one definition of which strategies fuse)."""
     from ..errors import TemplateRefusal
     from ..strategy import get_template
 
     try:
-        return getattr(get_template("conv2d", strategy), "residual", None) is not None
+        return getattr(get_template("conv2d", strategy), stage, None) is not None
     except (TemplateRefusal, KeyError, ValueError):
         return False
 
@@ -122,14 +122,10 @@ class ResidualFusion:
         """Why ``add`` cannot fuse into ``conv`` (one line), or None. The residual stage is the
         conv template's to give (its ``residual`` attribute: the plugin's
         :class:`tvm_csp_embed.codegen.residual.ResidualSupport`); ``vta_ext`` never imports it."""
-        strategy = conv.template.strategy
         residual = getattr(conv.template, "residual", None)
-        if residual is None:
-            return f"the conv's strategy {strategy} takes no residual stage"
-        if getattr(conv.plan.workload, "stock", None):
-            return "the conv runs the stock template, which takes no residual stage"
-        if conv.op.kind != "conv2d":
-            return f"the producer is a {conv.op.kind}, not a conv2d"
+        refused = _producer_refusal(conv, residual, "residual")
+        if refused:
+            return refused
         if config.BLOCK_IN != config.BLOCK_OUT:
             return "the identity tile of the residual GEMM needs BLOCK_IN == BLOCK_OUT"
         if add.write_lanes is not None and any(add.write_lanes):
@@ -249,13 +245,7 @@ class ResidualFusion:
         support = getattr(conv.template, "pool", None)
         if pool.input_layout is None:
             return "the pool does not read the conv's output in its packed layout"
-        if support is None:
-            return f"the conv's strategy {conv.template.strategy} takes no pool stage"
-        if getattr(conv.plan.workload, "stock", None):
-            return "the conv runs the stock template, which takes no pool stage"
-        if conv.op.kind != "conv2d":
-            return f"the producer is a {conv.op.kind}, not a conv2d"
-        return support.refusal(conv, window, pool_plan.out_layout.shape, config)
+        return _producer_refusal(conv, support, "pool") or support.refusal(conv, window, pool_plan.out_layout.shape, config)
 
     def choose(self, chosen: FusableConv, others: List[FusableConv], add_key: str) -> None:
         """Record that the add ``add_key`` fused into ``chosen`` and not into ``others`` (whose
@@ -300,3 +290,16 @@ class ResidualFusion:
             return dict(fused=fused < own + add, knobs=knobs, cycles=cycles, words=words,
                         by="cycle model"), True
         return dict(fused=False, knobs=None, cycles=None, words=refused, by=""), True
+
+
+def _producer_refusal(conv: FusableConv, support: Any, stage: str) -> Optional[str]:
+    """Why ``conv`` takes no ``stage`` (``"residual"``, ``"pool"``) whatever the operator fused
+    into it (one line), or None: its template's ``support`` is None, it runs the stock template,
+    it is not a conv2d."""
+    if support is None:
+        return f"the conv's strategy {conv.template.strategy} takes no {stage} stage"
+    if getattr(conv.plan.workload, "stock", None):
+        return f"the conv runs the stock template, which takes no {stage} stage"
+    if conv.op.kind != "conv2d":
+        return f"the producer is a {conv.op.kind}, not a conv2d"
+    return None

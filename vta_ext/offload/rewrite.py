@@ -153,22 +153,20 @@ class Offloader(PyExprMutator):
                                and m.kind == "conv2d" and self.fusion.defer(template, key)):
             if not self._compile(m, strategy, key):
                 return None
-        fusion_note = ""
+        fusion_note, fuse = "", None
         if m.kind == "add" and strategy_fuses(strategy):
             if not options.fuse_residual:
                 fusion_note = "off (build_options(fuse_residual=True) turns it on)"
             else:
-                try:
-                    fused, fusion_note = self._fuse(m, plan, key)
-                except VTABuildError:
-                    raise
-                except Exception as err:
-                    raise self._failed(m, strategy, err) from err
-                if fused is not None:
-                    return fused
-        if m.kind == "max_pool2d" and options.fuse_pool:
+                fuse = self._fuse
+        elif m.kind == "max_pool2d":
+            if options.fuse_pool:
+                fuse = self._fuse_pool
+            elif self.fusion.pool_candidate(m)[0] is not None and strategy_fuses(strategy, "pool"):
+                fusion_note = "off (build_options(fuse_pool=True) turns it on)"
+        if fuse is not None:
             try:
-                fused, fusion_note = self._fuse_pool(m, plan, key)
+                fused, fusion_note = fuse(m, plan, key)
             except VTABuildError:
                 raise
             except Exception as err:
@@ -337,21 +335,31 @@ class Offloader(PyExprMutator):
         kept = residual is not None
         if residual is None:
             residual = layout.pack(self, other)
+        words = (f"residual add {add.name} fused ({decision['words']}, decided by the "
+                 f"{decision['by']}; its other operand "
+                 f"{'kept in the packed layout' if kept else 'packed on the host'})")
+        return self._fused_call(conv, key, epilogue, [residual], layout, add_plan.out_lanes,
+                                "add", words), ""
+
+    def _fused_call(self, conv: FusableConv, key: str, epilogue, extra: list, layout, lanes,
+                    stage: str, words: str) -> relax.Expr:
+        """Emit the call of the fused program ``key`` on the conv's packed inputs and ``extra``
+        (its output packed in ``layout``, with ``lanes``), and its unpacking; the conv's report
+        entry becomes the fused operator's (``conv2d + <stage>``, ``words`` added)."""
+        func, placed = (RUN_FUNC, []) if conv.parts is None else (
+            RUN_PLACED_FUNC, [tvm.ir.StringImm(conv.parts)])
         out_packed = self._emit(relax.call_dps_packed(
-            RUN_FUNC, conv.args + [residual, tvm.ir.StringImm(key)],
-            relax.TensorType(layout.shape, "int8")), "vta_conv2d_add")
+            func, conv.args + extra + placed + [tvm.ir.StringImm(key)],
+            relax.TensorType(layout.shape, "int8")), f"vta_conv2d_{stage.replace(' ', '_')}")
         out = layout.unpack(self, out_packed)
         self._rewritten_binding = True
-        self._last_packed = (out_packed, layout, add_plan.out_lanes)
+        self._last_packed = (out_packed, layout, lanes)
         op, what, detail, var, fields = self.offloaded[conv.entry]
-        detail += (f"; residual add {add.name} fused ({decision['words']}, decided by the "
-                   f"{decision['by']}; its other operand "
-                   f"{'kept in the packed layout' if kept else 'packed on the host'})")
-        self.offloaded[conv.entry] = (op, f"conv2d + add ({conv.template.report_text})", detail,
-                                      var, fields)
+        self.offloaded[conv.entry] = (op, f"conv2d + {stage} ({conv.template.report_text})",
+                                      f"{detail}; {words}", var, fields)
         self.op_keys[conv.entry] = key
         self._program_words[conv.entry] = (self._program_words[conv.entry][0], tuple(epilogue))
-        return out, ""
+        return out
 
     def _fuse_pool(self, pool: MatchedOp, pool_plan,
                    pool_key: str) -> Tuple[Optional[relax.Expr], str]:
@@ -380,24 +388,11 @@ class Offloader(PyExprMutator):
                 return self._fuse_pool(pool, pool_plan, pool_key)
             raise VTABuildError(f"the fused program of {conv.op.name!r} and the max pool "
                                 f"{pool.name!r} built when decided and not now")
-        layout = pool_plan.out_layout
-        func, extra = (RUN_FUNC, []) if conv.parts is None else (
-            RUN_PLACED_FUNC, [tvm.ir.StringImm(conv.parts)])
-        out_packed = self._emit(relax.call_dps_packed(
-            func, conv.args + extra + [tvm.ir.StringImm(key)],
-            relax.TensorType(layout.shape, "int8")), "vta_conv2d_pool")
-        out = layout.unpack(self, out_packed)
-        self._rewritten_binding = True
-        self._last_packed = (out_packed, layout, pool_plan.out_lanes)
-        op, what, detail, var, fields = self.offloaded[conv.entry]
-        detail += (f"; max pool {pool.name} ({'x'.join(map(str, window[:2]))} stride "
-                   f"{'x'.join(map(str, window[2:]))}) fused ({decision['words']}, decided by "
-                   f"the {decision['by']})")
-        self.offloaded[conv.entry] = (op, f"conv2d + max pool ({conv.template.report_text})",
-                                      detail, var, fields)
-        self.op_keys[conv.entry] = key
-        self._program_words[conv.entry] = (self._program_words[conv.entry][0], tuple(epilogue))
-        return out, ""
+        words = (f"max pool {pool.name} ({'x'.join(map(str, window[:2]))} stride "
+                 f"{'x'.join(map(str, window[2:]))}) fused ({decision['words']}, decided by "
+                 f"the {decision['by']})")
+        return self._fused_call(conv, key, epilogue, [], pool_plan.out_layout,
+                                pool_plan.out_lanes, "max pool", words), ""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         match, reason = self.matcher.match_call(call, self._current_binding)
