@@ -245,7 +245,8 @@ class ResidualFusion:
         support = getattr(conv.template, "pool", None)
         if pool.input_layout is None:
             return "the pool does not read the conv's output in its packed layout"
-        return _producer_refusal(conv, support, "pool") or support.refusal(conv, window, pool_plan.out_layout.shape, config)
+        return _producer_refusal(conv, support, "pool") or support.refusal(
+            conv, window, pool_plan.out_layout.shape, config)
 
     def choose(self, chosen: FusableConv, others: List[FusableConv], add_key: str) -> None:
         """Record that the add ``add_key`` fused into ``chosen`` and not into ``others`` (whose

@@ -321,13 +321,9 @@ class Offloader(PyExprMutator):
         if best is None:    # the fastest fused program that was built, else the first refusal
             return None, why or (min(slowest)[1] if slowest else reasons[0])
         _, conv, index, decision, epilogue = best
-        key = op_key(conv.op.kind, conv.template.strategy, self.config, conv.plan.workload,
-                     epilogue, decision["knobs"])
-        if self.fusion.compile(key, self.config) is not None:   # a kept decision gone stale
-            if self.fusion.forget(conv, add_key):
-                return self._fuse(add, add_plan, add_key)
-            raise VTABuildError(f"the fused program of {conv.op.name!r} and the residual add "
-                                f"{add.name!r} built when decided and not now")
+        key = self._built_fused(conv, epilogue, decision, add_key, f"the residual add {add.name!r}")
+        if key is None:
+            return self._fuse(add, add_plan, add_key)
         self.fusion.choose(conv, [c for c in fusing if c is not conv], add_key)
         layout = conv.plan.out_layout
         other = add.operands[1 - index]
@@ -340,6 +336,27 @@ class Offloader(PyExprMutator):
                  f"{'kept in the packed layout' if kept else 'packed on the host'})")
         return self._fused_call(conv, key, epilogue, [residual], layout, add_plan.out_lanes,
                                 "add", words), ""
+
+    def _built_fused(self, conv: FusableConv, epilogue, decision, other_key: str,
+                     what: str) -> Optional[str]:
+        """The key of the fused program of ``conv`` with ``epilogue`` at the knobs of
+        ``decision``, compiled; None where a kept decision no longer builds and was forgotten
+        (the caller decides again).
+
+        Raises
+        ------
+        VTABuildError
+            Where the program decided in this build does not build now (``what``: the operator
+            fused into ``conv``).
+        """
+        key = op_key(conv.op.kind, conv.template.strategy, self.config, conv.plan.workload,
+                     epilogue, decision["knobs"])
+        if self.fusion.compile(key, self.config) is not None:   # a kept decision gone stale
+            if self.fusion.forget(conv, other_key):
+                return None
+            raise VTABuildError(f"the fused program of {conv.op.name!r} and {what} built when "
+                                "decided and not now")
+        return key
 
     def _fused_call(self, conv: FusableConv, key: str, epilogue, extra: list, layout, lanes,
                     stage: str, words: str) -> relax.Expr:
@@ -381,13 +398,9 @@ class Offloader(PyExprMutator):
         if not decision["fused"]:
             return None, (f"not faster fused ({decision['words']})" if decision["cycles"]
                           else decision["words"])
-        key = op_key(conv.op.kind, conv.template.strategy, self.config, conv.plan.workload,
-                     epilogue, decision["knobs"])
-        if self.fusion.compile(key, self.config) is not None:   # a kept decision gone stale
-            if self.fusion.forget(conv, pool_key):
-                return self._fuse_pool(pool, pool_plan, pool_key)
-            raise VTABuildError(f"the fused program of {conv.op.name!r} and the max pool "
-                                f"{pool.name!r} built when decided and not now")
+        key = self._built_fused(conv, epilogue, decision, pool_key, f"the max pool {pool.name!r}")
+        if key is None:
+            return self._fuse_pool(pool, pool_plan, pool_key)
         words = (f"max pool {pool.name} ({'x'.join(map(str, window[:2]))} stride "
                  f"{'x'.join(map(str, window[2:]))}) fused ({decision['words']}, decided by "
                  f"the {decision['by']})")
