@@ -239,6 +239,19 @@ def bind_constants(mod, **arrays):
                                                for k, v in arrays.items()})(mod)
 
 
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty plan cache, and nothing compiled in this process (a new process's state)."""
+    from vta_ext import executor
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+    yield tmp_path
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+
+
 def conv_bb(bb, x, rng, cin, cout, k, shift, lo=-128):
     """Emit into ``bb`` an int8 conv ``cin`` -> ``cout`` (``k`` x ``k``, same padding, random
     small weights and biases from ``rng``) on ``x``, requantised by ``>> shift`` and a clip to

@@ -6,10 +6,14 @@
 * a squeezenet-like fire (a squeeze conv, two expand convs, their concat, a 3x3 s2 max pool),
   built on ``pipelined`` with the fusion, equals the llvm build to the bit; each pool is fused
   into its expand conv (the report names it) or says in one line why not;
-* a padded pool is not fused, and says so; with the option off no pool is fused.
+* a padded pool is not fused, and says so; with the option off no pool is fused;
+* a warm build (a new process on the same plan cache) compiles only the programs it calls: the
+  kept decisions spare the pools' and the fused convs' own programs.
 The whole network (squeezenet1_1): ``tests/test_networks.py``.
 """
 from __future__ import annotations
+
+import json
 
 import numpy as np
 from conftest import conv_bb, run_module
@@ -73,7 +77,7 @@ def test_fire_pools_fused_bit_exact_against_llvm():
     assert fused, "neither expand conv fused its pool on pipelined"
     for p in fused:
         assert "; max pool " in p.detail and "(3x3 stride 2x2) fused (" in p.detail
-        assert "decided by the cycle model" in p.detail and "+maxpool" in p.detail
+        assert "decided by the cycle model" in p.detail and "+maxpool" in p.detail   # the report's epilogue words
         assert report.floor(p).total <= report.cycles(p)
     for p in alone:
         assert "not fused into its conv: " in p.detail
@@ -93,3 +97,24 @@ def test_no_pool_fused_with_the_option_off():
     np.testing.assert_array_equal(got, ref)
     assert not [p for p in report.on_vta if p.reason.startswith("conv2d + max pool")]
     assert len([p for p in report.on_vta if p.op == "relax.nn.max_pool2d"]) == 1
+
+
+def test_warm_build_compiles_only_the_programs_it_calls(fresh_cache):
+    from vta_ext import executor
+    from vta_ext.templates.epilogue import POOL_EPILOGUE
+
+    def compiled():
+        return [json.loads(k) for k in executor._COMPILED]
+
+    got, ref, cold = _build(_fire_module())
+    calls = len([p for p in cold.on_vta if p.call is not None])
+    fused = [p for p in cold.on_vta if p.reason.startswith("conv2d + max pool")]
+    assert fused and len(compiled()) > calls     # cold: the own programs compiled to compare
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+    got, ref, warm = _build(_fire_module())
+    np.testing.assert_array_equal(got, ref)
+    assert len(compiled()) == calls
+    assert sum(k["epilogue"][-1][0] == POOL_EPILOGUE for k in compiled() if k["epilogue"]) \
+        == len(fused)
+    assert [p.detail for p in warm.on_vta] == [p.detail for p in cold.on_vta]

@@ -261,19 +261,6 @@ def test_fused_program_bit_exact_on_the_pynq_rtl():
 
 # ---------------------------------------------------------------- the kept decisions
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    """An empty plan cache, and nothing compiled in this process (a new process's state)."""
-    from vta_ext import executor
-
-    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
-    executor._COMPILED.clear()
-    executor._CYCLES.clear()
-    yield tmp_path
-    executor._COMPILED.clear()
-    executor._CYCLES.clear()
-
-
 def _counted_build(monkeypatch, preset="pipelined"):
     """A build and run of :func:`_residual_module` as a new process on the same cache would do
     it (nothing compiled in memory): the output, llvm's, the report, the programs compiled
