@@ -77,7 +77,7 @@ def test_fire_pools_fused_bit_exact_against_llvm():
     assert fused, "neither expand conv fused its pool on pipelined"
     for p in fused:
         assert "; max pool " in p.detail and "(3x3 stride 2x2) fused (" in p.detail
-        assert "decided by the cycle model" in p.detail and "+maxpool" in p.detail   # the report's epilogue words
+        assert "decided by the cycle model" in p.detail and "+maxpool" in p.detail
         assert report.floor(p).total <= report.cycles(p)
     for p in alone:
         assert "not fused into its conv: " in p.detail
