@@ -110,6 +110,18 @@ def apply_epilogue(acc: np.ndarray, epilogue: Sequence[tuple], bias: Optional[np
     return res.astype(np.int8)
 
 
+def max_pool_nchw(x: np.ndarray, pool: Tuple[int, int], stride: Tuple[int, int]) -> np.ndarray:
+    """Max pooling of an NCHW tensor without padding (floor mode), the definition itself: the
+    largest element of each window."""
+    (ph, pw), (sh, sw) = pool, stride
+    oh, ow = (x.shape[2] - ph) // sh + 1, (x.shape[3] - pw) // sw + 1
+    out = np.empty(x.shape[:2] + (oh, ow), x.dtype)
+    for i in range(oh):
+        for j in range(ow):
+            out[:, :, i, j] = x[:, :, i * sh:i * sh + ph, j * sw:j * sw + pw].max(axis=(2, 3))
+    return out
+
+
 def rtl_device():
     """The RTL of the original Pynq design as a device (``../shared/vta-hw``), or the calling
     test skipped, naming why, when its library is not there."""
@@ -225,6 +237,34 @@ def bind_constants(mod, **arrays):
 
     return relax.transform.BindParams("main", {k: tvm.runtime.tensor(np.ascontiguousarray(v))
                                                for k, v in arrays.items()})(mod)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty plan cache, and nothing compiled in this process (a new process's state)."""
+    from vta_ext import executor
+
+    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+    yield tmp_path
+    executor._COMPILED.clear()
+    executor._CYCLES.clear()
+
+
+def conv_bb(bb, x, rng, cin, cout, k, shift, lo=-128):
+    """Emit into ``bb`` an int8 conv ``cin`` -> ``cout`` (``k`` x ``k``, same padding, random
+    small weights and biases from ``rng``) on ``x``, requantised by ``>> shift`` and a clip to
+    ``[lo, 127]``; its int8 output."""
+    from tvm import relax
+
+    w = relax.const(rng.integers(-8, 9, (cout, cin, k, k)).astype(np.int8))
+    b = relax.const(rng.integers(-64, 65, (1, cout, 1, 1)).astype(np.int32))
+    a = bb.emit(relax.op.nn.conv2d(x, w, padding=k // 2, out_dtype="int32"))
+    a = bb.emit(relax.op.add(a, b))
+    a = bb.emit(relax.op.right_shift(a, relax.const(shift, "int32")))
+    a = bb.emit(relax.op.clip(a, lo, 127))
+    return bb.emit(relax.op.astype(a, "int8"))
 
 
 def run_module(mod, target, arrays):

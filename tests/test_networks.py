@@ -130,6 +130,24 @@ def test_regnet_x_400mf_112_fused_adds_bit_exact():
     assert all(report.floor(p).total <= report.cycles(p) for p in fused)
 
 
+@pytest.mark.slow   # 20-30 s each cold; the fast check: tests/test_pool_offload.py
+@pytest.mark.parametrize("name,size", [("squeezenet1_1", 32), ("squeezenet1_1", 112),
+                                       ("vgg11", 32), ("alexnet", 64)])
+def test_fused_pools_bit_exact(name, size):
+    """``name`` at ``size`` on ``pipelined`` with ``fuse_pool=True``: its unpadded max pools (a
+    squeezenet fire module's of a channel concat split into one pool per part:
+    ``vta_ext.offload.poolsplit``) fused into their convs where the cycle model prefers it, the
+    output equal to llvm's to the bit; each fused operator names its pool, each pool left alone
+    says why, the fused floors below their cycles."""
+    report = _csp_relaxed_bit_exact(name, size, "pipelined", fuse_pool=True)
+    fused = [p for p in report.on_vta if p.reason.startswith("conv2d + max pool")]
+    assert fused and all("; max pool maxpool_" in p.detail and "decided by the cycle model"
+                         in p.detail for p in fused)
+    alone = [p for p in report.on_vta if p.op == "relax.nn.max_pool2d"]
+    assert all("not fused into its conv: " in p.detail for p in alone)
+    assert all(report.floor(p).total <= report.cycles(p) for p in fused)
+
+
 @pytest.mark.slow  # the handover of lane constants: test_lane_handover.py, in the default run
 @pytest.mark.parametrize("name", ["regnet_x_1_6gf"])
 def test_regnet_lane_constants_bit_exact(name):

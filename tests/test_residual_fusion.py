@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import conv2d_nchw, requantize
+from conftest import conv2d_nchw, conv_bb, requantize
 
 from tvm_csp_embed import conv2d, embed_all, gemm
 from tvm_csp_embed.codegen import build_gemm, packed_gemm
@@ -133,18 +133,6 @@ def test_hand_written_templates_refuse_the_residual_stage():
 
 # ---------------------------------------------------------------- in the offload pass
 
-def _conv_bb(bb, x, rng, cin, cout, k, shift):
-    from tvm import relax
-
-    w = relax.const(rng.integers(-8, 9, (cout, cin, k, k)).astype(np.int8))
-    b = relax.const(rng.integers(-64, 65, (1, cout, 1, 1)).astype(np.int32))
-    a = bb.emit(relax.op.nn.conv2d(x, w, padding=k // 2, out_dtype="int32"))
-    a = bb.emit(relax.op.add(a, b))
-    a = bb.emit(relax.op.right_shift(a, relax.const(shift, "int32")))
-    a = bb.emit(relax.op.clip(a, -128, 127))
-    return bb.emit(relax.op.astype(a, "int8"))
-
-
 def _residual_module(c: int = 32, hw: int = 14, also_return_conv: bool = False):
     """conv 3x3 16->c (y), conv 1x1 c->c (z), ``int8(clip((z + y + 1) >> 1, 0, 127))``; with
     ``also_return_conv`` z is returned too (a second user: no fusion)."""
@@ -155,8 +143,8 @@ def _residual_module(c: int = 32, hw: int = 14, also_return_conv: bool = False):
     rng = np.random.default_rng(3)
     with bb.function("main", [x]):
         with bb.dataflow():
-            y = _conv_bb(bb, x, rng, 16, c, 3, 6)
-            z = _conv_bb(bb, y, rng, c, c, 1, 5)
+            y = conv_bb(bb, x, rng, 16, c, 3, 6)
+            z = conv_bb(bb, y, rng, c, c, 1, 5)
             s = bb.emit(relax.op.add(relax.op.astype(z, "int32"), relax.op.astype(y, "int32")))
             s = bb.emit(relax.op.add(s, relax.const(1, "int32")))
             s = bb.emit(relax.op.right_shift(s, relax.const(1, "int32")))
@@ -272,19 +260,6 @@ def test_fused_program_bit_exact_on_the_pynq_rtl():
 
 
 # ---------------------------------------------------------------- the kept decisions
-
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    """An empty plan cache, and nothing compiled in this process (a new process's state)."""
-    from vta_ext import executor
-
-    monkeypatch.setenv("TVM_CSP_EMBED_CACHE", str(tmp_path))
-    executor._COMPILED.clear()
-    executor._CYCLES.clear()
-    yield tmp_path
-    executor._COMPILED.clear()
-    executor._CYCLES.clear()
-
 
 def _counted_build(monkeypatch, preset="pipelined"):
     """A build and run of :func:`_residual_module` as a new process on the same cache would do

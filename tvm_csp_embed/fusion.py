@@ -1,9 +1,13 @@
-"""The residual stage as the CSP conv template offers it to ``vta_ext``'s offload pass.
+"""The residual and max pool stages as the CSP conv template offers them to ``vta_ext``'s offload
+pass.
 
 ``vta_ext.offload.fusion`` fuses a residual add into the conv that produces one of its operands
 only through the conv's template: :attr:`tvm_csp_embed.strategy.CspGemmTemplate.residual` is a
 :class:`ResidualSupport`, so ``vta_ext`` never imports this plugin (``tests/test_imports.py``).
 The stage itself: :mod:`tvm_csp_embed.codegen.residual`; the design: ``docs/csp-strategy.md``.
+A max pool fused into its conv (``build_options(fuse_pool=True)``) goes the same way
+(:class:`PoolSupport`, the stage :mod:`tvm_csp_embed.codegen.poolstage`), its decisions kept in
+the same records (by the pool's program key).
 
 The fusion's decisions (fused or not, the knobs the fused program built at, the three cycle
 counts and the report's words) are kept on disk beside the plan cache (:class:`FusionDecisions`),
@@ -21,11 +25,13 @@ from typing import Any, Dict, Iterator, Optional
 from vta_ext.executor import compiled_op
 
 from .cache import _write, cache_dir, source_digest
-from .candidates import program_epilogue
+from .candidates import packed_of, program_epilogue
 from .codegen.build import residual_points
+from .codegen.poolstage import PoolStage, pool_epilogue, pool_refusal, pooled_shape
 from .codegen.residual import fused_epilogue, residual_refusal
 
-__all__ = ["ResidualSupport", "fused_knob_choices", "FusionDecisions", "FUSION_VERSION"]
+__all__ = ["ResidualSupport", "PoolSupport", "fused_knob_choices", "FusionDecisions",
+           "FUSION_VERSION"]
 
 logger = logging.getLogger("tvm_csp_embed")
 
@@ -60,8 +66,55 @@ class ResidualSupport:
         """The kept fusion decisions of the conv program ``conv_key`` (:class:`FusionDecisions`)."""
         return FusionDecisions(conv_key)
 
+    #: what the fused stage is called in the report's words
+    label = "add"
+
     def __repr__(self) -> str:
         return "ResidualSupport()"
+
+
+class PoolSupport:
+    """What a CSP conv template gives the offload pass's pool fusion: its refusal, the fused
+    program's epilogue (the pool as its last stage, :func:`~.codegen.poolstage.pool_epilogue`)
+    and the knobs to try (the conv's own policy: under a preset,
+    :func:`~.codegen.build.pool_points` are tried by the build itself)."""
+
+    #: what the fused stage is called in the report's words
+    label = "pool"
+
+    @staticmethod
+    def refusal(conv, window, out_shape, config) -> Optional[str]:
+        """Why the max pool ``window`` (``(pool_h, pool_w, stride_h, stride_w)``, no padding)
+        cannot be fused into ``conv`` (a :class:`vta_ext.offload.fusion.FusableConv`) so that
+        the fused program stores the pool's packed output of shape ``out_shape`` (one line), or
+        None (:func:`~.codegen.poolstage.pool_refusal`)."""
+        pg = packed_of(conv.plan.workload, config)
+        pool = PoolStage(*window)
+        refused = pool_refusal(pg, program_epilogue(conv.plan.workload, conv.op.epilogue), pool)
+        if refused:
+            return refused
+        if tuple(pooled_shape(pg, pool)) != tuple(out_shape):
+            return (f"the fused program's pooled output {tuple(pooled_shape(pg, pool))} is not "
+                    f"the pool's packed layout {tuple(out_shape)}")
+        return None
+
+    @staticmethod
+    def fused_epilogue(conv_epilogue, window):
+        """The fused program's epilogue in its key: the conv's, then the pool
+        (:func:`~.codegen.poolstage.pool_epilogue`)."""
+        return pool_epilogue(conv_epilogue, PoolStage(*window))
+
+    @staticmethod
+    def knob_choices(conv, epilogue, config) -> Iterator[Any]:
+        """The conv's own knobs (a preset: the build tries :func:`~.codegen.build.pool_points`
+        from its point)."""
+        yield conv.knobs
+
+    #: the same records as the residual's (:class:`FusionDecisions`, by the pool's program key)
+    decisions = staticmethod(ResidualSupport.decisions)
+
+    def __repr__(self) -> str:
+        return "PoolSupport()"
 
 
 def fused_knob_choices(conv, epilogue, config) -> Iterator[Any]:

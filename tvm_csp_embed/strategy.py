@@ -79,7 +79,8 @@ from .choice import (AGREEMENT_SLACK, CPU, CYCLE_RANKED, RANK_FACTOR, STOCK, STO
                      consumer_key, gc_paused,
                      host_relayout_seconds, objective_key, plan_host_bytes)
 from .codegen.build import build_gemm
-from .fusion import ResidualSupport
+from .fusion import PoolSupport, ResidualSupport
+from .codegen.poolstage import split_pool
 from .codegen.knobs import KnobPoint, cached_grid, cycle_point, fallback_point, knob_names, tps_point
 from .codegen.knobs import seed_tps_point
 from .operators import LAYOUTS, OPERATOR_KINDS, operator_params, operator_text
@@ -117,6 +118,8 @@ class CspGemmTemplate(OpTemplate):
     #: the residual stage this template's programs take (``vta_ext.offload.fusion`` reaches it
     #: through the template, never by importing the plugin)
     residual = ResidualSupport()
+    #: the max pool stage this template's convs take (``vta_ext.offload.fusion``, the same way)
+    pool = PoolSupport()
 
     def __init__(self, kind: str, strategy: str) -> None:
         self.kind = kind
@@ -412,6 +415,10 @@ class CspGemmTemplate(OpTemplate):
             if workload.stock_knobs and knobs == "cycles":    # the point csp-relaxed searched
                 knobs = dict(workload.stock_knobs)
             return stock.build(config, stock.workload_from_dict(dict(workload.stock)), epilogue, knobs)
+        epilogue, pool = split_pool(epilogue)
+        if pool is not None:
+            return build_gemm(config, packed_of(workload, config),
+                              program_epilogue(workload, epilogue), knobs, pool=pool)
         return build_gemm(config, packed_of(workload, config), program_epilogue(workload, epilogue),
                           knobs)
 

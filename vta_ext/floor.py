@@ -85,7 +85,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .config import VTAConfig
-from .templates.epilogue import VECTOR_STAGES, Epilogue, alu_ops, normalize_epilogue
+from .templates.epilogue import (VECTOR_STAGES, Epilogue, alu_ops, normalize_epilogue,
+                                 split_pool_stage)
 from .templates.workload import out_size
 
 __all__ = ["Floor", "OperatorSize", "operator_floor", "depthwise_floor", "max_pool_passes",
@@ -658,7 +659,9 @@ def key_floor(key: str, macs: int, elements: int, config: Optional[VTAConfig] = 
     if config is None or config.to_dict() != spec["config_value"]:
         config = VTAConfig.from_dict(spec["config_value"], name=spec["config"])
     kind, wl = spec["op"], spec["workload"]
-    epilogue = normalize_epilogue(spec["epilogue"])
+    # a max pool fused into a conv (its last stage): the conv's floor plus the pool's
+    epilogue, pool = split_pool_stage(spec["epilogue"])
+    epilogue = normalize_epilogue(epilogue)
     if elements <= 0:
         raise ValueError(f"key_floor: {elements} output elements for a {kind}; give the "
                          "operator's output elements as written")
@@ -667,4 +670,22 @@ def key_floor(key: str, macs: int, elements: int, config: Optional[VTAConfig] = 
         sizes = _stock_sizes(kind, dict(stock), macs, elements, config, epilogue)
     else:
         sizes = [_csp_size(kind, dict(wl["params"]), macs, elements, epilogue)]
-    return min((operator_floor(config, s) for s in sizes), key=lambda f: f.total)
+    best = min((operator_floor(config, s) for s in sizes), key=lambda f: f.total)
+    if pool is not None:
+        if stock or kind not in ("conv2d", "group_conv2d"):
+            raise ValueError(f"key_floor: a max pool stage on a {'stock ' if stock else ''}{kind}")
+        best = best + operator_floor(config, _fused_pool_size(dict(wl["params"]), pool))
+    return best
+
+
+def _fused_pool_size(p: Dict[str, int], pool: Tuple[int, ...]) -> OperatorSize:
+    """The max pool ``(pool_h, pool_w, stride_h, stride_w)`` (no padding) of the output of the
+    CSP conv of parameters ``p``, as written."""
+    ph, pw, sh, sw = pool
+    h = out_size(p["h"] + p["pt"] + p["pb"], (p["kh"] - 1) * p.get("dh", 1) + 1, 0, p["sh"])
+    w = out_size(p["w"] + p["pl"] + p["pr"], (p["kw"] - 1) * p.get("dw", 1) + 1, 0, p["sw"])
+    oh, ow = out_size(h, ph, 0, sh), out_size(w, pw, 0, sw)
+    planes = p["n"] * p["k"]
+    return OperatorSize("max_pool2d", 0, planes * oh * ow,
+                        planes * touched(h, ph, 0, sh, oh) * touched(w, pw, 0, sw, ow), 0, p["k"],
+                        ph * pw, window=(ph, pw, oh, ow, touched(w, pw, 0, sw, ow)))

@@ -25,6 +25,8 @@
   the build report's end-to-end estimate use it.
 * ``fuse_residual``: whether a residual add may be fused into the conv that produces one of its
   operands (default False; :mod:`vta_ext.offload.fusion`).
+* ``fuse_pool``: whether a max pool may be fused into the conv that produces its input (default
+  False; :mod:`vta_ext.offload.fusion`, :mod:`vta_ext.offload.poolsplit`).
 * ``records``: tuned records (see :mod:`tvm_csp_embed.tune`), any object with
   ``best_knobs(kind, strategy, workload, config) -> (knobs dict, origin text) or None``. A record
   that applies overrides ``knobs`` for its workload.
@@ -69,6 +71,7 @@ class BuildOptions:
     objective: str = "end-to-end"
     host: HostModel = PYNQ_Z1
     fuse_residual: bool = False
+    fuse_pool: bool = False
 
     @property
     def strategy_name(self) -> str:
@@ -110,13 +113,15 @@ class BuildOptions:
             extra += f", host={self.host!r}"
         if self.fuse_residual:
             extra += ", fuse_residual=True"
+        if self.fuse_pool:
+            extra += ", fuse_pool=True"
         return f"build_options(strategy={self.strategy_name!r}, knobs={self.knobs!r}{extra})"
 
 
 def build_options(strategy: Optional[str] = None, knobs: Knobs = DEFAULT_KNOBS, records: Any = None,
                   layout: str = "auto", objective: str = "end-to-end",
                   host: Union[None, HostModel, Mapping[str, Any]] = None,
-                  fuse_residual: bool = False) -> BuildOptions:
+                  fuse_residual: bool = False, fuse_pool: bool = False) -> BuildOptions:
     """Choose the strategy, knobs and tuned records of the ``relax.build`` calls in a ``with``.
 
     Parameters
@@ -144,6 +149,12 @@ def build_options(strategy: Optional[str] = None, knobs: Knobs = DEFAULT_KNOBS, 
         a cold build must still compile and time each fused program, which takes it past the
         fast-builds bar (resnet18 224 ``default`` cold 3.47 s -> 5.02 s, x2.7 -> x3.9 of stock;
         bar x3).
+    fuse_pool : bool
+        Whether a max pool (no padding) may be fused into the conv that produces its input, a
+        pool of a channel concat of conv outputs split into one pool per part first
+        (:mod:`vta_ext.offload.poolsplit`); kept where the cycle model says the fused program is
+        faster than the conv's and the pool's (decided per configuration, kept in the plan
+        cache like ``fuse_residual``'s). Off by default, as ``fuse_residual``.
 
     Raises
     ------
@@ -166,7 +177,8 @@ def build_options(strategy: Optional[str] = None, knobs: Knobs = DEFAULT_KNOBS, 
         if value not in valid:
             raise ValueError(f"unknown {name} {value!r}; use one of {list(valid)}")
     return BuildOptions(strategy, knobs if isinstance(knobs, str) else dict(knobs), records,
-                        layout, objective, host_model(host), bool(fuse_residual))
+                        layout, objective, host_model(host), bool(fuse_residual),
+                        bool(fuse_pool))
 
 
 _CURRENT: contextvars.ContextVar = contextvars.ContextVar("vta_ext_build_options",

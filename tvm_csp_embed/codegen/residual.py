@@ -31,7 +31,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from vta_ext.templates.epilogue import (RESIDUAL_STAGE, Epilogue, has_residual,
+from vta_ext.templates.epilogue import (RESIDUAL_STAGE, Epilogue, has_residual, int8_bounds,
                                         normalize_epilogue, split_residual)
 
 __all__ = ["fused_epilogue", "residual_refusal", "knob_view", "residual_overflow"]
@@ -44,20 +44,10 @@ def fused_epilogue(conv_epilogue, add_epilogue) -> Epilogue:
 
 def residual_refusal(conv_epilogue) -> Optional[str]:
     """Why the add cannot be fused into a conv with ``conv_epilogue`` (one line), or None: the
-    conv's epilogue does not end in a clip (or max / min pair) inside int8, so its value in the
-    accumulator is not the int8 it would store."""
-    ep = normalize_epilogue(conv_epilogue)
-    lo, hi = None, None
-    for st in ep[::-1]:   # the last bounds, up to the first stage that is not one
-        if st[0] == "clip":
-            lo, hi = (st[1] if lo is None else lo), (st[2] if hi is None else hi)
-        elif st[0] == "max":
-            lo = st[1] if lo is None else lo
-        elif st[0] == "min":
-            hi = st[1] if hi is None else hi
-        else:
-            break
-    if lo is None or hi is None or lo < -128 or hi > 127:
+    conv's epilogue does not end in a clip (or max / min pair) inside int8
+    (:func:`vta_ext.templates.epilogue.int8_bounds`), so its value in the accumulator is not the
+    int8 it would store."""
+    if int8_bounds(conv_epilogue) is None:
         return ("the conv's epilogue does not end in a clip inside int8, so its accumulator is "
                 "not the int8 it stores")
     return None

@@ -34,13 +34,15 @@ from __future__ import annotations
 
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from vta_ext.templates.epilogue import GEMM_BIAS_STAGE, RESIDUAL_STAGE, RESIDUAL_TENSOR
+from vta_ext.templates.epilogue import (GEMM_BIAS_STAGE, RESIDUAL_STAGE, RESIDUAL_TENSOR,
+                                        int8_bounds)
 
 #: the DRAM name of the residual GEMM's identity weight tile (:func:`_residual_stage`)
 RESIDUAL_IDENTITY = "residual_identity"
 
 from .loops import loop_orders
 from .plan import AXIS_PREFIX, PackedDim, PackedGemm
+from .poolstage import POOL_STAGE, PoolStage, conv_env, domain_shape, pool_stage, row_domain
 
 __all__ = ["gemm_compute", "schedule_gemm", "bias_shape", "gemm_bias_shapes", "ACC_INITS",
            "acc_init_of"]
@@ -81,8 +83,10 @@ def _index(dim: PackedDim, env: Mapping[str, object]):
     return expr
 
 
-def gemm_compute(cfg, pg: PackedGemm, epilogue):
-    """The TE tensors of the packed GEMM + epilogue.
+def gemm_compute(cfg, pg: PackedGemm, epilogue, pool: Optional[PoolStage] = None):
+    """The TE tensors of the packed GEMM + epilogue (+ the fused max pool ``pool``, a
+    :class:`~.poolstage.PoolStage`: the conv's stages on its tiled row domain, then the pool
+    stage, :mod:`.poolstage`).
 
     Returns
     -------
@@ -120,16 +124,17 @@ def gemm_compute(cfg, pg: PackedGemm, epilogue):
     red = {lp.name: te.reduce_axis((0, lp.extent), lp.name) for lp in pg.loops if lp.reduction}
     zax = te.reduce_axis((0, pg.axes["z"]), _AXIS_NAMES["z"])
     c_vars = [d.terms[0][0] for d in C.dims]
+    shape = C.shape if pool is None else domain_shape(pg, pool)
 
     def body(*ivs):
-        env = dict(zip(c_vars, ivs))
+        env = dict(zip(c_vars, ivs)) if pool is None else conv_env(pg, pool, ivs)
         env.update(red)
         env[AXIS_PREFIX + "z"] = zax
         ia = tuple(_index(d, env) for d in A.dims)
         ib = tuple(_index(d, env) for d in B.dims)
         return te.sum(a_src[ia].astype("int32") * b[ib].astype("int32"),
                       axis=list(red.values()) + [zax])
-    res = te.compute(C.shape, body, name="gemm")
+    res = te.compute(shape, body, name="gemm")
     inputs = [a, b]
     bias = None
     stage_names = []
@@ -137,7 +142,7 @@ def gemm_compute(cfg, pg: PackedGemm, epilogue):
     bshape = bias_shape(pg)
     for idx, st in enumerate(epilogue):
         if st == GEMM_BIAS_STAGE:
-            res, operands = _gemm_bias_stage(pg, res, bshape, f"ep{idx}_{st[0]}")
+            res, operands = _gemm_bias_stage(pg, res, bshape, f"ep{idx}_{st[0]}", pool)
             inputs += operands
             stage_names.append(res.op.name)
             continue
@@ -148,10 +153,14 @@ def gemm_compute(cfg, pg: PackedGemm, epilogue):
             continue
         if st[0] == "bias":
             bias = te.placeholder(bshape, "int32", name="bias")
-        res = te.compute(C.shape, _stage_fn(st, res, bias, bshape), name=f"ep{idx}_{st[0]}")
+        res = te.compute(shape, _stage_fn(st, res, bias, bshape, pg, pool),
+                         name=f"ep{idx}_{st[0]}")
+        stage_names.append(res.op.name)
+    if pool is not None:
+        res = pool_stage(pg, res, pool, int8_bounds(epilogue)[0])
         stage_names.append(res.op.name)
     final = res
-    out = te.compute(C.shape, lambda *i: final(*i).astype("int8"), name="out")
+    out = te.compute(final.shape, lambda *i: final(*i).astype("int8"), name="out")
     if bias is not None:
         inputs.append(bias)
     return inputs + extra, out, stage_names, pad_stage
@@ -192,7 +201,7 @@ def gemm_bias_shapes(pg: PackedGemm) -> Dict[str, Tuple[int, ...]]:
             "bias_digits": bshape[:-2] + (pg.axes["y"], pg.axes["z"])}
 
 
-def _gemm_bias_stage(pg: PackedGemm, prev, bshape, name: str):
+def _gemm_bias_stage(pg: PackedGemm, prev, bshape, name: str, pool=None):
     """The bias GEMM as a TE stage: a reduction over the ``z`` lanes of the constant row times the
     digit tile of each output's channel block, starting from ``prev`` (the accumulator); and its
     two placeholders (:func:`gemm_bias_shapes`)."""
@@ -204,26 +213,43 @@ def _gemm_bias_stage(pg: PackedGemm, prev, bshape, name: str):
     zb = te.reduce_axis((0, pg.axes["z"]), "z_b")
 
     def body(*i):
-        channel = tuple(v if n > 1 else 0 for v, n in zip(i[:-2], bshape[:-2]))
+        channel = tuple(v if n > 1 else 0 for v, n in zip(_output_index(pg, pool, i)[:-2],
+                                                          bshape[:-2]))
         return te.sum(row[i[-2], zb].astype("int32") * digits[channel + (i[-1], zb)].astype("int32"),
                       axis=zb, init=prev(*i))
-    return te.compute(pg.operands["C"].shape, body, name=name), [row, digits]
+    return te.compute(prev.shape, body, name=name), [row, digits]
 
 
-def _stage_fn(stage, prev, bias, bshape):
-    """The TE ``fcompute`` of one epilogue stage (the bias indexed by the channel dims only)."""
+def _output_index(pg: PackedGemm, pool, i) -> tuple:
+    """An index of the conv's stages in the packed output's rank: on the tiled row domain of a
+    fused pool (:mod:`.poolstage`) the row tile's index left out (a bias does not depend on the
+    rows)."""
+    if pool is None:
+        return tuple(i)
+    ih = [d.terms[0][0] for d in pg.operands["C"].dims].index("oh")
+    return tuple(i[:ih]) + tuple(i[ih + 1:])
+
+
+def _stage_fn(stage, prev, bias, bshape, pg: PackedGemm, pool=None):
+    """The TE ``fcompute`` of one epilogue stage (the bias indexed by the channel dims only; on
+    the tiled row domain of a fused pool, :mod:`.poolstage`, the row tile's index left out)."""
     from vta_ext.templates.epilogue import te_stage
 
+    def channel(i):
+        return [v if n > 1 else 0 for v, n in zip(_output_index(pg, pool, i), bshape)]
     if stage[0] == "bias":
-        return lambda *i: te_stage(stage, prev(*i), bias(*[v if n > 1 else 0
-                                                            for v, n in zip(i, bshape)]))
+        return lambda *i: te_stage(stage, prev(*i), bias(*channel(i)))
     return lambda *i: te_stage(stage, prev(*i))
 
 
-def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_init: str = "fill"):
+def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_init: str = "fill",
+                  pool: Optional[PoolStage] = None):
     """Build the compute, schedule it with ``knobs`` (a full point, see
     :func:`~.knobs.check_point`) and return ``(sch, info)``; ``acc_init`` (:data:`ACC_INITS`) says
-    how each output tile's accumulator is zeroed."""
+    how each output tile's accumulator is zeroed. With ``pool`` (a
+    :class:`~.poolstage.PoolStage`, :mod:`.poolstage`) the output rows are tiled by the pool's
+    ``rows`` (the conv's ``R`` rows of one row tile in the accumulator), the columns are not split,
+    and the ``tile_oh``, ``tile_ow`` and ``vt_oh`` knobs are not used."""
     from tvm import te
     from vta_ext.lower.schedule import continued_reduction, unchecked_schedule
 
@@ -233,7 +259,7 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
         raise ValueError(f"unknown acc_init {acc_init!r}; use one of {list(ACC_INITS)}")
     from vta_ext.memory import ACC_SCOPE, INP_SCOPE, WGT_SCOPE
 
-    inputs, out, stage_names, pad_stage = gemm_compute(cfg, pg, epilogue)
+    inputs, out, stage_names, pad_stage = gemm_compute(cfg, pg, epilogue, pool)
     func = te.create_prim_func(inputs + [out]).with_attr("global_symbol", "csp_gemm")
     gemm_name, reset_name = register_gemm_intrin(cfg)
     sch = unchecked_schedule(func)
@@ -245,6 +271,11 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
     C = pg.operands["C"]
     c_names = [d.terms[0][0] for d in C.dims]
     tile = {n: knobs[f"tile_{n}"] for n in pg.c_loops() + list(orders.ztile)}
+    if pool is not None:    # the output tile: a row tile of the pooled output, whole rows
+        dom = row_domain(pg, pool)
+        out_ext = dict(zip(c_names, (int(e) for e in out.shape)))
+        ext.update(oh=out_ext["oh"], ow=out_ext["ow"])
+        tile.update(oh=dom["pooled_rows"], ow=out_ext["ow"])
 
     # ---- output stage: split every free loop; virtual threads outermost; store point last
     out_blk = sch.get_sblock("out")
@@ -254,7 +285,7 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
         outer[n], inner[n] = sch.split(loops[n], [ext[n] // tile[n], tile[n]])
     vthreads = []
     for n in orders.vthreads:
-        t = knobs.get(f"vt_{n}", 1)
+        t = knobs.get(f"vt_{n}", 1) if pool is None or n != "oh" else 1
         if t > 1:
             outer[n], v = sch.split(outer[n], [None, t])
             vthreads.append(v)
@@ -281,6 +312,9 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
     c_free = set(pg.c_loops())
     extents = [pg.axes[n[len(AXIS_PREFIX):]] if n.startswith(AXIS_PREFIX) else
                (tile[n] if n in c_free else ext[n]) for n in names]
+    if pool is not None:    # one row tile of the conv: its R rows (the row tile's loop is 1)
+        extents[names.index("oh")] = dom["rows"]
+        extents[names.index("ow")] = dom["cols"]
     gl = sch.get_loops(gemm)
     it = iter(gl[len(gl) - sum(1 for e in extents if e > 1):])
     lmap = {n: (next(it) if e > 1 else None) for n, e in zip(names, extents)}
@@ -322,6 +356,11 @@ def schedule_gemm(cfg, pg: PackedGemm, epilogue, knobs: Mapping[str, int], acc_i
         sch.annotate(iloops[parents], ACC_FILL_PRAGMA, 1)
     else:
         sch.tensorize(iloops[-2] if pg.axes["x"] > 1 else iloops[-1], reset_name)
+    if pool is not None:    # the pool's initial value per output tile, below the store point
+        pblk = sch.get_sblock(POOL_STAGE)
+        ploops = sch.get_loops(pblk)
+        at_store = next(i for i, lp in enumerate(ploops) if sch.get(lp).same_as(sch.get(store)))
+        sch.decompose_reduction(pblk, ploops[at_store + 1])
     for name in stage_names:
         if name.endswith("_" + GEMM_BIAS_STAGE[0]):
             _schedule_gemm_bias(sch, name, store, pg, gemm_name)

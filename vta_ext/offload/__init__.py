@@ -41,7 +41,8 @@ One concept per module: :mod:`~vta_ext.offload.match` (the patterns),
 :mod:`~vta_ext.offload.handover` (packed tensors handed over; concat / split / shuffle on them),
 :mod:`~vta_ext.offload.consumers` (who uses each matched operator's output, known before planning),
 :mod:`~vta_ext.offload.fusion` (a residual add fused into the conv that produces one of its
-operands, where the cycle model prefers it),
+operands, a max pool into the conv that produces its input, where the cycle model prefers it),
+:mod:`~vta_ext.offload.poolsplit` (a max pool of a channel concat split into one pool per part),
 :mod:`~vta_ext.offload.placements` (the build report), :mod:`~vta_ext.offload.transform` (the
 pass) and :mod:`~vta_ext.offload.names` (the names of what it emits).
 

@@ -147,24 +147,32 @@ class Offloader(PyExprMutator):
             raise self._failed(m, strategy, err) from err
         # the program is built now (the instruction stream), except an add's, built where it is
         # not fused, and a conv's that a kept fusion decision may replace (built by ``finish``)
-        fusing = options.fuse_residual and m.kind == "add"
-        if not fusing and not (options.fuse_residual and m.kind == "conv2d"
-                               and self.fusion.defer(template, key)):
+        fusing = (options.fuse_residual and m.kind == "add") or (
+            options.fuse_pool and m.kind == "max_pool2d")
+        if not fusing and not ((options.fuse_residual or options.fuse_pool)
+                               and m.kind == "conv2d" and self.fusion.defer(template, key)):
             if not self._compile(m, strategy, key):
                 return None
-        fusion_note = ""
+        fusion_note, fuse = "", None
         if m.kind == "add" and strategy_fuses(strategy):
             if not options.fuse_residual:
                 fusion_note = "off (build_options(fuse_residual=True) turns it on)"
             else:
-                try:
-                    fused, fusion_note = self._fuse(m, plan, key)
-                except VTABuildError:
-                    raise
-                except Exception as err:
-                    raise self._failed(m, strategy, err) from err
-                if fused is not None:
-                    return fused
+                fuse = self._fuse
+        elif m.kind == "max_pool2d":
+            if options.fuse_pool:
+                fuse = self._fuse_pool
+            elif self.fusion.pool_candidate(m)[0] is not None and strategy_fuses(strategy, "pool"):
+                fusion_note = "off (build_options(fuse_pool=True) turns it on)"
+        if fuse is not None:
+            try:
+                fused, fusion_note = fuse(m, plan, key)
+            except VTABuildError:
+                raise
+            except Exception as err:
+                raise self._failed(m, strategy, err) from err
+            if fused is not None:
+                return fused
         if fusing and not self._compile(m, strategy, key):
             return None
         self._kept = False
@@ -221,8 +229,7 @@ class Offloader(PyExprMutator):
                       call=len(self.op_keys))
         if m.kind == "conv2d":
             self.fusion.note_conv(self._current_binding, FusableConv(
-                m, template, plan, knobs, key, args if parts is None else None,
-                len(self.offloaded)))
+                m, template, plan, knobs, key, args, len(self.offloaded), parts))
         self.offloaded.append((_op_name(m.core), f"{m.kind} ({template.report_text})", detail,
                                m.name, fields))
         self.op_keys.append(key)
@@ -296,7 +303,7 @@ class Offloader(PyExprMutator):
         for conv, index in found:
             refused = self.fusion.refusal(conv, add, add_plan, self.config) or (
                 "the conv's input is placed from parts (vta_ext.run_placed)"
-                if conv.args is None else "")
+                if conv.parts is not None else "")
             if refused:
                 reasons.append(refused)
                 continue
@@ -314,13 +321,9 @@ class Offloader(PyExprMutator):
         if best is None:    # the fastest fused program that was built, else the first refusal
             return None, why or (min(slowest)[1] if slowest else reasons[0])
         _, conv, index, decision, epilogue = best
-        key = op_key(conv.op.kind, conv.template.strategy, self.config, conv.plan.workload,
-                     epilogue, decision["knobs"])
-        if self.fusion.compile(key, self.config) is not None:   # a kept decision gone stale
-            if self.fusion.forget(conv, add_key):
-                return self._fuse(add, add_plan, add_key)
-            raise VTABuildError(f"the fused program of {conv.op.name!r} and the residual add "
-                                f"{add.name!r} built when decided and not now")
+        key = self._built_fused(conv, epilogue, decision, add_key, f"the residual add {add.name!r}")
+        if key is None:
+            return self._fuse(add, add_plan, add_key)
         self.fusion.choose(conv, [c for c in fusing if c is not conv], add_key)
         layout = conv.plan.out_layout
         other = add.operands[1 - index]
@@ -328,21 +331,81 @@ class Offloader(PyExprMutator):
         kept = residual is not None
         if residual is None:
             residual = layout.pack(self, other)
+        words = (f"residual add {add.name} fused ({decision['words']}, decided by the "
+                 f"{decision['by']}; its other operand "
+                 f"{'kept in the packed layout' if kept else 'packed on the host'})")
+        return self._fused_call(conv, key, epilogue, [residual], layout, add_plan.out_lanes,
+                                "add", words), ""
+
+    def _built_fused(self, conv: FusableConv, epilogue, decision, other_key: str,
+                     what: str) -> Optional[str]:
+        """The key of the fused program of ``conv`` with ``epilogue`` at the knobs of
+        ``decision``, compiled; None where a kept decision no longer builds and was forgotten
+        (the caller decides again).
+
+        Raises
+        ------
+        VTABuildError
+            Where the program decided in this build does not build now (``what``: the operator
+            fused into ``conv``).
+        """
+        key = op_key(conv.op.kind, conv.template.strategy, self.config, conv.plan.workload,
+                     epilogue, decision["knobs"])
+        if self.fusion.compile(key, self.config) is not None:   # a kept decision gone stale
+            if self.fusion.forget(conv, other_key):
+                return None
+            raise VTABuildError(f"the fused program of {conv.op.name!r} and {what} built when "
+                                "decided and not now")
+        return key
+
+    def _fused_call(self, conv: FusableConv, key: str, epilogue, extra: list, layout, lanes,
+                    stage: str, words: str) -> relax.Expr:
+        """Emit the call of the fused program ``key`` on the conv's packed inputs and ``extra``
+        (its output packed in ``layout``, with ``lanes``), and its unpacking; the conv's report
+        entry becomes the fused operator's (``conv2d + <stage>``, ``words`` added)."""
+        func, placed = (RUN_FUNC, []) if conv.parts is None else (
+            RUN_PLACED_FUNC, [tvm.ir.StringImm(conv.parts)])
         out_packed = self._emit(relax.call_dps_packed(
-            RUN_FUNC, conv.args + [residual, tvm.ir.StringImm(key)],
-            relax.TensorType(layout.shape, "int8")), "vta_conv2d_add")
+            func, conv.args + extra + placed + [tvm.ir.StringImm(key)],
+            relax.TensorType(layout.shape, "int8")), f"vta_conv2d_{stage.replace(' ', '_')}")
         out = layout.unpack(self, out_packed)
         self._rewritten_binding = True
-        self._last_packed = (out_packed, layout, add_plan.out_lanes)
+        self._last_packed = (out_packed, layout, lanes)
         op, what, detail, var, fields = self.offloaded[conv.entry]
-        detail += (f"; residual add {add.name} fused ({decision['words']}, decided by the "
-                   f"{decision['by']}; its other operand "
-                   f"{'kept in the packed layout' if kept else 'packed on the host'})")
-        self.offloaded[conv.entry] = (op, f"conv2d + add ({conv.template.report_text})", detail,
-                                      var, fields)
+        self.offloaded[conv.entry] = (op, f"conv2d + {stage} ({conv.template.report_text})",
+                                      f"{detail}; {words}", var, fields)
         self.op_keys[conv.entry] = key
         self._program_words[conv.entry] = (self._program_words[conv.entry][0], tuple(epilogue))
-        return out, ""
+        return out
+
+    def _fuse_pool(self, pool: MatchedOp, pool_plan,
+                   pool_key: str) -> Tuple[Optional[relax.Expr], str]:
+        """The max ``pool`` fused into the conv that produces its input
+        (:mod:`~vta_ext.offload.fusion`): the fused call's unpacked output, or None and why not
+        (one line). Decided once per (conv, pool) program pair, by the cycle model
+        (:meth:`ResidualFusion.decide` with the conv template's ``pool`` support)."""
+        conv, why = self.fusion.pool_candidate(pool)
+        window = None
+        if conv is not None:
+            window, why = self.fusion.pool_window(pool)
+        if window is not None:
+            why = self.fusion.pool_refusal(conv, pool, window, pool_plan, self.config) or ""
+        if why:
+            return None, why
+        support = conv.template.pool
+        epilogue = support.fused_epilogue(conv.op.epilogue, window)
+        decision = self.fusion.decide(conv, pool_key, epilogue, self.config, support)
+        if not decision["fused"]:
+            return None, (f"not faster fused ({decision['words']})" if decision["cycles"]
+                          else decision["words"])
+        key = self._built_fused(conv, epilogue, decision, pool_key, f"the max pool {pool.name!r}")
+        if key is None:
+            return self._fuse_pool(pool, pool_plan, pool_key)
+        words = (f"max pool {pool.name} ({'x'.join(map(str, window[:2]))} stride "
+                 f"{'x'.join(map(str, window[2:]))}) fused ({decision['words']}, decided by "
+                 f"the {decision['by']})")
+        return self._fused_call(conv, key, epilogue, [], pool_plan.out_layout,
+                                pool_plan.out_lanes, "max pool", words), ""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         match, reason = self.matcher.match_call(call, self._current_binding)

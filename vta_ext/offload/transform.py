@@ -16,6 +16,7 @@ from ..strategy import MatchedOp, get_template
 from ..timing import phase, timed_build
 from .consumers import consumer_flags, lane_requests
 from .placements import build_report
+from .poolsplit import split_pooled_concats
 from .rewrite import Offloader
 
 __all__ = ["OffloadToVTA"]
@@ -63,6 +64,8 @@ def OffloadToVTA(config: VTAConfig) -> tvm.transform.Pass:  # noqa: N802 (TVM pa
     def offload(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         # the collector walks only what the last paused step left (:mod:`vta_ext.heap`)
         with frozen_heap(), timed_build() as timer:
+            if current_options().fuse_pool:   # a pool of a concat: one pool per part
+                mod = split_pooled_concats(mod)
             with phase("solve"):
                 consumers = _prefetch(mod, config)
             rewriter = Offloader(mod, config, consumers=consumers)

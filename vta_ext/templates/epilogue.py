@@ -65,7 +65,8 @@ __all__ = ["Stage", "Epilogue", "EPILOGUE_ORIGINAL", "EPILOGUE_PIPELINE", "STAGE
            "MAX_SHIFT", "VECTOR_STAGES", "GEMM_BIAS_STAGE", "normalize_epilogue", "has_bias", "has_multiplier",
            "vector_stages", "alu_ops", "alu_count", "alu_cycles", "te_stage", "emit_epilogue",
            "epilogue_range", "has_multiply", "fit_immediates", "simplify_epilogue",
-           "epilogue_shape", "RESIDUAL_STAGE", "RESIDUAL_TENSOR", "has_residual", "split_residual"]
+           "epilogue_shape", "RESIDUAL_STAGE", "RESIDUAL_TENSOR", "has_residual", "split_residual",
+           "int8_bounds", "POOL_EPILOGUE", "split_pool_stage"]
 
 Stage = Tuple[Any, ...]
 #: a normalised epilogue: a tuple of stages (tuples whose first item is the kind)
@@ -168,6 +169,41 @@ def split_residual(epilogue: Epilogue) -> Tuple[Epilogue, Epilogue]:
     if RESIDUAL_STAGE in epilogue[at + 1:]:
         raise EpilogueRefusal("at most one ('residual',) epilogue stage is supported")
     return tuple(epilogue[:at]), tuple(epilogue[at + 1:])
+
+
+#: the kind of the last epilogue stage that names a max pool fused into a conv's program in its
+#: key (``(POOL_EPILOGUE, pool_h, pool_w, stride_h, stride_w)``; not an ALU stage: the plugin's
+#: :mod:`tvm_csp_embed.codegen.poolstage` builds it, :func:`vta_ext.floor.key_floor` skips it)
+POOL_EPILOGUE = "maxpool"
+
+
+def split_pool_stage(epilogue: Iterable) -> Tuple[Tuple[Any, ...], Optional[Tuple[int, ...]]]:
+    """``epilogue`` without its last :data:`POOL_EPILOGUE` stage, and that pool's ``(pool_h,
+    pool_w, stride_h, stride_w)`` (None: no pool stage)."""
+    epilogue = tuple(tuple(st) for st in epilogue)
+    if not epilogue or epilogue[-1][0] != POOL_EPILOGUE:
+        return epilogue, None
+    return epilogue[:-1], tuple(int(v) for v in epilogue[-1][1:5])
+
+
+def int8_bounds(epilogue: Optional[Iterable]) -> Optional[Tuple[int, int]]:
+    """``(lo, hi)``: the bounds ``epilogue`` ends in (its last clip, or max / min pair), where they
+    lie inside int8 (then the accumulator holds exactly the int8 value the program stores: its
+    truncating store is the identity); else None."""
+    ep = normalize_epilogue(epilogue)
+    lo, hi = None, None
+    for st in ep[::-1]:   # the last bounds, up to the first stage that is not one
+        if st[0] == "clip":
+            lo, hi = (st[1] if lo is None else lo), (st[2] if hi is None else hi)
+        elif st[0] == "max":
+            lo = st[1] if lo is None else lo
+        elif st[0] == "min":
+            hi = st[1] if hi is None else hi
+        else:
+            break
+    if lo is None or hi is None or lo < -128 or hi > 127:
+        return None
+    return lo, hi
 
 
 def has_multiply(epilogue: Epilogue) -> bool:
