@@ -118,3 +118,35 @@ def test_warm_build_compiles_only_the_programs_it_calls(fresh_cache):
     assert sum(k["epilogue"][-1][0] == POOL_EPILOGUE for k in compiled() if k["epilogue"]) \
         == len(fused)
     assert [p.detail for p in warm.on_vta] == [p.detail for p in cold.on_vta]
+
+
+def test_fused_floor_counts_only_the_conv_outputs_the_pool_reads():
+    """A 2x2 stride-2 pool of a 7x7 conv output reads its first 6 rows and columns only, and the
+    fused program computes only those: the fused operator's floor is that of 6x6 outputs (hand
+    count: 32 x 32 x 9 MACs an output x 36 outputs / 256 MACs a GEMM micro-op = 1,296 micro-ops,
+    one cycle each on ``pipelined``), not the 7x7 conv's 1,764, and stays below the cycles."""
+    from tvm import relax
+
+    x = relax.Var("x", relax.TensorType((1, 32, 7, 7), "int8"))
+    bb = relax.BlockBuilder()
+    rng = np.random.default_rng(3)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            c = conv_bb(bb, x, rng, 32, 32, 3, 6, lo=0)
+            out = bb.emit_output(bb.emit(relax.op.nn.max_pool2d(c, pool_size=2, strides=2)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    x_np = np.random.default_rng(1).integers(-128, 128, (1, 32, 7, 7)).astype(np.int8)
+    import tvm_csp_embed  # noqa: F401
+    import vta_ext
+    from vta_ext.target import vta_target
+
+    with vta_ext.build_options(strategy="csp-relaxed", fuse_pool=True):
+        got = run_module(mod, vta_target("pipelined"), [x_np])
+    report = vta_ext.last_build_report()
+    np.testing.assert_array_equal(got, run_module(mod, "llvm", [x_np]))
+    fused = [p for p in report.on_vta if p.reason.startswith("conv2d + max pool")]
+    assert len(fused) == 1, [p.detail for p in report.on_vta]
+    floor = report.floor(fused[0])
+    assert floor.compute_gemm == 1296
+    assert floor.total <= report.cycles(fused[0])

@@ -670,12 +670,44 @@ def key_floor(key: str, macs: int, elements: int, config: Optional[VTAConfig] = 
         sizes = _stock_sizes(kind, dict(stock), macs, elements, config, epilogue)
     else:
         sizes = [_csp_size(kind, dict(wl["params"]), macs, elements, epilogue)]
-    best = min((operator_floor(config, s) for s in sizes), key=lambda f: f.total)
     if pool is not None:
         if stock or kind not in ("conv2d", "group_conv2d"):
             raise ValueError(f"key_floor: a max pool stage on a {'stock ' if stock else ''}{kind}")
-        best = best + operator_floor(config, _fused_pool_size(dict(wl["params"]), pool))
-    return best
+        return _fused_pool_floor(config, sizes[0], dict(wl["params"]), pool)
+    return min((operator_floor(config, s) for s in sizes), key=lambda f: f.total)
+
+
+def _fused_pool_floor(config: VTAConfig, conv: OperatorSize, p: Dict[str, int],
+                      pool: Tuple[int, ...]) -> Floor:
+    """The floor of the CSP conv ``conv`` (parameters ``p``) with the max pool ``pool`` fused
+    into it: only the conv outputs the pool's windows read need computing (a 7x7 output under a
+    2x2 stride-2 pool: 6x6), from the input they read; the pool's passes add to the compute; the
+    pooled output is the only store; no input of the pool is moved or enters the accumulator
+    (the conv's outputs are there already), so the pool adds no memory and no serial term."""
+    ph, pw, sh, sw = pool
+    dh, dw = p.get("dh", 1), p.get("dw", 1)
+    oh = out_size(p["h"] + p["pt"] + p["pb"], (p["kh"] - 1) * dh + 1, 0, p["sh"])
+    ow = out_size(p["w"] + p["pl"] + p["pr"], (p["kw"] - 1) * dw + 1, 0, p["sw"])
+    rows, cols = _read(oh, ph, 0, sh, range(out_size(oh, ph, 0, sh))), \
+        _read(ow, pw, 0, sw, range(out_size(ow, pw, 0, sw)))
+    read = (len(_read(p["h"], p["kh"], p["pt"], p["sh"], rows, dh))
+            * len(_read(p["w"], p["kw"], p["pl"], p["sw"], cols, dw)))
+    used = len(rows) * len(cols)
+    part = dataclasses.replace(conv, macs=conv.macs * used // (oh * ow),
+                               out_elements=conv.out_elements * used // (oh * ow),
+                               in_elements=p["n"] * p["c"] * read)
+    own = operator_floor(config, part)
+    pool_size = _fused_pool_size(p, pool)
+    memory = memory_floor(config, dataclasses.replace(part, out_elements=pool_size.out_elements))
+    return Floor(own.compute_gemm,
+                 own.compute_alu + operator_floor(config, pool_size).compute_alu, memory, own.serial)
+
+
+def _read(size: int, window: int, pad: int, stride: int, outputs, dilation: int = 1) -> set:
+    """The input positions along one axis (in ``[0, size)``) that the windows of the output
+    positions ``outputs`` read (:func:`touched` counts them for the first ``n`` outputs)."""
+    return ({o * stride + t * dilation - pad for o in outputs for t in range(window)}
+            & set(range(size)))
 
 
 def _fused_pool_size(p: Dict[str, int], pool: Tuple[int, ...]) -> OperatorSize:
