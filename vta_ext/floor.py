@@ -547,8 +547,7 @@ def touched(size: int, window: int, pad: int, stride: int, outputs: int, dilatio
     if dilation == 1 and stride <= window:  # the windows leave no gap: one run of positions
         first, last = -pad, (outputs - 1) * stride + window - 1 - pad
         return max(0, min(last, size - 1) - max(first, 0) + 1)
-    return len({o * stride + t * dilation - pad for o in range(outputs) for t in range(window)}
-               & set(range(size)))
+    return len(_read(size, window, pad, stride, range(outputs), dilation))
 
 
 def _splits(product: int, padded_batch: int, padded_channels: int, config: VTAConfig,
@@ -705,7 +704,8 @@ def _fused_pool_floor(config: VTAConfig, conv: OperatorSize, p: Dict[str, int],
 
 def _read(size: int, window: int, pad: int, stride: int, outputs, dilation: int = 1) -> set:
     """The input positions along one axis (in ``[0, size)``) that the windows of the output
-    positions ``outputs`` read (:func:`touched` counts them for the first ``n`` outputs)."""
+    positions ``outputs`` read (:func:`touched` counts them for the first ``n`` outputs: one
+    definition of a window's reach)."""
     return ({o * stride + t * dilation - pad for o in outputs for t in range(window)}
             & set(range(size)))
 
